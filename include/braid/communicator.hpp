@@ -1,0 +1,158 @@
+// braid — the communicator.
+//
+// Contract (read this first):
+// - A Communicator is a fixed group of `size()` ranks, each in its own thread or
+//   process, that run collectives together. Membership never changes; `split`
+//   makes new, smaller communicators.
+// - Every collective is asynchronous: it validates its arguments, queues the
+//   operation and returns a Work at once. The communicator's progress engine (one
+//   thread per communicator) runs operations in the order they were issued, which
+//   must be the same order on every rank, as with NCCL and MPI.
+// - Buffers belong to the caller and must stay valid and untouched until the Work
+//   completes. In-place operation (send == recv) is allowed where noted.
+// - Any failure (a peer dies, a deadline passes, abort()) fails the Work in flight
+//   with a braid::Error naming collective, sequence number, peer and step, and puts
+//   the communicator in a failed state: every later call fails fast with Aborted.
+//   There is no recovery; create a new communicator.
+// - Arguments are checked before any byte moves; bad ones throw
+//   Error(InvalidUsage) from the call itself.
+//
+// Thread safety: collectives may be issued from any thread, but issue order must be
+// the same on every rank, so issue from one thread or order the calls yourself.
+// abort() may be called from any thread at any time.
+#pragma once
+
+#include <braid/export.hpp>
+#include <braid/options.hpp>
+#include <braid/store.hpp>
+#include <braid/types.hpp>
+#include <braid/work.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace braid {
+
+/// Opaque 128-byte identifier of a communicator being created, NCCL-style: one
+/// process calls Communicator::create_unique_id(), hands the bytes to every rank
+/// by its own means (MPI_Bcast, a file, a command line), and every rank passes it
+/// to Communicator::from_unique_id().
+struct UniqueId {
+  /// The raw bytes; treat as opaque.
+  std::array<char, 128> bytes{};
+};
+
+/// Settings of a communicator that are not per call. Zero/empty means "use the
+/// configuration" (BRAID_* variables, see docs/configuration.md).
+struct CommOptions {
+  /// Default deadline of every collective and of set-up.
+  std::chrono::milliseconds timeout{0};
+  /// Name used in log and error messages (default "braid").
+  std::string name;
+};
+
+/// A group of ranks that run collectives together. Movable, not copyable.
+class BRAID_API Communicator {
+ public:
+  /// Joins a communicator of `size` ranks as `rank` using `store` for set-up.
+  /// Blocks until this rank has published its address (not until every rank has
+  /// joined: connections are made lazily, only to peers a collective needs).
+  /// Throws InvalidUsage for rank/size out of range.
+  Communicator(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options = {});
+
+  /// Creates a UniqueId. Starts a store server in this process that lives until
+  /// the communicator created from this id in this process is destroyed (or the
+  /// process exits if none is). Binds BRAID_SOCKET_IFNAME's address if set,
+  /// else the first non-loopback IPv4 address, else 127.0.0.1.
+  static UniqueId create_unique_id();
+
+  /// Joins the communicator described by `id` (see UniqueId).
+  static Communicator from_unique_id(const UniqueId& id, int rank, int size,
+                                     const CommOptions& options = {});
+
+  /// Joins a communicator described by the environment, in this order:
+  /// BRAID_RANK/BRAID_WORLD_SIZE, torchrun's RANK/WORLD_SIZE, Open MPI's
+  /// OMPI_COMM_WORLD_RANK/SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS; the store is
+  /// at BRAID_MASTER_ADDR:BRAID_MASTER_PORT (or MASTER_ADDR:MASTER_PORT), served
+  /// by rank 0. Throws InvalidUsage naming the missing variable.
+  static Communicator from_env(const CommOptions& options = {});
+
+  /// Waits for this rank's outstanding collectives (up to their deadlines), then
+  /// closes connections and stops the engine. Never throws.
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  /// This rank's index, 0 <= rank() < size().
+  int rank() const noexcept;
+  /// Number of ranks.
+  int size() const noexcept;
+  /// Number of ranks on this host (the same host id, see BRAID_HOST_ID).
+  int local_size() const noexcept;
+  /// This rank's index among the ranks of its host.
+  int local_rank() const noexcept;
+
+  /// recv[i] = op over ranks of send[i], for i < count. send == recv is in-place.
+  /// Buffers must not otherwise overlap.
+  Work allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                 const AllreduceOptions& options = {});
+
+  /// Copies root's `send` into every rank's `recv` (count elements).
+  /// Not implemented yet: throws Unsupported.
+  Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
+                 const BroadcastOptions& options = {});
+
+  /// Reduces into root's `recv`. Not implemented yet: throws Unsupported.
+  Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+              const ReduceOptions& options = {});
+
+  /// Gathers `count` elements from every rank into recv (size()*count, rank order).
+  /// Not implemented yet: throws Unsupported.
+  Work allgather(const void* send, void* recv, std::size_t count, DataType dtype,
+                 const AllgatherOptions& options = {});
+
+  /// Reduces size()*count elements and leaves block `rank()` (count elements) in recv.
+  /// Not implemented yet: throws Unsupported.
+  Work reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                      const ReduceScatterOptions& options = {});
+
+  /// Sends block j (count elements) of send to rank j; receives rank j's block into
+  /// block j of recv. Not implemented yet: throws Unsupported.
+  Work alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
+                const AlltoallOptions& options = {});
+
+  /// Sends count elements to `peer`. Not implemented yet: throws Unsupported.
+  Work send(const void* buf, std::size_t count, DataType dtype, int peer,
+            const P2POptions& options = {});
+
+  /// Receives count elements from `peer`. Not implemented yet: throws Unsupported.
+  Work recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options = {});
+
+  /// Completes on a rank once every rank has entered it. Implemented as a one-element
+  /// all-reduce.
+  Work barrier(const BarrierOptions& options = {});
+
+  /// Splits into sub-communicators by `color`, ordered by `key` then rank.
+  /// Not implemented yet: throws Unsupported.
+  Communicator split(int color, int key);
+
+  /// Fails every outstanding and future operation with Aborted and closes connections.
+  /// Safe from any thread, including while another thread waits on a Work. Idempotent.
+  void abort() noexcept;
+
+  /// True once the communicator has failed or been aborted.
+  bool failed() const noexcept;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl) noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace braid

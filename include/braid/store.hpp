@@ -1,0 +1,139 @@
+// braid — key-value stores used to bootstrap communicators.
+//
+// A store carries only connection set-up (addresses, tokens, counters), never
+// collective data. Every blocking call has a deadline and throws
+// braid::TimeoutError naming the keys it waited for when it passes.
+#pragma once
+
+#include <braid/export.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace braid {
+
+/// Abstract key-value store with blocking reads.
+///
+/// Thread safety: every implementation in braid is safe to call from several
+/// threads at once. Values are arbitrary bytes held in std::string.
+class BRAID_API Store {
+ public:
+  virtual ~Store();
+
+  /// Sets `key` to `value`, replacing any previous value, and wakes waiters.
+  virtual void set(const std::string& key, const std::string& value) = 0;
+
+  /// Returns the value of `key`, waiting up to `timeout` for it to be set.
+  /// Throws TimeoutError when it does not appear in time.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+
+  /// Atomically adds `delta` to the integer stored at `key` (missing = 0) and
+  /// returns the new value. The value is kept as decimal text.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+
+  /// True when every key in `keys` is set; never blocks.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  /// Waits until every key in `keys` is set, up to `timeout`; throws TimeoutError
+  /// naming the missing keys otherwise.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+
+  /// Removes `key`; returns whether it existed.
+  virtual bool remove(const std::string& key) = 0;
+};
+
+/// A TCP store server: an in-memory map behind a listening socket, served by a
+/// background thread. Standalone (a launcher can run one) or owned by a TcpStore
+/// created with `is_server`.
+///
+/// Lifetime: the server stops and closes every client connection in its destructor.
+class BRAID_API TcpStoreServer {
+ public:
+  /// Listens on `bind_addr`:`port` (port 0 picks a free one; "0.0.0.0" binds every
+  /// interface). Throws Error(Network) when the address cannot be bound.
+  TcpStoreServer(const std::string& bind_addr, std::uint16_t port);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  /// The port actually bound.
+  std::uint16_t port() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Client of a TcpStoreServer (optionally hosting it in-process).
+class BRAID_API TcpStore : public Store {
+ public:
+  /// Connects to `host`:`port`, retrying until `connect_timeout`. With `is_server`
+  /// it first starts a TcpStoreServer on that port in this process (bound to every
+  /// interface) and connects to it. Throws Error(Network) / TimeoutError.
+  TcpStore(const std::string& host, std::uint16_t port, bool is_server = false,
+           std::chrono::milliseconds connect_timeout = std::chrono::seconds(60));
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool remove(const std::string& key) override;
+
+  /// Port of the server this store talks to.
+  std::uint16_t port() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A store kept in one file shared by every rank (a shared or network file
+/// system), guarded by flock(2). Works across network namespaces and hosts that
+/// mount the same path.
+class BRAID_API FileStore : public Store {
+ public:
+  /// Opens or creates the store file at `path`.
+  explicit FileStore(const std::string& path);
+  ~FileStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool remove(const std::string& key) override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A view of another store with every key prefixed by `prefix` + "/". Used to give
+/// each communicator (and each split) its own namespace inside one store.
+class BRAID_API PrefixStore : public Store {
+ public:
+  /// Wraps `base`; keeps it alive.
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base);
+  ~PrefixStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool remove(const std::string& key) override;
+
+ private:
+  std::string prefix_;
+  std::shared_ptr<Store> base_;
+};
+
+}  // namespace braid

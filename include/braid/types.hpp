@@ -1,0 +1,82 @@
+// braid — element types, reduction operations and small enums shared by the whole API.
+#pragma once
+
+#include <braid/export.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace braid {
+
+/// Element type of a buffer handed to a collective.
+///
+/// f16 and bf16 are reduced in f32 and rounded back to nearest-even after every
+/// arithmetic step. fp8 formats arrive with the CUDA path (see docs/codecs.md).
+enum class DataType : std::uint8_t {
+  f32 = 0,  ///< IEEE-754 binary32.
+  f64,      ///< IEEE-754 binary64.
+  f16,      ///< IEEE-754 binary16.
+  bf16,     ///< bfloat16 (upper half of a binary32).
+  i8,       ///< Two's-complement 8-bit signed integer.
+  u8,       ///< 8-bit unsigned integer.
+  i32,      ///< Two's-complement 32-bit signed integer.
+  i64,      ///< Two's-complement 64-bit signed integer.
+};
+
+/// Number of element types; valid DataType values are [0, kNumDataTypes).
+inline constexpr int kNumDataTypes = 8;
+
+/// Reduction applied element by element.
+///
+/// `avg` is the sum divided by the number of ranks; on integer types the
+/// division truncates toward zero (as NCCL's ncclAvg). Integer sums wrap
+/// modulo 2^bits, like the hardware.
+enum class ReduceOp : std::uint8_t {
+  sum = 0,  ///< a + b
+  prod,     ///< a * b
+  min,      ///< min(a, b); NaN propagates for floating types.
+  max,      ///< max(a, b); NaN propagates for floating types.
+  avg,      ///< sum / world size.
+};
+
+/// Number of reduction operations; valid ReduceOp values are [0, kNumReduceOps).
+inline constexpr int kNumReduceOps = 5;
+
+/// All-reduce algorithm choice. `automatic` lets the tuner decide (today: ring).
+enum class Algorithm : std::uint8_t {
+  automatic = 0,  ///< Let braid choose.
+  ring,           ///< Reduce-scatter + all-gather around a ring (bandwidth-optimal).
+  tree,           ///< Double binary tree (not yet implemented).
+  rhd,            ///< Recursive halving-doubling (not yet implemented).
+  hierarchical,   ///< Intra-host / inter-host composition (not yet implemented).
+};
+
+/// Size in bytes of one element of `t`; 0 for a value outside the enum.
+BRAID_API std::size_t dtype_size(DataType t) noexcept;
+
+/// True for f32, f64, f16 and bf16.
+BRAID_API bool is_floating(DataType t) noexcept;
+
+/// Canonical lower-case name ("f32", "bf16", ...); "invalid" outside the enum.
+BRAID_API std::string_view to_string(DataType t) noexcept;
+
+/// Canonical lower-case name ("sum", "avg", ...); "invalid" outside the enum.
+BRAID_API std::string_view to_string(ReduceOp op) noexcept;
+
+/// Canonical lower-case name ("auto", "ring", ...); "invalid" outside the enum.
+BRAID_API std::string_view to_string(Algorithm a) noexcept;
+
+/// Parses a type name. Accepts the canonical names and the nccl-tests/PyTorch
+/// spellings: float, half, bfloat16, double, int8, uint8, int32, int64
+/// (also float32, float16, float64, int, char, uint8_t...). Empty when unknown.
+BRAID_API std::optional<DataType> parse_dtype(std::string_view name) noexcept;
+
+/// Parses an operation name (sum, prod, min, max, avg). Empty when unknown.
+BRAID_API std::optional<ReduceOp> parse_op(std::string_view name) noexcept;
+
+/// Parses an algorithm name (auto, ring, tree, rhd, hier/hierarchical). Empty when unknown.
+BRAID_API std::optional<Algorithm> parse_algorithm(std::string_view name) noexcept;
+
+}  // namespace braid

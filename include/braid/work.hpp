@@ -1,0 +1,56 @@
+// braid — Work: the handle a collective returns immediately.
+#pragma once
+
+#include <braid/export.hpp>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+
+namespace braid {
+
+namespace detail {
+struct WorkState;
+}
+
+/// Handle to one posted collective.
+///
+/// A Work completes when this rank's part of the collective is done: its output
+/// buffer holds the result and its input buffer may be reused. Until then the
+/// caller must keep both buffers alive and unmodified.
+///
+/// Thread safety: all methods may be called from any thread, concurrently.
+/// Lifetime: copies share state; dropping every copy does not cancel the
+/// collective (the communicator keeps running it), it only forgets the result.
+class BRAID_API Work {
+ public:
+  /// An empty handle; wait() returns true at once and test() is true.
+  Work() noexcept;
+  ~Work();
+  Work(const Work&) noexcept;
+  Work& operator=(const Work&) noexcept;
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+
+  /// Blocks until the collective completes. Rethrows its braid::Error if it failed.
+  void wait() const;
+
+  /// Blocks for at most `timeout`; returns false if still running then (the
+  /// collective keeps going; only the communicator's deadline fails it). Rethrows
+  /// its braid::Error if it failed.
+  bool wait(std::chrono::milliseconds timeout) const;
+
+  /// Non-blocking: true once completed, successfully or not. Never throws.
+  bool test() const noexcept;
+
+  /// The failure, once completed unsuccessfully; nullptr otherwise.
+  std::exception_ptr exception() const noexcept;
+
+  /// Internal: wraps a state created by the engine.
+  explicit Work(std::shared_ptr<detail::WorkState> state) noexcept;
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+}  // namespace braid

@@ -1,0 +1,38 @@
+// braid host kernels: element-wise reduction and the helpers around it.
+//
+// Depends on nothing but braid/types.hpp. f16 and bf16 are widened to f32 for the
+// arithmetic and rounded back to nearest-even; integer arithmetic wraps. Floating
+// min/max propagate NaN (if either input is NaN the result is NaN).
+#pragma once
+
+#include <braid/types.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::kernels {
+
+/// dst[i] = a[i] (op) b[i] for i < n. `avg` reduces as `sum` (the division happens
+/// once, in divide()). dst may alias a or b exactly (in-place); other overlaps are
+/// not allowed. dtype/op must be valid enum values.
+void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b,
+            std::size_t n) noexcept;
+
+/// buf[i] = buf[i] / divisor, for finishing `avg`. Floats divide in their own
+/// precision (f16/bf16 in f32, rounded back); integers truncate toward zero.
+void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept;
+
+/// IEEE binary16 bits -> float (exact).
+float half_to_float(std::uint16_t h) noexcept;
+/// float -> IEEE binary16 bits, round to nearest even; overflow -> inf; NaN stays NaN.
+std::uint16_t float_to_half(float f) noexcept;
+/// bfloat16 bits -> float (exact).
+float bf16_to_float(std::uint16_t h) noexcept;
+/// float -> bfloat16 bits, round to nearest even; NaN stays (quiet) NaN.
+std::uint16_t float_to_bf16(float f) noexcept;
+
+/// Name of the code path reduce() uses on this CPU for f16 ("f16c" or "scalar"), for
+/// logs and benchmarks.
+const char* half_path() noexcept;
+
+}  // namespace braid::kernels

@@ -1,0 +1,42 @@
+// braid — the engine's blocking point: an epoll set plus an eventfd to wake it.
+//
+// Transports register their file descriptors here so that the progress thread can
+// sleep in one epoll_wait when nothing is moving, and user threads wake it with
+// wake() when they post work. Not thread-safe except wake().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace braid::transport {
+
+class Poller {
+ public:
+  /// Called on the progress thread with the epoll event mask that fired.
+  using Handler = std::function<void(std::uint32_t events)>;
+
+  /// Creates the epoll set and the wake-up eventfd. Throws braid::Error(System).
+  Poller();
+  ~Poller();
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
+
+  /// Watches `fd` for `events` (EPOLLIN/EPOLLOUT/...); replaces an existing entry.
+  void watch(int fd, std::uint32_t events, Handler handler);
+  /// Stops watching `fd` (before closing it).
+  void unwatch(int fd);
+  /// Blocks for up to `timeout_ms` (-1 = forever) until an fd is ready or wake()
+  /// is called; runs the handlers of ready fds. Returns the number of events handled
+  /// (a wake-up counts as one).
+  int wait(int timeout_ms);
+  /// Wakes a thread blocked in wait(). Thread-safe and async-signal-safe.
+  void wake() noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace braid::transport

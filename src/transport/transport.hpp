@@ -1,0 +1,87 @@
+// braid transport interface.
+//
+// A transport moves bytes between this rank and its peers: ordered, two-sided
+// send/recv of whole messages over a Connection. Everything here runs on the one
+// progress thread of a communicator (the engine); nothing is thread-safe unless it
+// says so. Transports know nothing of collectives, plans or the store: they name
+// peers by rank and reach the bootstrap through the small PeerDirectory below.
+//
+// Semantics every transport provides:
+// - Per connection, sends complete in the order posted and the n-th message sent by
+//   A to B is matched with the n-th receive B posted for A (FIFO, no tag matching).
+// - Every message carries a 64-bit tag; the receiver checks it against the tag of
+//   its posted receive and fails the receive (and the connection) on a mismatch, so
+//   ranks that disagree about what they are doing get an error, not wrong data.
+// - A receive lands directly in the caller's buffer; the transport never buffers a
+//   whole message on its own.
+// - A peer that dies or closes fails every pending and later request on that
+//   connection with an error string naming the peer.
+#pragma once
+
+#include "transport/poller.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace braid::transport {
+
+/// One posted send or receive. Owned by the caller, who must keep it alive (at a
+/// stable address) until it is no longer pending. Completed by the transport.
+struct Request {
+  enum class State : std::uint8_t { idle, pending, done, failed };
+  State state = State::idle;
+  /// Set when state == failed: what happened, naming the peer.
+  std::string error;
+  /// Rank blamed for the failure (usually the connection's peer), -1 if none.
+  int failed_peer = -1;
+  /// True when the failure was a closed/reset connection (as opposed to bad data).
+  bool peer_closed = false;
+};
+
+/// An ordered, bidirectional message channel to one peer.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  /// The peer's rank.
+  virtual int peer() const noexcept = 0;
+  /// Queues a send of `bytes` from `buf` (may be 0 bytes). `req` becomes pending,
+  /// then done once the data has left `buf` (buf may be reused), or failed.
+  virtual void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) = 0;
+  /// Queues a receive of exactly `bytes` into `buf`. The message must carry `tag`
+  /// and exactly `bytes` bytes, or `req` fails with a message saying what arrived.
+  virtual void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) = 0;
+};
+
+/// Bootstrap services a transport needs, implemented by the engine over the store.
+class PeerDirectory {
+ public:
+  virtual ~PeerDirectory() = default;
+  /// Publishes a value other ranks can look up under (this rank, key).
+  virtual void publish(const std::string& key, const std::string& value) = 0;
+  /// Looks up what `peer` published under `key`, waiting up to `timeout`.
+  /// Throws braid::Error on timeout.
+  virtual std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) = 0;
+};
+
+/// A transport instance of one communicator.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Short name ("tcp", "shm", ...).
+  virtual const char* name() const noexcept = 0;
+  /// The connection to `peer`, set up on first use (lazily). Never returns null;
+  /// set-up failures surface as failed requests. The pointer stays valid for the
+  /// transport's lifetime.
+  virtual Connection* connection(int peer) = 0;
+  /// Moves data on every connection without blocking. Returns true if anything
+  /// progressed (so that the engine keeps spinning while there is work).
+  virtual bool progress() = 0;
+  /// Fails every pending request with `reason` and closes every connection.
+  /// Called on abort and shutdown. Idempotent.
+  virtual void close_all(const std::string& reason) = 0;
+};
+
+}  // namespace braid::transport
