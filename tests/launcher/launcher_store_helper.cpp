@@ -1,0 +1,56 @@
+// A rank program for braidrun's store test: connects a braid::TcpStore client to the
+// store braidrun hosts (BRAID_MASTER_ADDR:BRAID_MASTER_PORT, BRAID_STORE_EXTERNAL=1),
+// publishes one key per rank and reads every other rank's key back.
+#include <braid/store.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+
+extern char** environ;
+
+namespace {
+
+std::string env(const char* name) {
+  const std::size_t len = std::strlen(name);
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
+  return "";
+}
+
+}  // namespace
+
+int main() {
+  try {
+    if (env("BRAID_STORE_EXTERNAL") != "1") {
+      std::fprintf(stderr, "BRAID_STORE_EXTERNAL is not 1\n");
+      return 1;
+    }
+    const int rank = std::atoi(env("BRAID_RANK").c_str());
+    const int size = std::atoi(env("BRAID_WORLD_SIZE").c_str());
+    const std::string addr = env("BRAID_MASTER_ADDR");
+    const int port = std::atoi(env("BRAID_MASTER_PORT").c_str());
+    if (addr.empty() || port <= 0 || port > 65535 || size < 1) {
+      std::fprintf(stderr, "bad launch environment: addr='%s' port=%d size=%d\n", addr.c_str(), port, size);
+      return 1;
+    }
+    // is_server = false: the server must already be there, hosted by braidrun.
+    braid::TcpStore store(addr, static_cast<std::uint16_t>(port), false, std::chrono::seconds(10));
+    store.set("launcher_test/rank" + std::to_string(rank), "value" + std::to_string(rank));
+    const auto arrived = store.add("launcher_test/arrived", 1);
+    for (int q = 0; q < size; ++q) {
+      std::string v = store.get("launcher_test/rank" + std::to_string(q), std::chrono::seconds(20));
+      if (v != "value" + std::to_string(q)) {
+        std::fprintf(stderr, "rank %d read '%s' for rank %d\n", rank, v.c_str(), q);
+        return 1;
+      }
+    }
+    std::printf("rank %d store ok (arrival %lld)\n", rank, static_cast<long long>(arrived));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "store helper: %s\n", e.what());
+    return 1;
+  }
+}
