@@ -1,0 +1,1144 @@
+// braid — TcpStore: an in-memory key-value map behind a TCP socket.
+//
+// Protocol (every integer little-endian; every length from the wire is untrusted):
+//   hello    client -> server: u32 magic "BRDS", u16 version (1), u16 zero; the server
+//            answers with the same 8 bytes, or closes the connection on a mismatch.
+//   frame    u32 body length (1 .. kMaxFrame), then the body.
+//   request  u8 op, u32 id, fields; a string is u32 length + bytes (key <= 4 KiB,
+//            value <= 64 MiB): SET key value | GET key u64 timeout_ms |
+//            ADD key i64 delta | CHECK u32 n, n keys | WAIT u32 n, n keys, u64 timeout_ms |
+//            REMOVE key.
+//   reply    u8 status (OK, TIMEOUT, ERROR), u32 id of the request, payload:
+//            GET value | ADD i64 | CHECK, REMOVE u8 | WAIT on TIMEOUT: u32 n, missing keys |
+//            ERROR: message.
+//
+// The server is one thread around epoll. GET and WAIT never block it: a request
+// whose keys are missing is parked on each key and answered when a SET/ADD
+// completes it, or with TIMEOUT when its deadline (kept by the server) passes. So
+// replies may come out of request order; the id pairs them up. A connection that
+// sends anything malformed is closed; the others are unaffected.
+//
+// The client has no thread. Callers share the socket: sends are serialised, and
+// whichever caller is waiting reads replies for everyone (leader/follower) and
+// hands them out by id. A broken connection fails every pending and later call with
+// Error(Network); a server that stops answering fails them with TimeoutError at the
+// caller's deadline (plus a grace period for GET/WAIT, whose timeout the server owns).
+#include <braid/error.hpp>
+#include <braid/store.hpp>
+
+#include "core/logging.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace braid {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr std::uint32_t kMagic = 0x53445242;  // bytes "BRDS"
+constexpr std::uint16_t kVersion = 1;
+constexpr std::size_t kHelloSize = 8;
+constexpr std::size_t kMaxKey = 4096;
+constexpr std::size_t kMaxValue = std::size_t{64} << 20;
+constexpr std::size_t kMaxKeysPerRequest = 65536;
+constexpr std::size_t kMaxFrame = kMaxValue + kMaxKey + 64;
+constexpr std::size_t kMaxPendingOutput = std::size_t{512} << 20;  // per connection
+constexpr std::size_t kMaxParkedPerConn = 65536;
+constexpr std::uint64_t kMaxTimeoutMs = 10ull * 365 * 24 * 3600 * 1000;  // "forever"
+constexpr milliseconds kReplyGrace{5000};  // server-owned timeouts: how late a reply may be
+constexpr milliseconds kMinIoTimeout{30000};
+
+enum Op : std::uint8_t { kSet = 1, kGet, kAdd, kCheck, kWait, kRemove };
+enum Status : std::uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
+
+// ---------------------------------------------------------------------------
+// Small helpers.
+
+inline const char* pick_strerror(int r, const char* buf) { return r == 0 ? buf : "unknown error"; }
+inline const char* pick_strerror(const char* r, const char*) { return r; }
+
+std::string errno_text(int err) {
+  char buf[256];
+  return pick_strerror(strerror_r(err, buf, sizeof buf), buf);
+}
+
+/// Owns a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Quotes a key for a message: printable ASCII kept, the rest as \xNN, long keys cut.
+std::string quote(const std::string& key) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  for (std::size_t i = 0; i < key.size() && i < 200; ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (key.size() > 200) out += "...";
+  return out + "'";
+}
+
+std::string quote_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (std::size_t i = 0; i < keys.size() && i < 10; ++i) out += (i ? ", " : "") + quote(keys[i]);
+  if (keys.size() > 10) out += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return out;
+}
+
+std::uint64_t clamp_timeout(milliseconds t) {
+  if (t.count() <= 0) return 0;
+  return std::min<std::uint64_t>(static_cast<std::uint64_t>(t.count()), kMaxTimeoutMs);
+}
+
+int ms_until(Clock::time_point deadline) {
+  auto now = Clock::now();
+  if (deadline <= now) return 0;
+  auto ms = std::chrono::ceil<milliseconds>(deadline - now).count();
+  return static_cast<int>(std::min<long long>(ms, std::numeric_limits<int>::max()));
+}
+
+/// Strict decimal int64 (the whole string, optional '-').
+bool parse_int64(const std::string& s, std::int64_t* out) {
+  if (s.empty()) return false;
+  const char* end = s.data() + s.size();
+  auto r = std::from_chars(s.data(), end, *out);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+/// Builds one frame: u32 length placeholder, then the body.
+class Encoder {
+ public:
+  Encoder() : buf_(4, '\0') {}
+  void u8(std::uint8_t v) { buf_.push_back(static_cast<char>(v)); }
+  void u16(std::uint16_t v) { put(v, 2); }
+  void u32(std::uint32_t v) { put(v, 4); }
+  void u64(std::uint64_t v) { put(v, 8); }
+  void str(const std::string& s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    buf_.append(s);
+  }
+  void patch_u32(std::size_t at, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) buf_[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  }
+  std::size_t size() const { return buf_.size(); }
+  std::string finish() {
+    patch_u32(0, static_cast<std::uint32_t>(buf_.size() - 4));
+    return std::move(buf_);
+  }
+
+ private:
+  void put(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  std::string buf_;
+};
+
+std::uint64_t load_le(const char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  return v;
+}
+
+/// Reads fields from an untrusted buffer; any underflow or oversize marks it bad.
+class Decoder {
+ public:
+  Decoder(const char* p, std::size_t n) : p_(p), n_(n) {}
+  bool ok() const { return ok_; }
+  bool at_end() const { return ok_ && n_ == 0; }
+  std::uint8_t u8() { return static_cast<std::uint8_t>(take(1)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(take(4)); }
+  std::uint64_t u64() { return take(8); }
+  std::string str(std::size_t max) {
+    std::uint32_t len = u32();
+    if (!ok_ || len > max || len > n_) {
+      ok_ = false;
+      return {};
+    }
+    std::string s(p_, len);
+    p_ += len;
+    n_ -= len;
+    return s;
+  }
+  std::vector<std::string> keys() {
+    std::uint32_t n = u32();
+    std::vector<std::string> out;
+    // Each key needs at least 4 bytes, so n is bounded by what is left.
+    if (!ok_ || n > kMaxKeysPerRequest || n > n_ / 4) {
+      ok_ = false;
+      return out;
+    }
+    out.reserve(n);
+    for (std::uint32_t i = 0; i < n && ok_; ++i) out.push_back(str(kMaxKey));
+    return out;
+  }
+
+ private:
+  std::uint64_t take(int n) {
+    if (!ok_ || n_ < static_cast<std::size_t>(n)) {
+      ok_ = false;
+      return 0;
+    }
+    std::uint64_t v = load_le(p_, n);
+    p_ += n;
+    n_ -= static_cast<std::size_t>(n);
+    return v;
+  }
+  const char* p_;
+  std::size_t n_;
+  bool ok_ = true;
+};
+
+std::string hello_bytes() {
+  std::string h(kHelloSize, '\0');
+  for (int i = 0; i < 4; ++i) h[i] = static_cast<char>((kMagic >> (8 * i)) & 0xff);
+  h[4] = static_cast<char>(kVersion & 0xff);
+  h[5] = static_cast<char>(kVersion >> 8);
+  return h;
+}
+
+/// Resolves an IPv4 address ("0.0.0.0", "127.0.0.1", a host name).
+bool resolve_ipv4(const std::string& host, std::uint16_t port, bool passive, sockaddr_in* out,
+                  std::string* err) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    *err = std::string("cannot resolve host: ") +
+           (rc == EAI_SYSTEM ? errno_text(errno) : gai_strerror(rc));
+    return false;
+  }
+  std::memcpy(out, res->ai_addr, sizeof(sockaddr_in));
+  ::freeaddrinfo(res);
+  return true;
+}
+
+}  // namespace
+
+// ===========================================================================
+// Server.
+
+struct TcpStoreServer::Impl {
+  Impl(const std::string& bind_addr, std::uint16_t port);
+  ~Impl();
+
+  std::string addr;  // "bind_addr:port" for messages
+  std::uint16_t port = 0;
+  Fd listen_fd, epoll_fd, wake_fd;
+  std::thread thread;
+
+  // --- Everything below belongs to the server thread. ---
+  struct Conn {
+    Fd fd;
+    bool hello_done = false;
+    bool dead = false;
+    bool want_write = false;
+    std::string in;
+    std::size_t in_off = 0;
+    std::string out;
+    std::size_t out_off = 0;
+    std::unordered_set<std::uint64_t> parked;
+  };
+  struct Waiter {
+    std::uint64_t conn;
+    std::uint32_t req;
+    bool is_get;
+    std::vector<std::string> keys;
+    Clock::time_point deadline;
+  };
+  static constexpr std::uint64_t kListenId = 0, kWakeId = 1;
+  std::uint64_t next_conn = 2, next_waiter = 1;
+  std::unordered_map<std::uint64_t, Conn> conns;
+  std::vector<std::uint64_t> closing;
+  std::unordered_map<std::string, std::string> data;
+  std::unordered_map<std::uint64_t, Waiter> waiters;
+  std::unordered_map<std::string, std::unordered_set<std::uint64_t>> waiting_on;
+  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines;
+  bool accept_paused = false;  // out of file descriptors: stop accepting for a moment
+  Clock::time_point accept_resume;
+
+  void run() noexcept;
+  void accept_all();
+  void set_accepting(bool on);
+  void on_conn(std::uint64_t id, std::uint32_t events);
+  void process_input(std::uint64_t id, Conn& c);
+  bool handle(std::uint64_t id, Conn& c, const char* p, std::size_t n);
+  void send(std::uint64_t id, Conn& c, std::string frame);
+  void flush(std::uint64_t id, Conn& c);
+  void drop(std::uint64_t id, Conn& c, const std::string& why);
+  void close_conn(std::uint64_t id);
+  void park(std::uint64_t id, Conn& c, std::uint32_t req, bool is_get,
+            std::vector<std::string> keys, std::uint64_t timeout_ms);
+  void finish_waiter(std::uint64_t wid, Status status);
+  void notify(const std::string& key);
+  void expire();
+  bool has_all(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys)
+      if (!data.count(k)) return false;
+    return true;
+  }
+};
+
+TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port) {
+  addr = bind_addr + ":" + std::to_string(want_port);
+  sockaddr_in sa{};
+  std::string err;
+  if (!resolve_ipv4(bind_addr, want_port, true, &sa, &err))
+    throw Error(ErrorCode::Network, "TcpStoreServer: cannot listen on " + addr + ": " + err);
+  listen_fd.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (listen_fd.get() < 0)
+    throw Error(ErrorCode::Network, "TcpStoreServer: socket() failed: " + errno_text(errno));
+  int one = 1;
+  ::setsockopt(listen_fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(listen_fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    int e = errno;
+    throw Error(ErrorCode::Network, "TcpStoreServer: cannot bind " + addr + ": " + errno_text(e) +
+                                        (e == EADDRINUSE ? " (another store or program uses this "
+                                                           "port; pick another or use port 0)"
+                                                         : ""));
+  }
+  if (::listen(listen_fd.get(), SOMAXCONN) != 0)
+    throw Error(ErrorCode::Network,
+                "TcpStoreServer: listen on " + addr + " failed: " + errno_text(errno));
+  socklen_t len = sizeof sa;
+  if (::getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+    throw Error(ErrorCode::Network, "TcpStoreServer: getsockname failed: " + errno_text(errno));
+  port = ntohs(sa.sin_port);
+  addr = bind_addr + ":" + std::to_string(port);
+
+  epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
+  wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (epoll_fd.get() < 0 || wake_fd.get() < 0)
+    throw Error(ErrorCode::System, "TcpStoreServer: epoll/eventfd failed: " + errno_text(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenId;
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, listen_fd.get(), &ev) != 0)
+    throw Error(ErrorCode::System, "TcpStoreServer: epoll_ctl failed: " + errno_text(errno));
+  ev.data.u64 = kWakeId;
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0)
+    throw Error(ErrorCode::System, "TcpStoreServer: epoll_ctl failed: " + errno_text(errno));
+  thread = std::thread([this] { run(); });
+}
+
+TcpStoreServer::Impl::~Impl() {
+  std::uint64_t one = 1;
+  if (::write(wake_fd.get(), &one, sizeof one) < 0) {
+    BRAID_LOG(error, "TcpStoreServer " << addr
+                                       << ": cannot wake the server thread: " << errno_text(errno));
+  }
+  if (thread.joinable()) thread.join();
+  // conns (and their sockets) close as the members are destroyed.
+}
+
+void TcpStoreServer::Impl::run() noexcept {
+  try {
+    std::vector<epoll_event> events(64);
+    for (;;) {
+      int timeout = deadlines.empty() ? -1 : ms_until(deadlines.begin()->first);
+      if (accept_paused) {
+        int resume = ms_until(accept_resume);
+        timeout = timeout < 0 ? resume : std::min(timeout, resume);
+      }
+      int n = ::epoll_wait(epoll_fd.get(), events.data(), static_cast<int>(events.size()), timeout);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(ErrorCode::System, "epoll_wait failed: " + errno_text(errno));
+      }
+      for (int i = 0; i < n; ++i) {
+        std::uint64_t id = events[i].data.u64;
+        if (id == kWakeId) return;
+        if (id == kListenId) {
+          accept_all();
+        } else {
+          on_conn(id, events[i].events);
+        }
+      }
+      expire();
+      for (std::uint64_t id : closing) close_conn(id);
+      closing.clear();
+      if (accept_paused && Clock::now() >= accept_resume) set_accepting(true);
+    }
+  } catch (const std::exception& e) {
+    // Fail loudly to every client rather than leave them hanging.
+    BRAID_LOG(error, "TcpStoreServer " << addr << " stopped serving: " << e.what());
+  }
+  waiters.clear();
+  conns.clear();
+  listen_fd.reset();
+}
+
+void TcpStoreServer::Impl::accept_all() {
+  for (;;) {
+    int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      // Typically EMFILE: the listener stays readable, so back off instead of spinning.
+      BRAID_LOG(warn, "TcpStoreServer " << addr << ": accept failed: " << errno_text(errno)
+                                        << "; pausing new connections for 100 ms");
+      accept_resume = Clock::now() + milliseconds(100);
+      set_accepting(false);
+      return;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::uint64_t id = next_conn++;
+    Conn& c = conns[id];
+    c.fd.reset(fd);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      BRAID_LOG(warn, "TcpStoreServer " << addr << ": epoll_ctl failed: " << errno_text(errno));
+      conns.erase(id);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::set_accepting(bool on) {
+  epoll_event ev{};
+  ev.events = on ? std::uint32_t{EPOLLIN} : 0u;
+  ev.data.u64 = kListenId;
+  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, listen_fd.get(), &ev) != 0)
+    throw Error(ErrorCode::System,
+                "epoll_ctl on the listening socket failed: " + errno_text(errno));
+  accept_paused = !on;
+}
+
+void TcpStoreServer::Impl::on_conn(std::uint64_t id, std::uint32_t events) {
+  auto it = conns.find(id);
+  if (it == conns.end() || it->second.dead) return;
+  Conn& c = it->second;
+  if (events & EPOLLOUT) flush(id, c);
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+    // Bounded per wake-up so that one busy client cannot starve the others.
+    char buf[65536];
+    for (int round = 0; round < 16 && !c.dead; ++round) {
+      ssize_t r = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      if (r > 0) {
+        c.in.append(buf, static_cast<std::size_t>(r));
+        process_input(id, c);
+        continue;
+      }
+      if (r == 0) {
+        drop(id, c, "");  // orderly close
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        drop(id, c, "recv failed: " + errno_text(errno));
+      }
+      break;
+    }
+  }
+}
+
+void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
+  while (!c.dead) {
+    std::size_t avail = c.in.size() - c.in_off;
+    const char* p = c.in.data() + c.in_off;
+    if (!c.hello_done) {
+      if (avail < kHelloSize) break;
+      if (load_le(p, 4) != kMagic) return drop(id, c, "bad hello (not a braid store client)");
+      if (load_le(p + 4, 2) != kVersion)
+        return drop(id, c,
+                    "client speaks protocol version " + std::to_string(load_le(p + 4, 2)) +
+                        ", this server " + std::to_string(kVersion));
+      c.hello_done = true;
+      c.in_off += kHelloSize;
+      send(id, c, hello_bytes());
+      continue;
+    }
+    if (avail < 4) break;
+    std::uint64_t len = load_le(p, 4);
+    if (len == 0 || len > kMaxFrame)
+      return drop(id, c, "frame length " + std::to_string(len) + " out of range");
+    if (avail - 4 < len) break;
+    if (!handle(id, c, p + 4, len)) return drop(id, c, "malformed request");
+    c.in_off += 4 + len;
+  }
+  if (c.in_off == c.in.size()) {
+    c.in.clear();
+    c.in_off = 0;
+  } else if (c.in_off > (1u << 20)) {
+    c.in.erase(0, c.in_off);
+    c.in_off = 0;
+  }
+}
+
+bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std::size_t n) {
+  Decoder d(p, n);
+  std::uint8_t op = d.u8();
+  std::uint32_t req = d.u32();
+  auto reply = [&](Status s) {
+    Encoder e;
+    e.u8(s);
+    e.u32(req);
+    return e;
+  };
+  switch (op) {
+    case kSet: {
+      std::string key = d.str(kMaxKey);
+      std::string value = d.str(kMaxValue);
+      if (!d.at_end()) return false;
+      data[key] = std::move(value);
+      send(id, c, reply(kOk).finish());
+      notify(key);
+      return true;
+    }
+    case kGet: {
+      std::string key = d.str(kMaxKey);
+      std::uint64_t timeout = d.u64();
+      if (!d.at_end()) return false;
+      auto it = data.find(key);
+      if (it != data.end()) {
+        Encoder e = reply(kOk);
+        e.str(it->second);
+        send(id, c, e.finish());
+      } else {
+        park(id, c, req, true, {std::move(key)}, timeout);
+      }
+      return true;
+    }
+    case kAdd: {
+      std::string key = d.str(kMaxKey);
+      auto delta = static_cast<std::int64_t>(d.u64());
+      if (!d.at_end()) return false;
+      std::int64_t value = 0;
+      auto it = data.find(key);
+      if (it != data.end() && !parse_int64(it->second, &value)) {
+        Encoder e = reply(kFailed);
+        e.str("the value of " + quote(key) + " is not a decimal integer");
+        send(id, c, e.finish());
+        return true;
+      }
+      if (__builtin_add_overflow(value, delta, &value)) {
+        Encoder e = reply(kFailed);
+        e.str("adding " + std::to_string(delta) + " to " + quote(key) + " overflows int64");
+        send(id, c, e.finish());
+        return true;
+      }
+      data[key] = std::to_string(value);
+      Encoder e = reply(kOk);
+      e.u64(static_cast<std::uint64_t>(value));
+      send(id, c, e.finish());
+      notify(key);
+      return true;
+    }
+    case kCheck: {
+      std::vector<std::string> keys = d.keys();
+      if (!d.at_end()) return false;
+      Encoder e = reply(kOk);
+      e.u8(has_all(keys) ? 1 : 0);
+      send(id, c, e.finish());
+      return true;
+    }
+    case kWait: {
+      std::vector<std::string> keys = d.keys();
+      std::uint64_t timeout = d.u64();
+      if (!d.at_end()) return false;
+      if (has_all(keys)) {
+        send(id, c, reply(kOk).finish());
+      } else {
+        park(id, c, req, false, std::move(keys), timeout);
+      }
+      return true;
+    }
+    case kRemove: {
+      std::string key = d.str(kMaxKey);
+      if (!d.at_end()) return false;
+      Encoder e = reply(kOk);
+      e.u8(data.erase(key) ? 1 : 0);
+      send(id, c, e.finish());
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+void TcpStoreServer::Impl::park(std::uint64_t id, Conn& c, std::uint32_t req, bool is_get,
+                                std::vector<std::string> keys, std::uint64_t timeout_ms) {
+  if (c.parked.size() >= kMaxParkedPerConn) return drop(id, c, "too many blocked requests");
+  std::uint64_t wid = next_waiter++;
+  auto deadline = Clock::now() + milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
+  for (const auto& k : keys) waiting_on[k].insert(wid);
+  deadlines.emplace(deadline, wid);
+  c.parked.insert(wid);
+  waiters.emplace(wid, Waiter{id, req, is_get, std::move(keys), deadline});
+  // A zero timeout is answered by expire() at the end of this loop iteration.
+}
+
+void TcpStoreServer::Impl::finish_waiter(std::uint64_t wid, Status status) {
+  auto it = waiters.find(wid);
+  if (it == waiters.end()) return;
+  Waiter w = std::move(it->second);
+  waiters.erase(it);
+  deadlines.erase({w.deadline, wid});
+  for (const auto& k : w.keys) {
+    auto wk = waiting_on.find(k);
+    if (wk == waiting_on.end()) continue;
+    wk->second.erase(wid);
+    if (wk->second.empty()) waiting_on.erase(wk);
+  }
+  auto ci = conns.find(w.conn);
+  if (ci == conns.end()) return;
+  Conn& c = ci->second;
+  c.parked.erase(wid);
+  if (c.dead) return;
+  Encoder e;
+  e.u8(status);
+  e.u32(w.req);
+  if (status == kOk && w.is_get) {
+    e.str(data.at(w.keys[0]));
+  } else if (status == kTimeout && !w.is_get) {
+    std::vector<std::string> missing;
+    for (const auto& k : w.keys)
+      if (!data.count(k)) missing.push_back(k);
+    e.u32(static_cast<std::uint32_t>(missing.size()));
+    for (const auto& k : missing) e.str(k);
+  }
+  send(w.conn, c, e.finish());
+}
+
+void TcpStoreServer::Impl::notify(const std::string& key) {
+  auto it = waiting_on.find(key);
+  if (it == waiting_on.end()) return;
+  std::vector<std::uint64_t> ids(it->second.begin(), it->second.end());
+  for (std::uint64_t wid : ids) {
+    auto w = waiters.find(wid);
+    if (w != waiters.end() && has_all(w->second.keys)) finish_waiter(wid, kOk);
+  }
+}
+
+void TcpStoreServer::Impl::expire() {
+  auto now = Clock::now();
+  while (!deadlines.empty() && deadlines.begin()->first <= now)
+    finish_waiter(deadlines.begin()->second, kTimeout);
+}
+
+void TcpStoreServer::Impl::send(std::uint64_t id, Conn& c, std::string frame) {
+  if (c.dead) return;
+  if (c.out.size() - c.out_off + frame.size() > kMaxPendingOutput)
+    return drop(id, c, "client does not read its replies");
+  if (c.out_off == c.out.size()) {
+    c.out = std::move(frame);
+    c.out_off = 0;
+  } else {
+    c.out.append(frame);
+  }
+  flush(id, c);
+}
+
+void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
+  while (!c.dead && c.out_off < c.out.size()) {
+    ssize_t r =
+        ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+    if (r >= 0) {
+      c.out_off += static_cast<std::size_t>(r);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      break;
+    } else {
+      return drop(id, c,
+                  errno == EPIPE || errno == ECONNRESET ? "" : "send failed: " + errno_text(errno));
+    }
+  }
+  if (c.dead) return;
+  bool pending = c.out_off < c.out.size();
+  if (!pending) {
+    c.out.clear();
+    c.out_off = 0;
+  } else if (c.out_off > (1u << 20)) {
+    c.out.erase(0, c.out_off);
+    c.out_off = 0;
+  }
+  if (pending != c.want_write) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u);
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0)
+      return drop(id, c, "epoll_ctl failed: " + errno_text(errno));
+    c.want_write = pending;
+  }
+}
+
+void TcpStoreServer::Impl::drop(std::uint64_t id, Conn& c, const std::string& why) {
+  if (c.dead) return;
+  if (!why.empty()) BRAID_LOG(warn, "TcpStoreServer " << addr << ": closing a client: " << why);
+  c.dead = true;
+  closing.push_back(id);
+}
+
+void TcpStoreServer::Impl::close_conn(std::uint64_t id) {
+  auto it = conns.find(id);
+  if (it == conns.end()) return;
+  std::vector<std::uint64_t> parked(it->second.parked.begin(), it->second.parked.end());
+  for (std::uint64_t wid : parked) finish_waiter(wid, kTimeout);  // dead: nothing is sent
+  ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, it->second.fd.get(), nullptr);
+  conns.erase(it);
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& bind_addr, std::uint16_t port)
+    : impl_(std::make_unique<Impl>(bind_addr, port)) {}
+
+TcpStoreServer::~TcpStoreServer() = default;
+
+std::uint16_t TcpStoreServer::port() const noexcept { return impl_->port; }
+
+// ===========================================================================
+// Client.
+
+namespace {
+
+struct Reply {
+  bool done = false;
+  std::uint8_t status = 0;
+  std::string payload;
+};
+
+/// Sends all of `data` on a non-blocking socket by `deadline`; "" or the reason it failed.
+std::string send_all(int fd, const char* data, std::size_t n, Clock::time_point deadline) {
+  std::size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::send(fd, data + off, n - off, MSG_NOSIGNAL);
+    if (r >= 0) {
+      off += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return "send failed: " + errno_text(errno);
+    pollfd pfd{fd, POLLOUT, 0};
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    if (pr == 0) return "timed out sending to the server";
+    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
+  }
+  return {};
+}
+
+/// Receives exactly `n` bytes by `deadline`; "" or the reason it failed.
+std::string recv_exact(int fd, char* data, std::size_t n, Clock::time_point deadline) {
+  std::size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::recv(fd, data + off, n - off, 0);
+    if (r > 0) {
+      off += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0) return "the server closed the connection";
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return "recv failed: " + errno_text(errno);
+    pollfd pfd{fd, POLLIN, 0};
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    if (pr == 0) return "timed out waiting for the server";
+    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
+  }
+  return {};
+}
+
+/// One non-blocking connect attempt, waiting up to `deadline`. Returns -1 and sets `err`.
+Fd connect_once(const sockaddr_in& sa, Clock::time_point deadline, std::string* err) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) {
+    *err = "socket() failed: " + errno_text(errno);
+    return Fd();
+  }
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    if (errno != EINPROGRESS && errno != EINTR) {
+      *err = errno_text(errno);
+      return Fd();
+    }
+    pollfd pfd{fd.get(), POLLOUT, 0};
+    int pr;
+    do {
+      pr = ::poll(&pfd, 1, ms_until(deadline));
+    } while (pr < 0 && errno == EINTR);
+    if (pr <= 0) {
+      *err = pr == 0 ? "connect timed out" : "poll failed: " + errno_text(errno);
+      return Fd();
+    }
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &len);
+    if (soerr != 0) {
+      *err = errno_text(soerr);
+      return Fd();
+    }
+  }
+  // Retrying a local port that nobody listens on can make TCP connect the socket to
+  // itself (simultaneous open); such a "server" would echo our own hello back.
+  sockaddr_in self{}, peer{};
+  socklen_t l1 = sizeof self, l2 = sizeof peer;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&self), &l1) == 0 &&
+      ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &l2) == 0 &&
+      self.sin_port == peer.sin_port && self.sin_addr.s_addr == peer.sin_addr.s_addr) {
+    *err = "connected to itself (no server yet)";
+    return Fd();
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+}  // namespace
+
+struct TcpStore::Impl {
+  Impl(const std::string& host, std::uint16_t port, bool is_server, milliseconds connect_timeout);
+  ~Impl() = default;
+
+  // Declared first so that it is destroyed last, after our own socket.
+  std::unique_ptr<TcpStoreServer> server;
+  std::string addr;  // "host:port" for messages
+  std::uint16_t port = 0;
+  milliseconds io_timeout{};
+  Fd fd;
+
+  std::mutex send_mu;  // one frame at a time on the socket
+  std::mutex mu;       // guards everything below
+  std::condition_variable cv;
+  bool reading = false;  // a caller is reading replies for everyone
+  std::string in;        // bytes read, owned by the reading caller
+  std::uint32_t next_id = 1;
+  std::unordered_map<std::uint32_t, std::shared_ptr<Reply>> pending;
+  std::string broken;  // why the connection is unusable; empty while it is fine
+
+  Encoder request(Op op) {
+    Encoder e;
+    e.u8(op);
+    e.u32(0);  // id, patched by call()
+    return e;
+  }
+  Reply call(Encoder& e, Clock::time_point deadline, const std::string& what);
+  void read_replies(Clock::time_point deadline, std::vector<std::pair<std::uint32_t, Reply>>* got,
+                    std::string* err);
+  void mark_broken_locked(const std::string& why) {
+    if (!broken.empty()) return;
+    broken = why;
+    ::shutdown(fd.get(), SHUT_RDWR);  // wakes a caller blocked in poll
+    cv.notify_all();
+  }
+  [[noreturn]] void fail_protocol(const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu);
+    mark_broken_locked("malformed reply");
+    throw Error(ErrorCode::Network,
+                "TcpStore " + addr + ": " + what + ": malformed reply from the server");
+  }
+  Clock::time_point io_deadline() const { return Clock::now() + io_timeout; }
+  void check_key(const std::string& key, const char* op) const {
+    if (key.size() > kMaxKey)
+      throw Error(ErrorCode::InvalidUsage, std::string("TcpStore ") + addr + ": " + op +
+                                               ": key of " + std::to_string(key.size()) +
+                                               " bytes exceeds " + std::to_string(kMaxKey));
+  }
+};
+
+TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_server,
+                     milliseconds connect_timeout) {
+  io_timeout = std::max(connect_timeout, kMinIoTimeout);
+  port = want_port;
+  std::string connect_host = host;
+  if (is_server) {
+    server = std::make_unique<TcpStoreServer>("0.0.0.0", want_port);
+    port = server->port();
+    connect_host = "127.0.0.1";  // our own server: loopback always reaches it
+  }
+  addr = host + ":" + std::to_string(port);
+  auto start = Clock::now();
+  auto deadline = start + milliseconds(clamp_timeout(connect_timeout));
+  milliseconds backoff{10};
+  std::string err;
+  for (;;) {
+    sockaddr_in sa{};
+    if (resolve_ipv4(connect_host, port, false, &sa, &err)) {
+      Fd s = connect_once(sa, deadline, &err);
+      if (s.get() >= 0) {
+        std::string hello = hello_bytes();
+        // Once connected, allow the hello a little time even if connect_timeout is short.
+        auto hello_deadline = std::max(deadline, Clock::now() + milliseconds(5000));
+        std::string herr = send_all(s.get(), hello.data(), hello.size(), hello_deadline);
+        char back[kHelloSize];
+        if (herr.empty()) herr = recv_exact(s.get(), back, sizeof back, hello_deadline);
+        if (herr.empty() && std::memcmp(back, hello.data(), kHelloSize) == 0) {
+          fd = std::move(s);
+          return;
+        }
+        throw Error(ErrorCode::Network,
+                    "TcpStore: " + addr + " did not complete the store handshake (" +
+                        (herr.empty() ? std::string("unexpected reply") : herr) +
+                        "): it is not a braid store server, or one of another protocol version");
+      }
+    }
+    auto now = Clock::now();
+    if (now >= deadline) {
+      throw TimeoutError("TcpStore: could not connect to the store server at " + addr + " within " +
+                         std::to_string(connect_timeout.count()) + " ms (last error: " + err +
+                         "); is the server (rank 0) running and the address reachable?");
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, milliseconds(200));
+  }
+}
+
+void TcpStore::Impl::read_replies(Clock::time_point deadline,
+                                  std::vector<std::pair<std::uint32_t, Reply>>* got,
+                                  std::string* err) {
+  pollfd pfd{fd.get(), POLLIN, 0};
+  int pr = ::poll(&pfd, 1, ms_until(deadline));
+  if (pr < 0) {
+    if (errno != EINTR) *err = "poll failed: " + errno_text(errno);
+    return;
+  }
+  if (pr == 0) return;
+  char buf[65536];
+  for (int round = 0; round < 64; ++round) {
+    ssize_t r = ::recv(fd.get(), buf, sizeof buf, 0);
+    if (r > 0) {
+      in.append(buf, static_cast<std::size_t>(r));
+      if (static_cast<std::size_t>(r) < sizeof buf) break;
+      continue;
+    }
+    if (r == 0) {
+      *err = "the server closed the connection";
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *err = "recv failed: " + errno_text(errno);
+    }
+    break;
+  }
+  std::size_t off = 0;
+  while (in.size() - off >= 4) {
+    std::uint64_t len = load_le(in.data() + off, 4);
+    if (len < 5 || len > kMaxFrame) {
+      *err = "malformed reply (frame length " + std::to_string(len) + ")";
+      break;
+    }
+    if (in.size() - off - 4 < len) break;
+    const char* p = in.data() + off + 4;
+    Reply rep;
+    rep.done = true;
+    rep.status = static_cast<std::uint8_t>(p[0]);
+    auto id = static_cast<std::uint32_t>(load_le(p + 1, 4));
+    rep.payload.assign(p + 5, len - 5);
+    got->emplace_back(id, std::move(rep));
+    off += 4 + len;
+  }
+  in.erase(0, off);
+}
+
+Reply TcpStore::Impl::call(Encoder& e, Clock::time_point deadline, const std::string& what) {
+  auto rep = std::make_shared<Reply>();
+  std::uint32_t id;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!broken.empty())
+      throw Error(ErrorCode::Network,
+                  "TcpStore " + addr + ": " + what +
+                      ": the connection to the store server was lost earlier (" + broken + ")");
+    id = next_id++;
+    if (next_id == 0) next_id = 1;
+    pending[id] = rep;
+  }
+  e.patch_u32(5, id);
+  std::string frame = e.finish();
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lk(send_mu);
+    err = send_all(fd.get(), frame.data(), frame.size(), deadline);
+  }
+  std::unique_lock<std::mutex> lk(mu);
+  if (!err.empty()) {
+    pending.erase(id);
+    mark_broken_locked(err);
+    throw Error(ErrorCode::Network, "TcpStore " + addr + ": " + what + ": " + err);
+  }
+  while (!rep->done && broken.empty() && Clock::now() < deadline) {
+    if (reading) {
+      cv.wait_until(lk, deadline);
+      continue;
+    }
+    reading = true;
+    lk.unlock();
+    std::vector<std::pair<std::uint32_t, Reply>> got;
+    std::string rerr;
+    read_replies(deadline, &got, &rerr);
+    lk.lock();
+    reading = false;
+    for (auto& g : got) {
+      auto it = pending.find(g.first);
+      if (it != pending.end()) *it->second = std::move(g.second);  // else: a caller gave up
+    }
+    if (!rerr.empty()) mark_broken_locked(rerr);
+    cv.notify_all();  // replies for others, or the reader role is free
+  }
+  pending.erase(id);
+  if (rep->done) return std::move(*rep);
+  if (!broken.empty())
+    throw Error(ErrorCode::Network, "TcpStore " + addr + ": " + what +
+                                        ": lost the connection to the store server (" + broken +
+                                        ")");
+  throw TimeoutError("TcpStore " + addr + ": " + what +
+                     ": the store server did not answer in time (is it alive and reachable?)");
+}
+
+TcpStore::TcpStore(const std::string& host, std::uint16_t port, bool is_server,
+                   std::chrono::milliseconds connect_timeout)
+    : impl_(std::make_unique<Impl>(host, port, is_server, connect_timeout)) {}
+
+TcpStore::~TcpStore() = default;
+
+std::uint16_t TcpStore::port() const noexcept { return impl_->port; }
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  impl_->check_key(key, "set");
+  if (value.size() > kMaxValue)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": set(" + quote(key) +
+                                             "): value of " + std::to_string(value.size()) +
+                                             " bytes exceeds " + std::to_string(kMaxValue));
+  Encoder e = impl_->request(kSet);
+  e.str(key);
+  e.str(value);
+  std::string what = "set(" + quote(key) + ")";
+  Reply r = impl_->call(e, impl_->io_deadline(), what);
+  if (r.status != kOk || !r.payload.empty()) impl_->fail_protocol(what);
+}
+
+std::string TcpStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  impl_->check_key(key, "get");
+  std::uint64_t t = clamp_timeout(timeout);
+  Encoder e = impl_->request(kGet);
+  e.str(key);
+  e.u64(t);
+  std::string what = "get(" + quote(key) + ")";
+  Reply r = impl_->call(e, Clock::now() + milliseconds(t) + kReplyGrace, what);
+  if (r.status == kTimeout)
+    throw TimeoutError("TcpStore " + impl_->addr + ": " + what + " timed out after " +
+                       std::to_string(timeout.count()) + " ms: the key was not set");
+  Decoder d(r.payload.data(), r.payload.size());
+  std::string value = d.str(kMaxValue);
+  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+  return value;
+}
+
+std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
+  impl_->check_key(key, "add");
+  Encoder e = impl_->request(kAdd);
+  e.str(key);
+  e.u64(static_cast<std::uint64_t>(delta));
+  std::string what = "add(" + quote(key) + ", " + std::to_string(delta) + ")";
+  Reply r = impl_->call(e, impl_->io_deadline(), what);
+  Decoder d(r.payload.data(), r.payload.size());
+  if (r.status == kFailed) {
+    std::string msg = d.str(kMaxFrame);
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": " + what + ": " + msg);
+  }
+  auto v = static_cast<std::int64_t>(d.u64());
+  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+  return v;
+}
+
+namespace {
+void put_keys(Encoder& e, const std::vector<std::string>& keys, const std::string& addr,
+              const char* op) {
+  std::size_t bytes = 0;
+  for (const auto& k : keys) bytes += 4 + k.size();
+  if (keys.size() > kMaxKeysPerRequest || bytes > kMaxFrame - 64)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + addr + ": " + op + ": too many keys (" +
+                                             std::to_string(keys.size()) + ")");
+  e.u32(static_cast<std::uint32_t>(keys.size()));
+  for (const auto& k : keys) e.str(k);
+}
+}  // namespace
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  for (const auto& k : keys) impl_->check_key(k, "check");
+  Encoder e = impl_->request(kCheck);
+  put_keys(e, keys, impl_->addr, "check");
+  Reply r = impl_->call(e, impl_->io_deadline(), "check(" + quote_keys(keys) + ")");
+  if (r.status != kOk || r.payload.size() != 1) impl_->fail_protocol("check");
+  return r.payload[0] != 0;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  for (const auto& k : keys) impl_->check_key(k, "wait");
+  std::uint64_t t = clamp_timeout(timeout);
+  Encoder e = impl_->request(kWait);
+  put_keys(e, keys, impl_->addr, "wait");
+  e.u64(t);
+  std::string what = "wait(" + quote_keys(keys) + ")";
+  Reply r = impl_->call(e, Clock::now() + milliseconds(t) + kReplyGrace, what);
+  Decoder d(r.payload.data(), r.payload.size());
+  if (r.status == kTimeout) {
+    std::vector<std::string> missing = d.keys();
+    if (!d.at_end()) impl_->fail_protocol(what);
+    throw TimeoutError("TcpStore " + impl_->addr + ": wait timed out after " +
+                       std::to_string(timeout.count()) +
+                       " ms; keys not set: " + quote_keys(missing));
+  }
+  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+}
+
+bool TcpStore::remove(const std::string& key) {
+  impl_->check_key(key, "remove");
+  Encoder e = impl_->request(kRemove);
+  e.str(key);
+  std::string what = "remove(" + quote(key) + ")";
+  Reply r = impl_->call(e, impl_->io_deadline(), what);
+  if (r.status != kOk || r.payload.size() != 1) impl_->fail_protocol(what);
+  return r.payload[0] != 0;
+}
+
+}  // namespace braid
