@@ -42,6 +42,7 @@ struct Config {
   std::optional<int> rank, world_size, local_rank, local_size;
   std::string master_addr;
   std::optional<int> master_port;
+  bool store_external = false;  ///< braidrun serves the store; rank 0 must not
   std::string launcher;  ///< which family of variables supplied rank/size ("braid", "torchrun", ...)
 
   /// The process-wide configuration, parsed from the environment on first use.

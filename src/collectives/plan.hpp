@@ -1,0 +1,121 @@
+// braid plans: algorithms as data (DESIGN.md §4).
+//
+// An algorithm is a pure function from a PlanRequest to the Plan of one rank: the
+// ordered steps that rank performs (send a region to a peer, receive into a region,
+// receive-and-reduce, copy) on element ranges of its input, output and scratch
+// buffers. The engine executes any plan; the verifier runs every rank's plan
+// symbolically in one process. Plans name peers by rank and never see transports.
+//
+// Execution rules shared by the engine and the verifier:
+// - A step may start once every step in its dependency list has completed.
+// - Sends to one peer are posted in plan order; so are receives from one peer; and
+//   the n-th send from A to B matches the n-th receive B posts for A. A step whose
+//   dependencies are not met therefore also holds back later steps of its queue.
+// - Local steps (copy) run in plan order as well.
+// - recv_reduce: dst = src (op) message. src and dst may be the same region (in-place).
+//   All operations are commutative, so the engine may land the message in dst first
+//   when dst does not overlap src.
+// - `finalize` on a step that writes dst applies the op's finishing touch to dst once
+//   the step is done (avg: divide by the world size). Each output element must be
+//   finalized exactly once for avg, never for other ops.
+#pragma once
+
+#include <braid/types.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace braid::collectives {
+
+/// Which collective a plan implements.
+enum class Collective : std::uint8_t { allreduce = 0, broadcast, reduce, allgather, reduce_scatter, alltoall };
+
+/// Name of a collective ("allreduce", ...).
+const char* to_string(Collective c) noexcept;
+
+/// The buffers a plan addresses. In-place calls alias input and output.
+enum class Buffer : std::uint8_t { input = 0, output, scratch };
+
+/// A contiguous range of elements of one buffer.
+struct Region {
+  Buffer buf = Buffer::input;
+  std::uint64_t offset = 0;  ///< in elements
+  std::uint64_t count = 0;   ///< in elements
+};
+
+/// What a step does.
+enum class StepKind : std::uint8_t {
+  send,         ///< send src to peer
+  recv,         ///< receive from peer into dst
+  recv_reduce,  ///< dst = src (op) message from peer
+  copy,         ///< dst = src (local)
+};
+
+/// One step of one rank's plan.
+struct Step {
+  StepKind kind = StepKind::copy;
+  bool finalize = false;  ///< apply the op's finishing touch to dst when done
+  std::int32_t peer = -1;
+  Region src;
+  Region dst;
+  std::uint32_t dep_begin = 0;  ///< dependencies are deps[dep_begin, dep_begin + dep_count)
+  std::uint32_t dep_count = 0;
+  std::uint32_t phase = 0;      ///< algorithm phase, for error messages (0 = reduce-scatter, ...)
+};
+
+/// What an algorithm is asked to plan.
+struct PlanRequest {
+  Collective collective = Collective::allreduce;
+  Algorithm algorithm = Algorithm::ring;
+  int rank = 0;
+  int world = 1;
+  std::uint64_t count = 0;       ///< elements per rank (allreduce: the whole vector)
+  std::size_t elem_size = 4;     ///< bytes per element, to size pipeline slices
+  ReduceOp op = ReduceOp::sum;
+  std::size_t slice_bytes = 512 * 1024;  ///< pipeline slice
+};
+
+/// The steps of one rank, plus indexes the executor and verifier use.
+struct Plan {
+  PlanRequest request;
+  std::uint64_t scratch_count = 0;  ///< elements of scratch the plan addresses
+  std::vector<Step> steps;
+  std::vector<std::uint32_t> deps;
+  std::vector<const char*> phase_names;  ///< indexed by Step::phase
+
+  /// Peers this rank exchanges messages with (sorted, unique): the connections
+  /// the engine must set up (lazily) before running the plan.
+  std::vector<int> peers;
+
+  /// Appends a step depending on `deps_of` and returns its index.
+  std::uint32_t add(Step step, std::initializer_list<std::uint32_t> deps_of = {});
+  /// Same, with the dependencies in a vector (entries equal to kNoStep are ignored).
+  std::uint32_t add(Step step, const std::vector<std::uint32_t>& deps_of);
+  /// Fills `peers`; call when the builder is done.
+  void seal();
+  /// Human-readable listing (for BRAID_DEBUG=TRACE and test failures).
+  std::string describe() const;
+};
+
+/// Marker for "no step" in dependency lists.
+inline constexpr std::uint32_t kNoStep = 0xffffffffu;
+
+/// Splits `count` elements into `parts` nearly equal contiguous parts; returns the
+/// offset of part i (i in [0, parts]; part i is [offset(i), offset(i+1))).
+inline std::uint64_t part_offset(std::uint64_t count, std::uint64_t parts, std::uint64_t i) noexcept {
+  const std::uint64_t base = count / parts, rem = count % parts;
+  return i * base + (i < rem ? i : rem);
+}
+
+/// Builds the plan of `req.rank` for `req`. Throws braid::Error(Unsupported) for an
+/// algorithm or collective that is not implemented, naming what is.
+std::shared_ptr<const Plan> build_plan(const PlanRequest& req);
+
+/// Ring all-reduce (ring.cpp): reduce-scatter then all-gather around rank order,
+/// chunked into slices and pipelined.
+void build_ring_allreduce(const PlanRequest& req, Plan& plan);
+
+}  // namespace braid::collectives

@@ -1,0 +1,260 @@
+// The configuration table and its one parse. This is the only file in braid that
+// reads the environment.
+#include "core/config.hpp"
+
+#include "core/check.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <limits>
+
+namespace braid::core {
+
+namespace {
+
+using Lookup = std::function<std::optional<std::string>(const char*)>;
+
+// The table. Keep in documentation order; docs/configuration.md is generated from it.
+const std::vector<ConfigVar> kTable = {
+    {"BRAID_DEBUG", "enum", "WARN", "Log level: ERROR, WARN, INFO or TRACE.", true},
+    {"BRAID_TIMEOUT", "duration", "300s",
+     "Deadline of every collective and of connection set-up (e.g. 30s, 500ms, 5m).", true},
+    {"BRAID_ALGO", "enum", "auto", "All-reduce algorithm: auto or ring (tree, rhd, hier arrive later).",
+     true},
+    {"BRAID_CODEC", "string", "none", "Compression codec inside the collective (none until the compression issue).",
+     true},
+    {"BRAID_TRANSPORT", "enum", "auto", "Force a transport for every pair: auto or tcp.", true},
+    {"BRAID_CHUNK_BYTES", "bytes", "512K",
+     "Pipeline slice: large collectives move in slices of at most this many bytes so that "
+     "send, receive and reduce overlap.",
+     true},
+    {"BRAID_SPIN_US", "int", "100",
+     "Microseconds the progress thread polls without progress before it sleeps in epoll.", true},
+    {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
+    {"BRAID_CHECK_ARGS", "bool", "0",
+     "Debug mode: before each collective, check that every rank called the same collective with "
+     "the same count, type and op, and name the rank that differs.",
+     true},
+    {"BRAID_SOCKET_IFNAME", "string", "",
+     "Network interface whose IPv4 address TCP binds and advertises (default: chosen from the "
+     "master address).",
+     true},
+    {"BRAID_SOCKETS_PER_PEER", "int", "1", "TCP sockets per peer; large messages are striped across them.",
+     true},
+    {"BRAID_SOCKET_BUFFER", "bytes", "0", "SO_SNDBUF/SO_RCVBUF of TCP sockets (0: OS autotuning).", true},
+    {"BRAID_AUTH_TOKEN", "string", "",
+     "Shared secret every connection must present (default: a random token agreed through the store).",
+     true},
+    {"BRAID_HOST_ID", "string", "", "Overrides the host identity (hostname + boot id), to emulate hosts.",
+     true},
+    {"BRAID_RANK", "int", "", "This process's rank (set by braidrun).", true},
+    {"BRAID_WORLD_SIZE", "int", "", "Number of ranks (set by braidrun).", true},
+    {"BRAID_LOCAL_RANK", "int", "", "Rank among the ranks of this host.", true},
+    {"BRAID_LOCAL_SIZE", "int", "", "Number of ranks on this host.", true},
+    {"BRAID_MASTER_ADDR", "string", "", "Address of the bootstrap store (rank 0 serves it).", true},
+    {"BRAID_MASTER_PORT", "int", "", "Port of the bootstrap store.", true},
+    {"BRAID_STORE_EXTERNAL", "bool", "0",
+     "The store at BRAID_MASTER_ADDR:PORT is served by someone else (braidrun); rank 0 does not "
+     "start one.",
+     true},
+    {"RANK", "int", "", "torchrun: rank (used when BRAID_RANK is unset).", false},
+    {"WORLD_SIZE", "int", "", "torchrun: world size.", false},
+    {"LOCAL_RANK", "int", "", "torchrun: local rank.", false},
+    {"LOCAL_WORLD_SIZE", "int", "", "torchrun: local world size.", false},
+    {"MASTER_ADDR", "string", "", "torchrun: store address (used when BRAID_MASTER_ADDR is unset).", false},
+    {"MASTER_PORT", "int", "", "torchrun: store port.", false},
+    {"OMPI_COMM_WORLD_RANK", "int", "", "Open MPI (mpirun): rank.", false},
+    {"OMPI_COMM_WORLD_SIZE", "int", "", "Open MPI (mpirun): world size.", false},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "int", "", "Open MPI (mpirun): local rank.", false},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "int", "", "Open MPI (mpirun): local size.", false},
+    {"SLURM_PROCID", "int", "", "Slurm (srun): rank.", false},
+    {"SLURM_NTASKS", "int", "", "Slurm (srun): world size.", false},
+    {"SLURM_LOCALID", "int", "", "Slurm (srun): local rank.", false},
+};
+
+[[noreturn]] void bad(const char* name, const std::string& value, const char* expected) {
+  throw Error(ErrorCode::InvalidUsage, std::string(name) + "='" + value + "' is not valid: expected " +
+                                           expected + " (see docs/configuration.md)");
+}
+
+std::string upper(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::optional<long long> parse_int(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return std::nullopt;
+  return v;
+}
+
+struct Reader {
+  const Lookup& lookup;
+
+  std::optional<std::string> raw(const char* name) const {
+    auto v = lookup(name);
+    if (v && v->empty()) return std::nullopt;
+    return v;
+  }
+  void str(const char* name, std::string& out) const {
+    if (auto v = raw(name)) out = *v;
+  }
+  void integer(const char* name, int& out, long long lo, long long hi) const {
+    if (auto v = raw(name)) {
+      auto n = parse_int(*v);
+      if (!n || *n < lo || *n > hi) bad(name, *v, ("an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
+      out = static_cast<int>(*n);
+    }
+  }
+  std::optional<int> opt_int(const char* name, long long lo, long long hi) const {
+    int v = 0;
+    if (!raw(name)) return std::nullopt;
+    integer(name, v, lo, hi);
+    return v;
+  }
+  void boolean(const char* name, bool& out) const {
+    if (auto v = raw(name)) {
+      const std::string l = lower(*v);
+      if (l == "1" || l == "true" || l == "yes" || l == "on") out = true;
+      else if (l == "0" || l == "false" || l == "no" || l == "off") out = false;
+      else bad(name, *v, "0/1, true/false, yes/no or on/off");
+    }
+  }
+  void bytes(const char* name, std::size_t& out) const {
+    if (auto v = raw(name)) {
+      auto b = parse_bytes(*v);
+      if (!b) bad(name, *v, "a byte count such as 65536, 512K, 4M or 1G");
+      out = *b;
+    }
+  }
+  void duration(const char* name, std::chrono::milliseconds& out) const {
+    if (auto v = raw(name)) {
+      auto d = parse_duration(*v);
+      if (!d || d->count() <= 0) bad(name, *v, "a positive duration such as 30 (seconds), 30s, 500ms, 5m or 1h");
+      out = *d;
+    }
+  }
+};
+
+}  // namespace
+
+std::optional<std::size_t> parse_bytes(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  std::size_t mult = 1;
+  std::string digits = s;
+  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
+  if (last == 'B' && s.size() > 1) digits.pop_back();
+  const char unit = digits.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+  if (unit == 'K') mult = 1ull << 10;
+  else if (unit == 'M') mult = 1ull << 20;
+  else if (unit == 'G') mult = 1ull << 30;
+  else if (unit == 'T') mult = 1ull << 40;
+  if (mult != 1) digits.pop_back();
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return std::nullopt;
+  errno = 0;
+  const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
+  if (errno != 0 || v > std::numeric_limits<std::size_t>::max() / mult) return std::nullopt;
+  return static_cast<std::size_t>(v * mult);
+}
+
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  char* end = nullptr;
+  const std::string num = s.substr(0, i);
+  const double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || v < 0) return std::nullopt;
+  const std::string unit = lower(s.substr(i));
+  double ms = 0;
+  if (unit.empty() || unit == "s") ms = v * 1000;
+  else if (unit == "ms") ms = v;
+  else if (unit == "us") ms = v / 1000;
+  else if (unit == "m" || unit == "min") ms = v * 60'000;
+  else if (unit == "h") ms = v * 3'600'000;
+  else return std::nullopt;
+  if (ms > 1e15) return std::nullopt;
+  return std::chrono::milliseconds(static_cast<long long>(ms + 0.5));
+}
+
+std::optional<std::string> env_value(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+const std::vector<ConfigVar>& config_table() { return kTable; }
+
+Config Config::parse(const Lookup& lookup) {
+  Config c;
+  const Reader r{lookup};
+  if (auto v = r.raw("BRAID_DEBUG")) {
+    const std::string u = upper(*v);
+    if (u == "ERROR") c.log_level = LogLevel::error;
+    else if (u == "WARN" || u == "WARNING") c.log_level = LogLevel::warn;
+    else if (u == "INFO") c.log_level = LogLevel::info;
+    else if (u == "TRACE") c.log_level = LogLevel::trace;
+    else bad("BRAID_DEBUG", *v, "ERROR, WARN, INFO or TRACE");
+  }
+  r.duration("BRAID_TIMEOUT", c.timeout);
+  if (auto v = r.raw("BRAID_ALGO")) c.algo = lower(*v);
+  if (auto v = r.raw("BRAID_CODEC")) c.codec = lower(*v);
+  if (auto v = r.raw("BRAID_TRANSPORT")) {
+    c.transport = lower(*v);
+    if (c.transport != "auto" && c.transport != "tcp") bad("BRAID_TRANSPORT", *v, "auto or tcp");
+  }
+  r.bytes("BRAID_CHUNK_BYTES", c.chunk_bytes);
+  if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
+  r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
+  int cache = static_cast<int>(c.plan_cache);
+  r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
+  c.plan_cache = static_cast<std::size_t>(cache);
+  r.boolean("BRAID_CHECK_ARGS", c.check_args);
+  r.str("BRAID_SOCKET_IFNAME", c.socket_ifname);
+  r.integer("BRAID_SOCKETS_PER_PEER", c.sockets_per_peer, 1, 64);
+  r.bytes("BRAID_SOCKET_BUFFER", c.socket_buffer);
+  r.str("BRAID_AUTH_TOKEN", c.auth_token);
+  r.str("BRAID_HOST_ID", c.host_id);
+  r.boolean("BRAID_STORE_EXTERNAL", c.store_external);
+
+  // Launch variables: the first family that provides a rank wins.
+  constexpr long long kMaxRanks = 1 << 24;
+  struct Family { const char* name; const char* rank; const char* size; const char* lrank; const char* lsize; };
+  static constexpr Family families[] = {
+      {"braid", "BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE"},
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+  };
+  for (const auto& f : families) {
+    if (!r.raw(f.rank)) continue;
+    c.launcher = f.name;
+    c.rank = r.opt_int(f.rank, 0, kMaxRanks - 1);
+    c.world_size = r.opt_int(f.size, 1, kMaxRanks);
+    c.local_rank = r.opt_int(f.lrank, 0, kMaxRanks - 1);
+    if (f.lsize) c.local_size = r.opt_int(f.lsize, 1, kMaxRanks);
+    break;
+  }
+  if (auto v = r.raw("BRAID_MASTER_ADDR")) c.master_addr = *v;
+  else if (auto m = r.raw("MASTER_ADDR")) c.master_addr = *m;
+  c.master_port = r.opt_int("BRAID_MASTER_PORT", 1, 65535);
+  if (!c.master_port) c.master_port = r.opt_int("MASTER_PORT", 1, 65535);
+  return c;
+}
+
+const Config& Config::global() {
+  static const Config config = parse([](const char* name) { return env_value(name); });
+  return config;
+}
+
+}  // namespace braid::core

@@ -1,0 +1,67 @@
+// Version, build features and the configuration report (braid_info).
+#include <braid/config.hpp>
+#include <braid/info.hpp>
+
+#include "core/config.hpp"
+
+#include <iomanip>
+#include <sstream>
+
+namespace braid {
+
+std::string version() { return BRAID_VERSION_STRING; }
+
+std::string build_features() {
+  std::ostringstream os;
+  auto line = [&](const char* name, int have, const char* what) {
+    os << "  " << std::left << std::setw(9) << name << (have ? "yes" : "no ") << "  " << what << "\n";
+  };
+  line("tcp", 1, "TCP sockets between any hosts");
+  line("shm", BRAID_HAVE_SHM, "shared-memory rings between ranks of one host");
+  line("cuda", BRAID_HAVE_CUDA, "CUDA device buffers and kernels");
+  line("ucx", BRAID_HAVE_UCX, "UCX transport");
+  line("ibverbs", BRAID_HAVE_IBVERBS, "RDMA verbs transport");
+  line("mpi", BRAID_HAVE_MPI, "Open MPI comparisons in allreduce_bench");
+  return os.str();
+}
+
+std::string config_report() {
+  std::ostringstream os;
+  for (const auto& v : core::config_table()) {
+    const auto cur = core::env_value(v.name);
+    os << std::left << std::setw(28) << v.name << std::setw(9) << v.type << " default="
+       << (*v.default_value ? v.default_value : "(unset)") << "  current=" << (cur ? *cur : "(unset)")
+       << "\n    " << v.help << "\n";
+  }
+  return os.str();
+}
+
+std::string config_markdown() {
+  std::ostringstream os;
+  os << "# Configuration\n\n"
+        "<!-- Generated from src/core/config.cpp by `braid_info --config-markdown`; "
+        "tests/unit/test_config.cpp fails when this file is stale. Do not edit by hand. -->\n\n"
+        "braid reads these environment variables once per process (src/core/config.cpp is the only\n"
+        "place that reads the environment). Per-communicator `CommOptions` and per-call options\n"
+        "override them. `braid_info --config` prints them with their current values.\n\n"
+        "Types: `duration` is a number with an optional unit (`ms`, `s`, `m`, `h`; default seconds);\n"
+        "`bytes` takes `K`, `M`, `G` binary suffixes; `bool` takes 0/1, true/false, yes/no, on/off.\n"
+        "A value that does not parse is an `InvalidUsage` error naming the variable.\n\n"
+        "## braid variables\n\n| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
+  auto row = [&](const core::ConfigVar& v) {
+    os << "| `" << v.name << "` | " << v.type << " | " << (*v.default_value ? v.default_value : "—") << " | "
+       << v.help << " |\n";
+  };
+  for (const auto& v : core::config_table())
+    if (v.braid_owned) row(v);
+  os << "\n## Launcher variables\n\n"
+        "When `BRAID_RANK` is unset, braid takes rank and size from the first launcher family that\n"
+        "sets a rank: torchrun, then Open MPI's mpirun, then Slurm's srun. The store address comes\n"
+        "from `BRAID_MASTER_ADDR`/`BRAID_MASTER_PORT`, else `MASTER_ADDR`/`MASTER_PORT`.\n\n"
+        "| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
+  for (const auto& v : core::config_table())
+    if (!v.braid_owned) row(v);
+  return os.str();
+}
+
+}  // namespace braid
