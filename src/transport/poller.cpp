@@ -1,0 +1,158 @@
+// braid Poller: one epoll set plus an eventfd that wake() writes to.
+//
+// Handlers are kept in a table indexed by fd. Each watch() of a new fd gets a fresh
+// generation number, which travels in the epoll event's data next to the fd, so an
+// event that was already fetched in a batch for an fd that a handler has since
+// unwatched (or unwatched, closed, reopened under the same number and watched
+// again) is recognised as stale and dropped. A handler is held by shared_ptr and
+// the running copy is kept alive for the call, so a handler may unwatch or re-watch
+// its own fd.
+#include "transport/poller.hpp"
+
+#include <braid/error.hpp>
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace braid::transport {
+
+namespace {
+
+constexpr std::uint64_t kWakeKey = ~std::uint64_t{0};
+constexpr int kMaxEvents = 64;
+
+std::string errno_text(const char* what, int fd, int err) {
+  return std::string(what) + " (fd " + std::to_string(fd) + "): " + std::strerror(err);
+}
+
+}  // namespace
+
+struct Poller::Impl {
+  struct Entry {
+    bool active = false;
+    std::uint32_t generation = 0;
+    std::shared_ptr<Handler> handler;
+  };
+
+  int epfd = -1;
+  int wakefd = -1;
+  std::uint32_t next_generation = 1;
+  std::vector<Entry> entries;  // indexed by fd
+  epoll_event events[kMaxEvents];
+};
+
+Poller::Poller() : impl_(std::make_unique<Impl>()) {
+  impl_->epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (impl_->epfd < 0) {
+    throw Error(ErrorCode::System, std::string("epoll_create1: ") + std::strerror(errno));
+  }
+  impl_->wakefd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl_->wakefd < 0) {
+    int err = errno;
+    ::close(impl_->epfd);
+    throw Error(ErrorCode::System, std::string("eventfd: ") + std::strerror(err));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeKey;
+  if (::epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, impl_->wakefd, &ev) != 0) {
+    int err = errno;
+    ::close(impl_->wakefd);
+    ::close(impl_->epfd);
+    throw Error(ErrorCode::System, errno_text("epoll_ctl(ADD) of the wake-up eventfd", impl_->wakefd, err));
+  }
+}
+
+Poller::~Poller() {
+  if (impl_->wakefd >= 0) ::close(impl_->wakefd);
+  if (impl_->epfd >= 0) ::close(impl_->epfd);
+}
+
+void Poller::watch(int fd, std::uint32_t events, Handler handler) {
+  if (fd < 0 || !handler) {
+    throw Error(ErrorCode::InvalidUsage,
+                "Poller::watch needs a valid fd and handler (fd " + std::to_string(fd) + ")");
+  }
+  auto& entries = impl_->entries;
+  if (static_cast<std::size_t>(fd) >= entries.size()) entries.resize(static_cast<std::size_t>(fd) + 1);
+  Impl::Entry& e = entries[static_cast<std::size_t>(fd)];
+  const bool existing = e.active;
+  const std::uint32_t generation = existing ? e.generation : impl_->next_generation;
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = (std::uint64_t{generation} << 32) | static_cast<std::uint32_t>(fd);
+  if (::epoll_ctl(impl_->epfd, existing ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) {
+    throw Error(ErrorCode::System,
+                errno_text(existing ? "epoll_ctl(MOD)" : "epoll_ctl(ADD)", fd, errno));
+  }
+  if (!existing) {
+    ++impl_->next_generation;
+    if (impl_->next_generation == 0) impl_->next_generation = 1;
+  }
+  e.active = true;
+  e.generation = generation;
+  e.handler = std::make_shared<Handler>(std::move(handler));
+}
+
+void Poller::unwatch(int fd) {
+  auto& entries = impl_->entries;
+  if (fd < 0 || static_cast<std::size_t>(fd) >= entries.size()) return;
+  Impl::Entry& e = entries[static_cast<std::size_t>(fd)];
+  if (!e.active) return;
+  // ENOENT/EBADF only mean the kernel already forgot the fd; nothing to undo.
+  ::epoll_ctl(impl_->epfd, EPOLL_CTL_DEL, fd, nullptr);
+  e.active = false;
+  e.handler.reset();  // a running handler keeps its own reference
+}
+
+int Poller::wait(int timeout_ms) {
+  int n = ::epoll_wait(impl_->epfd, impl_->events, kMaxEvents, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return 0;
+    throw Error(ErrorCode::System, std::string("epoll_wait: ") + std::strerror(errno));
+  }
+  int handled = 0;
+  std::exception_ptr first_error;
+  for (int i = 0; i < n; ++i) {
+    const epoll_event ev = impl_->events[i];
+    if (ev.data.u64 == kWakeKey) {
+      std::uint64_t value;
+      while (::read(impl_->wakefd, &value, sizeof value) > 0) {
+      }
+      ++handled;
+      continue;
+    }
+    const auto fd = static_cast<std::size_t>(ev.data.u64 & 0xffffffffu);
+    const auto generation = static_cast<std::uint32_t>(ev.data.u64 >> 32);
+    if (fd >= impl_->entries.size()) continue;
+    Impl::Entry& e = impl_->entries[fd];
+    if (!e.active || e.generation != generation) continue;  // unwatched during this batch
+    std::shared_ptr<Handler> handler = e.handler;
+    ++handled;
+    // Run the whole batch even if a handler throws: with edge-triggered fds an event
+    // that is dropped here would not be reported again.
+    try {
+      (*handler)(ev.events);
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  return handled;
+}
+
+void Poller::wake() noexcept {
+  const std::uint64_t one = 1;
+  // EAGAIN means the counter is saturated, i.e. a wake-up is already pending.
+  ssize_t r = ::write(impl_->wakefd, &one, sizeof one);
+  (void)r;
+}
+
+}  // namespace braid::transport

@@ -1,0 +1,137 @@
+// braid TCP transport — wire format (private to the transport and its tests).
+//
+// All integers are little-endian. A socket starts with one Hello from the
+// connecting (lower) rank; after it, both directions carry message parts, each a
+// PartHeader followed by part_bytes of payload. See docs/transport-tcp.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace braid::transport::tcp_wire {
+
+constexpr std::uint32_t kHelloMagic = 0x48445242u;  // "BRDH"
+constexpr std::uint32_t kPartMagic = 0x4d445242u;   // "BRDM"
+constexpr std::uint16_t kVersion = 1;
+
+/// Largest auth token a hello may carry; longer ones are refused unread.
+constexpr std::size_t kMaxTokenBytes = 4096;
+/// Messages are striped in units of this many bytes (at most one part per unit).
+constexpr std::size_t kStripeUnit = 64 * 1024;
+
+/// First bytes on every socket, sent by the connecting rank, followed by the token.
+struct Hello {
+  std::uint32_t magic = kHelloMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t socket_index = 0;
+  std::uint16_t sockets_per_peer = 1;
+  std::uint16_t token_bytes = 0;
+  std::int32_t from_rank = 0;
+  std::int32_t to_rank = 0;
+  std::uint64_t comm_id = 0;
+};
+constexpr std::size_t kHelloBytes = 28;
+
+/// Precedes every message part.
+struct PartHeader {
+  std::uint32_t magic = kPartMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t part_index = 0;
+  std::uint64_t seq = 0;         ///< per-connection, per-direction message counter from 0
+  std::uint64_t tag = 0;
+  std::uint64_t msg_bytes = 0;   ///< size of the whole message
+  std::uint64_t part_bytes = 0;  ///< payload bytes following this header
+};
+constexpr std::size_t kPartHeaderBytes = 40;
+
+namespace detail {
+inline void put(unsigned char* p, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint64_t get(const unsigned char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
+  return v;
+}
+}  // namespace detail
+
+inline void encode(const Hello& h, unsigned char* out) {
+  detail::put(out + 0, h.magic, 4);
+  detail::put(out + 4, h.version, 2);
+  detail::put(out + 6, h.socket_index, 2);
+  detail::put(out + 8, h.sockets_per_peer, 2);
+  detail::put(out + 10, h.token_bytes, 2);
+  detail::put(out + 12, static_cast<std::uint32_t>(h.from_rank), 4);
+  detail::put(out + 16, static_cast<std::uint32_t>(h.to_rank), 4);
+  detail::put(out + 20, h.comm_id, 8);
+}
+
+inline Hello decode_hello(const unsigned char* in) {
+  Hello h;
+  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
+  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
+  h.socket_index = static_cast<std::uint16_t>(detail::get(in + 6, 2));
+  h.sockets_per_peer = static_cast<std::uint16_t>(detail::get(in + 8, 2));
+  h.token_bytes = static_cast<std::uint16_t>(detail::get(in + 10, 2));
+  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 12, 4)));
+  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 16, 4)));
+  h.comm_id = detail::get(in + 20, 8);
+  return h;
+}
+
+/// Hello followed by the token, ready to write.
+inline std::string hello_bytes(const Hello& h, const std::string& token) {
+  std::string out(kHelloBytes + token.size(), '\0');
+  encode(h, reinterpret_cast<unsigned char*>(&out[0]));
+  out.replace(kHelloBytes, token.size(), token);
+  return out;
+}
+
+inline void encode(const PartHeader& h, unsigned char* out) {
+  detail::put(out + 0, h.magic, 4);
+  detail::put(out + 4, h.version, 2);
+  detail::put(out + 6, h.part_index, 2);
+  detail::put(out + 8, h.seq, 8);
+  detail::put(out + 16, h.tag, 8);
+  detail::put(out + 24, h.msg_bytes, 8);
+  detail::put(out + 32, h.part_bytes, 8);
+}
+
+inline PartHeader decode_part(const unsigned char* in) {
+  PartHeader h;
+  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
+  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
+  h.part_index = static_cast<std::uint16_t>(detail::get(in + 6, 2));
+  h.seq = detail::get(in + 8, 8);
+  h.tag = detail::get(in + 16, 8);
+  h.msg_bytes = detail::get(in + 24, 8);
+  h.part_bytes = detail::get(in + 32, 8);
+  return h;
+}
+
+/// Number of parts a message of `bytes` is cut into over `sockets` sockets:
+/// min(sockets, max(1, bytes / kStripeUnit)). Both sides compute it.
+inline int part_count(std::size_t bytes, int sockets) {
+  std::size_t units = bytes / kStripeUnit;
+  if (units < 1) units = 1;
+  return units < static_cast<std::size_t>(sockets) ? static_cast<int>(units) : sockets;
+}
+
+/// Offset and length of part `index` of `parts` equal contiguous parts (the first
+/// bytes % parts parts are one byte longer).
+inline void part_range(std::size_t bytes, int parts, int index, std::size_t* offset,
+                       std::size_t* length) {
+  const std::size_t n = static_cast<std::size_t>(parts), i = static_cast<std::size_t>(index);
+  const std::size_t base = bytes / n, extra = bytes % n;
+  *offset = i * base + (i < extra ? i : extra);
+  *length = base + (i < extra ? 1 : 0);
+}
+
+/// Socket that carries part `index` of message `seq`: rotating the start spreads
+/// small messages over all sockets while keeping each socket FIFO.
+inline int part_socket(std::uint64_t seq, int index, int sockets) {
+  return static_cast<int>((seq + static_cast<std::uint64_t>(index)) % static_cast<std::uint64_t>(sockets));
+}
+
+}  // namespace braid::transport::tcp_wire

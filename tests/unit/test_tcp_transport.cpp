@@ -1,0 +1,1010 @@
+// Tests of the Poller and the TCP transport. Ranks run as threads in one process,
+// each with its own Poller and transport, over an in-memory PeerDirectory; raw
+// sockets play misbehaving peers. Every wait has a deadline.
+#include "transport/poller.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+#include "transport/tcp/wire.hpp"
+
+#include <braid/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace bt = braid::transport;
+namespace wire = braid::transport::tcp_wire;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using State = bt::Request::State;
+
+namespace {
+
+constexpr auto kDeadline = 30s;
+constexpr std::uint64_t kCommId = 42;
+const char* const kToken = "secret-token";
+
+// ---------------------------------------------------------------------------
+// Harness.
+
+class MemDirectory {
+ public:
+  void publish(int rank, const std::string& key, const std::string& value) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      map_[{rank, key}] = value;
+    }
+    cv_.notify_all();
+  }
+  std::string lookup(int rank, const std::string& key, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    const auto k = std::make_pair(rank, key);
+    if (!cv_.wait_for(g, timeout, [&] { return map_.count(k) > 0; })) {
+      throw braid::TimeoutError("no '" + key + "' published by rank " + std::to_string(rank));
+    }
+    return map_[k];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<int, std::string>, std::string> map_;
+};
+
+class RankDirectory final : public bt::PeerDirectory {
+ public:
+  RankDirectory(MemDirectory& d, int rank) : d_(d), rank_(rank) {}
+  void publish(const std::string& key, const std::string& value) override { d_.publish(rank_, key, value); }
+  std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) override {
+    return d_.lookup(peer, key, timeout);
+  }
+
+ private:
+  MemDirectory& d_;
+  int rank_;
+};
+
+bt::TcpOptions options(int rank, int size, int sockets = 1) {
+  bt::TcpOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.sockets_per_peer = sockets;
+  o.master_addr = "127.0.0.1";
+  o.auth_token = kToken;
+  o.comm_id = kCommId;
+  o.connect_timeout = 10s;
+  return o;
+}
+
+struct Rank {
+  Rank(MemDirectory& d, const bt::TcpOptions& o)
+      : rank(o.rank), dir(d, o.rank), transport(bt::make_tcp_transport(o, poller, dir)) {}
+
+  bt::Connection* to(int peer) { return transport->connection(peer); }
+  void step() {
+    if (!transport->progress()) poller.wait(1);
+  }
+  /// Progresses until no request in `reqs` is pending; false when the deadline passes.
+  bool drive(const std::vector<bt::Request*>& reqs, Clock::duration limit = kDeadline) {
+    const auto deadline = Clock::now() + limit;
+    for (;;) {
+      bool pending = false;
+      for (const bt::Request* r : reqs) pending = pending || r->state == State::pending;
+      if (!pending) return true;
+      if (Clock::now() > deadline) return false;
+      step();
+    }
+  }
+  void step_for(Clock::duration d) {
+    const auto until = Clock::now() + d;
+    while (Clock::now() < until) step();
+  }
+
+  int rank;
+  bt::Poller poller;
+  RankDirectory dir;
+  std::unique_ptr<bt::Transport> transport;
+};
+
+/// Runs fn on `size` ranks (threads). A rank that returns keeps progressing until
+/// every rank has returned, so that peers can finish. Rethrows the first exception.
+void run_ranks(int size, int sockets, const std::function<void(Rank&)>& fn) {
+  MemDirectory dir;
+  std::atomic<int> finished{0};
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Rank rank(dir, options(r, size, sockets));
+        try {
+          fn(rank);
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+        ++finished;
+        const auto deadline = Clock::now() + kDeadline;
+        while (finished.load() < size && Clock::now() < deadline) rank.step();
+      } catch (...) {
+        if (!errors[static_cast<std::size_t>(r)]) errors[static_cast<std::size_t>(r)] = std::current_exception();
+        ++finished;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint8_t> v(n);
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(v.data() + i, &x, std::min<std::size_t>(8, n - i));
+  }
+  return v;
+}
+
+#define EXPECT_DONE(req) EXPECT_EQ((req).state, State::done) << "error: " << (req).error
+#define ASSERT_DONE(req) ASSERT_EQ((req).state, State::done) << "error: " << (req).error
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Raw sockets that play (mis)behaving peers.
+
+int raw_connect(const std::string& addr) {
+  const auto colon = addr.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &a.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    ADD_FAILURE() << "connect to " << addr << ": " << std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+/// Reads exactly n bytes within the deadline.
+bool read_all(int fd, void* data, std::size_t n, Clock::duration limit = 10s) {
+  auto* p = static_cast<char*>(data);
+  const auto deadline = Clock::now() + limit;
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) <= 0) return false;
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+/// True once the other side has closed `fd` (EOF or reset) within the deadline.
+bool wait_closed(int fd, Clock::duration limit = 5s) {
+  const auto deadline = Clock::now() + limit;
+  char buf[256];
+  while (Clock::now() < deadline) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+  }
+  return false;
+}
+
+std::string hello(int from, int to, int index = 0, int sockets = 1, std::uint64_t comm = kCommId,
+                  const std::string& token = kToken) {
+  wire::Hello h;
+  h.socket_index = static_cast<std::uint16_t>(index);
+  h.sockets_per_peer = static_cast<std::uint16_t>(sockets);
+  h.token_bytes = static_cast<std::uint16_t>(token.size());
+  h.from_rank = from;
+  h.to_rank = to;
+  h.comm_id = comm;
+  return wire::hello_bytes(h, token);
+}
+
+std::string part_header(std::uint64_t seq, std::uint64_t tag, std::uint64_t msg_bytes,
+                        std::uint64_t part_bytes, int index = 0) {
+  wire::PartHeader h;
+  h.seq = seq;
+  h.tag = tag;
+  h.msg_bytes = msg_bytes;
+  h.part_bytes = part_bytes;
+  h.part_index = static_cast<std::uint16_t>(index);
+  std::string out(wire::kPartHeaderBytes, '\0');
+  wire::encode(h, reinterpret_cast<unsigned char*>(&out[0]));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Poller.
+
+struct Pipe {
+  Pipe() {
+    int fds[2];
+    if (::pipe(fds) == 0) {
+      r = fds[0];
+      w = fds[1];
+    }
+  }
+  ~Pipe() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+  }
+  int r = -1, w = -1;
+};
+
+TEST(Poller, WakeFromAnotherThreadEndsWait) {
+  bt::Poller p;
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    p.wake();
+  });
+  const auto t0 = Clock::now();
+  const int n = p.wait(5000);
+  t.join();
+  EXPECT_EQ(n, 1);
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_EQ(p.wait(0), 0) << "the wake-up must be consumed";
+}
+
+TEST(Poller, RunsHandlerWithEventMaskAndStopsAfterUnwatch) {
+  bt::Poller p;
+  Pipe a;
+  std::uint32_t seen = 0;
+  int calls = 0;
+  p.watch(a.r, EPOLLIN, [&](std::uint32_t ev) {
+    seen = ev;
+    ++calls;
+  });
+  EXPECT_EQ(p.wait(0), 0);
+  ASSERT_EQ(::write(a.w, "x", 1), 1);
+  EXPECT_EQ(p.wait(1000), 1);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(seen & EPOLLIN);
+  p.unwatch(a.r);
+  EXPECT_EQ(p.wait(0), 0);
+  EXPECT_EQ(calls, 1);
+  p.unwatch(a.r);  // unwatching twice is harmless
+}
+
+TEST(Poller, HandlerMayUnwatchItsOwnFdAndAnotherFdOfTheSameBatch) {
+  bt::Poller p;
+  Pipe a, b;
+  int calls_a = 0, calls_b = 0, calls_new = 0;
+  std::unique_ptr<Pipe> replacement;
+  // Whichever handler runs first unwatches and closes the other's fd and opens a new
+  // pipe (likely reusing that fd number) watched by a third handler. The other
+  // handler's event, already fetched in the same batch, must not run anything.
+  auto swap_other = [&](int& other_fd, int other_w, int self_fd) {
+    p.unwatch(other_fd);
+    ::close(other_fd);
+    ::close(other_w);
+    other_fd = -1;
+    replacement = std::make_unique<Pipe>();
+    p.watch(replacement->r, EPOLLIN, [&](std::uint32_t) { ++calls_new; });
+    p.unwatch(self_fd);
+  };
+  p.watch(a.r, EPOLLIN, [&](std::uint32_t) {
+    ++calls_a;
+    swap_other(b.r, b.w, a.r);
+    b.w = -1;
+  });
+  p.watch(b.r, EPOLLIN, [&](std::uint32_t) {
+    ++calls_b;
+    swap_other(a.r, a.w, b.r);
+    a.w = -1;
+  });
+  ASSERT_EQ(::write(a.w, "x", 1), 1);
+  ASSERT_EQ(::write(b.w, "y", 1), 1);
+  EXPECT_EQ(p.wait(1000), 1);
+  EXPECT_EQ(calls_a + calls_b, 1);
+  EXPECT_EQ(calls_new, 0);
+  EXPECT_EQ(p.wait(0), 0);
+  ASSERT_TRUE(replacement);
+  ASSERT_EQ(::write(replacement->w, "z", 1), 1);
+  EXPECT_EQ(p.wait(1000), 1);
+  EXPECT_EQ(calls_new, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Data transfer.
+
+class TcpSockets : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpSockets, PingPongOfEverySizeArrivesIntact) {
+  const int sockets = GetParam();
+  const std::vector<std::size_t> sizes = {0, 1, 4097, 3 * 65536 + 7, std::size_t{8} << 20};
+  run_ranks(2, sockets, [&](Rank& r) {
+    bt::Connection* c = r.to(1 - r.rank);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::size_t n = sizes[i];
+      const std::uint64_t tag = 100 + i;
+      const auto expected = pattern(n, i);
+      if (r.rank == 0) {
+        std::vector<std::uint8_t> back(n, 0xEE);
+        bt::Request s, q;
+        c->send(expected.data(), n, tag, &s);
+        c->recv(back.data(), n, tag + 1000, &q);
+        ASSERT_TRUE(r.drive({&s, &q})) << "size " << n;
+        ASSERT_DONE(s);
+        ASSERT_DONE(q);
+        EXPECT_TRUE(back == expected) << "echo of " << n << " bytes differs";
+      } else {
+        std::vector<std::uint8_t> in(n, 0xEE);
+        bt::Request q, s;
+        c->recv(in.data(), n, tag, &q);
+        ASSERT_TRUE(r.drive({&q})) << "size " << n;
+        ASSERT_DONE(q);
+        EXPECT_TRUE(in == expected) << n << " bytes arrived corrupted";
+        c->send(in.data(), n, tag + 1000, &s);
+        ASSERT_TRUE(r.drive({&s}));
+        ASSERT_DONE(s);
+      }
+    }
+  });
+}
+
+std::size_t fifo_size(int i) {
+  if (i % 40 == 1) return std::size_t{8} << 20;
+  if (i % 10 == 5) return (std::size_t{1} << 20) + static_cast<std::size_t>(i);
+  if (i % 7 == 0) return 0;
+  if (i % 3 == 0) return 70000 + static_cast<std::size_t>(i);
+  return 1 + static_cast<std::size_t>(i) * 13;
+}
+
+/// Fails the test when a later request completed before an earlier one.
+void expect_in_order(const std::vector<bt::Request>& reqs, const char* what) {
+  bool gap = false;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i].state == State::pending) {
+      gap = true;
+    } else if (gap) {
+      ADD_FAILURE() << what << " #" << i << " completed before an earlier one";
+      return;
+    }
+  }
+}
+
+TEST_P(TcpSockets, ManyMessagesBothWaysAtOnceKeepFifoOrder) {
+  const int sockets = GetParam();
+  constexpr int kCount = 160;
+  run_ranks(2, sockets, [&](Rank& r) {
+    const int peer = 1 - r.rank;
+    bt::Connection* c = r.to(peer);
+    std::vector<std::vector<std::uint8_t>> out(kCount), in(kCount);
+    std::vector<bt::Request> sends(kCount), recvs(kCount);
+    // Everything is posted before anything moves: both sides push 8 MiB messages
+    // at each other at the same time.
+    for (int i = 0; i < kCount; ++i) {
+      out[i] = pattern(fifo_size(i), static_cast<std::uint64_t>(r.rank * 1000 + i));
+      c->send(out[i].data(), out[i].size(), static_cast<std::uint64_t>(i), &sends[i]);
+    }
+    for (int i = 0; i < kCount; ++i) {
+      in[i].assign(fifo_size(i), 0xEE);
+      c->recv(in[i].data(), in[i].size(), static_cast<std::uint64_t>(i), &recvs[i]);
+    }
+    std::vector<bt::Request*> all;
+    for (auto& q : sends) all.push_back(&q);
+    for (auto& q : recvs) all.push_back(&q);
+    const auto deadline = Clock::now() + kDeadline;
+    bool pending = true;
+    while (pending && Clock::now() < deadline) {
+      r.step();
+      expect_in_order(sends, "send");
+      expect_in_order(recvs, "recv");
+      pending = false;
+      for (auto* q : all) pending = pending || q->state == State::pending;
+    }
+    ASSERT_FALSE(pending) << "deadline passed";
+    for (int i = 0; i < kCount; ++i) {
+      ASSERT_DONE(sends[i]);
+      ASSERT_DONE(recvs[i]);
+      EXPECT_TRUE(in[i] == pattern(fifo_size(i), static_cast<std::uint64_t>(peer * 1000 + i)))
+          << "message " << i << " (" << fifo_size(i) << " bytes) differs";
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketsPerPeer, TcpSockets, ::testing::Values(1, 2, 4));
+
+class TcpWorld : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(TcpWorld, EveryPairExchangesMessages) {
+  const int size = std::get<0>(GetParam()), sockets = std::get<1>(GetParam());
+  auto bytes = [](int from, int to) { return std::size_t{150000} + static_cast<std::size_t>(from * 1000 + to); };
+  run_ranks(size, sockets, [&](Rank& r) {
+    std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(size)), in(out.size());
+    std::vector<bt::Request> sends(out.size()), recvs(out.size());
+    std::vector<bt::Request*> all;
+    for (int p = 0; p < size; ++p) {
+      if (p == r.rank) continue;
+      const auto i = static_cast<std::size_t>(p);
+      out[i] = pattern(bytes(r.rank, p), static_cast<std::uint64_t>(r.rank * 100 + p));
+      in[i].assign(bytes(p, r.rank), 0);
+      r.to(p)->recv(in[i].data(), in[i].size(), 9, &recvs[i]);
+      r.to(p)->send(out[i].data(), out[i].size(), 9, &sends[i]);
+      all.push_back(&sends[i]);
+      all.push_back(&recvs[i]);
+    }
+    ASSERT_TRUE(r.drive(all));
+    for (int p = 0; p < size; ++p) {
+      if (p == r.rank) continue;
+      const auto i = static_cast<std::size_t>(p);
+      EXPECT_DONE(sends[i]);
+      EXPECT_DONE(recvs[i]);
+      EXPECT_TRUE(in[i] == pattern(bytes(p, r.rank), static_cast<std::uint64_t>(p * 100 + r.rank)))
+          << "from rank " << p;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SizesAndSockets, TcpWorld,
+                         ::testing::Values(std::make_tuple(3, 1), std::make_tuple(4, 2),
+                                           std::make_tuple(4, 4)));
+
+TEST(TcpTransport, UnmatchedMessageWaitsWithoutBusyWakeUps) {
+  // A message whose receive is not posted stays in the kernel, and the receiver's
+  // poller goes quiet instead of reporting the readable socket over and over.
+  std::atomic<bool> sent{false}, checked{false};
+  const auto data = pattern(60000, 5);
+  run_ranks(2, 1, [&](Rank& r) {
+    bt::Connection* c = r.to(1 - r.rank);
+    if (r.rank == 0) {
+      bt::Request s;
+      c->send(data.data(), data.size(), 1, &s);
+      ASSERT_TRUE(r.drive({&s}));
+      ASSERT_DONE(s);
+      sent = true;
+      return;
+    }
+    const auto deadline = Clock::now() + kDeadline;
+    while (!sent && Clock::now() < deadline) r.step();
+    r.step_for(200ms);  // let the bytes land and the header be read
+    int events = 0;
+    for (int i = 0; i < 10; ++i) {
+      if (!r.transport->progress()) events += r.poller.wait(20);
+    }
+    EXPECT_LE(events, 1) << "the poller keeps waking up for a message nobody asked for";
+    std::vector<std::uint8_t> in(data.size());
+    bt::Request q;
+    c->recv(in.data(), in.size(), 1, &q);
+    ASSERT_TRUE(r.drive({&q}));
+    ASSERT_DONE(q);
+    EXPECT_TRUE(in == data);
+    checked = true;
+  });
+  EXPECT_TRUE(checked);
+}
+
+// ---------------------------------------------------------------------------
+// Mismatches.
+
+TEST(TcpTransport, TagMismatchFailsTheReceiveNamingBothTags) {
+  run_ranks(2, 1, [&](Rank& r) {
+    std::vector<std::uint8_t> buf(64, 1);
+    bt::Connection* c = r.to(1 - r.rank);
+    if (r.rank == 0) {
+      bt::Request s;
+      c->send(buf.data(), buf.size(), 7, &s);
+      ASSERT_TRUE(r.drive({&s}));
+      return;
+    }
+    bt::Request q;
+    c->recv(buf.data(), buf.size(), 8, &q);
+    ASSERT_TRUE(r.drive({&q}));
+    ASSERT_EQ(q.state, State::failed);
+    EXPECT_TRUE(contains(q.error, "expected tag 8 and 64 bytes, got tag 7 and 64 bytes")) << q.error;
+    EXPECT_TRUE(contains(q.error, "rank 0")) << q.error;
+    EXPECT_EQ(q.failed_peer, 0);
+    EXPECT_FALSE(q.peer_closed);
+    // The connection is failed for good: a later request fails at once.
+    bt::Request later;
+    c->recv(buf.data(), buf.size(), 7, &later);
+    EXPECT_EQ(later.state, State::failed);
+  });
+}
+
+class TcpSizeMismatch : public ::testing::TestWithParam<std::tuple<int, std::size_t, std::size_t>> {};
+
+TEST_P(TcpSizeMismatch, FailsTheReceiveNamingBothSizes) {
+  const int sockets = std::get<0>(GetParam());
+  const std::size_t sent_bytes = std::get<1>(GetParam()), recv_bytes = std::get<2>(GetParam());
+  run_ranks(2, sockets, [&](Rank& r) {
+    std::vector<std::uint8_t> buf(std::max(sent_bytes, recv_bytes), 3);
+    bt::Connection* c = r.to(1 - r.rank);
+    // A matching message first, so that the bad one is #1: with 4 sockets its part 0
+    // then travels on socket 1 while socket 0 (read first) carries its last part.
+    std::uint8_t one = 1;
+    bt::Request first;
+    if (r.rank == 0) {
+      bt::Request s;
+      c->send(&one, 1, 4, &first);
+      c->send(buf.data(), sent_bytes, 5, &s);
+      r.drive({&first, &s}, 5s);  // may stay pending or fail once the receiver gives up
+      return;
+    }
+    bt::Request q;
+    c->recv(&one, 1, 4, &first);
+    c->recv(buf.data(), recv_bytes, 5, &q);
+    ASSERT_TRUE(r.drive({&first, &q}));
+    EXPECT_DONE(first);
+    ASSERT_EQ(q.state, State::failed);
+    const std::string want = "expected tag 5 and " + std::to_string(recv_bytes) + " bytes, got tag 5 and " +
+                             std::to_string(sent_bytes) + " bytes";
+    EXPECT_TRUE(contains(q.error, want)) << q.error;
+    EXPECT_EQ(q.failed_peer, 0);
+    EXPECT_FALSE(q.peer_closed);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Striping, TcpSizeMismatch,
+    ::testing::Values(std::make_tuple(1, std::size_t{100}, std::size_t{200}),
+                      std::make_tuple(1, std::size_t{200}, std::size_t{100}),
+                      std::make_tuple(4, std::size_t{512} << 10, std::size_t{1} << 20),
+                      std::make_tuple(4, std::size_t{1} << 20, std::size_t{64} << 10),
+                      std::make_tuple(4, std::size_t{64} << 10, std::size_t{1} << 20),
+                      std::make_tuple(4, std::size_t{512} << 10, std::size_t{1} << 20 | 1)));
+
+// ---------------------------------------------------------------------------
+// Peers that go away.
+
+class TcpPeerClose : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpPeerClose, DestroyingOneSideFailsThePeersPendingReceiveQuickly) {
+  const int closer = GetParam(), survivor = 1 - closer;
+  MemDirectory dir;
+  std::atomic<bool> posted{false};
+  std::atomic<std::int64_t> closed_at{0};
+  bt::Request q;
+  std::int64_t failed_at = 0;
+  auto handshake = [](Rank& r) {
+    std::uint32_t v = 1, w = 0;
+    bt::Request s, g;
+    r.to(1 - r.rank)->send(&v, sizeof v, 1, &s);
+    r.to(1 - r.rank)->recv(&w, sizeof w, 1, &g);
+    ASSERT_TRUE(r.drive({&s, &g}));
+    ASSERT_DONE(g);
+  };
+  std::thread tc([&] {
+    auto r = std::make_unique<Rank>(dir, options(closer, 2, 2));
+    handshake(*r);
+    const auto deadline = Clock::now() + kDeadline;
+    while (!posted && Clock::now() < deadline) r->step();
+    closed_at = Clock::now().time_since_epoch().count();
+    r.reset();
+  });
+  std::thread ts([&] {
+    Rank r(dir, options(survivor, 2, 2));
+    handshake(r);
+    std::uint64_t buf = 0;
+    r.to(closer)->recv(&buf, sizeof buf, 2, &q);
+    posted = true;
+    r.drive({&q}, 10s);
+    failed_at = Clock::now().time_since_epoch().count();
+  });
+  tc.join();
+  ts.join();
+  ASSERT_EQ(q.state, State::failed) << "the receive never failed";
+  EXPECT_TRUE(q.peer_closed) << q.error;
+  EXPECT_EQ(q.failed_peer, closer);
+  EXPECT_TRUE(contains(q.error, "connection to rank " + std::to_string(closer))) << q.error;
+  EXPECT_TRUE(contains(q.error, "closed by peer") || contains(q.error, "reset")) << q.error;
+  EXPECT_LT(std::chrono::nanoseconds(failed_at - closed_at.load()), 500ms);
+}
+
+INSTANTIATE_TEST_SUITE_P(ConnectorOrAcceptor, TcpPeerClose, ::testing::Values(0, 1));
+
+TEST(TcpTransport, CloseWhileIdleIsReportedOnTheNextRequest) {
+  MemDirectory dir;
+  std::atomic<bool> gone{false};
+  bt::Request later_recv, later_send;
+  std::thread t0([&] {
+    auto r = std::make_unique<Rank>(dir, options(0, 2));
+    std::uint32_t v = 1;
+    bt::Request s;
+    r->to(1)->send(&v, sizeof v, 1, &s);
+    ASSERT_TRUE(r->drive({&s}));
+    r->step_for(50ms);
+    r.reset();
+    gone = true;
+  });
+  std::thread t1([&] {
+    Rank r(dir, options(1, 2));
+    std::uint32_t v = 0;
+    bt::Request g;
+    r.to(0)->recv(&v, sizeof v, 1, &g);
+    ASSERT_TRUE(r.drive({&g}));
+    ASSERT_DONE(g);
+    const auto deadline = Clock::now() + kDeadline;
+    while (!gone && Clock::now() < deadline) r.step();
+    r.step_for(100ms);  // the EOF arrives while nothing is pending
+    r.to(0)->recv(&v, sizeof v, 2, &later_recv);
+    r.to(0)->send(&v, sizeof v, 2, &later_send);
+    r.drive({&later_recv, &later_send}, 5s);
+  });
+  t0.join();
+  t1.join();
+  ASSERT_EQ(later_recv.state, State::failed);
+  EXPECT_TRUE(later_recv.peer_closed);
+  EXPECT_EQ(later_recv.failed_peer, 0);
+  EXPECT_TRUE(contains(later_recv.error, "closed by peer")) << later_recv.error;
+  ASSERT_EQ(later_send.state, State::failed);
+  EXPECT_TRUE(later_send.peer_closed);
+}
+
+TEST(TcpTransport, CloseAllFailsPendingRequestsAndIsIdempotent) {
+  MemDirectory dir;
+  Rank r(dir, options(1, 2));  // the acceptor: no lookup, the receive just waits
+  std::uint64_t v = 0;
+  bt::Request q;
+  r.to(0)->recv(&v, sizeof v, 1, &q);
+  r.step_for(20ms);
+  EXPECT_EQ(q.state, State::pending);
+  r.transport->close_all("aborted by test");
+  ASSERT_EQ(q.state, State::failed);
+  EXPECT_EQ(q.error, "aborted by test");
+  EXPECT_EQ(q.failed_peer, -1);
+  r.transport->close_all("again");
+  bt::Request later;
+  r.to(0)->send(&v, sizeof v, 1, &later);
+  EXPECT_EQ(later.state, State::failed);
+  EXPECT_EQ(later.error, "aborted by test");
+  EXPECT_FALSE(r.transport->progress());
+}
+
+TEST(TcpTransport, RefusedConnectRetriesUntilTheTimeoutThenFails) {
+  MemDirectory dir;
+  int port = 0;
+  {
+    // A port with nothing listening on it.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(port));
+  auto o = options(0, 2);
+  o.connect_timeout = 300ms;
+  Rank r(dir, o);
+  std::uint64_t v = 0;
+  bt::Request q;
+  r.to(1)->recv(&v, sizeof v, 1, &q);
+  const auto t0 = Clock::now();
+  // Long waits: only the transport's own timer can wake the poller for retries.
+  while (q.state == State::pending && Clock::now() - t0 < 10s) {
+    if (!r.transport->progress()) r.poller.wait(5000);
+  }
+  const auto took = Clock::now() - t0;
+  ASSERT_EQ(q.state, State::failed);
+  EXPECT_TRUE(contains(q.error, "cannot connect to rank 1 at 127.0.0.1:" + std::to_string(port))) << q.error;
+  EXPECT_EQ(q.failed_peer, 1);
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST(TcpTransport, MissingPeerAddressFailsTheRequest) {
+  MemDirectory dir;
+  auto o = options(0, 2);
+  o.connect_timeout = 100ms;
+  Rank r(dir, o);
+  std::uint64_t v = 0;
+  bt::Request q;
+  r.to(1)->send(&v, sizeof v, 1, &q);
+  ASSERT_TRUE(r.drive({&q}, 5s));
+  ASSERT_EQ(q.state, State::failed);
+  EXPECT_TRUE(contains(q.error, "cannot connect to rank 1")) << q.error;
+  EXPECT_TRUE(contains(q.error, "no 'tcp' published by rank 1")) << q.error;
+}
+
+// ---------------------------------------------------------------------------
+// Untrusted input.
+
+TEST(TcpTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {
+  MemDirectory dir;
+  const auto data = pattern(1000, 77);
+  std::atomic<bool> impostors_done{false}, real_peer_started{false};
+  bool finished_early = false;
+  bt::Request q;
+  std::vector<std::uint8_t> in(data.size());
+  std::thread t1([&] {
+    Rank r(dir, options(1, 2));
+    r.to(0)->recv(in.data(), in.size(), 3, &q);
+    r.drive({&q});
+    finished_early = !real_peer_started;
+    const auto deadline = Clock::now() + 5s;
+    while (!impostors_done && Clock::now() < deadline) r.step();
+  });
+  const std::string addr = dir.lookup(1, "tcp", 10s);
+  std::string big_token = hello(0, 1);
+  big_token[10] = '\xff';  // token length 0xff.. > the limit
+  big_token[11] = '\xff';
+  const std::vector<std::pair<const char*, std::string>> impostors = {
+      {"wrong token", hello(0, 1, 0, 1, kCommId, "not-the-token")},
+      {"empty token", hello(0, 1, 0, 1, kCommId, "")},
+      {"other communicator", hello(0, 1, 0, 1, kCommId + 1)},
+      {"rank out of range", hello(5, 1)},
+      {"rank that should accept, not connect", hello(1, 1)},
+      {"addressed to another rank", hello(0, 2)},
+      {"oversized token", big_token},
+      {"not a hello", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+  };
+  for (const auto& imp : impostors) {
+    const int fd = raw_connect(addr);
+    ASSERT_GE(fd, 0);
+    write_all(fd, imp.second.data(), imp.second.size());
+    EXPECT_TRUE(wait_closed(fd)) << imp.first << ": the listener did not close the socket";
+    ::close(fd);
+  }
+  real_peer_started = true;
+  std::thread t0([&] {
+    Rank r(dir, options(0, 2));
+    bt::Request s;
+    r.to(1)->send(data.data(), data.size(), 3, &s);
+    ASSERT_TRUE(r.drive({&s}));
+    EXPECT_DONE(s);
+    impostors_done = true;
+    r.step_for(50ms);
+  });
+  t0.join();
+  t1.join();
+  EXPECT_FALSE(finished_early) << "an impostor disturbed the real connection: " << q.error;
+  EXPECT_DONE(q);
+  EXPECT_TRUE(in == data);
+}
+
+TEST(TcpTransport, SilentConnectionIsDroppedAtTheHelloDeadline) {
+  MemDirectory dir;
+  auto o = options(1, 2);
+  o.connect_timeout = 200ms;  // hellos get max(connect_timeout, 1 s)
+  std::atomic<bool> stop{false};
+  std::thread t1([&] {
+    Rank r(dir, o);
+    const auto deadline = Clock::now() + kDeadline;
+    while (!stop && Clock::now() < deadline) {
+      r.step();
+    }
+  });
+  const int fd = raw_connect(dir.lookup(1, "tcp", 10s));
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(wait_closed(fd, 5s));
+  EXPECT_GE(Clock::now() - t0, 900ms);
+  stop = true;
+  ::close(fd);
+  t1.join();
+}
+
+struct BadStream {
+  const char* name;
+  std::string bytes;       // sent after a valid hello
+  const char* error_part;  // expected in the error
+  bool peer_closed;
+};
+
+class TcpBadStream : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpBadStream, AuthenticatedPeerSendingGarbageGetsAClearError) {
+  const std::vector<BadStream> cases = {
+      {"garbage header", std::string(40, '\xab'), "corrupt message header", false},
+      {"wrong sequence number", part_header(5, 9, 100, 100), "expected message #0 part 0, got message #5", false},
+      {"part longer than the message", part_header(0, 9, 100, std::uint64_t{1} << 40), "has length 1099511627776",
+       false},
+      {"wrong part index", part_header(0, 9, 100, 100, 3), "expected message #0 part 0, got message #0 part 3",
+       false},
+      {"stream cut inside the payload", part_header(0, 9, 100, 100) + std::string(10, 'x'),
+       "closed by peer in the middle of a message", true},
+  };
+  const BadStream& bad = cases[static_cast<std::size_t>(GetParam())];
+  MemDirectory dir;
+  bt::Request q;
+  std::vector<std::uint8_t> in(100);
+  std::thread t1([&] {
+    Rank r(dir, options(1, 2));
+    r.to(0)->recv(in.data(), in.size(), 9, &q);
+    r.drive({&q}, 10s);
+  });
+  const int fd = raw_connect(dir.lookup(1, "tcp", 10s));
+  ASSERT_GE(fd, 0);
+  const std::string stream = hello(0, 1) + bad.bytes;
+  write_all(fd, stream.data(), stream.size());
+  if (bad.peer_closed) ::shutdown(fd, SHUT_WR);
+  t1.join();
+  ::close(fd);
+  ASSERT_EQ(q.state, State::failed) << bad.name;
+  EXPECT_TRUE(contains(q.error, bad.error_part)) << bad.name << ": " << q.error;
+  EXPECT_TRUE(contains(q.error, "rank 0")) << q.error;
+  EXPECT_EQ(q.failed_peer, 0);
+  EXPECT_EQ(q.peer_closed, bad.peer_closed) << q.error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, TcpBadStream, ::testing::Range(0, 5));
+
+TEST(TcpTransport, MismatchedSocketsPerPeerIsReportedClearly) {
+  MemDirectory dir;
+  bt::Request q;
+  std::uint64_t v = 0;
+  std::thread t1([&] {
+    Rank r(dir, options(1, 2, 2));
+    r.to(0)->recv(&v, sizeof v, 1, &q);
+    r.drive({&q}, 10s);
+  });
+  const int fd = raw_connect(dir.lookup(1, "tcp", 10s));
+  ASSERT_GE(fd, 0);
+  const std::string h = hello(0, 1, 0, 4);
+  write_all(fd, h.data(), h.size());
+  t1.join();
+  ::close(fd);
+  ASSERT_EQ(q.state, State::failed);
+  EXPECT_TRUE(contains(q.error, "rank 0 uses 4 sockets per peer, rank 1 uses 2")) << q.error;
+}
+
+TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
+  // A raw socket server plays rank 1 and checks byte by byte what rank 0 sends.
+  MemDirectory dir;
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 8), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+
+  const auto big = pattern(256 << 10, 1);
+  const std::uint8_t small = 0x5a;
+  std::atomic<bool> checked{false};
+  std::thread t0([&] {
+    Rank r(dir, options(0, 2, 2));
+    bt::Request s1, s2;
+    r.to(1)->send(big.data(), big.size(), 11, &s1);
+    r.to(1)->send(&small, 1, 12, &s2);
+    EXPECT_TRUE(r.drive({&s1, &s2}));
+    EXPECT_DONE(s1);
+    EXPECT_DONE(s2);
+    const auto deadline = Clock::now() + kDeadline;
+    while (!checked && Clock::now() < deadline) r.step();
+  });
+  int socks[2] = {-1, -1};
+  for (int i = 0; i < 2; ++i) {
+    pollfd pfd{lfd, POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 10000), 1) << "rank 0 did not connect";
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    ASSERT_GE(fd, 0);
+    unsigned char raw[wire::kHelloBytes];
+    ASSERT_TRUE(read_all(fd, raw, sizeof raw));
+    const wire::Hello h = wire::decode_hello(raw);
+    EXPECT_EQ(h.magic, wire::kHelloMagic);
+    EXPECT_EQ(h.version, wire::kVersion);
+    EXPECT_EQ(h.from_rank, 0);
+    EXPECT_EQ(h.to_rank, 1);
+    EXPECT_EQ(h.comm_id, kCommId);
+    EXPECT_EQ(h.sockets_per_peer, 2);
+    std::string token(h.token_bytes, '\0');
+    ASSERT_TRUE(read_all(fd, &token[0], token.size()));
+    EXPECT_EQ(token, kToken);
+    ASSERT_LT(h.socket_index, 2);
+    ASSERT_EQ(socks[h.socket_index], -1);
+    socks[h.socket_index] = fd;
+  }
+  auto read_part = [&](int fd, std::uint64_t seq, int index, std::uint64_t tag, std::uint64_t msg,
+                       std::uint64_t part, const std::uint8_t* expected) {
+    unsigned char raw[wire::kPartHeaderBytes];
+    ASSERT_TRUE(read_all(fd, raw, sizeof raw));
+    const wire::PartHeader h = wire::decode_part(raw);
+    EXPECT_EQ(h.magic, wire::kPartMagic);
+    EXPECT_EQ(h.seq, seq);
+    EXPECT_EQ(h.part_index, index);
+    EXPECT_EQ(h.tag, tag);
+    EXPECT_EQ(h.msg_bytes, msg);
+    ASSERT_EQ(h.part_bytes, part);
+    std::vector<std::uint8_t> payload(part);
+    ASSERT_TRUE(read_all(fd, payload.data(), payload.size()));
+    EXPECT_EQ(std::memcmp(payload.data(), expected, part), 0);
+  };
+  // 256 KiB over 2 sockets: two 128 KiB halves; message #1 (1 byte) rotates to socket 1.
+  read_part(socks[0], 0, 0, 11, big.size(), big.size() / 2, big.data());
+  read_part(socks[1], 0, 1, 11, big.size(), big.size() / 2, big.data() + big.size() / 2);
+  read_part(socks[1], 1, 0, 12, 1, 1, &small);
+  checked = true;
+  t0.join();
+  for (int fd : socks) {
+    if (fd >= 0) ::close(fd);
+  }
+  ::close(lfd);
+}
+
+TEST(TcpTransport, InvalidOptionsAndPeersAreRejected) {
+  MemDirectory dir;
+  bt::Poller poller;
+  RankDirectory d(dir, 0);
+  auto o = options(0, 2);
+  o.sockets_per_peer = 0;
+  EXPECT_THROW(bt::make_tcp_transport(o, poller, d), braid::Error);
+  o = options(2, 2);
+  EXPECT_THROW(bt::make_tcp_transport(o, poller, d), braid::Error);
+  o = options(0, 2);
+  o.ifname = "no-such-interface0";
+  EXPECT_THROW(bt::make_tcp_transport(o, poller, d), braid::Error);
+  Rank r(dir, options(0, 2));
+  EXPECT_THROW(r.to(0), braid::Error);
+  EXPECT_THROW(r.to(2), braid::Error);
+  EXPECT_THROW(r.to(1)->send(nullptr, 8, 1, nullptr), braid::Error);
+}
+
+// ---------------------------------------------------------------------------
+// Address selection.
+
+TEST(TcpSelectAddress, LoopbackMasterGivesLoopback) {
+  EXPECT_EQ(bt::select_address("", "127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(bt::select_address("", "127.3.4.5"), "127.0.0.1");
+  EXPECT_EQ(bt::select_address("", "localhost"), "127.0.0.1");
+  EXPECT_EQ(bt::select_address("", ""), "127.0.0.1");
+}
+
+TEST(TcpSelectAddress, NamedInterface) {
+  EXPECT_EQ(bt::select_address("lo", "10.1.2.3"), "127.0.0.1");
+  try {
+    bt::select_address("no-such-interface0", "");
+    ADD_FAILURE() << "no exception";
+  } catch (const braid::Error& e) {
+    EXPECT_EQ(e.code(), braid::ErrorCode::InvalidUsage);
+    EXPECT_TRUE(contains(e.what(), "no-such-interface0")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "lo (127.0.0.1)")) << e.what();
+  }
+}
+
+TEST(TcpSelectAddress, RemoteMasterPicksAnInterfaceAddress) {
+  const std::string a = bt::select_address("", "203.0.113.9");  // TEST-NET-3: no local subnet
+  in_addr parsed{};
+  EXPECT_EQ(::inet_pton(AF_INET, a.c_str(), &parsed), 1) << a;
+}
+
+}  // namespace
