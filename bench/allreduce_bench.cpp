@@ -1,0 +1,303 @@
+// allreduce_bench: nccl-tests-style all-reduce benchmark over braid.
+//
+//   braidrun -n 4 -- allreduce_bench -b 1K -e 64M -f 2 -c 1
+//
+// Flags follow nccl-tests' all_reduce_perf: -b/-e min/max size in bytes (K/M/G
+// suffixes), -f multiplication factor, -n iterations, -w warm-up iterations, -c check,
+// -d type, -o op; plus --algo and --csv. Sizes are rounded down to whole elements, so
+// a count of 0 happens for tiny sizes. algbw = size / time; busbw = algbw * 2(n-1)/n,
+// the bytes each rank's busiest link carries, comparable across world sizes and with
+// nccl-tests. Time is the slowest rank's average per iteration.
+#include <braid/braid.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using braid::DataType;
+using braid::ReduceOp;
+
+std::size_t parse_size(const std::string& s) {
+  if (s.empty()) throw CLI::ValidationError("size", "empty size");
+  std::size_t mult = 1;
+  std::string d = s;
+  switch (std::toupper(static_cast<unsigned char>(d.back()))) {
+    case 'K': mult = 1ull << 10; d.pop_back(); break;
+    case 'M': mult = 1ull << 20; d.pop_back(); break;
+    case 'G': mult = 1ull << 30; d.pop_back(); break;
+    default: break;
+  }
+  std::size_t pos = 0;
+  const unsigned long long v = std::stoull(d, &pos);
+  if (pos != d.size()) throw CLI::ValidationError("size", "'" + s + "' is not a size like 1024, 64K, 8M, 1G");
+  return static_cast<std::size_t>(v) * mult;
+}
+
+// nccl-tests' names for the columns.
+const char* nccl_type_name(DataType t) {
+  switch (t) {
+    case DataType::f32: return "float";
+    case DataType::f64: return "double";
+    case DataType::f16: return "half";
+    case DataType::bf16: return "bfloat16";
+    case DataType::i8: return "int8";
+    case DataType::u8: return "uint8";
+    case DataType::i32: return "int32";
+    case DataType::i64: return "int64";
+  }
+  return "?";
+}
+
+// --- element conversion for filling and checking ---------------------------------
+std::uint16_t to_half(float f) {  // round to nearest even; inputs are small integers here
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
+  std::uint32_t mant = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (exp >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10) return static_cast<std::uint16_t>(sign);
+    mant |= 0x800000u;
+    const int shift = 14 - exp;
+    std::uint32_t h = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  std::uint32_t h = (static_cast<std::uint32_t>(exp) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+float from_half(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
+  if (exp == 0) {
+    if (mant == 0) x = sign;
+    else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
+      x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
+  else x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+std::uint16_t to_bf16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+float from_bf16(std::uint16_t h) {
+  const std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// Inputs are small integers (exact in every type, sums of a few hundred ranks stay
+// exact even in bf16), so the expected result is exact and #wrong means wrong.
+double input_value(ReduceOp op, int rank, std::size_t i, DataType t) {
+  const auto k = static_cast<long long>((static_cast<std::size_t>(rank) * 7 + i * 13) % 5);
+  if (op == ReduceOp::prod) return (k == 0 && t != DataType::u8) ? -1.0 : 1.0;
+  if (t == DataType::u8) return static_cast<double>(k % 3);
+  return static_cast<double>(k % 3 - 1);  // -1, 0, 1
+}
+
+void store_value(DataType t, void* buf, std::size_t i, double v) {
+  switch (t) {
+    case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+    case DataType::f64: static_cast<double*>(buf)[i] = v; break;
+    case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = to_half(static_cast<float>(v)); break;
+    case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = to_bf16(static_cast<float>(v)); break;
+    case DataType::i8: static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v); break;
+    case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
+    case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
+    case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+  }
+}
+
+// Expected result bits for element i, written into `out` at index 0.
+void expected_value(DataType t, ReduceOp op, int world, std::size_t i, void* out) {
+  double acc = input_value(op, 0, i, t);
+  for (int r = 1; r < world; ++r) {
+    const double v = input_value(op, r, i, t);
+    switch (op) {
+      case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+      case ReduceOp::prod: acc *= v; break;
+      case ReduceOp::min: acc = std::min(acc, v); break;
+      case ReduceOp::max: acc = std::max(acc, v); break;
+    }
+  }
+  if (op != ReduceOp::avg) {
+    store_value(t, out, 0, acc);
+    return;
+  }
+  // avg: the exact sum divided once, in the type's arithmetic (as the library does).
+  switch (t) {
+    case DataType::f32: static_cast<float*>(out)[0] = static_cast<float>(acc) / static_cast<float>(world); break;
+    case DataType::f64: static_cast<double*>(out)[0] = acc / world; break;
+    case DataType::f16: static_cast<std::uint16_t*>(out)[0] = to_half(from_half(to_half(static_cast<float>(acc))) / static_cast<float>(world)); break;
+    case DataType::bf16: static_cast<std::uint16_t*>(out)[0] = to_bf16(from_bf16(to_bf16(static_cast<float>(acc))) / static_cast<float>(world)); break;
+    default: store_value(t, out, 0, static_cast<double>(static_cast<long long>(acc) / world)); break;
+  }
+}
+
+struct Result {
+  double time_us = 0, algbw = 0, busbw = 0;
+  long long wrong = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"allreduce_bench: all-reduce bandwidth and correctness, nccl-tests style. Run under braidrun, "
+               "mpirun, torchrun or srun."};
+  std::string minb = "1K", maxb = "64M", dname = "float", oname = "sum", aname = "auto", csv;
+  double factor = 2;
+  int iters = 20, warmup = 5, check = 1;
+  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
+  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
+  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
+  app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64")->capture_default_str();
+  app.add_option("-o,--op", oname, "sum, prod, min, max, avg")->capture_default_str();
+  app.add_option("--algo", aname, "auto, ring, tree, rhd, hier")->capture_default_str();
+  app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+
+  const auto dtype = braid::parse_dtype(dname);
+  const auto op = braid::parse_op(oname);
+  const auto algo = braid::parse_algorithm(aname);
+  std::size_t lo = 0, hi = 0;
+  try {
+    lo = parse_size(minb);
+    hi = parse_size(maxb);
+  } catch (const std::exception& e) {
+    std::cerr << "allreduce_bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (!dtype || !op || !algo || factor <= 1.0 || hi < lo) {
+    std::cerr << "allreduce_bench: bad arguments: " << (!dtype ? "unknown -d " + dname + "; " : "")
+              << (!op ? "unknown -o " + oname + "; " : "") << (!algo ? "unknown --algo " + aname + "; " : "")
+              << (factor <= 1.0 ? "-f must be > 1; " : "") << (hi < lo ? "-e must be >= -b; " : "") << "\n";
+    return 2;
+  }
+
+  try {
+    braid::Communicator comm = braid::Communicator::from_env();
+    const int rank = comm.rank(), world = comm.size();
+    const std::size_t es = braid::dtype_size(*dtype);
+    braid::AllreduceOptions opts;
+    opts.algorithm = *algo;
+
+    std::ofstream csvf;
+    if (rank == 0) {
+      std::printf("# braid %s allreduce_bench: %d ranks, type %s, op %s, algo %s, iters %d, warmup %d, check %d\n",
+                  braid::version().c_str(), world, nccl_type_name(*dtype), oname.c_str(), aname.c_str(), iters,
+                  warmup, check);
+      std::printf("#%77s%38s\n", "out-of-place", "in-place");
+      std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
+                  "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+      std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
+                  "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+      if (!csv.empty()) {
+        csvf.open(csv);
+        if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
+        csvf << "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,"
+                "inplace_time_us,inplace_algbw_GBps,inplace_busbw_GBps,inplace_wrong\n";
+      }
+    }
+
+    std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
+    long long total_wrong = 0;
+    double busbw_sum = 0;
+    int nsizes = 0;
+    for (double size_d = static_cast<double>(lo);; size_d *= factor) {
+      const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
+      const std::size_t count = size / es;
+      Result res[2];
+      for (int inplace = 0; inplace < 2; ++inplace) {
+        void* in = inplace ? recv.data() : send.data();
+        void* out = recv.data();
+        auto fill = [&] {
+          for (std::size_t i = 0; i < count; ++i) store_value(*dtype, in, i, input_value(*op, rank, i, *dtype));
+        };
+        fill();
+        comm.barrier().wait();
+        for (int w = 0; w < warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+        if (inplace) fill();
+        comm.barrier().wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        braid::Work last;
+        for (int it = 0; it < iters; ++it) last = comm.allreduce(in, out, count, *dtype, *op, opts);
+        last.wait();
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+        double slowest = us;
+        comm.allreduce(&slowest, &slowest, 1, DataType::f64, ReduceOp::max).wait();
+        Result& r = res[inplace];
+        r.time_us = slowest;
+        r.algbw = static_cast<double>(count * es) / (slowest * 1e3);
+        r.busbw = world > 1 ? r.algbw * 2.0 * (world - 1) / world : r.algbw;
+        if (check) {
+          fill();
+          comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+          long long wrong = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            expected_value(*dtype, *op, world, i, expect.data());
+            if (std::memcmp(expect.data(), static_cast<std::byte*>(out) + i * es, es) != 0) ++wrong;
+          }
+          comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
+          r.wrong = wrong;
+          total_wrong += wrong;
+        } else {
+          r.wrong = -1;
+        }
+      }
+      if (rank == 0) {
+        auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+        std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
+                    nccl_type_name(*dtype), oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw,
+                    wrong_text(res[0].wrong).c_str(), res[1].time_us, res[1].algbw, res[1].busbw,
+                    wrong_text(res[1].wrong).c_str());
+        std::fflush(stdout);
+        if (csvf)
+          csvf << count * es << ',' << count << ',' << nccl_type_name(*dtype) << ',' << oname << ','
+               << res[0].time_us << ',' << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ','
+               << res[1].time_us << ',' << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << '\n';
+      }
+      busbw_sum += res[0].busbw;
+      ++nsizes;
+      if (size >= hi) break;
+    }
+    if (rank == 0) {
+      std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+      std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", nsizes ? busbw_sum / nsizes : 0.0);
+    }
+    return total_wrong ? 1 : 0;
+  } catch (const braid::Error& e) {
+    std::cerr << "allreduce_bench: " << e.what() << "\n";
+    return e.code() == braid::ErrorCode::InvalidUsage || e.code() == braid::ErrorCode::Unsupported ? 2 : 1;
+  }
+}

@@ -1,0 +1,103 @@
+// Creating communicators from the environment (braidrun, torchrun, mpirun, srun)
+// and from NCCL-style unique ids.
+#include "core/check.hpp"
+#include "core/communicator_impl.hpp"
+#include "core/logging.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <braid/error.hpp>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <sstream>
+
+namespace braid {
+
+namespace {
+
+constexpr const char* kUidMagic = "braid-uid-1";
+
+// Store servers started by create_unique_id(), waiting for this process's
+// communicator to adopt them.
+std::mutex g_uid_mu;
+std::map<std::string, std::unique_ptr<TcpStoreServer>>& uid_servers() {
+  static std::map<std::string, std::unique_ptr<TcpStoreServer>> servers;
+  return servers;
+}
+
+}  // namespace
+
+UniqueId Communicator::create_unique_id() {
+  const auto& cfg = core::Config::global();
+  const std::string addr = transport::select_address(cfg.socket_ifname, cfg.master_addr);
+  auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0);
+  std::random_device rd;
+  std::ostringstream nonce;
+  nonce << std::hex << rd() << rd() << rd();
+  std::ostringstream text;
+  text << kUidMagic << ' ' << addr << ' ' << server->port() << ' ' << nonce.str();
+  const std::string s = text.str();
+  UniqueId id;
+  BRAID_CHECK(s.size() < id.bytes.size(), Internal, "unique id text too long");
+  std::memcpy(id.bytes.data(), s.data(), s.size());
+  std::lock_guard<std::mutex> lock(g_uid_mu);
+  uid_servers()[nonce.str()] = std::move(server);
+  return id;
+}
+
+Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size, const CommOptions& options) {
+  const std::string text(id.bytes.data(), strnlen(id.bytes.data(), id.bytes.size()));
+  std::istringstream in(text);
+  std::string magic, addr, nonce;
+  int port = 0;
+  in >> magic >> addr >> port >> nonce;
+  BRAID_CHECK(magic == kUidMagic && port > 0 && port < 65536 && !nonce.empty(), InvalidUsage,
+              "from_unique_id: the id is not a braid UniqueId (was it copied completely, all 128 bytes?)");
+  const auto& cfg = core::Config::global();
+  const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
+  auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout);
+  auto impl = std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options);
+  std::lock_guard<std::mutex> lock(g_uid_mu);
+  if (auto it = uid_servers().find(nonce); it != uid_servers().end()) {
+    impl->hosted_server = std::move(it->second);
+    impl->hosts_store = true;
+    uid_servers().erase(it);
+  }
+  return Communicator(std::move(impl));
+}
+
+Communicator Communicator::from_env(const CommOptions& options) {
+  const auto& cfg = core::Config::global();
+  BRAID_CHECK(cfg.rank && cfg.world_size, InvalidUsage,
+              "from_env: no rank/world size in the environment; set BRAID_RANK and BRAID_WORLD_SIZE (or run "
+              "under braidrun, torchrun, mpirun or srun)");
+  const int rank = *cfg.rank, size = *cfg.world_size;
+  BRAID_CHECK(rank < size, InvalidUsage,
+              "from_env: rank " << rank << " is not below world size " << size << " (from " << cfg.launcher
+                                << " variables)");
+  const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
+  std::shared_ptr<Store> store;
+  bool hosts = false;
+  if (size == 1 && (cfg.master_addr.empty() || !cfg.master_port)) {
+    // A job of one needs no rendezvous: serve a private store on loopback.
+    store = std::make_shared<TcpStore>("127.0.0.1", 0, true, timeout);
+    hosts = true;
+  } else {
+    BRAID_CHECK(!cfg.master_addr.empty(), InvalidUsage,
+                "from_env: rank " << rank << " of " << size << " (" << cfg.launcher
+                                  << ") has no store address; set BRAID_MASTER_ADDR (or MASTER_ADDR) to the "
+                                     "host of rank 0");
+    BRAID_CHECK(cfg.master_port.has_value(), InvalidUsage,
+                "from_env: no store port; set BRAID_MASTER_PORT (or MASTER_PORT) to a free TCP port on "
+                    << cfg.master_addr);
+    hosts = rank == 0 && !cfg.store_external;
+    store = std::make_shared<TcpStore>(cfg.master_addr, static_cast<std::uint16_t>(*cfg.master_port), hosts,
+                                       timeout);
+  }
+  auto impl = std::make_unique<Impl>(store, rank, size, options);
+  impl->hosts_store = hosts;
+  return Communicator(std::move(impl));
+}
+
+}  // namespace braid

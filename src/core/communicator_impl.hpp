@@ -1,0 +1,50 @@
+// Private state of braid::Communicator, shared by communicator.cpp and bootstrap.cpp.
+#pragma once
+
+#include <braid/communicator.hpp>
+
+#include "collectives/plan.hpp"
+#include "core/config.hpp"
+#include "core/engine.hpp"
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+namespace braid {
+
+struct Communicator::Impl {
+  core::Config cfg;
+  std::string name;
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<Store> base_store;  ///< what the caller gave (kept alive)
+  std::shared_ptr<Store> store;       ///< this communicator's namespace in it
+  std::unique_ptr<core::Engine> engine;
+  std::atomic<std::uint64_t> next_seq{1};
+
+  /// A store server this process hosts for the job (rank 0 from the environment,
+  /// or the creator of a UniqueId); kept until every rank has left.
+  std::unique_ptr<TcpStoreServer> hosted_server;
+  bool hosts_store = false;
+
+  mutable std::mutex mu;  ///< guards the plan cache and the lazily computed locality
+  std::map<std::tuple<int, int, std::uint64_t, std::size_t, int>, std::shared_ptr<const collectives::Plan>> plans;
+  std::deque<std::tuple<int, int, std::uint64_t, std::size_t, int>> plan_order;
+  mutable std::optional<std::pair<int, int>> locality;  ///< (local_rank, local_size)
+
+  Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options);
+  ~Impl();
+
+  std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
+  Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
+            ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive);
+  void compute_locality() const;
+};
+
+}  // namespace braid

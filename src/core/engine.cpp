@@ -1,0 +1,436 @@
+// The progress engine (see engine.hpp for the model).
+#include "core/engine.hpp"
+
+#include "core/logging.hpp"
+#include "kernels/host/reduce.hpp"
+#include "transport/poller.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+
+#include <braid/error.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace braid::core {
+
+using collectives::Buffer;
+using collectives::Plan;
+using collectives::Region;
+using collectives::Step;
+using collectives::StepKind;
+using Clock = std::chrono::steady_clock;
+
+/// The transport's view of the store: "peer/<rank>/<key>".
+class StoreDirectory final : public transport::PeerDirectory {
+ public:
+  StoreDirectory(std::shared_ptr<Store> store, int rank) : store_(std::move(store)), rank_(rank) {}
+  void publish(const std::string& key, const std::string& value) override {
+    store_->set("peer/" + std::to_string(rank_) + "/" + key, value);
+  }
+  std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) override {
+    return store_->get("peer/" + std::to_string(peer) + "/" + key, timeout);
+  }
+
+ private:
+  std::shared_ptr<Store> store_;
+  int rank_;
+};
+
+namespace {
+
+enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
+constexpr std::size_t kMaxStaging = 8;
+
+const char* kind_name(StepKind k) {
+  switch (k) {
+    case StepKind::send: return "send to";
+    case StepKind::recv: return "receive from";
+    case StepKind::recv_reduce: return "receive-and-reduce from";
+    case StepKind::copy: return "copy";
+  }
+  return "?";
+}
+
+}  // namespace
+
+/// Execution state of the running operation.
+struct Engine::Exec {
+  Operation op;
+  const Plan* plan = nullptr;
+  std::size_t elem = 1;
+  Clock::time_point deadline;
+  std::vector<std::uint8_t> state;
+  std::vector<transport::Request> req;
+  std::vector<int> staging_of;  // staging slot a receive landed in, or -1
+  std::vector<std::vector<std::uint32_t>> sendq, recvq;  // by index into plan->peers
+  std::vector<std::size_t> send_head, recv_head;
+  std::vector<transport::Connection*> conns;
+  std::vector<std::uint32_t> localq;
+  std::size_t local_head = 0;
+  std::vector<std::uint32_t> inflight;
+  std::size_t done = 0;
+  std::vector<std::byte> scratch;
+
+  std::byte* ptr(const Region& r) const {
+    std::byte* base = r.buf == Buffer::input    ? static_cast<std::byte*>(const_cast<void*>(op.input))
+                      : r.buf == Buffer::output ? static_cast<std::byte*>(op.output)
+                                                : const_cast<std::byte*>(scratch.data());
+    return base + r.offset * elem;
+  }
+  bool deps_done(std::uint32_t i) const {
+    const Step& s = plan->steps[i];
+    for (std::uint32_t d = 0; d < s.dep_count; ++d)
+      if (state[plan->deps[s.dep_begin + d]] != kDone) return false;
+    return true;
+  }
+  std::uint64_t tag(std::size_t index_in_queue) const {
+    return (op.seq << 24) | (index_in_queue & 0xffffff);
+  }
+  std::string where(std::uint32_t i) const {
+    const Step& s = plan->steps[i];
+    std::ostringstream os;
+    os << op.name << ": step " << i << "/" << plan->steps.size() << " ("
+       << plan->phase_names.at(s.phase) << ", " << kind_name(s.kind);
+    if (s.peer >= 0) os << " rank " << s.peer;
+    os << ")";
+    return os.str();
+  }
+};
+
+Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
+    : opt_(options), store_(std::move(store)) {
+  poller_ = std::make_unique<transport::Poller>();
+  directory_ = std::make_unique<StoreDirectory>(store_, opt_.rank);
+  if (opt_.size > 1) {
+    transport::TcpOptions t;
+    t.rank = opt_.rank;
+    t.size = opt_.size;
+    t.sockets_per_peer = opt_.sockets_per_peer;
+    t.ifname = opt_.ifname;
+    t.master_addr = opt_.master_addr;
+    t.socket_buffer = opt_.socket_buffer;
+    t.auth_token = opt_.auth_token;
+    t.comm_id = opt_.comm_id;
+    t.connect_timeout = opt_.connect_timeout;
+    transport_ = transport::make_tcp_transport(t, *poller_, *directory_);
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  poller_->wake();
+  if (thread_.joinable()) thread_.join();
+  if (transport_) transport_->close_all("communicator " + opt_.comm_name + " destroyed");
+}
+
+void Engine::submit(Operation op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.load() && !stop_) {
+      queue_.push_back(std::move(op));
+      busy_ = true;
+      poller_->wake();
+      return;
+    }
+  }
+  op.work->complete(std::make_exception_ptr(
+      Error(ErrorCode::Aborted, op.name + " not started: the communicator has failed earlier: " + reason())));
+}
+
+std::string Engine::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+void Engine::abort(const std::string& why) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load() || abort_requested_.load()) return;
+    if (reason_.empty()) reason_ = why;
+    abort_requested_ = true;
+  }
+  poller_->wake();
+}
+
+void Engine::drain() noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return !busy_; });
+}
+
+bool Engine::start_next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty()) {
+    busy_ = false;
+    idle_cv_.notify_all();
+    return false;
+  }
+  auto ex = std::make_unique<Exec>();
+  ex->op = std::move(queue_.front());
+  queue_.pop_front();
+  ex->plan = ex->op.plan.get();
+  ex->elem = dtype_size(ex->op.dtype);
+  ex->deadline = Clock::now() + ex->op.timeout;
+  const Plan& p = *ex->plan;
+  ex->state.assign(p.steps.size(), kWaiting);
+  ex->req.resize(p.steps.size());
+  ex->staging_of.assign(p.steps.size(), -1);
+  ex->sendq.resize(p.peers.size());
+  ex->recvq.resize(p.peers.size());
+  ex->send_head.assign(p.peers.size(), 0);
+  ex->recv_head.assign(p.peers.size(), 0);
+  ex->scratch.resize(p.scratch_count * ex->elem);
+  for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
+    const Step& s = p.steps[i];
+    if (s.kind == StepKind::copy) {
+      ex->localq.push_back(i);
+      continue;
+    }
+    const auto pos = static_cast<std::size_t>(std::lower_bound(p.peers.begin(), p.peers.end(), s.peer) - p.peers.begin());
+    (s.kind == StepKind::send ? ex->sendq : ex->recvq)[pos].push_back(i);
+  }
+  current_ = std::move(ex);
+  // Connections are made here, lazily, only to the peers this plan uses.
+  for (int peer : p.peers) current_->conns.push_back(transport_->connection(peer));
+  BRAID_LOG(trace, "start " << current_->op.name << " with " << p.steps.size() << " steps");
+  return true;
+}
+
+std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
+  const transport::Request& r = ex.req[i];
+  int blame = r.failed_peer >= 0 ? r.failed_peer : ex.plan->steps[i].peer;
+  std::string msg = ex.where(i) + " failed: " + r.error;
+  if (r.peer_closed && blame >= 0) {
+    // The peer may have closed because it failed first; it leaves its reason (and
+    // the rank it blames) in the store before closing its connections.
+    try {
+      const std::string rec = store_->get("abort/" + std::to_string(blame), std::chrono::milliseconds(300));
+      const auto nl = rec.find('\n');
+      const int origin = std::atoi(rec.substr(0, nl).c_str());
+      msg += "; rank " + std::to_string(blame) + " reported: " + rec.substr(nl == std::string::npos ? 0 : nl + 1);
+      if (origin >= 0 && origin != opt_.rank) blame = origin;
+    } catch (const std::exception&) {
+      msg += " (rank " + std::to_string(blame) + " left no reason: it probably died)";
+    }
+  }
+  return std::make_exception_ptr(RemoteError(blame, msg));
+}
+
+void Engine::fail_current(std::exception_ptr error, const std::string& reason) {
+  int blame = -1;
+  try {
+    std::rethrow_exception(error);
+  } catch (const RemoteError& e) {
+    blame = e.peer();
+  } catch (...) {
+  }
+  BRAID_LOG(error, reason);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reason_.empty() || !abort_requested_) reason_ = reason;
+    failed_ = true;
+  }
+  // Leave the reason for neighbours before closing the connections they will see drop.
+  try {
+    store_->set("abort/" + std::to_string(opt_.rank), std::to_string(blame) + "\n" + reason);
+  } catch (const std::exception&) {
+  }
+  if (transport_) transport_->close_all(reason);
+  if (current_) {
+    current_->op.work->complete(error);
+    current_.reset();
+  }
+  fail_all(reason);
+}
+
+void Engine::fail_all(const std::string& why) {
+  std::deque<Operation> q;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    q.swap(queue_);
+  }
+  for (auto& op : q)
+    op.work->complete(std::make_exception_ptr(
+        Error(ErrorCode::Aborted, op.name + " not run: the communicator failed earlier: " + why)));
+}
+
+namespace {
+
+bool overlaps(const std::byte* a, std::size_t an, const std::byte* b, std::size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+}  // namespace
+
+void Engine::run() noexcept {
+  set_log_rank(opt_.rank);
+  const auto spin = std::chrono::microseconds(opt_.spin_us);
+  std::vector<std::vector<std::byte>> staging;
+  std::vector<int> free_staging;
+  auto last_progress = Clock::now();
+
+  auto finish_step = [&](Exec& ex, std::uint32_t i) {
+    const Step& s = ex.plan->steps[i];
+    if (s.kind == StepKind::recv_reduce) {
+      std::byte* dst = ex.ptr(s.dst);
+      const std::byte* src = ex.ptr(s.src);
+      const int slot = ex.staging_of[i];
+      // Commutative ops: the message either sits in staging or already in dst.
+      const std::byte* msg = slot >= 0 ? staging[static_cast<std::size_t>(slot)].data() : dst;
+      kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
+      if (slot >= 0) free_staging.push_back(slot);
+    }
+    if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
+    ex.state[i] = kDone;
+    ++ex.done;
+  };
+
+  // Starts every queue head whose dependencies are met; returns whether any started.
+  auto post_ready = [&](Exec& ex) {
+    bool any = false;
+    const Plan& p = *ex.plan;
+    for (std::size_t q = 0; q < p.peers.size(); ++q) {
+      while (ex.send_head[q] < ex.sendq[q].size()) {
+        const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+        if (!ex.deps_done(i)) break;
+        const Step& s = p.steps[i];
+        ex.state[i] = kPosted;
+        ex.conns[q]->send(ex.ptr(s.src), s.src.count * ex.elem, ex.tag(ex.send_head[q]), &ex.req[i]);
+        ex.inflight.push_back(i);
+        ++ex.send_head[q];
+        any = true;
+      }
+      while (ex.recv_head[q] < ex.recvq[q].size()) {
+        const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
+        if (!ex.deps_done(i)) break;
+        const Step& s = p.steps[i];
+        const std::size_t bytes = s.dst.count * ex.elem;
+        std::byte* target = ex.ptr(s.dst);
+        if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
+          if (free_staging.empty()) {
+            if (staging.size() >= kMaxStaging) break;  // wait for a slot to free up
+            staging.emplace_back();
+            free_staging.push_back(static_cast<int>(staging.size() - 1));
+          }
+          const int slot = free_staging.back();
+          free_staging.pop_back();
+          auto& buf = staging[static_cast<std::size_t>(slot)];
+          if (buf.size() < bytes) buf.resize(bytes);
+          ex.staging_of[i] = slot;
+          target = buf.data();
+        }
+        ex.state[i] = kPosted;
+        ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
+        ex.inflight.push_back(i);
+        ++ex.recv_head[q];
+        any = true;
+      }
+    }
+    while (ex.local_head < ex.localq.size()) {
+      const std::uint32_t i = ex.localq[ex.local_head];
+      if (!ex.deps_done(i)) break;
+      const Step& s = p.steps[i];
+      if (ex.ptr(s.dst) != ex.ptr(s.src)) std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+      finish_step(ex, i);
+      ++ex.local_head;
+      any = true;
+    }
+    return any;
+  };
+
+  // Completes finished transfers; returns whether any completed, or throws the
+  // failure of the first failed one.
+  auto reap = [&](Exec& ex) {
+    bool any = false;
+    for (std::size_t k = 0; k < ex.inflight.size();) {
+      const std::uint32_t i = ex.inflight[k];
+      const auto st = ex.req[i].state;
+      if (st == transport::Request::State::pending) {
+        ++k;
+        continue;
+      }
+      if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
+      finish_step(ex, i);
+      ex.inflight[k] = ex.inflight.back();
+      ex.inflight.pop_back();
+      any = true;
+    }
+    return any;
+  };
+
+  for (;;) {
+    bool progressed = false;
+    if (abort_requested_.load() && !failed_.load()) {
+      const std::string why = reason();
+      fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
+                                                 (current_ ? current_->op.name + ": " : std::string()) +
+                                                     "aborted: " + why)),
+                   "aborted: " + why);
+    }
+    if (!current_) {
+      if (!start_next()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ && queue_.empty()) break;
+      } else {
+        progressed = true;
+      }
+    }
+    if (transport_ && !failed_.load()) progressed |= transport_->progress();
+    if (current_) {
+      Exec& ex = *current_;
+      try {
+        progressed |= reap(ex);
+        progressed |= post_ready(ex);
+        if (ex.done == ex.plan->steps.size()) {
+          BRAID_LOG(trace, "done " << ex.op.name);
+          ex.op.work->complete();
+          current_.reset();
+          continue;
+        }
+        if (Clock::now() > ex.deadline) {
+          std::ostringstream os;
+          os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
+             << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
+          int shown = 0;
+          for (std::uint32_t i : ex.inflight)
+            if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
+                                << ex.plan->steps[i].peer << ")";
+          if (ex.inflight.empty()) os << " nothing posted (dependencies)";
+          os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
+                "raise BRAID_TIMEOUT if the job is just slow.";
+          fail_current(std::make_exception_ptr(TimeoutError(os.str())), os.str());
+          continue;
+        }
+      } catch (const Error& e) {
+        fail_current(std::current_exception(), e.what());
+        continue;
+      } catch (const std::exception& e) {
+        const std::string msg = ex.op.name + ": internal error: " + e.what();
+        fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg);
+        continue;
+      }
+    }
+    const auto now = Clock::now();
+    if (progressed) {
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress < spin) {
+      poller_->wait(0);
+      continue;
+    }
+    int wait_ms = -1;
+    if (current_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(current_->deadline - now).count();
+      wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
+    }
+    poller_->wait(wait_ms);
+  }
+}
+
+}  // namespace braid::core

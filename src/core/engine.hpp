@@ -1,0 +1,120 @@
+// braid progress engine: one thread per communicator that executes plans.
+//
+// The engine is the one place where a plan meets transports and kernels
+// (DESIGN.md §1). Operations are executed one at a time in issue order; within an
+// operation every step whose dependencies are met is started at once, so a rank
+// sends to and receives from all its peers concurrently and pipelined slices
+// overlap. When nothing moves the thread spins for BRAID_SPIN_US, then sleeps in
+// epoll until a socket is ready or a new operation is posted.
+//
+// Failure model: the first failure (a peer's connection breaks, a deadline passes,
+// abort()) fails the running operation with an Error naming collective, sequence
+// number, step and peer, records the reason in the store under "abort/<rank>" so
+// that other ranks can say why, closes every connection (which is how neighbours
+// learn of it quickly), and fails every queued and later operation with Aborted.
+#pragma once
+
+#include "collectives/plan.hpp"
+#include "core/config.hpp"
+#include "core/work_state.hpp"
+
+#include <braid/store.hpp>
+#include <braid/types.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace braid::transport {
+class Poller;
+class Transport;
+}  // namespace braid::transport
+
+namespace braid::core {
+
+/// One collective queued on the engine.
+struct Operation {
+  std::uint64_t seq = 0;
+  std::shared_ptr<const collectives::Plan> plan;
+  const void* input = nullptr;
+  void* output = nullptr;
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<detail::WorkState> work;
+  std::shared_ptr<void> keepalive;  ///< buffers owned by the library (barrier)
+  std::string name;                 ///< "allreduce #5 (ring, 1048576 x f32, sum)"
+};
+
+/// Settings the engine needs, resolved by the communicator.
+struct EngineOptions {
+  int rank = 0;
+  int size = 1;
+  std::string comm_name = "braid";
+  int spin_us = 100;
+  // TCP transport settings.
+  int sockets_per_peer = 1;
+  std::string ifname;
+  std::string master_addr;
+  std::size_t socket_buffer = 0;
+  std::string auth_token;
+  std::uint64_t comm_id = 0;
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
+};
+
+class Engine {
+ public:
+  /// Starts the transport (publishing this rank's address in `store`) and the
+  /// progress thread. `store` is the communicator's (prefixed) store.
+  Engine(const EngineOptions& options, std::shared_ptr<Store> store);
+  /// Drains (see drain()), stops the thread and closes connections.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues `op`. Thread-safe. If the engine has failed, completes op.work with
+  /// Aborted at once.
+  void submit(Operation op);
+  /// Fails everything with Aborted and closes connections. Thread-safe, idempotent.
+  void abort(const std::string& reason) noexcept;
+  /// Waits until every submitted operation has completed (each is bounded by its
+  /// own deadline).
+  void drain() noexcept;
+  /// True once a failure or abort happened; reason() says which.
+  bool failed() const noexcept { return failed_.load(); }
+  std::string reason() const;
+
+ private:
+  struct Exec;
+  void run() noexcept;
+  bool start_next();
+  void fail_current(std::exception_ptr error, const std::string& reason);
+  void fail_all(const std::string& reason);
+  std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
+
+  EngineOptions opt_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<transport::Poller> poller_;
+  std::unique_ptr<class StoreDirectory> directory_;
+  std::unique_ptr<transport::Transport> transport_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::deque<Operation> queue_;
+  bool stop_ = false;
+  bool busy_ = false;
+  std::string reason_;
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> abort_requested_{false};
+
+  std::unique_ptr<Exec> current_;
+  std::thread thread_;
+};
+
+}  // namespace braid::core

@@ -1,0 +1,21 @@
+// braid_info: version, build features and configuration of this braid installation.
+#include <braid/braid.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"braid_info: what this braid build can do and how it is configured"};
+  bool config = false, markdown = false;
+  app.add_flag("-c,--config", config, "print every BRAID_* variable with its default and current value");
+  app.add_flag("--config-markdown", markdown, "print docs/configuration.md as generated from the table");
+  CLI11_PARSE(app, argc, argv);
+  if (markdown) {
+    std::cout << braid::config_markdown();
+    return 0;
+  }
+  std::cout << "braid " << braid::version() << "\nbuild features:\n" << braid::build_features();
+  if (config) std::cout << "\nconfiguration:\n" << braid::config_report();
+  return 0;
+}
