@@ -35,4 +35,11 @@ std::uint16_t float_to_bf16(float f) noexcept;
 /// logs and benchmarks.
 const char* half_path() noexcept;
 
+/// Makes reduce()/divide() take the portable code paths (baseline-ISA loops, scalar f16
+/// conversions) even where the CPU offers AVX2/F16C (true), or go back to the CPU's best
+/// paths (false); half_path() then says "scalar". For tests and benchmarks: the paths give
+/// bit-identical results (except the payload of a NaN computed from two NaNs). Atomic,
+/// but meant to be set while no reduction is running.
+void force_portable_path(bool on) noexcept;
+
 }  // namespace braid::kernels
