@@ -52,6 +52,9 @@ struct CommOptions {
   std::chrono::milliseconds timeout{0};
   /// Name used in log and error messages (default "braid").
   std::string name;
+  /// Pipeline slice in bytes (0 = BRAID_CHUNK_BYTES); large collectives move in slices
+  /// of at most this size so that sending, receiving and reducing overlap.
+  std::size_t chunk_bytes = 0;
 };
 
 /// A group of ranks that run collectives together. Movable, not copyable.

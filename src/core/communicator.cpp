@@ -88,6 +88,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   BRAID_CHECK(r >= 0 && r < n, InvalidUsage, "Communicator: rank " << r << " is outside [0, " << n << ")");
   BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, "Communicator: negative timeout");
   name = options.name.empty() ? "braid" : options.name;
+  if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
   timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
   if (cfg.algo != "auto" && cfg.algo != "ring") {
     const auto a = parse_algorithm(cfg.algo);
@@ -123,6 +124,13 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.size = size;
   eo.comm_name = name;
   eo.spin_us = cfg.spin_us;
+  if (eo.spin_us < 0) {
+    // Spinning only pays when every rank of this host has cores to spare; with more
+    // ranks than cores a spinning rank takes the core its peer needs to answer.
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    const int local = cfg.local_size.value_or(cfg.world_size.value_or(size));
+    eo.spin_us = (cpus > 0 && 2L * local <= cpus) ? 50 : 0;
+  }
   eo.sockets_per_peer = cfg.sockets_per_peer;
   eo.ifname = cfg.socket_ifname;
   eo.master_addr = cfg.master_addr;

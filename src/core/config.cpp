@@ -29,8 +29,11 @@ const std::vector<ConfigVar> kTable = {
      "Pipeline slice: large collectives move in slices of at most this many bytes so that "
      "send, receive and reduce overlap.",
      true},
-    {"BRAID_SPIN_US", "int", "100",
-     "Microseconds the progress thread polls without progress before it sleeps in epoll.", true},
+    {"BRAID_SPIN_US", "int", "auto",
+     "Microseconds the progress thread polls without progress before it sleeps in epoll. auto: 50 "
+     "when the host has at least two cores per local rank (launcher's local size), else 0, because "
+     "spinning ranks steal the cores their peers need.",
+     true},
     {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
     {"BRAID_CHECK_ARGS", "bool", "0",
      "Debug mode: before each collective, check that every rank called the same collective with "
@@ -40,7 +43,7 @@ const std::vector<ConfigVar> kTable = {
      "Network interface whose IPv4 address TCP binds and advertises (default: chosen from the "
      "master address).",
      true},
-    {"BRAID_SOCKETS_PER_PEER", "int", "1", "TCP sockets per peer; large messages are striped across them.",
+    {"BRAID_SOCKETS_PER_PEER", "int", "2", "TCP sockets per peer; large messages are striped across them.",
      true},
     {"BRAID_SOCKET_BUFFER", "bytes", "0", "SO_SNDBUF/SO_RCVBUF of TCP sockets (0: OS autotuning).", true},
     {"BRAID_AUTH_TOKEN", "string", "",
@@ -214,7 +217,7 @@ Config Config::parse(const Lookup& lookup) {
   }
   r.bytes("BRAID_CHUNK_BYTES", c.chunk_bytes);
   if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
-  r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
+  if (auto v = r.raw("BRAID_SPIN_US"); v && lower(*v) != "auto") r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
   int cache = static_cast<int>(c.plan_cache);
   r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
   c.plan_cache = static_cast<std::size_t>(cache);

@@ -29,12 +29,12 @@ struct Config {
   std::string codec = "none";
   std::string transport = "auto";
   std::size_t chunk_bytes = 512 * 1024;
-  int spin_us = 100;
+  int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   std::size_t plan_cache = 64;
   bool check_args = false;
   // --- network ---
   std::string socket_ifname;
-  int sockets_per_peer = 1;
+  int sockets_per_peer = 2;
   std::size_t socket_buffer = 0;
   std::string auth_token;
   std::string host_id;

@@ -209,10 +209,16 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
     // The peer may have closed because it failed first; it leaves its reason (and
     // the rank it blames) in the store before closing its connections.
     try {
-      const std::string rec = store_->get("abort/" + std::to_string(blame), std::chrono::milliseconds(300));
+      // The record is written before the connections close, so it is there by now if
+      // the peer failed on its own; a peer that died leaves none. Do not wait.
+      const std::string key = "abort/" + std::to_string(blame);
+      if (!store_->check({key})) throw std::runtime_error("no record");
+      const std::string rec = store_->get(key, std::chrono::milliseconds(1000));
       const auto nl = rec.find('\n');
       const int origin = std::atoi(rec.substr(0, nl).c_str());
-      msg += "; rank " + std::to_string(blame) + " reported: " + rec.substr(nl == std::string::npos ? 0 : nl + 1);
+      std::string text = rec.substr(nl == std::string::npos ? 0 : nl + 1);
+      if (text.rfind("braid ", 0) == 0 && text.find(": ") != std::string::npos) text = text.substr(text.find(": ") + 2);
+      msg += "; rank " + std::to_string(blame) + " reported: " + text;
       if (origin >= 0 && origin != opt_.rank) blame = origin;
     } catch (const std::exception&) {
       msg += " (rank " + std::to_string(blame) + " left no reason: it probably died)";

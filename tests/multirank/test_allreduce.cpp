@@ -1,0 +1,268 @@
+// All-reduce across ranks running as threads of this process, over real TCP
+// sockets: every world size {1,2,3,4,5,7,8} x counts {0, 1, odd, large} x every
+// dtype x every op, in-place and out-of-place. Results must be bitwise identical
+// on every rank and equal to a reference: exact for integers and min/max; for sums
+// within (n-1)·u·Σ|x| (u = unit roundoff of the type: each of the n-1 additions on
+// the way rounds once), for avg that bound / n plus one rounding, for prod within
+// (n-1)·u·|result| (docs/algorithms.md).
+#include "kernels/host/reduce.hpp"
+#include "test_support.hpp"
+
+#include <braid/braid.hpp>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace braid;
+using braid::test::run_threads;
+
+namespace {
+
+struct Group {
+  std::unique_ptr<TcpStoreServer> server;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  explicit Group(int n, CommOptions opt = {}) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
+    comms.resize(static_cast<std::size_t>(n));
+    const auto port = server->port();
+    run_threads(n, [&](int r) {
+      comms[static_cast<std::size_t>(r)] =
+          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, opt);
+    });
+  }
+  ~Group() {
+    // Leave together, as a job would.
+    run_threads(static_cast<int>(comms.size()), [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
+  }
+};
+
+double unit_roundoff(DataType t) {
+  switch (t) {
+    case DataType::f32: return std::ldexp(1.0, -24);
+    case DataType::f64: return std::ldexp(1.0, -53);
+    case DataType::f16: return std::ldexp(1.0, -11);
+    case DataType::bf16: return std::ldexp(1.0, -8);
+    default: return 0;
+  }
+}
+
+double load(DataType t, const std::byte* p, std::size_t i) {
+  switch (t) {
+    case DataType::f32: return reinterpret_cast<const float*>(p)[i];
+    case DataType::f64: return reinterpret_cast<const double*>(p)[i];
+    case DataType::f16: return kernels::half_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DataType::bf16: return kernels::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    default: return 0;
+  }
+}
+
+// Integer element as a 64-bit pattern for exact, wrapping reference arithmetic.
+std::uint64_t load_int(DataType t, const std::byte* p, std::size_t i) {
+  switch (t) {
+    case DataType::i8: return static_cast<std::uint64_t>(static_cast<std::int64_t>(reinterpret_cast<const std::int8_t*>(p)[i]));
+    case DataType::u8: return reinterpret_cast<const std::uint8_t*>(p)[i];
+    case DataType::i32: return static_cast<std::uint64_t>(static_cast<std::int64_t>(reinterpret_cast<const std::int32_t*>(p)[i]));
+    case DataType::i64: return static_cast<std::uint64_t>(reinterpret_cast<const std::int64_t*>(p)[i]);
+    default: return 0;
+  }
+}
+
+std::int64_t as_signed(DataType t, std::uint64_t v) {  // truncate to the type, sign-extend
+  switch (t) {
+    case DataType::i8: return static_cast<std::int8_t>(v);
+    case DataType::u8: return static_cast<std::uint8_t>(v);
+    case DataType::i32: return static_cast<std::int32_t>(v);
+    default: return static_cast<std::int64_t>(v);
+  }
+}
+
+void fill(DataType t, ReduceOp op, std::byte* p, std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<double> mag(0.5, 1.5);
+  std::uniform_int_distribution<int> small(-100, 100), bit(0, 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double f = op == ReduceOp::prod ? (bit(rng) ? 1 : -1) * mag(rng) : mag(rng) * (bit(rng) ? 1 : -1) * 4;
+    const long long k = op == ReduceOp::prod ? (bit(rng) ? 3 : -1) : small(rng);
+    switch (t) {
+      case DataType::f32: reinterpret_cast<float*>(p)[i] = static_cast<float>(f); break;
+      case DataType::f64: reinterpret_cast<double*>(p)[i] = f; break;
+      case DataType::f16: reinterpret_cast<std::uint16_t*>(p)[i] = kernels::float_to_half(static_cast<float>(f)); break;
+      case DataType::bf16: reinterpret_cast<std::uint16_t*>(p)[i] = kernels::float_to_bf16(static_cast<float>(f)); break;
+      case DataType::i8: reinterpret_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(k); break;
+      case DataType::u8: reinterpret_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(k); break;
+      case DataType::i32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(k * 1000003); break;
+      case DataType::i64: reinterpret_cast<std::int64_t*>(p)[i] = k * 1000000007LL; break;
+    }
+  }
+}
+
+// Checks `out` (rank 0's result) against the inputs of every rank; returns the
+// number of elements outside the bound, describing the first in `first`.
+std::size_t check(DataType t, ReduceOp op, const std::vector<std::vector<std::byte>>& in, const std::byte* out,
+                  std::size_t count, std::string& first) {
+  const int n = static_cast<int>(in.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    bool ok;
+    double got = 0, want = 0, bound = 0;
+    if (is_floating(t)) {
+      double acc = load(t, in[0].data(), i), mag = std::fabs(acc);
+      for (int r = 1; r < n; ++r) {
+        const double v = load(t, in[static_cast<std::size_t>(r)].data(), i);
+        mag += std::fabs(v);
+        switch (op) {
+          case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+          case ReduceOp::prod: acc *= v; break;
+          case ReduceOp::min: acc = std::min(acc, v); break;
+          case ReduceOp::max: acc = std::max(acc, v); break;
+        }
+      }
+      // For f64 the double-precision reference rounds as often as the library does, so
+      // the two may each be off by the bound.
+      const double u = unit_roundoff(t) * (t == DataType::f64 ? 2 : 1);
+      got = load(t, out, i);
+      want = acc;
+      if (op == ReduceOp::sum) bound = (n - 1) * u * mag;
+      if (op == ReduceOp::avg) want = acc / n, bound = (n - 1) * u * mag / n + u * std::fabs(want) * 2;
+      if (op == ReduceOp::prod) bound = (n - 1) * u * std::fabs(acc) * 1.01;
+      ok = std::fabs(got - want) <= bound;
+    } else {
+      std::uint64_t acc = load_int(t, in[0].data(), i);
+      std::int64_t sacc = as_signed(t, acc);
+      for (int r = 1; r < n; ++r) {
+        const std::uint64_t v = load_int(t, in[static_cast<std::size_t>(r)].data(), i);
+        const std::int64_t sv = as_signed(t, v);
+        switch (op) {
+          case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+          case ReduceOp::prod: acc *= v; break;
+          case ReduceOp::min: sacc = std::min(sacc, sv); break;
+          case ReduceOp::max: sacc = std::max(sacc, sv); break;
+        }
+      }
+      std::int64_t expect = (op == ReduceOp::min || op == ReduceOp::max) ? sacc : as_signed(t, acc);
+      if (op == ReduceOp::avg) expect = as_signed(t, acc) / n;
+      got = static_cast<double>(as_signed(t, load_int(t, out, i)));
+      want = static_cast<double>(as_signed(t, static_cast<std::uint64_t>(expect)));
+      ok = as_signed(t, load_int(t, out, i)) == as_signed(t, static_cast<std::uint64_t>(expect));
+    }
+    if (!ok && bad++ == 0)
+      first = "element " + std::to_string(i) + ": got " + std::to_string(got) + ", want " + std::to_string(want) +
+              " (bound " + std::to_string(bound) + ")";
+  }
+  return bad;
+}
+
+class AllreduceThreads : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllreduceThreads, EveryTypeOpAndCount) {
+  const int n = GetParam();
+  CommOptions opt;
+  opt.chunk_bytes = 4096;  // several pipeline slices per chunk for the large count
+  opt.timeout = std::chrono::seconds(60);
+  Group g(n, opt);
+  const std::size_t counts[] = {0, 1, 1001, (1u << 15) + 3};
+  int case_no = 0;
+  for (std::size_t count : counts)
+    for (int ti = 0; ti < kNumDataTypes; ++ti)
+      for (int oi = 0; oi < kNumReduceOps; ++oi) {
+        const auto t = static_cast<DataType>(ti);
+        const auto op = static_cast<ReduceOp>(oi);
+        const bool in_place = (case_no++ % 2) == 1;
+        const std::size_t bytes = count * dtype_size(t);
+        std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(n), std::vector<std::byte>(bytes + 1));
+        std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(n), std::vector<std::byte>(bytes + 1));
+        for (int r = 0; r < n; ++r) {
+          std::mt19937 rng(static_cast<unsigned>(r * 7919 + case_no));
+          fill(t, op, in[static_cast<std::size_t>(r)].data(), count, rng);
+          if (in_place) out[static_cast<std::size_t>(r)] = in[static_cast<std::size_t>(r)];
+        }
+        run_threads(n, [&](int r) {
+          auto& o = out[static_cast<std::size_t>(r)];
+          const void* src = in_place ? o.data() : in[static_cast<std::size_t>(r)].data();
+          g.comms[static_cast<std::size_t>(r)]->allreduce(src, o.data(), count, t, op).wait();
+        });
+        const std::string what = "world " + std::to_string(n) + " count " + std::to_string(count) + " " +
+                                 std::string(to_string(t)) + " " + std::string(to_string(op)) +
+                                 (in_place ? " in-place" : " out-of-place");
+        for (int r = 1; r < n; ++r)
+          ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<std::size_t>(r)].data(), bytes))
+              << what << ": rank " << r << " differs from rank 0";
+        std::string first;
+        ASSERT_EQ(0u, check(t, op, in, out[0].data(), count, first)) << what << ": " << first;
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceThreads, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+TEST(AllreduceSemantics, NanAndInfPropagate) {
+  Group g(3);
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<std::vector<float>> in = {{1, nan, inf, inf}, {2, 1, 1, -inf}, {3, 1, 1, 5}};
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
+    std::vector<std::vector<float>> out(3, std::vector<float>(4));
+    run_threads(3, [&](int r) {
+      g.comms[static_cast<std::size_t>(r)]->allreduce(in[static_cast<std::size_t>(r)].data(),
+                                                      out[static_cast<std::size_t>(r)].data(), 4, DataType::f32, op).wait();
+    });
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(std::isnan(out[static_cast<std::size_t>(r)][1])) << to_string(op);
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[static_cast<std::size_t>(r)].data(), 16));
+    }
+    if (op == ReduceOp::sum) {
+      EXPECT_TRUE(std::isinf(out[0][2]));
+      EXPECT_TRUE(std::isnan(out[0][3]));  // inf + -inf
+    }
+  }
+}
+
+TEST(AllreduceSemantics, ManyOutstandingWorksCompleteInOrder) {
+  Group g(4);
+  run_threads(4, [&](int r) {
+    std::vector<std::vector<std::int64_t>> bufs(50, std::vector<std::int64_t>(333));
+    std::vector<Work> works;
+    for (int k = 0; k < 50; ++k) {
+      std::fill(bufs[static_cast<std::size_t>(k)].begin(), bufs[static_cast<std::size_t>(k)].end(), k * 10 + r);
+      works.push_back(g.comms[static_cast<std::size_t>(r)]->allreduce(
+          bufs[static_cast<std::size_t>(k)].data(), bufs[static_cast<std::size_t>(k)].data(), 333, DataType::i64,
+          ReduceOp::sum));
+    }
+    for (int k = 49; k >= 0; --k) {
+      works[static_cast<std::size_t>(k)].wait();
+      for (auto v : bufs[static_cast<std::size_t>(k)]) ASSERT_EQ(v, 4 * k * 10 + 6);
+    }
+  });
+}
+
+TEST(AllreduceSemantics, BarrierAndUniqueId) {
+  const UniqueId id = Communicator::create_unique_id();
+  std::vector<std::unique_ptr<Communicator>> comms(3);
+  run_threads(3, [&](int r) {
+    comms[static_cast<std::size_t>(r)] = std::make_unique<Communicator>(Communicator::from_unique_id(id, r, 3));
+    comms[static_cast<std::size_t>(r)]->barrier().wait();
+    double x = r + 1;
+    comms[static_cast<std::size_t>(r)]->allreduce(&x, &x, 1, DataType::f64, ReduceOp::avg).wait();
+    EXPECT_EQ(x, 2.0);
+    EXPECT_EQ(comms[static_cast<std::size_t>(r)]->local_size(), 3);
+    EXPECT_EQ(comms[static_cast<std::size_t>(r)]->local_rank(), r);
+  });
+  run_threads(3, [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
+}
+
+TEST(AllreduceSemantics, SecondCommunicatorOnTheSameStoreIsSeparate) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const auto port = server->port();
+  run_threads(2, [&](int r) {
+    auto store = std::make_shared<TcpStore>("127.0.0.1", port);
+    Communicator a(store, r, 2), b(store, r, 2);
+    int x = r + 1, y = (r + 1) * 100;
+    auto wb = b.allreduce(&y, &y, 1, DataType::i32, ReduceOp::sum);
+    auto wa = a.allreduce(&x, &x, 1, DataType::i32, ReduceOp::sum);
+    wa.wait();
+    wb.wait();
+    EXPECT_EQ(x, 3);
+    EXPECT_EQ(y, 300);
+  });
+}
+
+}  // namespace

@@ -1,0 +1,120 @@
+// The configuration table: parsing, errors, and docs/configuration.md kept current.
+#include "core/config.hpp"
+
+#include <braid/error.hpp>
+#include <braid/info.hpp>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+using namespace braid;
+using namespace braid::core;
+
+namespace {
+Config parse(const std::map<std::string, std::string>& env) {
+  return Config::parse([&](const char* name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  });
+}
+}  // namespace
+
+TEST(Config, Defaults) {
+  const Config c = parse({});
+  EXPECT_EQ(c.timeout, std::chrono::seconds(300));
+  EXPECT_EQ(c.chunk_bytes, 512u * 1024);
+  EXPECT_EQ(c.sockets_per_peer, 2);
+  EXPECT_EQ(c.spin_us, -1);
+  EXPECT_FALSE(c.rank.has_value());
+  EXPECT_EQ(c.log_level, LogLevel::warn);
+}
+
+TEST(Config, ParsesEveryType) {
+  const Config c = parse({{"BRAID_TIMEOUT", "1500ms"}, {"BRAID_CHUNK_BYTES", "1M"}, {"BRAID_DEBUG", "info"},
+                          {"BRAID_SOCKETS_PER_PEER", "4"}, {"BRAID_CHECK_ARGS", "yes"}, {"BRAID_SPIN_US", "0"},
+                          {"BRAID_SOCKET_IFNAME", "eth1"}});
+  EXPECT_EQ(c.timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(c.chunk_bytes, 1u << 20);
+  EXPECT_EQ(c.log_level, LogLevel::info);
+  EXPECT_EQ(c.sockets_per_peer, 4);
+  EXPECT_TRUE(c.check_args);
+  EXPECT_EQ(c.spin_us, 0);
+  EXPECT_EQ(c.socket_ifname, "eth1");
+  EXPECT_EQ(parse({{"BRAID_TIMEOUT", "2m"}}).timeout, std::chrono::minutes(2));
+  EXPECT_EQ(parse({{"BRAID_TIMEOUT", "30"}}).timeout, std::chrono::seconds(30));
+}
+
+TEST(Config, BadValuesNameTheVariable) {
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"BRAID_TIMEOUT", "soon"},
+                                                               {"BRAID_CHUNK_BYTES", "12Q"},
+                                                               {"BRAID_SOCKETS_PER_PEER", "0"},
+                                                               {"BRAID_DEBUG", "LOUD"},
+                                                               {"BRAID_CHECK_ARGS", "maybe"},
+                                                               {"BRAID_RANK", "-1"},
+                                                               {"BRAID_TRANSPORT", "pigeon"}}) {
+    try {
+      parse({{k, v}});
+      ADD_FAILURE() << k << "=" << v << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+      EXPECT_NE(std::string(e.what()).find(k), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Config, LauncherFamiliesInOrder) {
+  auto c = parse({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                  {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(c.launcher, "torchrun");
+  EXPECT_EQ(*c.rank, 3);
+  EXPECT_EQ(*c.world_size, 8);
+  EXPECT_EQ(*c.local_rank, 1);
+  EXPECT_EQ(c.master_addr, "10.0.0.1");
+  EXPECT_EQ(*c.master_port, 29500);
+  c = parse({{"BRAID_RANK", "1"}, {"BRAID_WORLD_SIZE", "2"}, {"RANK", "5"}, {"BRAID_MASTER_ADDR", "h1"},
+             {"MASTER_ADDR", "h2"}});
+  EXPECT_EQ(c.launcher, "braid");
+  EXPECT_EQ(*c.rank, 1);
+  EXPECT_EQ(c.master_addr, "h1");
+  c = parse({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(c.launcher, "mpirun");
+  EXPECT_EQ(*c.local_size, 2);
+  c = parse({{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "16"}});
+  EXPECT_EQ(c.launcher, "slurm");
+  EXPECT_EQ(*c.world_size, 16);
+}
+
+TEST(Config, HelpersParseSizesAndDurations) {
+  EXPECT_EQ(parse_bytes("64K"), 65536u);
+  EXPECT_EQ(parse_bytes("3MB"), 3u << 20);
+  EXPECT_EQ(parse_bytes("17"), 17u);
+  EXPECT_FALSE(parse_bytes("").has_value());
+  EXPECT_FALSE(parse_bytes("1.5M").has_value());
+  EXPECT_FALSE(parse_bytes("99999999999999999999G").has_value());
+  EXPECT_EQ(parse_duration("250ms"), std::chrono::milliseconds(250));
+  EXPECT_EQ(parse_duration("1h"), std::chrono::hours(1));
+  EXPECT_FALSE(parse_duration("ms").has_value());
+  EXPECT_FALSE(parse_duration("5 parsecs").has_value());
+}
+
+TEST(Config, TableDocumentsEveryVariable) {
+  for (const auto& v : config_table()) {
+    EXPECT_NE(std::string(v.help), "") << v.name;
+    EXPECT_NE(config_report().find(v.name), std::string::npos) << v.name;
+    EXPECT_NE(config_markdown().find(std::string("`") + v.name + "`"), std::string::npos) << v.name;
+  }
+}
+
+// docs/configuration.md must be exactly what the table generates; regenerate with
+//   build/tools/braid_info --config-markdown > docs/configuration.md
+TEST(Config, DocsAreCurrent) {
+  std::ifstream f(std::string(BRAID_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(f.good()) << "docs/configuration.md is missing";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), config_markdown())
+      << "docs/configuration.md is stale: run build/tools/braid_info --config-markdown > docs/configuration.md";
+}
