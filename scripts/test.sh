@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds Release into build/ and runs
+# every test, then builds with AddressSanitizer + UndefinedBehaviorSanitizer into
+# build-asan/ and runs the suite again there. Exits non-zero on any failure.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/setup.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== Release build (build/) =="
+scripts/build.sh build
+(cd build && ctest -j "$jobs" --output-on-failure --timeout 600)
+
+echo "== demo sizes, checked (4 ranks, 1 KiB..1 MiB) =="
+build/tools/braidrun -n 4 --timeout 300 -- build/bench/allreduce_bench -b 1K -e 1M -f 4 -n 3 -w 1 -c 1
+
+echo "== ASan + UBSan build (build-asan/) =="
+scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=address,undefined
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest -j "$jobs" --output-on-failure --timeout 900)
+echo "== all tests passed =="
