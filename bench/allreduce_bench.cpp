@@ -22,7 +22,10 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 namespace {
 
@@ -184,6 +187,10 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", oname, "sum, prod, min, max, avg")->capture_default_str();
   app.add_option("--algo", aname, "auto, ring, tree, rhd, hier")->capture_default_str();
   app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
+  double idle_seconds = 0;
+  app.add_option("--idle-seconds", idle_seconds,
+                 "instead of the sweep: connect, then wait this long with the communicator idle and report the "
+                 "CPU the job used meanwhile (all ranks, % of one core)");
   CLI11_PARSE(app, argc, argv);
 
   const auto dtype = braid::parse_dtype(dname);
@@ -210,6 +217,28 @@ int main(int argc, char** argv) {
     const std::size_t es = braid::dtype_size(*dtype);
     braid::AllreduceOptions opts;
     opts.algorithm = *algo;
+
+    if (idle_seconds > 0) {
+      // Connections up first (one all-reduce), then measure CPU time over an idle window.
+      float warm = 1;
+      comm.allreduce(&warm, &warm, 1, DataType::f32, ReduceOp::sum).wait();
+      comm.barrier().wait();
+      auto cpu_seconds = [] {
+        rusage ru{};
+        getrusage(RUSAGE_SELF, &ru);
+        return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+      };
+      const double c0 = cpu_seconds();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(std::chrono::duration<double>(idle_seconds));
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double used = cpu_seconds() - c0;
+      comm.allreduce(&used, &used, 1, DataType::f64, ReduceOp::sum).wait();
+      if (rank == 0)
+        std::printf("# idle: %d ranks used %.4f CPU-seconds in %.2f s idle = %.3f%% of one core (all ranks)\n", world,
+                    used, wall, 100.0 * used / wall);
+      return 0;
+    }
 
     std::ofstream csvf;
     if (rank == 0) {

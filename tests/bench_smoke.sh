@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# End-to-end runs of allreduce_bench as users run it: under braidrun, and with
+# torchrun-style variables set by hand. Exits non-zero on any wrong result.
+#   tests/bench_smoke.sh BUILD_DIR
+set -euo pipefail
+b=$1
+run=$b/tools/braidrun
+bench=$b/bench/allreduce_bench
+# Every type and op on an odd world size, tiny to multi-slice sizes (count 0 included).
+for d in float half bfloat16 double int8 uint8 int32 int64; do
+  for o in sum prod min max avg; do
+    "$run" -n 3 --timeout 120 -- "$bench" -b 2 -e 300K -f 13 -n 1 -w 0 -c 1 -d "$d" -o "$o" >/tmp/braid-smoke-$$.txt ||
+      { cat /tmp/braid-smoke-$$.txt; echo "FAILED: -d $d -o $o"; exit 1; }
+  done
+done
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+# CSV output names the columns.
+csv=/tmp/braid-smoke-$$.csv
+"$run" -n 2 -- "$bench" -b 1K -e 4K -n 2 -w 0 --csv "$csv" >/dev/null
+head -1 "$csv" | grep -q "^size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,"
+[ "$(wc -l <"$csv")" -eq 4 ]
+# torchrun-style environment, no braidrun: two processes, rank 0 serves the store.
+port=$((20000 + RANDOM % 20000))
+pids=()
+for r in 0 1; do
+  env -u BRAID_RANK RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$bench" -b 1K -e 64K -f 8 -n 2 -w 0 -c 1 >/tmp/braid-smoke-t$r-$$.txt 2>&1 &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || { cat /tmp/braid-smoke-t*-$$.txt; echo "FAILED: torchrun-style env"; exit 1; }; done
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-t0-$$.txt
+# Bad arguments are refused before anything runs.
+if "$run" -n 1 -- "$bench" -d float17 >/dev/null 2>&1; then echo "FAILED: bad -d accepted"; exit 1; fi
+if "$run" -n 2 -- "$bench" --algo tree -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: tree accepted"; exit 1; fi
+# An idle 4-rank job must not burn a core (the engine sleeps in epoll).
+line=$("$run" -n 4 -- "$bench" --idle-seconds 2)
+echo "$line"
+pct=$(echo "$line" | sed -E 's/.*= ([0-9.]+)% .*/\1/')
+awk -v p="$pct" 'BEGIN { exit !(p < 10.0) }' || { echo "FAILED: idle job used $pct% of a core"; exit 1; }
+rm -f /tmp/braid-smoke-*$$*
+echo "bench smoke ok"
