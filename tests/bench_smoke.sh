@@ -37,5 +37,7 @@ line=$("$run" -n 4 -- "$bench" --idle-seconds 2)
 echo "$line"
 pct=$(echo "$line" | sed -E 's/.*= ([0-9.]+)% .*/\1/')
 awk -v p="$pct" 'BEGIN { exit !(p < 10.0) }' || { echo "FAILED: idle job used $pct% of a core"; exit 1; }
+# The example program from the README.
+"$run" -n 3 -- "$b/examples/allreduce_example"
 rm -f /tmp/braid-smoke-*$$*
 echo "bench smoke ok"
