@@ -182,6 +182,7 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
                               DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
                               const char* what, std::shared_ptr<void> keepalive) {
   BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
+  if (cfg.check_args) check_same_call(*plan, dtype, op, what);
   core::Operation o;
   o.seq = next_seq++;
   o.plan = std::move(plan);
@@ -199,6 +200,34 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   Work w(o.work);
   engine->submit(std::move(o));
   return w;
+}
+
+void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op,
+                                         const char* what) {
+  // Debug mode (BRAID_CHECK_ARGS): rank 0 compares every rank's call with its own and
+  // publishes a verdict that all ranks act on, so that all fail together, naming the
+  // rank that differs, instead of hanging in mismatched collectives.
+  const std::uint64_t k = next_check++;
+  std::ostringstream sig;
+  sig << what << "(count=" << plan.request.count << ", type=" << to_string(dtype) << ", op=" << to_string(op)
+      << ", algo=" << to_string(plan.request.algorithm) << ")";
+  const std::string base = "check/" + std::to_string(k) + "/";
+  store->set(base + std::to_string(rank), sig.str());
+  std::string verdict;
+  if (rank == 0) {
+    verdict = "ok";
+    for (int r = 1; r < size && verdict == "ok"; ++r) {
+      const std::string other = store->get(base + std::to_string(r), timeout);
+      if (other != sig.str())
+        verdict = "call #" + std::to_string(k) + " differs between ranks: rank " + std::to_string(r) + " called " +
+                  other + " but rank 0 called " + sig.str() +
+                  "; every rank must issue the same collectives in the same order";
+    }
+    store->set(base + "verdict", verdict);
+  } else {
+    verdict = store->get(base + "verdict", timeout);
+  }
+  BRAID_CHECK(verdict == "ok", InvalidUsage, "BRAID_CHECK_ARGS on rank " << rank << ": " << verdict);
 }
 
 void Communicator::Impl::compute_locality() const {

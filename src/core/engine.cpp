@@ -113,6 +113,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     t.auth_token = opt_.auth_token;
     t.comm_id = opt_.comm_id;
     t.connect_timeout = opt_.connect_timeout;
+    t.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     transport_ = transport::make_tcp_transport(t, *poller_, *directory_);
   }
   thread_ = std::thread([this] { run(); });

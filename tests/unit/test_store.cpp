@@ -376,8 +376,8 @@ TEST_P(StoreTest, OversizedKeyIsInvalidUsage) {
 
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest,
                          ::testing::Values("tcp", "tcp_owned", "file", "prefix_tcp", "prefix_file"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param;
                          });
 
 // ---------------------------------------------------------------------------
@@ -423,8 +423,8 @@ TEST_P(PrefixStoreTest, KeepsItsBaseAlive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bases, PrefixStoreTest, ::testing::Values("tcp_owned", "file"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param;
                          });
 
 TEST(PrefixStore, NullBaseIsInvalidUsage) {

@@ -1049,6 +1049,13 @@ bool TcpTransport::service_hellos() {
     moved = true;
     if (verdict > 0 && adopt(pa.fd, pa)) {
       pa.fd = -1;  // now owned by a connection
+    } else if (opts_.on_refused) {
+      sockaddr_in from{};
+      socklen_t len = sizeof from;
+      const bool known = ::getpeername(pa.fd, reinterpret_cast<sockaddr*>(&from), &len) == 0;
+      opts_.on_refused("refused an incoming connection" + (known ? " from " + sockaddr_text(from) : std::string()) +
+                       (verdict > 0 ? ": its hello names another communicator, rank or token"
+                                    : ": not a braid hello of this version"));
     }
     drop_pending(i);
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,9 @@ struct TcpOptions {
   std::uint64_t comm_id = 0;
   /// Bound on connect retries for one socket.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// Told (on the progress thread) about every incoming connection that is refused
+  /// because it is not an authenticated peer of this communicator; the engine logs it.
+  std::function<void(const std::string&)> on_refused;
 };
 
 /// Creates the transport: binds a listening socket, registers it with `poller`, and
