@@ -86,7 +86,9 @@ class BRAID_API Communicator {
   /// Waits for this rank's outstanding collectives (up to their deadlines), then
   /// closes connections and stops the engine. Never throws.
   ~Communicator();
+  /// Moves; the moved-from object may only be destroyed or assigned to.
   Communicator(Communicator&&) noexcept;
+  /// Moves; destroys this communicator's previous state first.
   Communicator& operator=(Communicator&&) noexcept;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -151,6 +153,7 @@ class BRAID_API Communicator {
   /// True once the communicator has failed or been aborted.
   bool failed() const noexcept;
 
+  /// Private implementation.
   struct Impl;
 
  private:

@@ -33,7 +33,9 @@ class BRAID_API Error : public std::runtime_error {
   /// Builds an error; `message` should say what happened and what to do.
   Error(ErrorCode code, const std::string& message);
   ~Error() override;
+  /// Copyable, as exceptions must be.
   Error(const Error&) = default;
+  /// Copyable, as exceptions must be.
   Error& operator=(const Error&) = default;
 
   /// The classification of this error.

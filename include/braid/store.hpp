@@ -55,6 +55,7 @@ class BRAID_API TcpStoreServer {
   /// Listens on `bind_addr`:`port` (port 0 picks a free one; "0.0.0.0" binds every
   /// interface). Throws Error(Network) when the address cannot be bound.
   TcpStoreServer(const std::string& bind_addr, std::uint16_t port);
+  /// Stops serving and closes every client connection.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -62,6 +63,7 @@ class BRAID_API TcpStoreServer {
   /// The port actually bound.
   std::uint16_t port() const noexcept;
 
+  /// Private implementation.
   struct Impl;
 
  private:
@@ -76,18 +78,20 @@ class BRAID_API TcpStore : public Store {
   /// interface) and connects to it. Throws Error(Network) / TimeoutError.
   TcpStore(const std::string& host, std::uint16_t port, bool is_server = false,
            std::chrono::milliseconds connect_timeout = std::chrono::seconds(60));
+  /// Closes the connection (and stops an owned server). Never throws.
   ~TcpStore() override;
 
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
-  std::int64_t add(const std::string& key, std::int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  bool remove(const std::string& key) override;
+  void set(const std::string& key, const std::string& value) override;  ///< See Store.
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;  ///< See Store.
+  std::int64_t add(const std::string& key, std::int64_t delta) override;  ///< See Store.
+  bool check(const std::vector<std::string>& keys) override;  ///< See Store.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
+  bool remove(const std::string& key) override;  ///< See Store.
 
   /// Port of the server this store talks to.
   std::uint16_t port() const noexcept;
 
+  /// Private implementation.
   struct Impl;
 
  private:
@@ -101,15 +105,17 @@ class BRAID_API FileStore : public Store {
  public:
   /// Opens or creates the store file at `path`.
   explicit FileStore(const std::string& path);
+  /// Closes the file; the file itself stays (remove it when the job is done).
   ~FileStore() override;
 
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
-  std::int64_t add(const std::string& key, std::int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  bool remove(const std::string& key) override;
+  void set(const std::string& key, const std::string& value) override;  ///< See Store.
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;  ///< See Store.
+  std::int64_t add(const std::string& key, std::int64_t delta) override;  ///< See Store.
+  bool check(const std::vector<std::string>& keys) override;  ///< See Store.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
+  bool remove(const std::string& key) override;  ///< See Store.
 
+  /// Private implementation.
   struct Impl;
 
  private:
@@ -122,14 +128,15 @@ class BRAID_API PrefixStore : public Store {
  public:
   /// Wraps `base`; keeps it alive.
   PrefixStore(std::string prefix, std::shared_ptr<Store> base);
+  /// Releases the base store.
   ~PrefixStore() override;
 
-  void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
-  std::int64_t add(const std::string& key, std::int64_t delta) override;
-  bool check(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  bool remove(const std::string& key) override;
+  void set(const std::string& key, const std::string& value) override;  ///< See Store.
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override;  ///< See Store.
+  std::int64_t add(const std::string& key, std::int64_t delta) override;  ///< See Store.
+  bool check(const std::vector<std::string>& keys) override;  ///< See Store.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
+  bool remove(const std::string& key) override;  ///< See Store.
 
  private:
   std::string prefix_;

@@ -26,10 +26,15 @@ class BRAID_API Work {
  public:
   /// An empty handle; wait() returns true at once and test() is true.
   Work() noexcept;
+  /// Drops this handle (never cancels the collective).
   ~Work();
+  /// Copies share the same state.
   Work(const Work&) noexcept;
+  /// Copies share the same state.
   Work& operator=(const Work&) noexcept;
+  /// Moves the handle.
   Work(Work&&) noexcept;
+  /// Moves the handle.
   Work& operator=(Work&&) noexcept;
 
   /// Blocks until the collective completes. Rethrows its braid::Error if it failed.
