@@ -97,10 +97,12 @@ class BRAID_API Communicator {
   int rank() const noexcept;
   /// Number of ranks.
   int size() const noexcept;
-  /// Number of ranks on this host (the same host id, see BRAID_HOST_ID).
-  int local_size() const noexcept;
-  /// This rank's index among the ranks of its host.
-  int local_rank() const noexcept;
+  /// Number of ranks on this host (the same host id, see BRAID_HOST_ID). The first
+  /// call waits (up to the communicator's timeout) until every rank has joined, and
+  /// throws braid::Error if one does not.
+  int local_size() const;
+  /// This rank's index among the ranks of its host (same first-call rule).
+  int local_rank() const;
 
   /// recv[i] = op over ranks of send[i], for i < count. send == recv is in-place.
   /// Buffers must not otherwise overlap.

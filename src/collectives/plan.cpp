@@ -26,6 +26,9 @@ std::uint32_t Plan::add(Step step, std::initializer_list<std::uint32_t> deps_of)
 }
 
 std::uint32_t Plan::add(Step step, const std::vector<std::uint32_t>& deps_of) {
+  if (steps.size() >= kNoStep - 1 || deps.size() + deps_of.size() >= kNoStep)
+    throw Error(ErrorCode::InvalidUsage,
+                "plan too large (over 4 billion steps); raise BRAID_CHUNK_BYTES so that slices are bigger");
   step.dep_begin = static_cast<std::uint32_t>(deps.size());
   step.dep_count = 0;
   for (auto d : deps_of) {

@@ -73,6 +73,12 @@ void check_buffers(const void* send, void* recv, std::size_t count, DataType dty
                       "for in-place operation or use disjoint buffers");
 }
 
+/// Timeouts beyond a year are treated as "a year": far enough for any job, and
+/// deadline arithmetic cannot overflow.
+std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
+  return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
+}
+
 [[noreturn]] void unsupported(const char* what) {
   throw Error(ErrorCode::Unsupported,
               std::string(what) + " is not implemented in braid " + version() +
@@ -88,8 +94,10 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   BRAID_CHECK(r >= 0 && r < n, InvalidUsage, "Communicator: rank " << r << " is outside [0, " << n << ")");
   BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, "Communicator: negative timeout");
   name = options.name.empty() ? "braid" : options.name;
+  BRAID_CHECK(options.chunk_bytes == 0 || options.chunk_bytes >= 4096, InvalidUsage,
+              "CommOptions::chunk_bytes " << options.chunk_bytes << " is too small: use 0 (BRAID_CHUNK_BYTES) or >= 4096");
   if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
-  timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
+  timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   if (cfg.algo != "auto" && cfg.algo != "ring") {
     const auto a = parse_algorithm(cfg.algo);
     BRAID_CHECK(a.has_value(), InvalidUsage,
@@ -98,10 +106,17 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   BRAID_CHECK(cfg.codec == "none" || cfg.codec.empty(), Unsupported,
               "BRAID_CODEC='" << cfg.codec << "': compression is not implemented in this version; unset it");
 
-  // The k-th communicator each rank creates on a store gets namespace k: every rank
-  // counts its own creations, so all agree without talking.
-  const std::int64_t gen = base_store->add("braid/gen/" + std::to_string(rank), 1);
-  store = std::make_shared<PrefixStore>("braid/" + name + "/" + std::to_string(gen), base_store);
+  // The k-th communicator of this name and size that each rank creates on a store
+  // gets namespace k: every rank counts its own creations, so all agree without
+  // talking. Two different groups that share a store and a name would collide;
+  // every rank claims its seat, so that is an error rather than a silent mix-up.
+  const std::string family = name + "/" + std::to_string(size);
+  const std::int64_t gen = base_store->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
+  store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base_store);
+  BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
+              "Communicator '" << name << "': rank " << rank << " of " << size
+                               << " is already taken in this store; two groups share the store under one name. "
+                                  "Give each group its own CommOptions::name or its own PrefixStore");
 
   // Rank 0 picks the job's secret and communicator id; everyone else reads them.
   std::string token = cfg.auth_token;
@@ -144,8 +159,10 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
 }
 
 Communicator::Impl::~Impl() {
+  // Drain while the engine is still reachable (abort() from another thread may be
+  // what unblocks this), then read whether anything failed, including during the drain.
+  engine->drain();
   const bool failed = engine->failed();
-  engine.reset();  // drains outstanding work, closes connections
   // Leave together: whoever hosts the store keeps it until every rank has left, so
   // that late ranks can still finish their set-up. Failed jobs do not wait long.
   try {
@@ -159,6 +176,7 @@ Communicator::Impl::~Impl() {
   } catch (const std::exception& e) {
     BRAID_LOG(warn, "communicator '" << name << "' leaving: " << e.what());
   }
+  engine.reset();  // stops the progress thread, closes connections
 }
 
 std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
@@ -183,6 +201,8 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
                               const char* what, std::shared_ptr<void> keepalive) {
   BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
   if (cfg.check_args) check_same_call(*plan, dtype, op, what);
+  BRAID_CHECK(!engine->failed(), Aborted,
+              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
   core::Operation o;
   o.seq = next_seq++;
   o.plan = std::move(plan);
@@ -190,7 +210,7 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   o.output = out;
   o.dtype = dtype;
   o.op = op;
-  o.timeout = call_timeout.count() > 0 ? call_timeout : timeout;
+  o.timeout = call_timeout.count() > 0 ? clamp_timeout(call_timeout) : timeout;
   o.work = std::make_shared<detail::WorkState>();
   o.keepalive = std::move(keepalive);
   std::ostringstream os;
@@ -212,12 +232,27 @@ void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType
   sig << what << "(count=" << plan.request.count << ", type=" << to_string(dtype) << ", op=" << to_string(op)
       << ", algo=" << to_string(plan.request.algorithm) << ")";
   const std::string base = "check/" + std::to_string(k) + "/";
+  if (engine->failed()) {
+    // Tell rank 0 instead of leaving it waiting for this rank's signature.
+    store->set(base + std::to_string(rank), "nothing: rank " + std::to_string(rank) + " has failed (" +
+                                                 engine->reason() + ")");
+    return;  // post() reports the failure to the caller
+  }
   store->set(base + std::to_string(rank), sig.str());
+  auto get_or_explain = [&](const std::string& key, int who) {
+    try {
+      return store->get(key, timeout);
+    } catch (const TimeoutError&) {
+      throw Error(ErrorCode::Timeout, "BRAID_CHECK_ARGS on rank " + std::to_string(rank) + ": rank " +
+                                          std::to_string(who) + " did not reach call #" + std::to_string(k) + " (" +
+                                          sig.str() + ") within " + std::to_string(timeout.count()) + " ms");
+    }
+  };
   std::string verdict;
   if (rank == 0) {
     verdict = "ok";
     for (int r = 1; r < size && verdict == "ok"; ++r) {
-      const std::string other = store->get(base + std::to_string(r), timeout);
+      const std::string other = get_or_explain(base + std::to_string(r), r);
       if (other != sig.str())
         verdict = "call #" + std::to_string(k) + " differs between ranks: rank " + std::to_string(r) + " called " +
                   other + " but rank 0 called " + sig.str() +
@@ -225,13 +260,18 @@ void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType
     }
     store->set(base + "verdict", verdict);
   } else {
-    verdict = store->get(base + "verdict", timeout);
+    verdict = get_or_explain(base + "verdict", 0);
   }
   BRAID_CHECK(verdict == "ok", InvalidUsage, "BRAID_CHECK_ARGS on rank " << rank << ": " << verdict);
 }
 
-void Communicator::Impl::compute_locality() const {
-  if (locality) return;
+std::pair<int, int> Communicator::Impl::compute_locality() const {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (locality) return *locality;
+  }
+  // Store reads happen outside the lock so that collectives issued meanwhile from
+  // other threads are not held up.
   const std::string mine = host_identity(cfg);
   int local_rank = 0, local_size = 0;
   for (int r = 0; r < size; ++r) {
@@ -241,7 +281,9 @@ void Communicator::Impl::compute_locality() const {
       ++local_size;
     }
   }
+  std::lock_guard<std::mutex> lock(mu);
   locality = std::make_pair(local_rank, local_size);
+  return *locality;
 }
 
 // ---------------------------------------------------------------------------------
@@ -257,24 +299,12 @@ Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 int Communicator::rank() const noexcept { return impl_->rank; }
 int Communicator::size() const noexcept { return impl_->size; }
 
-int Communicator::local_rank() const noexcept {
-  try {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->compute_locality();
-    return impl_->locality->first;
-  } catch (...) {
-    return 0;
-  }
+int Communicator::local_rank() const {
+  return impl_->compute_locality().first;
 }
 
-int Communicator::local_size() const noexcept {
-  try {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->compute_locality();
-    return impl_->locality->second;
-  } catch (...) {
-    return 1;
-  }
+int Communicator::local_size() const {
+  return impl_->compute_locality().second;
 }
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
@@ -286,9 +316,6 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
                                    << "version; pass an empty codec or \"none\"");
   BRAID_CHECK(options.algorithm <= Algorithm::hierarchical, InvalidUsage,
               "allreduce: unknown algorithm value " << static_cast<int>(options.algorithm));
-  BRAID_CHECK(!impl_->engine->failed(), Aborted,
-              "allreduce on rank " << impl_->rank << ": the communicator has failed earlier: "
-                                   << impl_->engine->reason());
   Algorithm algo = options.algorithm;
   if (algo == Algorithm::automatic && impl_->cfg.algo != "auto") algo = *parse_algorithm(impl_->cfg.algo);
   PlanRequest req;
@@ -304,8 +331,6 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
 }
 
 Work Communicator::barrier(const BarrierOptions& options) {
-  BRAID_CHECK(!impl_->engine->failed(), Aborted,
-              "barrier on rank " << impl_->rank << ": the communicator has failed earlier: " << impl_->engine->reason());
   auto buf = std::make_shared<std::array<std::int32_t, 2>>();
   PlanRequest req;
   req.collective = Collective::allreduce;

@@ -44,7 +44,7 @@ struct Communicator::Impl {
   std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive);
-  void compute_locality() const;
+  std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what);
   std::atomic<std::uint64_t> next_check{0};
 };

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 namespace braid::core {
@@ -30,6 +31,11 @@ class StoreDirectory final : public transport::PeerDirectory {
   }
   std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) override {
     return store_->get("peer/" + std::to_string(peer) + "/" + key, timeout);
+  }
+  std::optional<std::string> try_lookup(int peer, const std::string& key) override {
+    const std::string k = "peer/" + std::to_string(peer) + "/" + key;
+    if (!store_->check({k})) return std::nullopt;
+    return store_->get(k, std::chrono::seconds(10));
   }
 
  private:
@@ -176,7 +182,10 @@ bool Engine::start_next() {
   queue_.pop_front();
   ex->plan = ex->op.plan.get();
   ex->elem = dtype_size(ex->op.dtype);
-  ex->deadline = Clock::now() + ex->op.timeout;
+  const auto now = Clock::now();
+  ex->deadline = ex->op.timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
+                     ? Clock::time_point::max()
+                     : now + ex->op.timeout;
   const Plan& p = *ex->plan;
   ex->state.assign(p.steps.size(), kWaiting);
   ex->req.resize(p.steps.size());
@@ -229,7 +238,7 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
 }
 
 void Engine::fail_current(std::exception_ptr error, const std::string& reason) {
-  int blame = -1;
+  int blame = timeout_blame_;
   try {
     std::rethrow_exception(error);
   } catch (const RemoteError& e) {
@@ -370,27 +379,44 @@ void Engine::run() noexcept {
     return any;
   };
 
-  for (;;) {
-    bool progressed = false;
-    if (abort_requested_.load() && !failed_.load()) {
-      const std::string why = reason();
-      fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
-                                                 (current_ ? current_->op.name + ": " : std::string()) +
-                                                     "aborted: " + why)),
-                   "aborted: " + why);
-    }
-    if (!current_) {
-      if (!start_next()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_ && queue_.empty()) break;
-      } else {
-        progressed = true;
+  // Fails the running operation when a peer it still has to send to has gone away:
+  // that peer will never read, even if nothing is posted on its connection yet (its
+  // receives may still be buffered, so only remaining sends count).
+  auto check_peers = [&](Exec& ex) {
+    for (std::size_t q = 0; q < ex.plan->peers.size(); ++q) {
+      std::string why;
+      if (ex.send_head[q] < ex.sendq[q].size() && ex.conns[q]->broken(&why)) {
+        const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+        ex.req[i].state = transport::Request::State::failed;
+        ex.req[i].error = why;
+        ex.req[i].failed_peer = ex.plan->peers[q];
+        ex.req[i].peer_closed = true;
+        std::rethrow_exception(peer_error(ex, i));
       }
     }
-    if (transport_ && !failed_.load()) progressed |= transport_->progress();
-    if (current_) {
-      Exec& ex = *current_;
-      try {
+  };
+
+  for (;;) {
+    bool progressed = false;
+    try {
+      if (abort_requested_.load() && !failed_.load()) {
+        const std::string why = reason();
+        fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
+                                                   (current_ ? current_->op.name + ": " : std::string()) +
+                                                       "aborted: " + why)),
+                     "aborted: " + why);
+      }
+      if (!current_) {
+        if (!start_next()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stop_ && queue_.empty()) break;
+        } else {
+          progressed = true;
+        }
+      }
+      if (transport_ && !failed_.load()) progressed |= transport_->progress();
+      if (current_) {
+        Exec& ex = *current_;
         progressed |= reap(ex);
         progressed |= post_ready(ex);
         if (ex.done == ex.plan->steps.size()) {
@@ -399,44 +425,63 @@ void Engine::run() noexcept {
           current_.reset();
           continue;
         }
+        if (!progressed) check_peers(ex);
         if (Clock::now() > ex.deadline) {
           std::ostringstream os;
           os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
              << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
           int shown = 0;
+          std::sort(ex.inflight.begin(), ex.inflight.end());
           for (std::uint32_t i : ex.inflight)
             if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
                                 << ex.plan->steps[i].peer << ")";
           if (ex.inflight.empty()) os << " nothing posted (dependencies)";
           os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
                 "raise BRAID_TIMEOUT if the job is just slow.";
+          // Blame the peer of the oldest transfer still in flight: the one this rank
+          // was waiting for.
+          int blame = -1;
+          for (std::uint32_t i : ex.inflight)
+            if (blame < 0 || i < static_cast<std::uint32_t>(blame)) blame = static_cast<int>(i);
+          blame = blame >= 0 ? ex.plan->steps[static_cast<std::uint32_t>(blame)].peer : -1;
+          timeout_blame_ = blame;
           fail_current(std::make_exception_ptr(TimeoutError(os.str())), os.str());
+          timeout_blame_ = -1;
           continue;
         }
-      } catch (const Error& e) {
-        fail_current(std::current_exception(), e.what());
-        continue;
-      } catch (const std::exception& e) {
-        const std::string msg = ex.op.name + ": internal error: " + e.what();
-        fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg);
-        continue;
       }
+    } catch (const Error& e) {
+      fail_current(std::current_exception(), (current_ ? "" : "progress engine: ") + std::string(e.what()));
+      continue;
+    } catch (const std::exception& e) {
+      const std::string msg = (current_ ? current_->op.name + ": " : std::string("progress engine: ")) +
+                              "internal error: " + e.what();
+      fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg);
+      continue;
     }
     const auto now = Clock::now();
     if (progressed) {
       last_progress = now;
       continue;
     }
-    if (now - last_progress < spin) {
-      poller_->wait(0);
-      continue;
+    try {
+      if (now - last_progress < spin) {
+        poller_->wait(0);
+        continue;
+      }
+      int wait_ms = -1;
+      if (current_) {
+        const auto left = current_->deadline == Clock::time_point::max()
+                              ? 1000LL
+                              : std::chrono::duration_cast<std::chrono::milliseconds>(current_->deadline - now).count();
+        wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
+      }
+      poller_->wait(wait_ms);
+    } catch (const std::exception& e) {
+      const std::string msg = std::string("progress engine: waiting for events failed: ") + e.what();
+      if (!failed_.load()) fail_current(std::make_exception_ptr(Error(ErrorCode::System, msg)), msg);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // never spin on a broken poller
     }
-    int wait_ms = -1;
-    if (current_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(current_->deadline - now).count();
-      wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
-    }
-    poller_->wait(wait_ms);
   }
 }
 

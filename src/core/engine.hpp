@@ -114,6 +114,7 @@ class Engine {
   std::atomic<bool> abort_requested_{false};
 
   std::unique_ptr<Exec> current_;
+  int timeout_blame_ = -1;  ///< peer blamed in the abort record of a timeout
   std::thread thread_;
 };
 

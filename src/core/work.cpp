@@ -20,6 +20,10 @@ void Work::wait() const {
 
 bool Work::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return true;
+  if (timeout >= std::chrono::hours(24 * 365)) {  // "forever": avoid deadline overflow
+    wait();
+    return true;
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) return false;
   if (state_->error) std::rethrow_exception(state_->error);

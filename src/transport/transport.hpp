@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace braid::transport {
@@ -53,6 +54,9 @@ class Connection {
   /// Queues a receive of exactly `bytes` into `buf`. The message must carry `tag`
   /// and exactly `bytes` bytes, or `req` fails with a message saying what arrived.
   virtual void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) = 0;
+  /// True once the connection has failed or the peer has closed it, even with no
+  /// request pending; `why` (if given) receives the reason naming the peer.
+  virtual bool broken(std::string* why) const = 0;
 };
 
 /// Bootstrap services a transport needs, implemented by the engine over the store.
@@ -64,6 +68,9 @@ class PeerDirectory {
   /// Looks up what `peer` published under `key`, waiting up to `timeout`.
   /// Throws braid::Error on timeout.
   virtual std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) = 0;
+  /// Same without waiting: empty when `peer` has not published `key` yet. Throws
+  /// braid::Error when the directory itself fails.
+  virtual std::optional<std::string> try_lookup(int peer, const std::string& key) = 0;
 };
 
 /// A transport instance of one communicator.

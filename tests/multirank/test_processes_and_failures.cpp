@@ -264,3 +264,81 @@ TEST(Failures, KilledRankIsNamedOnEverySurvivor) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Failures, HugeTimeoutsMeanForever) {
+  auto store = std::make_shared<TcpStore>("127.0.0.1", 0, true);
+  CommOptions copt;
+  copt.timeout = std::chrono::milliseconds::max();
+  Communicator c(store, 0, 1, copt);
+  float x = 2;
+  AllreduceOptions o;
+  o.timeout = std::chrono::milliseconds::max();
+  Work w = c.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum, o);
+  EXPECT_TRUE(w.wait(std::chrono::milliseconds::max()));
+  EXPECT_EQ(x, 2.f);
+  EXPECT_FALSE(c.failed());
+}
+
+// abort() from another thread unblocks a destructor that is draining a collective
+// whose peer never comes.
+TEST(Failures, AbortUnblocksADrainingDestructor) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const auto port = server->port();
+  std::atomic<bool> done{false};
+  run_threads(2, [&](int r) {
+    auto c = std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, 2);
+    if (r == 1) {
+      while (!done) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    float x = 1;
+    c->allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+    Communicator* raw = c.get();
+    std::thread killer([raw] {
+      std::this_thread::sleep_for(200ms);
+      raw->abort();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    c.reset();  // drains: blocks until the abort
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    killer.join();
+    done = true;
+  });
+}
+
+// Rank 2 never joins. Rank 1 gives up after 500 ms and closes its connections; rank
+// 0, which still has to send to rank 1 but has nothing posted on that connection,
+// must notice at once rather than wait for its own 20 s deadline.
+TEST(Failures, NeighbourFailureIsNoticedWithoutPendingRequests) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const auto port = server->port();
+  std::atomic<int> finished{0};
+  run_threads(3, [&](int r) {
+    Communicator c(std::make_shared<TcpStore>("127.0.0.1", port), r, 3);
+    if (r == 2) {
+      while (finished < 2) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    std::vector<float> x(3000, 1.f);
+    AllreduceOptions o;
+    o.timeout = r == 1 ? 500ms : 20s;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, o).wait();
+      ADD_FAILURE() << "rank " << r << " completed without rank 2";
+    } catch (const Error& e) {
+      if (r == 0) {
+        EXPECT_EQ(e.code(), ErrorCode::RemoteError) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << e.what();
+      } else {
+        EXPECT_EQ(e.code(), ErrorCode::Timeout) << e.what();
+      }
+    }
+    ++finished;
+  });
+}
+
+}  // namespace

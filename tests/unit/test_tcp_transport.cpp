@@ -25,6 +25,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,6 +79,13 @@ class RankDirectory final : public bt::PeerDirectory {
   void publish(const std::string& key, const std::string& value) override { d_.publish(rank_, key, value); }
   std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) override {
     return d_.lookup(peer, key, timeout);
+  }
+  std::optional<std::string> try_lookup(int peer, const std::string& key) override {
+    try {
+      return d_.lookup(peer, key, std::chrono::milliseconds(0));
+    } catch (const braid::TimeoutError&) {
+      return std::nullopt;
+    }
   }
 
  private:
@@ -741,7 +749,35 @@ TEST(TcpTransport, MissingPeerAddressFailsTheRequest) {
   ASSERT_TRUE(r.drive({&q}, 5s));
   ASSERT_EQ(q.state, State::failed);
   EXPECT_TRUE(contains(q.error, "cannot connect to rank 1")) << q.error;
-  EXPECT_TRUE(contains(q.error, "no 'tcp' published by rank 1")) << q.error;
+  EXPECT_TRUE(contains(q.error, "did not publish its TCP address within 100 ms")) << q.error;
+}
+
+// The address lookup never blocks the progress thread: a peer that starts late is
+// found by polling, and meanwhile progress() keeps returning at once.
+TEST(TcpTransport, LatePeerIsFoundWithoutBlockingProgress) {
+  MemDirectory dir;
+  std::uint64_t v = 42, got = 0;
+  bt::Request s, q;
+  std::thread late([&] {
+    std::this_thread::sleep_for(300ms);
+    Rank r1(dir, options(1, 2));
+    r1.to(0)->recv(&got, sizeof got, 7, &q);
+    EXPECT_TRUE(r1.drive({&q}, 10s));
+  });
+  Rank r0(dir, options(0, 2));
+  r0.to(1)->send(&v, sizeof v, 7, &s);
+  Clock::duration longest{0};
+  const auto deadline = Clock::now() + 10s;
+  while (s.state == State::pending && Clock::now() < deadline) {
+    const auto t0 = Clock::now();
+    r0.transport->progress();
+    longest = std::max(longest, Clock::now() - t0);
+    r0.poller.wait(1);
+  }
+  late.join();
+  EXPECT_EQ(s.state, State::done) << s.error;
+  EXPECT_EQ(got, 42u);
+  EXPECT_LT(longest, 50ms) << "progress() blocked while the peer's address was missing";
 }
 
 // ---------------------------------------------------------------------------

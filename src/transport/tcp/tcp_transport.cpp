@@ -48,6 +48,7 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -183,7 +184,7 @@ class TcpTransport;
 
 class TcpConnection final : public Connection {
  public:
-  enum class Setup : std::uint8_t { idle, wanted, connecting, done };
+  enum class Setup : std::uint8_t { idle, wanted, lookup, connecting, done };
 
   TcpConnection(TcpTransport& t, int peer, int my_rank, int sockets)
       : t_(t), peer_(peer), connector_(my_rank < peer) {
@@ -199,6 +200,17 @@ class TcpConnection final : public Connection {
   int peer() const noexcept override { return peer_; }
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  bool broken(std::string* why) const override {
+    if (failed_) {
+      if (why) *why = error_;
+      return true;
+    }
+    if (eof_seen_) {
+      if (why) *why = who() + " closed by peer";
+      return true;
+    }
+    return false;
+  }
 
   /// "connection to rank 3 (10.0.0.2:4567)" for error messages.
   std::string who() const {
@@ -215,6 +227,9 @@ class TcpConnection final : public Connection {
   sockaddr_in addr_{};
   std::string addr_text_;
   Clock::time_point deadline_{};
+  Clock::time_point lookup_deadline_{};  // give up waiting for the peer's address
+  Clock::time_point lookup_retry_at_{};
+  milliseconds lookup_backoff_{1};
   int last_errno_ = 0;
 
   Ring<SendOp> sends_;
@@ -866,16 +881,38 @@ bool TcpTransport::complete(TcpConnection& c) {
 // Connecting (the lower rank of a pair).
 
 void TcpTransport::start_connect(TcpConnection& c) {
-  c.setup_ = TcpConnection::Setup::connecting;
-  std::string value;
+  // The peer's address comes from the store. Never block the progress thread on it
+  // (the engine must keep honouring deadlines and abort()): poll without waiting,
+  // with backoff, until connect_timeout.
+  const auto now = Clock::now();
+  if (c.setup_ == TcpConnection::Setup::wanted) {
+    c.lookup_deadline_ = now + opts_.connect_timeout;
+    c.lookup_backoff_ = milliseconds(1);
+  }
+  c.setup_ = TcpConnection::Setup::lookup;
+  std::optional<std::string> found;
   try {
-    value = directory_.lookup(c.peer_, "tcp", opts_.connect_timeout);
+    found = directory_.try_lookup(c.peer_, "tcp");
   } catch (const std::exception& e) {
     fail(c, "cannot connect to rank " + std::to_string(c.peer_) +
                 ": looking up its TCP address failed: " + e.what(),
          false, c.peer_);
     return;
   }
+  if (!found) {
+    if (now >= c.lookup_deadline_) {
+      fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": it did not publish its TCP address within " +
+                  std::to_string(opts_.connect_timeout.count()) + " ms (has it started?)",
+           false, c.peer_);
+      return;
+    }
+    c.lookup_retry_at_ = now + c.lookup_backoff_;
+    c.lookup_backoff_ = std::min(c.lookup_backoff_ * 2, milliseconds(50));
+    deadlines_dirty_ = true;
+    return;
+  }
+  const std::string& value = *found;
+  c.setup_ = TcpConnection::Setup::connecting;
   if (!parse_addr(value, &c.addr_)) {
     fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": it published the TCP address '" +
                 value.substr(0, 80) + "', expected ip:port",
@@ -1110,6 +1147,10 @@ void TcpTransport::service_deadlines() {
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
   for (TcpConnection* c : conns_) {
+    if (!c->failed_ && c->setup_ == TcpConnection::Setup::lookup) {
+      if (now >= c->lookup_retry_at_) start_connect(*c);
+      if (!c->failed_ && c->setup_ == TcpConnection::Setup::lookup) next = std::min(next, c->lookup_retry_at_);
+    }
     if (c->failed_ || c->setup_ != TcpConnection::Setup::connecting) continue;
     for (auto& sp : c->socks_) {
       if (c->failed_) break;
