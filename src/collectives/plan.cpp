@@ -21,6 +21,16 @@ const char* to_string(Collective c) noexcept {
   return "?";
 }
 
+BufferCounts buffer_counts(const PlanRequest& req) noexcept {
+  const std::uint64_t n = static_cast<std::uint64_t>(req.world), c = req.count;
+  switch (req.collective) {
+    case Collective::allgather: return {c, c * n};
+    case Collective::reduce_scatter: return {c * n, c};
+    case Collective::alltoall: return {c * n, c * n};
+    default: return {c, c};
+  }
+}
+
 std::uint32_t Plan::add(Step step, std::initializer_list<std::uint32_t> deps_of) {
   return add(step, std::vector<std::uint32_t>(deps_of));
 }
@@ -43,12 +53,12 @@ std::uint32_t Plan::add(Step step, const std::vector<std::uint32_t>& deps_of) {
 void Plan::seal() {
   std::set<int> p;
   for (const auto& s : steps)
-    if (s.kind != StepKind::copy) p.insert(s.peer);
+    if (s.kind != StepKind::copy && s.kind != StepKind::reduce) p.insert(s.peer);
   peers.assign(p.begin(), p.end());
 }
 
 std::string Plan::describe() const {
-  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy"};
+  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce"};
   static const char* bufs[] = {"in", "out", "scratch"};
   std::ostringstream os;
   os << to_string(request.collective) << "/" << braid::to_string(request.algorithm) << " rank "
@@ -60,6 +70,8 @@ std::string Plan::describe() const {
     if (s.peer >= 0) os << " peer " << s.peer;
     if (s.kind != StepKind::recv)
       os << " src " << bufs[static_cast<int>(s.src.buf)] << "[" << s.src.offset << "+" << s.src.count << "]";
+    if (s.kind == StepKind::reduce)
+      os << " src2 " << bufs[static_cast<int>(s.src2.buf)] << "[" << s.src2.offset << "+" << s.src2.count << "]";
     if (s.kind != StepKind::send)
       os << " dst " << bufs[static_cast<int>(s.dst.buf)] << "[" << s.dst.offset << "+" << s.dst.count << "]";
     if (s.finalize) os << " finalize";

@@ -52,6 +52,7 @@ enum class StepKind : std::uint8_t {
   recv,         ///< receive from peer into dst
   recv_reduce,  ///< dst = src (op) message from peer
   copy,         ///< dst = src (local)
+  reduce,       ///< dst = src (op) src2 (local; for fixed-order reductions)
 };
 
 /// One step of one rank's plan.
@@ -60,6 +61,7 @@ struct Step {
   bool finalize = false;  ///< apply the op's finishing touch to dst when done
   std::int32_t peer = -1;
   Region src;
+  Region src2;  ///< second operand of a local reduce
   Region dst;
   std::uint32_t dep_begin = 0;  ///< dependencies are deps[dep_begin, dep_begin + dep_count)
   std::uint32_t dep_count = 0;
@@ -76,7 +78,23 @@ struct PlanRequest {
   std::size_t elem_size = 4;     ///< bytes per element, to size pipeline slices
   ReduceOp op = ReduceOp::sum;
   std::size_t slice_bytes = 512 * 1024;  ///< pipeline slice
+  int root = 0;                ///< broadcast / reduce root
+  bool deterministic = false;  ///< fixed reduction order (same bits for every algorithm)
+  /// Host index of every rank (size world), for topology-aware plans (hierarchical,
+  /// intra-host chains). Null means every rank on its own host... or unknown: plans
+  /// must work without it.
+  std::shared_ptr<const std::vector<int>> host_of;
 };
+
+/// Elements of each buffer a collective addresses on every rank: allreduce,
+/// broadcast, reduce: count / count; allgather: count / count * world;
+/// reduce_scatter: count * world / count; alltoall: count * world / count * world.
+/// (`count` is PlanRequest::count, i.e. the per-call count the API takes.)
+struct BufferCounts {
+  std::uint64_t input = 0;
+  std::uint64_t output = 0;
+};
+BufferCounts buffer_counts(const PlanRequest& req) noexcept;
 
 /// The steps of one rank, plus indexes the executor and verifier use.
 struct Plan {

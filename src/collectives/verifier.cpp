@@ -144,6 +144,25 @@ struct Sim {
         }
         rs.state[i] = kPosted;
         break;
+      case StepKind::reduce: {
+        check_bounds(rs, i, s.src);
+        check_bounds(rs, i, s.src2);
+        check_bounds(rs, i, s.dst);
+        if (s.src.count != s.dst.count || s.src2.count != s.dst.count) fail(rs, i, "reduce with operands of different sizes");
+        auto a = read(rs, i, s.src);
+        auto b = read(rs, i, s.src2);
+        lock_write(rs, i, s.dst);
+        unlock_write(rs, s.dst);
+        auto& d = rs.buf[rs.slot(s.dst.buf)];
+        for (std::uint64_t e = 0; e < s.dst.count; ++e) {
+          if (a[e].finalized || b[e].finalized) fail(rs, i, "reduces an element that was already finalized");
+          if (a[e].mask & b[e].mask) fail(rs, i, "counts a contribution twice at element " + std::to_string(s.dst.offset + e));
+          d[s.dst.offset + e] = Elem{a[e].mask | b[e].mask, false};
+        }
+        if (s.finalize) finalize(rs, i, s.dst);
+        complete(rs, i);
+        break;
+      }
       case StepKind::copy: {
         check_bounds(rs, i, s.src);
         check_bounds(rs, i, s.dst);
@@ -238,7 +257,7 @@ VerifyResult verify_plans(const PlanRequest& base, bool in_place, std::uint64_t 
         const Step& s = rs.plan->steps[i];
         for (std::uint32_t d = 0; d < s.dep_count; ++d)
           if (rs.plan->deps[s.dep_begin + d] >= i) sim.fail(rs, i, "depends on a later step");
-        if (s.kind == StepKind::copy) {
+        if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
           rs.localq.push_back(i);
           continue;
         }
@@ -296,7 +315,7 @@ VerifyResult verify_plans(const PlanRequest& base, bool in_place, std::uint64_t 
       const auto p = static_cast<std::size_t>(s.peer < 0 ? 0 : s.peer);
       if (a.kind == 0) {
         if (s.kind == StepKind::send) ++rs.send_head[p], psend[ri][p].push_back(a.step);
-        else if (s.kind == StepKind::copy) ++rs.local_head;
+        else if (s.kind == StepKind::copy || s.kind == StepKind::reduce) ++rs.local_head;
         else ++rs.recv_head[p], precv[ri][p].push_back(a.step);
         sim.post(rs, a.step);
       } else if (a.kind == 1) {

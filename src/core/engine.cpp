@@ -54,6 +54,7 @@ const char* kind_name(StepKind k) {
     case StepKind::recv: return "receive from";
     case StepKind::recv_reduce: return "receive-and-reduce from";
     case StepKind::copy: return "copy";
+    case StepKind::reduce: return "reduce";
   }
   return "?";
 }
@@ -197,7 +198,7 @@ bool Engine::start_next() {
   ex->scratch.resize(p.scratch_count * ex->elem);
   for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
-    if (s.kind == StepKind::copy) {
+    if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
       ex->localq.push_back(i);
       continue;
     }
@@ -351,7 +352,10 @@ void Engine::run() noexcept {
       const std::uint32_t i = ex.localq[ex.local_head];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
-      if (ex.ptr(s.dst) != ex.ptr(s.src)) std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+      if (s.kind == StepKind::reduce)
+        kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
+      else if (ex.ptr(s.dst) != ex.ptr(s.src))
+        std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
       finish_step(ex, i);
       ++ex.local_head;
       any = true;
@@ -476,6 +480,7 @@ void Engine::run() noexcept {
                               : std::chrono::duration_cast<std::chrono::milliseconds>(current_->deadline - now).count();
         wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
       }
+      if (transport_ && !failed_.load() && !transport_->prepare_sleep()) continue;
       poller_->wait(wait_ms);
     } catch (const std::exception& e) {
       const std::string msg = std::string("progress engine: waiting for events failed: ") + e.what();

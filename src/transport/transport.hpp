@@ -89,6 +89,11 @@ class Transport {
   /// Fails every pending request with `reason` and closes every connection.
   /// Called on abort and shutdown. Idempotent.
   virtual void close_all(const std::string& reason) = 0;
+  /// Called by the engine right before it blocks in Poller::wait. A transport whose
+  /// peers signal it without file descriptors (shared memory) arms its wake-ups here
+  /// and returns false if work arrived meanwhile, in which case the engine does not
+  /// block. Socket transports need nothing: their fds are in the poller.
+  virtual bool prepare_sleep() { return true; }
 };
 
 }  // namespace braid::transport
