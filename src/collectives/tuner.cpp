@@ -1,0 +1,123 @@
+// The tuner (see tuner.hpp): price every algorithm build_plan accepts, take the cheapest.
+#include "collectives/tuner.hpp"
+
+#include <braid/error.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string_view>
+
+namespace braid::collectives {
+
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  if (u == 0 || bytes == std::floor(bytes)) std::snprintf(buf, sizeof buf, "%.0f %s", bytes, units[u]);
+  else std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[u]);
+  return buf;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3g s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.3g us", s * 1e6);
+  return buf;
+}
+
+std::string explain(Collective collective, double bytes, int world, int hosts, const Choice& choice) {
+  std::string s = std::string(to_string(collective)) + " " + format_bytes(bytes) + " x " + std::to_string(world) +
+                  (world == 1 ? " rank" : " ranks") + " on " + std::to_string(hosts) + (hosts == 1 ? " host" : " hosts") +
+                  ":";
+  for (std::size_t i = 0; i < choice.candidates.size(); ++i) {
+    s += i ? ", " : " ";
+    s += std::string(braid::to_string(choice.candidates[i].algorithm)) + " " + format_seconds(choice.candidates[i].seconds);
+  }
+  s += " -> " + std::string(braid::to_string(choice.algorithm));
+  return s;
+}
+
+Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size, ReduceOp op, int world,
+              const Topology& topo, const CostModel& model, const TuneOptions& options) {
+  PlanRequest req;
+  req.collective = collective;
+  req.world = world;
+  req.count = count;
+  req.elem_size = elem_size;
+  req.op = op;
+  req.slice_bytes = options.slice_bytes;
+  req.root = options.root;
+  req.deterministic = options.deterministic;
+  req.host_of = std::make_shared<const std::vector<int>>(
+      topo.host_of.empty() ? std::vector<int>(static_cast<std::size_t>(std::max(world, 0)), 0) : topo.host_of);
+
+  Choice choice;
+  std::optional<Error> first_error;
+  // Every value of the Algorithm enum (to_string names it), automatic excluded: new
+  // algorithms become candidates as soon as build_plan accepts them.
+  for (int a = 1; a < 64; ++a) {
+    const auto algo = static_cast<Algorithm>(a);
+    if (braid::to_string(algo) == std::string_view("invalid")) continue;
+    req.algorithm = algo;
+    req.rank = 0;
+    try {
+      // build_plan may resolve one algorithm to another (an alias): price each once.
+      if (build_plan(req)->request.algorithm != algo) continue;
+      choice.candidates.push_back({algo, predict_seconds(req, topo, model)});
+    } catch (const Error& e) {
+      if (!first_error) first_error = e;
+    }
+  }
+  if (choice.candidates.empty()) {
+    if (first_error) throw *first_error;
+    throw Error(ErrorCode::Unsupported, std::string("no algorithm implements ") + to_string(collective));
+  }
+  choice.algorithm = choice.candidates[0].algorithm;
+  choice.seconds = choice.candidates[0].seconds;
+  for (const auto& c : choice.candidates)
+    if (c.seconds < choice.seconds) choice.algorithm = c.algorithm, choice.seconds = c.seconds;
+  choice.explanation =
+      explain(collective, size_bytes(collective, count, elem_size, world), world, topo.num_hosts(), choice);
+  return choice;
+}
+
+Tuner::Tuner(int world, Topology topo, CostModel model, TuneOptions options)
+    : world_(world), topo_(std::move(topo)), model_(model), options_(options) {
+  if (world < 1) throw Error(ErrorCode::InvalidUsage, "Tuner: world must be >= 1");
+  if (!topo_.host_of.empty() && topo_.host_of.size() != static_cast<std::size_t>(world))
+    throw Error(ErrorCode::InvalidUsage, "Tuner: topology has " + std::to_string(topo_.host_of.size()) +
+                                             " ranks for a world of " + std::to_string(world));
+}
+
+int Tuner::size_bucket(double bytes) noexcept {
+  if (bytes < 64) return static_cast<int>(bytes < 0 ? 0 : bytes);
+  return 64 + static_cast<int>(std::floor(4 * std::log2(bytes / 64)));
+}
+
+std::shared_ptr<const Choice> Tuner::choose(Collective collective, std::uint64_t count, std::size_t elem_size,
+                                            ReduceOp op, bool* first, int root, bool deterministic) {
+  const int bucket = size_bucket(size_bytes(collective, count, elem_size, world_));
+  const auto key = std::make_tuple(static_cast<int>(collective), elem_size, static_cast<int>(op), deterministic, bucket);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first) *first = false;
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  TuneOptions o = options_;
+  o.root = root;
+  o.deterministic = deterministic;
+  auto c = std::make_shared<const Choice>(
+      collectives::choose(collective, count, elem_size, op, world_, topo_, model_, o));
+  cache_.emplace(key, c);
+  if (first) *first = true;
+  return c;
+}
+
+std::size_t Tuner::cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+}  // namespace braid::collectives
