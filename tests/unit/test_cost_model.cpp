@@ -285,6 +285,63 @@ TEST(RingCost, SimulationEqualsClosedFormWithOneSlicePerChunk) {
   }
 }
 
+// Recursive halving-doubling for powers of two, one message per step, written here
+// by hand: a log-depth exchange pattern (a different partner at every step) for the
+// simulation to agree with its closed form, independent of what build_plan offers.
+void halving_doubling(int r, Plan& p) {
+  const std::uint64_t n = static_cast<std::uint64_t>(p.request.world), count = p.request.count;
+  struct Level { std::uint64_t lo, hi, keep_lo, keep_hi; int partner; std::uint32_t sent; };
+  std::vector<Level> levels;
+  std::uint64_t lo = 0, hi = count;
+  std::uint32_t last = kNoStep;
+  for (std::uint64_t d = n / 2; d >= 1; d /= 2) {  // reduce-scatter, far partners first
+    const int partner = r ^ static_cast<int>(d);
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    const bool low = (static_cast<std::uint64_t>(r) & d) == 0;
+    const std::uint64_t klo = low ? lo : mid, khi = low ? mid : hi, slo = low ? mid : lo, shi = low ? hi : mid;
+    const Buffer from = levels.empty() ? Buffer::input : Buffer::output;
+    Step snd = send_to(partner, shi - slo);
+    snd.src = {from, slo, shi - slo};
+    const auto sent = p.add(snd, {last});
+    Step rr = recv_from(partner, khi - klo, true);
+    rr.src = {from, klo, khi - klo};
+    rr.dst = {Buffer::output, klo, khi - klo};
+    last = p.add(rr, {last});
+    levels.push_back({lo, hi, klo, khi, partner, sent});
+    lo = klo, hi = khi;
+  }
+  std::vector<std::uint32_t> written{last};
+  for (auto it = levels.rbegin(); it != levels.rend(); ++it) {  // all-gather, near partners first
+    Step snd = send_to(it->partner, it->keep_hi - it->keep_lo);
+    snd.src = {Buffer::output, it->keep_lo, it->keep_hi - it->keep_lo};
+    p.add(snd, written);
+    const std::uint64_t olo = it->keep_lo == it->lo ? it->keep_hi : it->lo;
+    const std::uint64_t ohi = it->keep_lo == it->lo ? it->hi : it->keep_lo;
+    Step rcv = recv_from(it->partner, ohi - olo);
+    rcv.dst = {Buffer::output, olo, ohi - olo};
+    written.push_back(p.add(rcv, {it->sent}));
+  }
+}
+
+TEST(RhdCost, SimulationOfAHandWrittenHalvingDoublingEqualsItsClosedForm) {
+  const CostModel m = test_model();
+  for (int n : {2, 4, 8, 32, 64}) {
+    // It is an all-reduce (the verifier proves it), ...
+    const auto v = verify_plans(request(n, 3ull * n), false, 1, hand_made(halving_doubling));
+    ASSERT_TRUE(v.ok) << "n=" << n << ": " << v.error;
+    // ... and its simulated time is the formula's.
+    const std::uint64_t count = 1024ull * n;
+    for (LinkClass cls : {LinkClass::shm, LinkClass::ib}) {
+      CostModel mm = m;
+      mm[cls].eager = cls == LinkClass::shm;
+      const auto p = simulate(request(n, count), Topology::single_host(n, cls), mm, {}, hand_made(halving_doubling));
+      const double cf = closed_form_seconds(Collective::allreduce, Algorithm::rhd, n, 4.0 * count, mm[cls], mm.gamma);
+      EXPECT_NEAR(p.seconds, cf, 1e-9 * cf) << to_string(cls) << " n=" << n;
+      EXPECT_EQ(p.messages, 2ull * n * static_cast<std::uint64_t>(std::log2(n)));
+    }
+  }
+}
+
 TEST(RingCost, PipelinedRingStaysBetweenBandwidthBoundAndUnslicedClosedForm) {
   CostModel m = test_model();
   m.gamma = 0.25e-9;  // reductions faster than the link, so that slices can hide them
