@@ -6,8 +6,9 @@
 // matching receive of a send, reverse dependencies) and then processes events in time
 // order. Ports and compute are reserved when a step is posted or becomes ready, in
 // time order, so transfers sharing a port serialize first come first served. Events
-// at the current time go through a FIFO instead of the heap: most of a plan's steps
-// (receives landing on posted steps, chains of posted queue entries) start "now".
+// at the current time go through a FIFO (most of a plan's steps start "now": receives
+// landing on posted steps, chains of posted queue entries), future ones into one
+// bucket per distinct time under a heap of times.
 #include "collectives/cost.hpp"
 
 #include <braid/error.hpp>
@@ -19,6 +20,7 @@
 #include <limits>
 #include <queue>
 #include <sstream>
+#include <unordered_map>
 
 namespace braid::collectives {
 
@@ -155,13 +157,12 @@ constexpr std::uint32_t kNone = 0xffffffffu;
 enum : std::uint8_t { kPrevPosted = 1, kPosted = 2, kArrived = 4, kDone = 8, kWaiting = 16 };
 
 // An event: step g (low 31 bits) is done (type bit clear) or its message has landed
-// (type bit set), at time t. Ordered by (t, g_type): deterministic.
+// (type bit set), at time t.
 constexpr std::uint32_t kArriveBit = 0x80000000u;
 struct Event {
   double t;
   std::uint32_t g_type;
   std::int32_t rank;
-  bool operator>(const Event& o) const { return t != o.t ? t > o.t : g_type > o.g_type; }
 };
 
 // One step of one rank, as the simulation needs it (32 bytes: one cache line holds two).
@@ -203,16 +204,37 @@ struct Sim {
   // Event processing.
   double now = 0, makespan = 0;
   std::uint64_t done = 0;
-  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> heap;
-  std::vector<Event> fifo;
+  std::vector<Event> fifo;  // events due now
   std::size_t fifo_head = 0;
+  // Future events, grouped by time: a heap of distinct times and one bucket of events
+  // per time, handled in the order they were scheduled. Plans are symmetric enough
+  // that many events share a time (every rank of a ring finishes a step at once), so
+  // this takes far fewer heap operations than a heap of events.
+  std::priority_queue<double, std::vector<double>, std::greater<double>> times;
+  std::unordered_map<double, std::uint32_t> bucket_of;
+  std::vector<std::vector<Event>> buckets;
+  std::vector<std::uint32_t> free_buckets;
 
   std::uint64_t num_steps() const { return st.empty() ? 0 : st.size() - 1; }
 
   void schedule(double t, std::uint32_t g_type, std::int32_t rank) {
     const Event e{t, g_type, rank};
-    if (t <= now) fifo.push_back(e);
-    else heap.push(e);
+    if (t <= now) {
+      fifo.push_back(e);
+      return;
+    }
+    const auto [it, fresh] = bucket_of.try_emplace(t, 0u);
+    if (fresh) {
+      if (free_buckets.empty()) {
+        it->second = static_cast<std::uint32_t>(buckets.size());
+        buckets.emplace_back();
+      } else {
+        it->second = free_buckets.back();
+        free_buckets.pop_back();
+      }
+      times.push(t);
+    }
+    buckets[it->second].push_back(e);
   }
 
   void add_rank(int r, const Plan& plan) {
@@ -427,18 +449,31 @@ struct Sim {
       for (std::uint32_t g = rank_begin[r]; g < rank_begin[r + 1]; ++g)
         if (st[g].deps_left == 0 && (st[g].flags & kPrevPosted) && !(st[g].flags & kPosted))
           post(g, static_cast<std::int32_t>(r), 0.0);
-    for (;;) {
+    auto drain = [this] {
       while (fifo_head < fifo.size()) {
         const Event e = fifo[fifo_head++];
         handle(e);
       }
       fifo.clear();
       fifo_head = 0;
-      if (heap.empty()) break;
-      const Event e = heap.top();
-      heap.pop();
-      now = e.t;
-      handle(e);
+    };
+    std::vector<Event> cur;
+    for (;;) {
+      drain();
+      if (times.empty()) break;
+      now = times.top();
+      times.pop();
+      const auto it = bucket_of.find(now);
+      const std::uint32_t b = it->second;
+      bucket_of.erase(it);
+      cur.swap(buckets[b]);  // handling may add buckets: do not hold a reference
+      for (const Event& e : cur) {
+        handle(e);
+        drain();
+      }
+      cur.clear();
+      buckets[b].swap(cur);
+      free_buckets.push_back(b);
     }
     if (done != num_steps()) {
       for (std::size_t r = 0; r < world; ++r)
