@@ -153,6 +153,8 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.auth_token = token;
   eo.comm_id = comm_id;
   eo.connect_timeout = timeout;
+  eo.transport_mode = cfg.transport;
+  eo.host_id = host_identity(cfg);
   engine = std::make_unique<core::Engine>(eo, store);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");

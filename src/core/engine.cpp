@@ -78,6 +78,7 @@ struct Engine::Exec {
   std::vector<std::uint32_t> inflight;
   std::size_t done = 0;
   std::vector<std::byte> scratch;
+  bool routed = false;  ///< every peer has a connection
 
   std::byte* ptr(const Region& r) const {
     std::byte* base = r.buf == Buffer::input    ? static_cast<std::byte*>(const_cast<void*>(op.input))
@@ -92,6 +93,7 @@ struct Engine::Exec {
     return true;
   }
   std::uint64_t tag(std::size_t index_in_queue) const {
+    if (op.p2p) return op.tag_base;
     return (op.seq << 24) | (index_in_queue & 0xffffff);
   }
   std::string where(std::uint32_t i) const {
@@ -121,8 +123,9 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     t.comm_id = opt_.comm_id;
     t.connect_timeout = opt_.connect_timeout;
     t.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
-    transport_ = transport::make_tcp_transport(t, *poller_, *directory_);
+    transports_.push_back(transport::make_tcp_transport(t, *poller_, *directory_));
   }
+  route_.assign(static_cast<std::size_t>(opt_.size), -1);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -134,7 +137,7 @@ Engine::~Engine() {
   }
   poller_->wake();
   if (thread_.joinable()) thread_.join();
-  if (transport_) transport_->close_all("communicator " + opt_.comm_name + " destroyed");
+  for (auto& t : transports_) t->close_all("communicator " + opt_.comm_name + " destroyed");
 }
 
 void Engine::submit(Operation op) {
@@ -171,45 +174,85 @@ void Engine::drain() noexcept {
   idle_cv_.wait(lock, [&] { return !busy_; });
 }
 
-bool Engine::start_next() {
+bool Engine::admit() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.empty()) {
-    busy_ = false;
-    idle_cv_.notify_all();
-    return false;
+  bool any = false;
+  for (;;) {
+    if (queue_.empty()) {
+      if (active_.empty()) {
+        busy_ = false;
+        idle_cv_.notify_all();
+      }
+      return any;
+    }
+    // A collective runs alone; point-to-point operations run together with the
+    // point-to-point operations next to them (as in an NCCL group).
+    if (!active_.empty() && !(queue_.front().p2p && active_.back()->op.p2p)) return any;
+    auto ex = std::make_unique<Exec>();
+    ex->op = std::move(queue_.front());
+    queue_.pop_front();
+    ex->plan = ex->op.plan.get();
+    ex->elem = dtype_size(ex->op.dtype);
+    const auto now = Clock::now();
+    ex->deadline = ex->op.timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
+                       ? Clock::time_point::max()
+                       : now + ex->op.timeout;
+    const Plan& p = *ex->plan;
+    ex->state.assign(p.steps.size(), kWaiting);
+    ex->req.resize(p.steps.size());
+    ex->staging_of.assign(p.steps.size(), -1);
+    ex->sendq.resize(p.peers.size());
+    ex->recvq.resize(p.peers.size());
+    ex->send_head.assign(p.peers.size(), 0);
+    ex->recv_head.assign(p.peers.size(), 0);
+    ex->conns.assign(p.peers.size(), nullptr);
+    ex->scratch.resize(p.scratch_count * ex->elem);
+    for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
+      const Step& s = p.steps[i];
+      if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
+        ex->localq.push_back(i);
+        continue;
+      }
+      const auto pos = static_cast<std::size_t>(std::lower_bound(p.peers.begin(), p.peers.end(), s.peer) - p.peers.begin());
+      (s.kind == StepKind::send ? ex->sendq : ex->recvq)[pos].push_back(i);
+    }
+    BRAID_LOG(trace, "start " << ex->op.name << " with " << p.steps.size() << " steps");
+    active_.push_back(std::move(ex));
+    any = true;
   }
-  auto ex = std::make_unique<Exec>();
-  ex->op = std::move(queue_.front());
-  queue_.pop_front();
-  ex->plan = ex->op.plan.get();
-  ex->elem = dtype_size(ex->op.dtype);
-  const auto now = Clock::now();
-  ex->deadline = ex->op.timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
-                     ? Clock::time_point::max()
-                     : now + ex->op.timeout;
-  const Plan& p = *ex->plan;
-  ex->state.assign(p.steps.size(), kWaiting);
-  ex->req.resize(p.steps.size());
-  ex->staging_of.assign(p.steps.size(), -1);
-  ex->sendq.resize(p.peers.size());
-  ex->recvq.resize(p.peers.size());
-  ex->send_head.assign(p.peers.size(), 0);
-  ex->recv_head.assign(p.peers.size(), 0);
-  ex->scratch.resize(p.scratch_count * ex->elem);
-  for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
-    const Step& s = p.steps[i];
-    if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
-      ex->localq.push_back(i);
+}
+
+int Engine::transport_for(int peer) {
+  int& r = route_[static_cast<std::size_t>(peer)];
+  if (r >= 0) return r;
+  const bool have_shm = transports_.size() > 1;
+  if (opt_.transport_mode == "tcp" || !have_shm) return r = 0;
+  if (opt_.transport_mode == "shm") return r = 1;
+  // Same host (same host identity) -> shared memory. Peers publish their identity
+  // before they start their engine; do not wait for one that has not: try later.
+  const std::string key = "host/" + std::to_string(peer);
+  if (!store_->check({key})) return -1;
+  const std::string host = store_->get(key, std::chrono::seconds(10));
+  r = host == opt_.host_id ? 1 : 0;
+  BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << transports_[static_cast<std::size_t>(r)]->name()
+                           << (r == 1 ? " (same host)" : " (other host)"));
+  return r;
+}
+
+bool Engine::route(Exec& ex) {
+  // Connections are made here, lazily, only to the peers this plan uses.
+  bool all = true;
+  for (std::size_t q = 0; q < ex.conns.size(); ++q) {
+    if (ex.conns[q]) continue;
+    const int peer = ex.plan->peers[q];
+    const int t = transport_for(peer);
+    if (t < 0) {
+      all = false;
       continue;
     }
-    const auto pos = static_cast<std::size_t>(std::lower_bound(p.peers.begin(), p.peers.end(), s.peer) - p.peers.begin());
-    (s.kind == StepKind::send ? ex->sendq : ex->recvq)[pos].push_back(i);
+    ex.conns[q] = transports_[static_cast<std::size_t>(t)]->connection(peer);
   }
-  current_ = std::move(ex);
-  // Connections are made here, lazily, only to the peers this plan uses.
-  for (int peer : p.peers) current_->conns.push_back(transport_->connection(peer));
-  BRAID_LOG(trace, "start " << current_->op.name << " with " << p.steps.size() << " steps");
-  return true;
+  return ex.routed = all;
 }
 
 std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
@@ -238,7 +281,7 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
   return std::make_exception_ptr(RemoteError(blame, msg));
 }
 
-void Engine::fail_current(std::exception_ptr error, const std::string& reason) {
+void Engine::fail_current(std::exception_ptr error, const std::string& reason, Exec* culprit) {
   int blame = timeout_blame_;
   try {
     std::rethrow_exception(error);
@@ -257,11 +300,17 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason) {
     store_->set("abort/" + std::to_string(opt_.rank), std::to_string(blame) + "\n" + reason);
   } catch (const std::exception&) {
   }
-  if (transport_) transport_->close_all(reason);
-  if (current_) {
-    current_->op.work->complete(error);
-    current_.reset();
+  for (auto& t : transports_) t->close_all(reason);
+  // The operation that failed gets the error itself; others running beside it
+  // (point-to-point) are aborted with the reason.
+  for (auto& ex : active_) {
+    if (ex.get() == culprit || (culprit == nullptr && ex == active_.front()))
+      ex->op.work->complete(error);
+    else
+      ex->op.work->complete(std::make_exception_ptr(
+          Error(ErrorCode::Aborted, ex->op.name + " aborted: the communicator failed: " + reason)));
   }
+  active_.clear();
   fail_all(reason);
 }
 
@@ -400,72 +449,89 @@ void Engine::run() noexcept {
     }
   };
 
+  auto deadline_error = [&](Exec& ex) {
+    std::ostringstream os;
+    os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
+       << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
+    int shown = 0;
+    std::sort(ex.inflight.begin(), ex.inflight.end());
+    for (std::uint32_t i : ex.inflight)
+      if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
+                          << ex.plan->steps[i].peer << ")";
+    if (!ex.routed) {
+      os << " ranks that have not joined yet:";
+      for (std::size_t q = 0; q < ex.conns.size(); ++q)
+        if (!ex.conns[q]) os << " " << ex.plan->peers[q];
+    } else if (ex.inflight.empty()) {
+      os << " nothing posted (dependencies)";
+    }
+    os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
+          "raise BRAID_TIMEOUT if the job is just slow.";
+    // Blame the peer of the oldest transfer still in flight: the one this rank was
+    // waiting for.
+    timeout_blame_ = ex.inflight.empty() ? -1 : ex.plan->steps[ex.inflight.front()].peer;
+    return os.str();
+  };
+
+  auto route_backoff = std::chrono::milliseconds(1);
   for (;;) {
     bool progressed = false;
+    bool unrouted = false;
+    Exec* running = nullptr;  // for blame when something throws
     try {
       if (abort_requested_.load() && !failed_.load()) {
         const std::string why = reason();
         fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
-                                                   (current_ ? current_->op.name + ": " : std::string()) +
+                                                   (active_.empty() ? std::string() : active_.front()->op.name + ": ") +
                                                        "aborted: " + why)),
                      "aborted: " + why);
       }
-      if (!current_) {
-        if (!start_next()) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (stop_ && queue_.empty()) break;
-        } else {
-          progressed = true;
-        }
+      if (admit()) progressed = true;
+      if (active_.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ && queue_.empty()) break;
       }
-      if (transport_ && !failed_.load()) progressed |= transport_->progress();
-      if (current_) {
-        Exec& ex = *current_;
-        progressed |= reap(ex);
-        progressed |= post_ready(ex);
+      if (!failed_.load())
+        for (auto& t : transports_) progressed |= t->progress();
+      for (std::size_t k = 0; k < active_.size();) {
+        Exec& ex = *active_[k];
+        running = &ex;
+        if (!ex.routed && !route(ex)) unrouted = true;
+        if (ex.routed) {
+          progressed |= reap(ex);
+          progressed |= post_ready(ex);
+        }
         if (ex.done == ex.plan->steps.size()) {
           BRAID_LOG(trace, "done " << ex.op.name);
           ex.op.work->complete();
-          current_.reset();
+          active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+          progressed = true;
           continue;
         }
-        if (!progressed) check_peers(ex);
+        if (ex.routed && !progressed) check_peers(ex);
         if (Clock::now() > ex.deadline) {
-          std::ostringstream os;
-          os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
-             << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
-          int shown = 0;
-          std::sort(ex.inflight.begin(), ex.inflight.end());
-          for (std::uint32_t i : ex.inflight)
-            if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
-                                << ex.plan->steps[i].peer << ")";
-          if (ex.inflight.empty()) os << " nothing posted (dependencies)";
-          os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
-                "raise BRAID_TIMEOUT if the job is just slow.";
-          // Blame the peer of the oldest transfer still in flight: the one this rank
-          // was waiting for.
-          int blame = -1;
-          for (std::uint32_t i : ex.inflight)
-            if (blame < 0 || i < static_cast<std::uint32_t>(blame)) blame = static_cast<int>(i);
-          blame = blame >= 0 ? ex.plan->steps[static_cast<std::uint32_t>(blame)].peer : -1;
-          timeout_blame_ = blame;
-          fail_current(std::make_exception_ptr(TimeoutError(os.str())), os.str());
+          const std::string msg = deadline_error(ex);
+          fail_current(std::make_exception_ptr(TimeoutError(msg)), msg, &ex);
           timeout_blame_ = -1;
-          continue;
+          progressed = true;  // go round again: admit() settles the idle state
+          break;
         }
+        ++k;
       }
+      running = nullptr;
     } catch (const Error& e) {
-      fail_current(std::current_exception(), (current_ ? "" : "progress engine: ") + std::string(e.what()));
+      fail_current(std::current_exception(), (running ? "" : "progress engine: ") + std::string(e.what()), running);
       continue;
     } catch (const std::exception& e) {
-      const std::string msg = (current_ ? current_->op.name + ": " : std::string("progress engine: ")) +
+      const std::string msg = (running ? running->op.name + ": " : std::string("progress engine: ")) +
                               "internal error: " + e.what();
-      fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg);
+      fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg, running);
       continue;
     }
     const auto now = Clock::now();
     if (progressed) {
       last_progress = now;
+      route_backoff = std::chrono::milliseconds(1);
       continue;
     }
     try {
@@ -473,15 +539,24 @@ void Engine::run() noexcept {
         poller_->wait(0);
         continue;
       }
-      int wait_ms = -1;
-      if (current_) {
-        const auto left = current_->deadline == Clock::time_point::max()
-                              ? 1000LL
-                              : std::chrono::duration_cast<std::chrono::milliseconds>(current_->deadline - now).count();
-        wait_ms = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
+      long long wait_ms = -1;
+      for (auto& ex : active_) {
+        const long long left =
+            ex->deadline == Clock::time_point::max()
+                ? 1000LL
+                : std::chrono::duration_cast<std::chrono::milliseconds>(ex->deadline - now).count() + 1;
+        wait_ms = wait_ms < 0 ? left : std::min(wait_ms, left);
       }
-      if (transport_ && !failed_.load() && !transport_->prepare_sleep()) continue;
-      poller_->wait(wait_ms);
+      if (wait_ms >= 0) wait_ms = std::clamp<long long>(wait_ms, 1, 1000);
+      if (unrouted) {  // a peer has not joined yet: look again soon, backing off
+        wait_ms = route_backoff.count();
+        route_backoff = std::min(route_backoff * 2, std::chrono::milliseconds(50));
+      }
+      bool sleep_ok = true;
+      if (!failed_.load())
+        for (auto& t : transports_) sleep_ok = t->prepare_sleep() && sleep_ok;
+      if (!sleep_ok) continue;
+      poller_->wait(static_cast<int>(wait_ms));
     } catch (const std::exception& e) {
       const std::string msg = std::string("progress engine: waiting for events failed: ") + e.what();
       if (!failed_.load()) fail_current(std::make_exception_ptr(Error(ErrorCode::System, msg)), msg);

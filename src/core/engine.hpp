@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace braid::transport {
 class Poller;
@@ -50,6 +51,11 @@ struct Operation {
   std::shared_ptr<detail::WorkState> work;
   std::shared_ptr<void> keepalive;  ///< buffers owned by the library (barrier)
   std::string name;                 ///< "allreduce #5 (ring, 1048576 x f32, sum)"
+  /// Point-to-point (send/recv): may run concurrently with neighbouring point-to-point
+  /// operations (so that a pair can exchange both ways without deadlock); its
+  /// messages carry `tag_base` instead of the collective sequence number.
+  bool p2p = false;
+  std::uint64_t tag_base = 0;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -66,6 +72,10 @@ struct EngineOptions {
   std::string auth_token;
   std::uint64_t comm_id = 0;
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
+  /// "auto" (same host: shm when built, else tcp), "tcp" or "shm".
+  std::string transport_mode = "auto";
+  /// This rank's host identity; peers' come from the store ("host/<rank>").
+  std::string host_id;
 };
 
 class Engine {
@@ -93,8 +103,10 @@ class Engine {
  private:
   struct Exec;
   void run() noexcept;
-  bool start_next();
-  void fail_current(std::exception_ptr error, const std::string& reason);
+  bool admit();
+  bool route(Exec& ex);
+  int transport_for(int peer);
+  void fail_current(std::exception_ptr error, const std::string& reason, Exec* culprit = nullptr);
   void fail_all(const std::string& reason);
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
 
@@ -102,7 +114,8 @@ class Engine {
   std::shared_ptr<Store> store_;
   std::unique_ptr<transport::Poller> poller_;
   std::unique_ptr<class StoreDirectory> directory_;
-  std::unique_ptr<transport::Transport> transport_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< [0] tcp, [1] shm (if built)
+  std::vector<int> route_;  ///< per peer: index into transports_, -1 = not decided yet
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
@@ -113,7 +126,7 @@ class Engine {
   std::atomic<bool> failed_{false};
   std::atomic<bool> abort_requested_{false};
 
-  std::unique_ptr<Exec> current_;
+  std::deque<std::unique_ptr<Exec>> active_;  ///< running: one collective, or several p2p ops
   int timeout_blame_ = -1;  ///< peer blamed in the abort record of a timeout
   std::thread thread_;
 };
