@@ -27,6 +27,8 @@ BufferCounts buffer_counts(const PlanRequest& req) noexcept {
     case Collective::allgather: return {c, c * n};
     case Collective::reduce_scatter: return {c * n, c};
     case Collective::alltoall: return {c * n, c * n};
+    case Collective::reduce: return {c, req.rank == req.root ? c : 0};
+    case Collective::broadcast: return {req.rank == req.root ? c : 0, c};
     default: return {c, c};
   }
 }

@@ -86,14 +86,34 @@ struct PlanRequest {
   std::shared_ptr<const std::vector<int>> host_of;
 };
 
-/// Elements of each buffer a collective addresses on every rank: allreduce,
-/// broadcast, reduce: count / count; allgather: count / count * world;
-/// reduce_scatter: count * world / count; alltoall: count * world / count * world.
-/// (`count` is PlanRequest::count, i.e. the per-call count the API takes.)
+/// Element counts of a collective's two user buffers (see buffer_counts()).
 struct BufferCounts {
   std::uint64_t input = 0;
   std::uint64_t output = 0;
 };
+
+/// Elements of the input and output buffers the plan of `req.rank` addresses (0: the
+/// plan never touches that buffer, so the caller may pass null):
+///
+/// | collective     | input         | output                 | result on rank r                       |
+/// |----------------|---------------|------------------------|----------------------------------------|
+/// | allreduce      | count         | count                  | out[i] = op over all ranks of in[i]    |
+/// | reduce         | count         | count on root, else 0  | root: out[i] = op of all in[i]         |
+/// | broadcast      | count on root, else 0 | count          | out[i] = root's in[i]                  |
+/// | allgather      | count         | count * world          | out[j*count+i] = rank j's in[i]        |
+/// | reduce_scatter | count * world | count                  | out[i] = op of all in[r*count+i]       |
+/// | alltoall       | count * world | count * world          | out[j*count+i] = rank j's in[r*count+i]|
+///
+/// (`count` is PlanRequest::count, the per-call count the API takes.) avg divides
+/// reduced elements by the world size exactly once (Step::finalize).
+///
+/// In-place calls: allreduce, reduce, broadcast and alltoall alias input and output
+/// (same pointer); allgather in place means rank r's input *is* output[r*count,
+/// (r+1)*count); reduce_scatter in place means the output *is* input[r*count,
+/// (r+1)*count). Plans never write their input buffer, and every plan is correct both
+/// in place and out of place (the verifier proves both), so one cached plan serves both
+/// kinds of call; plans also address `Plan::scratch_count` elements of scratch that
+/// the engine provides (uninitialized, private to the operation).
 BufferCounts buffer_counts(const PlanRequest& req) noexcept;
 
 /// The steps of one rank, plus indexes the executor and verifier use.

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <map>
 #include <random>
 #include <sstream>
 
@@ -13,8 +12,25 @@ namespace braid::collectives {
 
 namespace {
 
+std::uint64_t mix(std::uint64_t x) noexcept {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+std::uint64_t leaf_hash(int rank, std::uint64_t index) noexcept {
+  return mix(mix(static_cast<std::uint64_t>(rank) + 0x5bd1e995ull) ^ index);
+}
+// Commutative, not associative: the shape of the reduction tree is what counts.
+std::uint64_t combine_hash(std::uint64_t a, std::uint64_t b) noexcept {
+  const std::uint64_t lo = std::min(a, b), hi = std::max(a, b);
+  return mix(lo ^ mix(hi + 0x2545f4914f6cdd1dull));
+}
+
 struct Elem {
-  std::uint64_t mask = 0;
+  std::uint64_t mask = 0;   ///< contributing ranks; 0 = undefined
+  std::uint64_t index = 0;  ///< index in the contributors' inputs
+  std::uint64_t hash = 0;   ///< expression that produced it
   bool finalized = false;
 };
 
@@ -29,42 +45,88 @@ struct VerifyFailure {
 
 enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
 
+const char* buffer_name(Buffer b) {
+  switch (b) {
+    case Buffer::input: return "input";
+    case Buffer::output: return "output";
+    case Buffer::scratch: return "scratch";
+  }
+  return "?";
+}
+
+bool reduces(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+}
+
+// Where a plan's buffer lives in a rank's memory: storage `phys` from element `base`.
+struct View {
+  int phys = 0;
+  std::uint64_t base = 0;
+  std::uint64_t size = 0;
+};
+
 struct RankSim {
   int rank = 0;
   std::shared_ptr<const Plan> plan;
-  std::vector<Elem> buf[3];
+  View view[3];
+  std::vector<Elem> mem[3];
   std::vector<Lock> lock[3];
   std::vector<std::uint8_t> state;
-  std::vector<std::vector<std::uint32_t>> sendq, recvq;
-  std::vector<std::size_t> send_head, recv_head;
+  std::vector<int> peers;
+  std::vector<std::vector<std::uint32_t>> sendq, recvq;  // by peer rank
+  std::vector<std::size_t> send_head, recv_head;         // posted so far
+  std::vector<std::size_t> send_done, recv_done;         // completed so far
   std::vector<std::uint32_t> localq;
   std::size_t local_head = 0;
   std::size_t done = 0;
-  bool in_place = false;
+  std::size_t staging_used = 0;
 
-  int slot(Buffer b) const { return (in_place && b == Buffer::input) ? 1 : static_cast<int>(b); }
+  struct Span {
+    int phys;
+    std::uint64_t begin, end;
+  };
+  Span span(const Region& r) const {
+    const View& v = view[static_cast<int>(r.buf)];
+    return {v.phys, v.base + r.offset, v.base + r.offset + r.count};
+  }
+};
+
+struct Action {
+  std::uint32_t step;
+  std::uint8_t kind;  // 0 post, 1 complete send, 2 complete recv
 };
 
 struct Sim {
-  int world;
-  std::uint64_t full;
-  bool avg;
+  PlanRequest req;
+  VerifyOptions opt;
+  int world = 1;
+  std::uint64_t full = 0;
+  bool avg = false;
   std::vector<RankSim> ranks;
-  std::map<std::pair<int, int>, std::deque<std::vector<Elem>>> channels;
+  std::vector<std::deque<std::vector<Elem>>> channels;  // [from * world + to]
   VerifyResult result;
+
+  std::deque<std::vector<Elem>>& channel(int from, int to) {
+    return channels[static_cast<std::size_t>(from) * static_cast<std::size_t>(world) + static_cast<std::size_t>(to)];
+  }
 
   [[noreturn]] void fail(const RankSim& rs, std::uint32_t step, const std::string& what) {
     std::ostringstream os;
-    os << "rank " << rs.rank << " step " << step << " ("
-       << rs.plan->phase_names.at(rs.plan->steps[step].phase) << "): " << what;
+    const auto& names = rs.plan->phase_names;
+    const auto phase = rs.plan->steps[step].phase;
+    os << "rank " << rs.rank << " step " << step << " (" << (phase < names.size() ? names[phase] : "?")
+       << "): " << what;
     throw VerifyFailure{os.str()};
   }
 
-  void check_bounds(RankSim& rs, std::uint32_t i, const Region& r) {
-    const auto& b = rs.buf[rs.slot(r.buf)];
-    if (r.offset + r.count > b.size() || r.offset + r.count < r.offset)
-      fail(rs, i, "region [" + std::to_string(r.offset) + ", +" + std::to_string(r.count) +
-                      ") outside its buffer of " + std::to_string(b.size()) + " elements");
+  void check_region(RankSim& rs, std::uint32_t i, const Region& r, bool write) {
+    const auto b = static_cast<int>(r.buf);
+    if (b < 0 || b > 2) fail(rs, i, "names an unknown buffer");
+    const View& v = rs.view[b];
+    if (r.offset + r.count > v.size || r.offset + r.count < r.offset)
+      fail(rs, i, std::string(buffer_name(r.buf)) + " region [" + std::to_string(r.offset) + ", +" +
+                      std::to_string(r.count) + ") outside its buffer of " + std::to_string(v.size) + " elements");
+    if (write && r.buf == Buffer::input) fail(rs, i, "writes its input buffer (inputs are read-only)");
   }
 
   bool deps_done(const RankSim& rs, std::uint32_t i) const {
@@ -74,108 +136,78 @@ struct Sim {
     return true;
   }
 
+  static bool overlap(const RankSim::Span& a, const RankSim::Span& b) {
+    return a.phys == b.phys && a.begin < b.end && b.begin < a.end;
+  }
+  static bool same(const RankSim::Span& a, const RankSim::Span& b) {
+    return a.phys == b.phys && a.begin == b.begin && a.end == b.end;
+  }
+  bool needs_staging(const RankSim& rs, const Step& s) const {
+    return s.kind == StepKind::recv_reduce && s.src.count > 0 && overlap(rs.span(s.src), rs.span(s.dst));
+  }
+
   void lock_read(RankSim& rs, std::uint32_t i, const Region& r) {
-    auto& l = rs.lock[rs.slot(r.buf)];
-    for (std::uint64_t e = r.offset; e < r.offset + r.count; ++e) {
-      if (l[e].writer) fail(rs, i, "reads element " + std::to_string(e) + " while another step writes it (race)");
+    const auto sp = rs.span(r);
+    auto& l = rs.lock[sp.phys];
+    for (std::uint64_t e = sp.begin; e < sp.end; ++e) {
+      if (l[e].writer)
+        fail(rs, i, "reads " + std::string(buffer_name(r.buf)) + " element " + std::to_string(e - sp.begin + r.offset) +
+                        " while another step writes it (race)");
       ++l[e].readers;
     }
   }
   void lock_write(RankSim& rs, std::uint32_t i, const Region& r) {
-    auto& l = rs.lock[rs.slot(r.buf)];
-    for (std::uint64_t e = r.offset; e < r.offset + r.count; ++e) {
+    const auto sp = rs.span(r);
+    auto& l = rs.lock[sp.phys];
+    for (std::uint64_t e = sp.begin; e < sp.end; ++e) {
       if (l[e].writer || l[e].readers)
-        fail(rs, i, "writes element " + std::to_string(e) + " while another step uses it (race)");
+        fail(rs, i, "writes " + std::string(buffer_name(r.buf)) + " element " + std::to_string(e - sp.begin + r.offset) +
+                        " while another step uses it (race)");
       l[e].writer = true;
     }
   }
   void unlock_read(RankSim& rs, const Region& r) {
-    auto& l = rs.lock[rs.slot(r.buf)];
-    for (std::uint64_t e = r.offset; e < r.offset + r.count; ++e) --l[e].readers;
+    const auto sp = rs.span(r);
+    for (std::uint64_t e = sp.begin; e < sp.end; ++e) --rs.lock[sp.phys][e].readers;
   }
   void unlock_write(RankSim& rs, const Region& r) {
-    auto& l = rs.lock[rs.slot(r.buf)];
-    for (std::uint64_t e = r.offset; e < r.offset + r.count; ++e) l[e].writer = false;
-  }
-
-  void finalize(RankSim& rs, std::uint32_t i, const Region& r) {
-    auto& b = rs.buf[rs.slot(r.buf)];
-    for (std::uint64_t e = r.offset; e < r.offset + r.count; ++e) {
-      if (!avg) fail(rs, i, "finalizes although the op needs no finishing step");
-      if (b[e].finalized) fail(rs, i, "finalizes element " + std::to_string(e) + " twice");
-      if (b[e].mask != full) fail(rs, i, "finalizes element " + std::to_string(e) + " before all ranks contributed");
-      b[e].finalized = true;
-    }
+    const auto sp = rs.span(r);
+    for (std::uint64_t e = sp.begin; e < sp.end; ++e) rs.lock[sp.phys][e].writer = false;
   }
 
   std::vector<Elem> read(RankSim& rs, std::uint32_t i, const Region& r) {
-    const auto& b = rs.buf[rs.slot(r.buf)];
-    std::vector<Elem> out(b.begin() + static_cast<std::ptrdiff_t>(r.offset),
-                          b.begin() + static_cast<std::ptrdiff_t>(r.offset + r.count));
+    const auto sp = rs.span(r);
+    const auto& m = rs.mem[sp.phys];
+    std::vector<Elem> out(m.begin() + static_cast<std::ptrdiff_t>(sp.begin), m.begin() + static_cast<std::ptrdiff_t>(sp.end));
     for (std::uint64_t e = 0; e < out.size(); ++e)
-      if (out[e].mask == 0) fail(rs, i, "reads undefined element " + std::to_string(r.offset + e));
+      if (out[e].mask == 0)
+        fail(rs, i, "reads undefined " + std::string(buffer_name(r.buf)) + " element " + std::to_string(r.offset + e));
     return out;
   }
+  void write(RankSim& rs, const Region& r, const std::vector<Elem>& data) {
+    const auto sp = rs.span(r);
+    std::copy(data.begin(), data.end(), rs.mem[sp.phys].begin() + static_cast<std::ptrdiff_t>(sp.begin));
+  }
 
-  // Post step i of rank rs (its queue head, dependencies met).
-  void post(RankSim& rs, std::uint32_t i) {
-    const Step& s = rs.plan->steps[i];
-    switch (s.kind) {
-      case StepKind::send:
-        check_bounds(rs, i, s.src);
-        lock_read(rs, i, s.src);
-        rs.state[i] = kPosted;
-        break;
-      case StepKind::recv:
-        check_bounds(rs, i, s.dst);
-        lock_write(rs, i, s.dst);
-        rs.state[i] = kPosted;
-        break;
-      case StepKind::recv_reduce:
-        check_bounds(rs, i, s.src);
-        check_bounds(rs, i, s.dst);
-        if (s.src.count != s.dst.count) fail(rs, i, "src and dst sizes differ");
-        lock_write(rs, i, s.dst);
-        {  // src may be dst itself (in-place): only other writers conflict
-          auto& l = rs.lock[rs.slot(s.src.buf)];
-          const bool same = rs.slot(s.src.buf) == rs.slot(s.dst.buf) && s.src.offset == s.dst.offset;
-          for (std::uint64_t e = s.src.offset; e < s.src.offset + s.src.count; ++e)
-            if (l[e].writer && !same) fail(rs, i, "reads element " + std::to_string(e) + " while another step writes it (race)");
-        }
-        rs.state[i] = kPosted;
-        break;
-      case StepKind::reduce: {
-        check_bounds(rs, i, s.src);
-        check_bounds(rs, i, s.src2);
-        check_bounds(rs, i, s.dst);
-        if (s.src.count != s.dst.count || s.src2.count != s.dst.count) fail(rs, i, "reduce with operands of different sizes");
-        auto a = read(rs, i, s.src);
-        auto b = read(rs, i, s.src2);
-        lock_write(rs, i, s.dst);
-        unlock_write(rs, s.dst);
-        auto& d = rs.buf[rs.slot(s.dst.buf)];
-        for (std::uint64_t e = 0; e < s.dst.count; ++e) {
-          if (a[e].finalized || b[e].finalized) fail(rs, i, "reduces an element that was already finalized");
-          if (a[e].mask & b[e].mask) fail(rs, i, "counts a contribution twice at element " + std::to_string(s.dst.offset + e));
-          d[s.dst.offset + e] = Elem{a[e].mask | b[e].mask, false};
-        }
-        if (s.finalize) finalize(rs, i, s.dst);
-        complete(rs, i);
-        break;
-      }
-      case StepKind::copy: {
-        check_bounds(rs, i, s.src);
-        check_bounds(rs, i, s.dst);
-        if (s.src.count != s.dst.count) fail(rs, i, "copy with src and dst of different sizes");
-        auto data = read(rs, i, s.src);
-        lock_write(rs, i, s.dst);  // checks nobody else uses dst
-        unlock_write(rs, s.dst);
-        auto& b = rs.buf[rs.slot(s.dst.buf)];
-        std::copy(data.begin(), data.end(), b.begin() + static_cast<std::ptrdiff_t>(s.dst.offset));
-        if (s.finalize) finalize(rs, i, s.dst);
-        complete(rs, i);
-        break;
-      }
+  Elem reduce_one(RankSim& rs, std::uint32_t i, const Elem& a, const Elem& b, std::uint64_t at) {
+    if (a.mask == 0 || b.mask == 0) fail(rs, i, "reduces an undefined element at " + std::to_string(at));
+    if (a.finalized || b.finalized) fail(rs, i, "reduces an element that was already finalized");
+    if (a.index != b.index)
+      fail(rs, i, "reduces element " + std::to_string(a.index) + " with element " + std::to_string(b.index) +
+                      " (at destination element " + std::to_string(at) + ")");
+    if (a.mask & b.mask) fail(rs, i, "counts a contribution twice at element " + std::to_string(at));
+    return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false};
+  }
+
+  void finalize(RankSim& rs, std::uint32_t i, const Region& r) {
+    if (!avg || !reduces(req.collective)) fail(rs, i, "finalizes although nothing needs a finishing step");
+    const auto sp = rs.span(r);
+    auto& m = rs.mem[sp.phys];
+    for (std::uint64_t e = sp.begin; e < sp.end; ++e) {
+      if (m[e].finalized) fail(rs, i, "finalizes element " + std::to_string(e - sp.begin + r.offset) + " twice");
+      if (m[e].mask != full)
+        fail(rs, i, "finalizes element " + std::to_string(e - sp.begin + r.offset) + " before all ranks contributed");
+      m[e].finalized = true;
     }
   }
 
@@ -184,166 +216,341 @@ struct Sim {
     ++rs.done;
   }
 
+  // Post step i of rank rs (its queue head, dependencies met).
+  void post(RankSim& rs, std::uint32_t i) {
+    const Step& s = rs.plan->steps[i];
+    switch (s.kind) {
+      case StepKind::send:
+        check_region(rs, i, s.src, false);
+        lock_read(rs, i, s.src);
+        rs.state[i] = kPosted;
+        break;
+      case StepKind::recv:
+        check_region(rs, i, s.dst, true);
+        lock_write(rs, i, s.dst);
+        rs.state[i] = kPosted;
+        break;
+      case StepKind::recv_reduce: {
+        check_region(rs, i, s.src, false);
+        check_region(rs, i, s.dst, true);
+        if (s.src.count != s.dst.count) fail(rs, i, "src and dst sizes differ");
+        const auto a = rs.span(s.src), d = rs.span(s.dst);
+        if (overlap(a, d) && !same(a, d)) fail(rs, i, "src and dst overlap without being the same elements");
+        lock_write(rs, i, s.dst);
+        if (!same(a, d)) lock_read(rs, i, s.src);  // the engine reads src when the message is in
+        if (needs_staging(rs, s)) ++rs.staging_used;
+        rs.state[i] = kPosted;
+        break;
+      }
+      case StepKind::reduce: {
+        check_region(rs, i, s.src, false);
+        check_region(rs, i, s.src2, false);
+        check_region(rs, i, s.dst, true);
+        if (s.src.count != s.dst.count || s.src2.count != s.dst.count) fail(rs, i, "reduce with operands of different sizes");
+        const auto d = rs.span(s.dst);
+        for (const auto& op : {rs.span(s.src), rs.span(s.src2)})
+          if (overlap(op, d) && !same(op, d)) fail(rs, i, "reduce whose operand overlaps dst without being dst");
+        auto a = read(rs, i, s.src);
+        auto b = read(rs, i, s.src2);
+        lock_write(rs, i, s.dst);  // checks nobody else uses dst
+        unlock_write(rs, s.dst);
+        for (std::uint64_t e = 0; e < a.size(); ++e) a[e] = reduce_one(rs, i, a[e], b[e], s.dst.offset + e);
+        write(rs, s.dst, a);
+        result.reduced[static_cast<std::size_t>(rs.rank)] += a.size();
+        if (s.finalize) finalize(rs, i, s.dst);
+        complete(rs, i);
+        break;
+      }
+      case StepKind::copy: {
+        check_region(rs, i, s.src, false);
+        check_region(rs, i, s.dst, true);
+        if (s.src.count != s.dst.count) fail(rs, i, "copy with src and dst of different sizes");
+        auto data = read(rs, i, s.src);
+        lock_write(rs, i, s.dst);
+        unlock_write(rs, s.dst);
+        write(rs, s.dst, data);
+        if (s.finalize) finalize(rs, i, s.dst);
+        complete(rs, i);
+        break;
+      }
+      default: fail(rs, i, "has an unknown kind");
+    }
+  }
+
   void complete_send(RankSim& rs, std::uint32_t i) {
     const Step& s = rs.plan->steps[i];
     auto data = read(rs, i, s.src);
     unlock_read(rs, s.src);
-    result.messages++;
+    const auto r = static_cast<std::size_t>(rs.rank);
+    ++result.messages;
     result.bytes += data.size();
-    channels[{rs.rank, s.peer}].push_back(std::move(data));
+    result.sent[r] += data.size();
+    ++result.sends[r];
+    result.received[static_cast<std::size_t>(s.peer)] += data.size();
+    channel(rs.rank, s.peer).push_back(std::move(data));
     complete(rs, i);
   }
 
   void complete_recv(RankSim& rs, std::uint32_t i) {
     const Step& s = rs.plan->steps[i];
-    auto& q = channels[{s.peer, rs.rank}];
+    auto& q = channel(s.peer, rs.rank);
     std::vector<Elem> msg = std::move(q.front());
     q.pop_front();
     if (msg.size() != s.dst.count)
       fail(rs, i, "expects " + std::to_string(s.dst.count) + " elements from rank " + std::to_string(s.peer) +
                       " but the matching message has " + std::to_string(msg.size()));
-    auto& dst = rs.buf[rs.slot(s.dst.buf)];
-    if (s.kind == StepKind::recv) {
-      std::copy(msg.begin(), msg.end(), dst.begin() + static_cast<std::ptrdiff_t>(s.dst.offset));
-    } else {
-      const auto& src = rs.buf[rs.slot(s.src.buf)];
-      for (std::uint64_t e = 0; e < s.dst.count; ++e) {
-        const Elem a = src[s.src.offset + e], m = msg[e];
-        if (a.mask == 0) fail(rs, i, "reduces undefined element " + std::to_string(s.src.offset + e));
-        if (a.finalized || m.finalized) fail(rs, i, "reduces an element that was already finalized");
-        if (a.mask & m.mask)
-          fail(rs, i, "counts a contribution twice at element " + std::to_string(s.dst.offset + e));
-        dst[s.dst.offset + e] = Elem{a.mask | m.mask, false};
-      }
+    if (s.kind == StepKind::recv_reduce) {
+      const auto a = rs.span(s.src), d = rs.span(s.dst);
+      const auto& src = rs.mem[a.phys];
+      for (std::uint64_t e = 0; e < msg.size(); ++e) msg[e] = reduce_one(rs, i, src[a.begin + e], msg[e], s.dst.offset + e);
+      if (!same(a, d)) unlock_read(rs, s.src);
+      if (needs_staging(rs, s)) --rs.staging_used;
+      result.reduced[static_cast<std::size_t>(rs.rank)] += msg.size();
     }
+    write(rs, s.dst, msg);
     unlock_write(rs, s.dst);
     if (s.finalize) finalize(rs, i, s.dst);
     complete(rs, i);
+  }
+
+  // Actions rank rs can take now.
+  void actions_of(const RankSim& rs, std::vector<Action>& out) const {
+    out.clear();
+    for (int peer : rs.peers) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (rs.send_head[p] < rs.sendq[p].size() && deps_done(rs, rs.sendq[p][rs.send_head[p]]))
+        out.push_back({rs.sendq[p][rs.send_head[p]], 0});
+      if (rs.recv_head[p] < rs.recvq[p].size()) {
+        const std::uint32_t i = rs.recvq[p][rs.recv_head[p]];
+        if (deps_done(rs, i) && (opt.staging_slots == 0 || rs.staging_used < opt.staging_slots ||
+                                 !needs_staging(rs, rs.plan->steps[i])))
+          out.push_back({i, 0});
+      }
+      if (rs.send_done[p] < rs.send_head[p]) {
+        const auto& other = ranks[p];
+        if (!opt.rendezvous || other.recv_head[static_cast<std::size_t>(rs.rank)] > rs.send_done[p])
+          out.push_back({rs.sendq[p][rs.send_done[p]], 1});
+      }
+      if (rs.recv_done[p] < rs.recv_head[p] &&
+          !channels[p * static_cast<std::size_t>(world) + static_cast<std::size_t>(rs.rank)].empty())
+        out.push_back({rs.recvq[p][rs.recv_done[p]], 2});
+    }
+    if (rs.local_head < rs.localq.size() && deps_done(rs, rs.localq[rs.local_head]))
+      out.push_back({rs.localq[rs.local_head], 0});
+  }
+
+  void setup_rank(RankSim& rs, const PlanBuilder& builder) {
+    PlanRequest r = req;
+    r.rank = rs.rank;
+    rs.plan = builder(r);
+    const BufferCounts bc = buffer_counts(r);
+    const std::uint64_t rr = static_cast<std::uint64_t>(rs.rank);
+    View& in = rs.view[0];
+    View& out = rs.view[1];
+    in = {0, 0, bc.input};
+    out = {1, 0, bc.output};
+    if (opt.in_place && bc.input > 0 && bc.output > 0) {
+      switch (req.collective) {
+        case Collective::allgather: in = {1, rr * req.count, bc.input}; break;
+        case Collective::reduce_scatter: out = {0, rr * req.count, bc.output}; break;
+        default: in = {1, 0, bc.input}; break;
+      }
+    }
+    rs.view[2] = {2, 0, rs.plan->scratch_count};
+    std::uint64_t size[3] = {0, 0, rs.plan->scratch_count};
+    for (int b = 0; b < 2; ++b) size[rs.view[b].phys] = std::max(size[rs.view[b].phys], rs.view[b].base + rs.view[b].size);
+    for (int b = 0; b < 3; ++b) {
+      rs.mem[b].assign(size[b], Elem{});
+      rs.lock[b].assign(size[b], Lock{});
+    }
+    for (std::uint64_t x = 0; x < in.size; ++x)
+      rs.mem[in.phys][in.base + x] = Elem{1ull << rs.rank, x, leaf_hash(rs.rank, x), false};
+
+    const Plan& p = *rs.plan;
+    const auto n = static_cast<std::size_t>(world);
+    rs.state.assign(p.steps.size(), kWaiting);
+    rs.sendq.assign(n, {});
+    rs.recvq.assign(n, {});
+    rs.send_head.assign(n, 0);
+    rs.recv_head.assign(n, 0);
+    rs.send_done.assign(n, 0);
+    rs.recv_done.assign(n, 0);
+    std::vector<bool> is_peer(n, false);
+    for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
+      const Step& s = p.steps[i];
+      if (static_cast<std::uint64_t>(s.dep_begin) + s.dep_count > p.deps.size()) fail(rs, i, "has dependencies outside the plan");
+      for (std::uint32_t d = 0; d < s.dep_count; ++d)
+        if (p.deps[s.dep_begin + d] >= i) fail(rs, i, "depends on itself or a later step");
+      if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
+        rs.localq.push_back(i);
+        continue;
+      }
+      if (s.peer < 0 || s.peer >= world || s.peer == rs.rank) fail(rs, i, "has an invalid peer");
+      (s.kind == StepKind::send ? rs.sendq : rs.recvq)[static_cast<std::size_t>(s.peer)].push_back(i);
+      is_peer[static_cast<std::size_t>(s.peer)] = true;
+    }
+    for (std::size_t q = 0; q < n; ++q)
+      if (is_peer[q]) rs.peers.push_back(static_cast<int>(q));
+  }
+
+  void run() {
+    const auto n = static_cast<std::size_t>(world);
+    std::mt19937_64 rng(opt.seed);
+    std::vector<std::vector<Action>> acts(n);
+    std::size_t total = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      actions_of(ranks[r], acts[r]);
+      total += acts[r].size();
+    }
+    for (;;) {
+      if (total == 0) break;
+      std::size_t pick = static_cast<std::size_t>(rng() % total), who = 0;
+      while (pick >= acts[who].size()) pick -= acts[who++].size();
+      const Action a = acts[who][pick];
+      RankSim& rs = ranks[who];
+      const Step& s = rs.plan->steps[a.step];
+      const auto p = static_cast<std::size_t>(s.peer < 0 ? 0 : s.peer);
+      if (a.kind == 0) {
+        if (s.kind == StepKind::send) ++rs.send_head[p];
+        else if (s.kind == StepKind::copy || s.kind == StepKind::reduce) ++rs.local_head;
+        else ++rs.recv_head[p];
+        post(rs, a.step);
+      } else if (a.kind == 1) {
+        ++rs.send_done[p];
+        complete_send(rs, a.step);
+      } else {
+        ++rs.recv_done[p];
+        complete_recv(rs, a.step);
+      }
+      // Only this rank and the step's peer can have gained or lost actions.
+      for (std::size_t r : {who, p}) {
+        total -= acts[r].size();
+        actions_of(ranks[r], acts[r]);
+        total += acts[r].size();
+        if (s.peer < 0) break;
+      }
+    }
+    bool all_done = true;
+    for (auto& rs : ranks) all_done = all_done && rs.done == rs.plan->steps.size();
+    if (!all_done) {
+      std::ostringstream os;
+      os << "deadlock: no step can run;";
+      for (auto& rs : ranks)
+        for (std::uint32_t i = 0; i < rs.plan->steps.size(); ++i)
+          if (rs.state[i] != kDone) {
+            os << " rank " << rs.rank << " step " << i << (rs.state[i] == kPosted ? " (posted)" : " (waiting)");
+            if (opt.staging_slots && rs.staging_used >= opt.staging_slots) os << " with all staging buffers in use";
+            os << ";";
+            break;
+          }
+      throw VerifyFailure{os.str()};
+    }
+    for (int from = 0; from < world; ++from)
+      for (int to = 0; to < world; ++to)
+        if (!channel(from, to).empty())
+          throw VerifyFailure{std::to_string(channel(from, to).size()) + " message(s) from rank " + std::to_string(from) +
+                              " to rank " + std::to_string(to) + " were never received"};
+  }
+
+  // The hash of ((x0 op x1) op x2) ... op x(n-1) at index `index`.
+  std::uint64_t fold_hash(std::uint64_t index) const {
+    std::uint64_t h = leaf_hash(0, index);
+    for (int r = 1; r < world; ++r) h = combine_hash(h, leaf_hash(r, index));
+    return h;
+  }
+
+  static std::string describe(const Elem& e) {
+    if (e.mask == 0) return "undefined";
+    std::ostringstream os;
+    os << "element " << e.index << " of contributions 0x" << std::hex << e.mask << (e.finalized ? " (finalized)" : "");
+    return os.str();
+  }
+
+  void check_output(const RankSim& rs, std::uint64_t e, const Elem& got, std::uint64_t mask, std::uint64_t index,
+                    bool reduced, const Elem* same_as) {
+    const View& v = rs.view[1];
+    const Elem& x = got;
+    const bool fin = reduced && avg;
+    std::string why;
+    if (x.mask != mask || x.index != index || x.finalized != fin) {
+      Elem want{mask, index, 0, fin};
+      why = "holds " + describe(x) + ", expected " + describe(want);
+    } else if (reduced && req.deterministic && x.hash != fold_hash(index)) {
+      why = "was not reduced in rank order 0, 1, ..., n-1 (deterministic mode)";
+    } else if (same_as && x.hash != same_as->hash) {
+      why = "differs in reduction order from rank 0's (results would not be bitwise identical)";
+    }
+    (void)v;
+    if (!why.empty())
+      throw VerifyFailure{"rank " + std::to_string(rs.rank) + " output element " + std::to_string(e) + " " + why};
+  }
+
+  void check_results() {
+    const std::uint64_t c = req.count;
+    for (auto& rs : ranks) {
+      const View& v = rs.view[1];
+      const auto& m = rs.mem[v.phys];
+      const auto r = static_cast<std::uint64_t>(rs.rank);
+      auto out = [&](std::uint64_t e) -> const Elem& { return m[v.base + e]; };
+      for (std::uint64_t e = 0; e < v.size; ++e) {
+        switch (req.collective) {
+          case Collective::allreduce: {
+            const Elem* ref = rs.rank == 0 ? nullptr : &ranks[0].mem[ranks[0].view[1].phys][ranks[0].view[1].base + e];
+            check_output(rs, e, out(e), full, e, true, ref);
+            break;
+          }
+          case Collective::reduce:
+            if (rs.rank == req.root) check_output(rs, e, out(e), full, e, true, nullptr);
+            break;
+          case Collective::broadcast: check_output(rs, e, out(e), 1ull << req.root, e, false, nullptr); break;
+          case Collective::allgather: check_output(rs, e, out(e), 1ull << (e / c), e % c, false, nullptr); break;
+          case Collective::reduce_scatter: check_output(rs, e, out(e), full, r * c + e, true, nullptr); break;
+          case Collective::alltoall: check_output(rs, e, out(e), 1ull << (e / c), r * c + e % c, false, nullptr); break;
+        }
+      }
+    }
   }
 };
 
 }  // namespace
 
-VerifyResult verify_plans(const PlanRequest& base, bool in_place, std::uint64_t seed,
-                          const PlanBuilder& builder) {
+VerifyResult verify_plans(const PlanRequest& base, bool in_place, std::uint64_t seed, const PlanBuilder& builder) {
+  VerifyOptions o;
+  o.in_place = in_place;
+  o.seed = seed;
+  return verify_plans(base, o, builder);
+}
+
+VerifyResult verify_plans(const PlanRequest& base, const VerifyOptions& options, const PlanBuilder& builder) {
   Sim sim;
+  sim.req = base;
+  sim.opt = options;
   sim.world = base.world;
   sim.avg = base.op == ReduceOp::avg;
   if (base.world < 1 || base.world > 64) {
     sim.result.error = "the verifier handles worlds of 1..64 ranks";
     return sim.result;
   }
+  if ((base.collective == Collective::broadcast || base.collective == Collective::reduce) &&
+      (base.root < 0 || base.root >= base.world)) {
+    sim.result.error = "root " + std::to_string(base.root) + " outside the world";
+    return sim.result;
+  }
+  const auto n = static_cast<std::size_t>(base.world);
   sim.full = base.world == 64 ? ~0ull : ((1ull << base.world) - 1);
+  sim.result.sent.assign(n, 0);
+  sim.result.received.assign(n, 0);
+  sim.result.sends.assign(n, 0);
+  sim.result.reduced.assign(n, 0);
   try {
-    sim.ranks.resize(static_cast<std::size_t>(base.world));
+    sim.ranks.resize(n);
+    sim.channels.resize(n * n);
     for (int r = 0; r < base.world; ++r) {
-      RankSim& rs = sim.ranks[static_cast<std::size_t>(r)];
-      PlanRequest req = base;
-      req.rank = r;
-      rs.rank = r;
-      rs.in_place = in_place;
-      rs.plan = builder(req);
-      rs.buf[0].assign(base.count, Elem{1ull << r, false});
-      rs.buf[1].assign(base.count, Elem{});
-      if (in_place) rs.buf[1] = rs.buf[0];
-      rs.buf[2].assign(rs.plan->scratch_count, Elem{});
-      for (int b = 0; b < 3; ++b) rs.lock[b].assign(rs.buf[b].size(), Lock{});
-      rs.state.assign(rs.plan->steps.size(), kWaiting);
-      rs.sendq.resize(static_cast<std::size_t>(base.world));
-      rs.recvq.resize(static_cast<std::size_t>(base.world));
-      rs.send_head.assign(static_cast<std::size_t>(base.world), 0);
-      rs.recv_head.assign(static_cast<std::size_t>(base.world), 0);
-      for (std::uint32_t i = 0; i < rs.plan->steps.size(); ++i) {
-        const Step& s = rs.plan->steps[i];
-        for (std::uint32_t d = 0; d < s.dep_count; ++d)
-          if (rs.plan->deps[s.dep_begin + d] >= i) sim.fail(rs, i, "depends on a later step");
-        if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
-          rs.localq.push_back(i);
-          continue;
-        }
-        if (s.peer < 0 || s.peer >= base.world || s.peer == r) sim.fail(rs, i, "has an invalid peer");
-        (s.kind == StepKind::send ? rs.sendq : rs.recvq)[static_cast<std::size_t>(s.peer)].push_back(i);
-      }
+      sim.ranks[static_cast<std::size_t>(r)].rank = r;
+      sim.setup_rank(sim.ranks[static_cast<std::size_t>(r)], builder);
     }
-
-    std::mt19937_64 rng(seed);
-    struct Action { int rank; std::uint32_t step; int kind; };  // 0 post, 1 complete send, 2 complete recv
-    std::vector<Action> actions;
-    // Posted transfers per (rank, peer), oldest first: messages between a pair are
-    // FIFO, so only the oldest posted send can complete and only the oldest posted
-    // receive can match the next message.
-    std::vector<std::vector<std::deque<std::uint32_t>>> psend(sim.ranks.size()), precv(sim.ranks.size());
-    for (auto& rs : sim.ranks) {
-      psend[static_cast<std::size_t>(rs.rank)].resize(static_cast<std::size_t>(base.world));
-      precv[static_cast<std::size_t>(rs.rank)].resize(static_cast<std::size_t>(base.world));
-    }
-    for (;;) {
-      actions.clear();
-      bool all_done = true;
-      for (auto& rs : sim.ranks) {
-        if (rs.done != rs.plan->steps.size()) all_done = false;
-        const auto ri = static_cast<std::size_t>(rs.rank);
-        for (int peer : rs.plan->peers) {
-          const auto p = static_cast<std::size_t>(peer);
-          if (rs.send_head[p] < rs.sendq[p].size() && sim.deps_done(rs, rs.sendq[p][rs.send_head[p]]))
-            actions.push_back({rs.rank, rs.sendq[p][rs.send_head[p]], 0});
-          if (rs.recv_head[p] < rs.recvq[p].size() && sim.deps_done(rs, rs.recvq[p][rs.recv_head[p]]))
-            actions.push_back({rs.rank, rs.recvq[p][rs.recv_head[p]], 0});
-          if (!psend[ri][p].empty()) actions.push_back({rs.rank, psend[ri][p].front(), 1});
-          if (!precv[ri][p].empty() && !sim.channels[{peer, rs.rank}].empty())
-            actions.push_back({rs.rank, precv[ri][p].front(), 2});
-        }
-        if (rs.local_head < rs.localq.size() && sim.deps_done(rs, rs.localq[rs.local_head]))
-          actions.push_back({rs.rank, rs.localq[rs.local_head], 0});
-      }
-      if (actions.empty()) {
-        if (all_done) break;
-        std::ostringstream os;
-        os << "deadlock: no step can run;";
-        for (auto& rs : sim.ranks)
-          for (std::uint32_t i = 0; i < rs.plan->steps.size(); ++i)
-            if (rs.state[i] != kDone) {
-              os << " rank " << rs.rank << " step " << i << (rs.state[i] == kPosted ? " (posted)" : " (waiting)") << ";";
-              break;
-            }
-        throw VerifyFailure{os.str()};
-      }
-      const Action a = actions[rng() % actions.size()];
-      RankSim& rs = sim.ranks[static_cast<std::size_t>(a.rank)];
-      const auto ri = static_cast<std::size_t>(a.rank);
-      const Step& s = rs.plan->steps[a.step];
-      const auto p = static_cast<std::size_t>(s.peer < 0 ? 0 : s.peer);
-      if (a.kind == 0) {
-        if (s.kind == StepKind::send) ++rs.send_head[p], psend[ri][p].push_back(a.step);
-        else if (s.kind == StepKind::copy || s.kind == StepKind::reduce) ++rs.local_head;
-        else ++rs.recv_head[p], precv[ri][p].push_back(a.step);
-        sim.post(rs, a.step);
-      } else if (a.kind == 1) {
-        psend[ri][p].pop_front();
-        sim.complete_send(rs, a.step);
-      } else {
-        precv[ri][p].pop_front();
-        sim.complete_recv(rs, a.step);
-      }
-    }
-    for (auto& [key, q] : sim.channels)
-      if (!q.empty())
-        throw VerifyFailure{std::to_string(q.size()) + " message(s) from rank " + std::to_string(key.first) +
-                            " to rank " + std::to_string(key.second) + " were never received"};
-    for (auto& rs : sim.ranks) {
-      const auto& out = rs.buf[1];
-      for (std::uint64_t e = 0; e < out.size(); ++e) {
-        if (out[e].mask != sim.full) {
-          std::ostringstream os;
-          os << "rank " << rs.rank << " output element " << e << " holds contributions 0x" << std::hex
-             << out[e].mask << ", expected 0x" << sim.full;
-          throw VerifyFailure{os.str()};
-        }
-        if (out[e].finalized != sim.avg)
-          throw VerifyFailure{"rank " + std::to_string(rs.rank) + " output element " + std::to_string(e) +
-                              (sim.avg ? " was never finalized" : " was finalized")};
-      }
-    }
+    sim.run();
+    sim.check_results();
     sim.result.ok = true;
   } catch (const VerifyFailure& f) {
     sim.result.ok = false;
