@@ -55,6 +55,10 @@ struct CommOptions {
   /// Pipeline slice in bytes (0 = BRAID_CHUNK_BYTES); large collectives move in slices
   /// of at most this size so that sending, receiving and reducing overlap.
   std::size_t chunk_bytes = 0;
+  /// Host identity of this rank (empty = BRAID_HOST_ID, else hostname + boot id).
+  /// Ranks with equal identities talk over shared memory; tests use it to emulate
+  /// several hosts inside one process.
+  std::string host_id;
 };
 
 /// A group of ranks that run collectives together. Movable, not copyable.
@@ -109,43 +113,48 @@ class BRAID_API Communicator {
   Work allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                  const AllreduceOptions& options = {});
 
-  /// Copies root's `send` into every rank's `recv` (count elements).
-  /// Not implemented yet: throws Unsupported.
+  /// Copies root's `send` into every rank's `recv` (count elements). `send` is read
+  /// only on the root (may be null elsewhere); send == recv is in-place.
   Work broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
                  const BroadcastOptions& options = {});
 
-  /// Reduces into root's `recv`. Not implemented yet: throws Unsupported.
+  /// Reduces every rank's `send` (count elements) into root's `recv`; `recv` is
+  /// written only on the root (may be null elsewhere); send == recv is in-place.
   Work reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
               const ReduceOptions& options = {});
 
   /// Gathers `count` elements from every rank into recv (size()*count, rank order).
-  /// Not implemented yet: throws Unsupported.
+  /// In-place when send == recv + rank()*count.
   Work allgather(const void* send, void* recv, std::size_t count, DataType dtype,
                  const AllgatherOptions& options = {});
 
-  /// Reduces size()*count elements and leaves block `rank()` (count elements) in recv.
-  /// Not implemented yet: throws Unsupported.
+  /// Reduces size()*count elements of send and leaves block `rank()` (count elements)
+  /// in recv. In-place when recv == send + rank()*count.
   Work reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                       const ReduceScatterOptions& options = {});
 
   /// Sends block j (count elements) of send to rank j; receives rank j's block into
-  /// block j of recv. Not implemented yet: throws Unsupported.
+  /// block j of recv (both size()*count elements). send == recv is in-place.
   Work alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                 const AlltoallOptions& options = {});
 
-  /// Sends count elements to `peer`. Not implemented yet: throws Unsupported.
+  /// Sends count elements to `peer`, matched by the peer's recv with the same tag, in
+  /// order. Consecutive send/recv calls run together (like an NCCL group), so two
+  /// ranks may exchange both ways without deadlock.
   Work send(const void* buf, std::size_t count, DataType dtype, int peer,
             const P2POptions& options = {});
 
-  /// Receives count elements from `peer`. Not implemented yet: throws Unsupported.
+  /// Receives exactly count elements from `peer` (see send). A size or tag that
+  /// differs from the matching send fails both with an error naming the peer.
   Work recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options = {});
 
   /// Completes on a rank once every rank has entered it. Implemented as a one-element
   /// all-reduce.
   Work barrier(const BarrierOptions& options = {});
 
-  /// Splits into sub-communicators by `color`, ordered by `key` then rank.
-  /// Not implemented yet: throws Unsupported.
+  /// Splits into sub-communicators by `color` (>= 0), ranks ordered by `key` then by
+  /// old rank. Every rank must call it, in the same order relative to other calls,
+  /// like a collective. Blocks until every rank has called it.
   Communicator split(int color, int key);
 
   /// Fails every outstanding and future operation with Aborted and closes connections.
@@ -154,6 +163,10 @@ class BRAID_API Communicator {
 
   /// True once the communicator has failed or been aborted.
   bool failed() const noexcept;
+
+  /// Human-readable topology: hosts, their ranks, and the transport each pair of
+  /// ranks uses. Waits until every rank has joined (up to the timeout).
+  std::string describe_topology() const;
 
   /// Private implementation.
   struct Impl;

@@ -30,6 +30,10 @@ struct AllreduceOptions : CollectiveOptions {
   std::string codec;
   /// Error-feedback bucket key for biased codecs (see docs/codecs.md once present).
   std::string ef_key;
+  /// Fixed reduction order (rank 0, 1, ..., n-1) so that results are bitwise identical
+  /// whatever the algorithm and layout; also on with BRAID_DETERMINISTIC. Costs
+  /// latency (see docs/algorithms.md).
+  bool deterministic = false;
 };
 
 /// Options of a broadcast. `root` is the rank whose buffer is sent.
@@ -42,13 +46,18 @@ struct BroadcastOptions : CollectiveOptions {
 struct ReduceOptions : CollectiveOptions {
   /// Rank that receives the result.
   int root = 0;
+  /// Fixed reduction order (see AllreduceOptions::deterministic).
+  bool deterministic = false;
 };
 
 /// Options of an all-gather.
 struct AllgatherOptions : CollectiveOptions {};
 
 /// Options of a reduce-scatter.
-struct ReduceScatterOptions : CollectiveOptions {};
+struct ReduceScatterOptions : CollectiveOptions {
+  /// Fixed reduction order (see AllreduceOptions::deterministic).
+  bool deterministic = false;
+};
 
 /// Options of an all-to-all.
 struct AlltoallOptions : CollectiveOptions {};

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 
 #include <cstdint>
@@ -79,12 +80,6 @@ std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
   return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
 }
 
-[[noreturn]] void unsupported(const char* what) {
-  throw Error(ErrorCode::Unsupported,
-              std::string(what) + " is not implemented in braid " + version() +
-                  " yet (this version implements allreduce and barrier on host memory)");
-}
-
 }  // namespace
 
 Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options)
@@ -132,7 +127,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
     if (token.empty()) token = meta.substr(nl + 1);
   }
-  store->set("host/" + std::to_string(rank), host_identity(cfg));
+  store->set("host/" + std::to_string(rank), options.host_id.empty() ? host_identity(cfg) : options.host_id);
 
   core::EngineOptions eo;
   eo.rank = rank;
@@ -154,7 +149,8 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.comm_id = comm_id;
   eo.connect_timeout = timeout;
   eo.transport_mode = cfg.transport;
-  eo.host_id = host_identity(cfg);
+  host_id = options.host_id.empty() ? host_identity(cfg) : options.host_id;
+  eo.host_id = host_id;
   engine = std::make_unique<core::Engine>(eo, store);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");
@@ -183,7 +179,9 @@ Communicator::Impl::~Impl() {
 
 std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
   const auto key = std::make_tuple(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count,
-                                   req.elem_size, static_cast<int>(req.op == ReduceOp::avg));
+                                   req.elem_size,
+                                   static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) |
+                                       (req.root << 2));
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   auto plan = collectives::build_plan(req);
@@ -274,7 +272,7 @@ std::pair<int, int> Communicator::Impl::compute_locality() const {
   }
   // Store reads happen outside the lock so that collectives issued meanwhile from
   // other threads are not held up.
-  const std::string mine = host_identity(cfg);
+  const std::string mine = host_id;
   int local_rank = 0, local_size = 0;
   for (int r = 0; r < size; ++r) {
     const std::string h = r == rank ? mine : store->get("host/" + std::to_string(r), timeout);
@@ -309,27 +307,135 @@ int Communicator::local_size() const {
   return impl_->compute_locality().second;
 }
 
+namespace {
+
+/// Checks buffers against the collective's in-place convention (docs/api.md):
+/// identical pointers mean in-place for allreduce, broadcast, reduce and alltoall;
+/// allgather is in place when send == recv + rank*count; reduce_scatter when
+/// recv == send + rank*count. Any other overlap is refused.
+void check_layout(collectives::Collective c, const void* send, void* recv, std::uint64_t in_count,
+                  std::uint64_t out_count, std::size_t es, int rank, std::uint64_t count, bool need_send,
+                  bool need_recv, const char* what) {
+  const std::uint64_t limit = (std::numeric_limits<std::size_t>::max() >> 2) / es;
+  BRAID_CHECK(in_count <= limit && out_count <= limit && count <= limit, InvalidUsage,
+              what << ": count " << count << " of " << es << "-byte elements overflows the address space");
+  if (need_send && in_count > 0)
+    BRAID_CHECK(send != nullptr, InvalidUsage, what << ": send buffer is null with " << in_count << " elements to send");
+  if (need_recv && out_count > 0)
+    BRAID_CHECK(recv != nullptr, InvalidUsage, what << ": recv buffer is null with " << out_count << " elements to receive");
+  if (!send || !recv || !need_send || !need_recv || in_count == 0 || out_count == 0) return;
+  const auto* s = static_cast<const std::byte*>(send);
+  const auto* r = static_cast<const std::byte*>(recv);
+  const std::size_t sb = in_count * es, rb = out_count * es;
+  if (s + sb <= r || r + rb <= s) return;  // disjoint
+  bool in_place = false;
+  switch (c) {
+    case collectives::Collective::allgather: in_place = s == r + static_cast<std::size_t>(rank) * count * es; break;
+    case collectives::Collective::reduce_scatter: in_place = r == s + static_cast<std::size_t>(rank) * count * es; break;
+    default: in_place = s == r; break;
+  }
+  BRAID_CHECK(in_place, InvalidUsage,
+              what << ": send and recv buffers overlap without following the in-place convention (same pointer; "
+                      "for allgather send == recv + rank*count; for reduce_scatter recv == send + rank*count); "
+                      "use disjoint buffers otherwise");
+}
+
+}  // namespace
+
+Work Communicator::Impl::collective(collectives::Collective c, const void* send, void* recv, std::size_t count,
+                                    DataType dtype, ReduceOp op, int root, Algorithm algo, bool deterministic,
+                                    std::chrono::milliseconds call_timeout, const char* what) {
+  const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+  check_dtype_op(dtype, reduces ? op : ReduceOp::sum, what);
+  if (c == Collective::broadcast || c == Collective::reduce)
+    BRAID_CHECK(root >= 0 && root < size, InvalidUsage,
+                what << ": root " << root << " is outside [0, " << size << ")");
+  BRAID_CHECK(algo <= Algorithm::hierarchical, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
+  PlanRequest req;
+  req.collective = c;
+  req.rank = rank;
+  req.world = size;
+  req.count = count;
+  req.elem_size = dtype_size(dtype);
+  req.op = reduces ? op : ReduceOp::sum;
+  req.root = root;
+  req.deterministic = reduces && (deterministic || cfg.deterministic);
+  req.slice_bytes = cfg.chunk_bytes;
+  const auto counts = collectives::buffer_counts(req);
+  // Broadcast reads send only on the root; reduce writes recv only on the root.
+  const bool need_send = !(c == Collective::broadcast && rank != root);
+  const bool need_recv = !(c == Collective::reduce && rank != root);
+  check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
+  if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
+  req.algorithm = algo == Algorithm::automatic ? choose_algorithm(req) : algo;
+  if (req.algorithm == Algorithm::hierarchical) req.host_of = host_map();
+  return post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
+              nullptr);
+}
+
+Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
+  // The cost-model tuner replaces this once it is wired in; until then the ring for
+  // all-reduce and each collective's default plan otherwise.
+  (void)req;
+  return Algorithm::ring;
+}
+
+std::shared_ptr<const std::vector<int>> Communicator::Impl::host_map() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (hosts) return hosts;
+  }
+  std::vector<std::string> ids(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) ids[static_cast<std::size_t>(r)] = store->get("host/" + std::to_string(r), timeout);
+  auto map = std::make_shared<std::vector<int>>(static_cast<std::size_t>(size));
+  std::vector<std::string> seen;
+  for (int r = 0; r < size; ++r) {
+    const auto it = std::find(seen.begin(), seen.end(), ids[static_cast<std::size_t>(r)]);
+    (*map)[static_cast<std::size_t>(r)] = static_cast<int>(it - seen.begin());
+    if (it == seen.end()) seen.push_back(ids[static_cast<std::size_t>(r)]);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  hosts = map;
+  return hosts;
+}
+
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  check_dtype_op(dtype, op, "allreduce");
-  check_buffers(send, recv, count, dtype, "allreduce");
   BRAID_CHECK(options.codec.empty() || options.codec == "none", Unsupported,
               "allreduce: codec '" << options.codec << "' requested, but compression is not implemented in this "
                                    << "version; pass an empty codec or \"none\"");
-  BRAID_CHECK(options.algorithm <= Algorithm::hierarchical, InvalidUsage,
-              "allreduce: unknown algorithm value " << static_cast<int>(options.algorithm));
-  Algorithm algo = options.algorithm;
-  if (algo == Algorithm::automatic && impl_->cfg.algo != "auto") algo = *parse_algorithm(impl_->cfg.algo);
-  PlanRequest req;
-  req.collective = Collective::allreduce;
-  req.algorithm = algo;
-  req.rank = impl_->rank;
-  req.world = impl_->size;
-  req.count = count;
-  req.elem_size = dtype_size(dtype);
-  req.op = op;
-  req.slice_bytes = impl_->cfg.chunk_bytes;
-  return impl_->post(impl_->plan_for(req), send, recv, dtype, op, options.timeout, "allreduce", nullptr);
+  return impl_->collective(Collective::allreduce, send, recv, count, dtype, op, 0, options.algorithm,
+                           options.deterministic, options.timeout, "allreduce");
+}
+
+Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
+                             const BroadcastOptions& options) {
+  return impl_->collective(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, options.root,
+                           Algorithm::automatic, false, options.timeout, "broadcast");
+}
+
+Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                          const ReduceOptions& options) {
+  return impl_->collective(Collective::reduce, send, recv, count, dtype, op, options.root, Algorithm::automatic,
+                           options.deterministic, options.timeout, "reduce");
+}
+
+Work Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype,
+                             const AllgatherOptions& options) {
+  return impl_->collective(Collective::allgather, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
+                           false, options.timeout, "allgather");
+}
+
+Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                                  const ReduceScatterOptions& options) {
+  return impl_->collective(Collective::reduce_scatter, send, recv, count, dtype, op, 0, Algorithm::automatic,
+                           options.deterministic, options.timeout, "reduce_scatter");
+}
+
+Work Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
+                            const AlltoallOptions& options) {
+  return impl_->collective(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
+                           false, options.timeout, "alltoall");
 }
 
 Work Communicator::barrier(const BarrierOptions& options) {
@@ -347,24 +453,117 @@ Work Communicator::barrier(const BarrierOptions& options) {
                      "barrier", buf);
 }
 
-Work Communicator::broadcast(const void*, void*, std::size_t, DataType, const BroadcastOptions&) {
-  unsupported("broadcast");
+Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer,
+                             const P2POptions& options) {
+  const char* what = is_send ? "send" : "recv";
+  check_dtype_op(dtype, ReduceOp::sum, what);
+  BRAID_CHECK(peer >= 0 && peer < size && peer != rank, InvalidUsage,
+              what << ": peer " << peer << (peer == rank ? " is this rank itself (copy locally instead)" : " is outside [0, ")
+                   << (peer == rank ? "" : std::to_string(size) + ")"));
+  const std::size_t es = dtype_size(dtype);
+  BRAID_CHECK(count <= (std::numeric_limits<std::size_t>::max() >> 2) / es, InvalidUsage,
+              what << ": count " << count << " overflows the address space");
+  BRAID_CHECK(count == 0 || buf != nullptr, InvalidUsage, what << ": buffer is null with count " << count);
+  BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
+  BRAID_CHECK(!engine->failed(), Aborted,
+              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
+  auto plan = std::make_shared<collectives::Plan>();
+  plan->request.rank = rank;
+  plan->request.world = size;
+  plan->request.count = count;
+  plan->request.elem_size = es;
+  plan->phase_names = {is_send ? "send" : "recv"};
+  collectives::Step st;
+  st.kind = is_send ? collectives::StepKind::send : collectives::StepKind::recv;
+  st.peer = peer;
+  (is_send ? st.src : st.dst) = {is_send ? collectives::Buffer::input : collectives::Buffer::output, 0, count};
+  plan->add(st);
+  plan->seal();
+  core::Operation o;
+  o.seq = 0;
+  o.plan = plan;
+  o.input = is_send ? buf : nullptr;
+  o.output = is_send ? nullptr : const_cast<void*>(buf);
+  o.dtype = dtype;
+  o.timeout = options.timeout.count() > 0 ? clamp_timeout(options.timeout) : timeout;
+  o.work = std::make_shared<detail::WorkState>();
+  o.p2p = true;
+  // Messages carry the user tag (and a p2p marker) so that mismatched pairs are caught.
+  o.tag_base = (1ull << 63) | (static_cast<std::uint64_t>(options.tag) << 24);
+  std::ostringstream os;
+  os << what << " #" << next_p2p++ << " (" << count << " x " << to_string(dtype) << ", tag " << options.tag << ") "
+     << (is_send ? "to" : "from") << " rank " << peer << " on rank " << rank << "/" << size;
+  o.name = os.str();
+  Work w(o.work);
+  engine->submit(std::move(o));
+  return w;
 }
-Work Communicator::reduce(const void*, void*, std::size_t, DataType, ReduceOp, const ReduceOptions&) {
-  unsupported("reduce");
+
+Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
+  return impl_->p2p(true, buf, count, dtype, peer, options);
 }
-Work Communicator::allgather(const void*, void*, std::size_t, DataType, const AllgatherOptions&) {
-  unsupported("allgather");
+
+Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
+  return impl_->p2p(false, buf, count, dtype, peer, options);
 }
-Work Communicator::reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp, const ReduceScatterOptions&) {
-  unsupported("reduce_scatter");
+
+Communicator Communicator::split(int color, int key) {
+  Impl& im = *impl_;
+  BRAID_CHECK(color >= 0, InvalidUsage, "split: color must be >= 0, got " << color);
+  BRAID_CHECK(!im.engine->failed(), Aborted, "split: the communicator has failed earlier: " << im.engine->reason());
+  // Every rank publishes (color, key); each computes its group from all of them.
+  // Like a collective, every rank must call split in the same order.
+  const std::uint64_t k = im.next_split++;
+  const std::string base = "split/" + std::to_string(k) + "/";
+  im.store->set(base + std::to_string(im.rank), std::to_string(color) + " " + std::to_string(key));
+  std::vector<std::tuple<int, int>> members;  // (key, old rank) of my color
+  for (int r = 0; r < im.size; ++r) {
+    const std::string v = im.store->get(base + std::to_string(r), im.timeout);
+    std::istringstream in(v);
+    int c = 0, kk = 0;
+    in >> c >> kk;
+    if (c == color) members.emplace_back(kk, r);
+  }
+  std::sort(members.begin(), members.end());
+  int new_rank = 0;
+  for (std::size_t i = 0; i < members.size(); ++i)
+    if (std::get<1>(members[i]) == im.rank) new_rank = static_cast<int>(i);
+  CommOptions opt;
+  opt.timeout = im.timeout;
+  opt.name = im.name + ".split" + std::to_string(k) + ".color" + std::to_string(color);
+  opt.chunk_bytes = im.cfg.chunk_bytes;
+  opt.host_id = im.host_id;
+  return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
+                      static_cast<int>(members.size()), opt);
 }
-Work Communicator::alltoall(const void*, void*, std::size_t, DataType, const AlltoallOptions&) {
-  unsupported("alltoall");
+
+std::string Communicator::describe_topology() const {
+  Impl& im = *impl_;
+  const auto map = im.host_map();
+  std::ostringstream os;
+  int nhosts = 0;
+  for (int h : *map) nhosts = std::max(nhosts, h + 1);
+  os << "communicator '" << im.name << "': " << im.size << " ranks on " << nhosts << " host(s)\n";
+  for (int h = 0; h < nhosts; ++h) {
+    os << "  host " << h << " (" << im.store->get("host/" + std::to_string(
+                                           static_cast<int>(std::find(map->begin(), map->end(), h) - map->begin())),
+                                       im.timeout)
+       << "): ranks";
+    for (int r = 0; r < im.size; ++r)
+      if ((*map)[static_cast<std::size_t>(r)] == h) os << " " << r;
+    os << "\n";
+  }
+  os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
+  for (int a = 0; a < im.size; ++a) {
+    os << "  rank " << a << ":";
+    for (int b = 0; b < im.size; ++b) {
+      if (a == b) continue;
+      os << " " << b << "=" << core::Engine::transport_name(im.cfg.transport, (*map)[static_cast<std::size_t>(a)] == (*map)[static_cast<std::size_t>(b)]);
+    }
+    os << "\n";
+  }
+  return os.str();
 }
-Work Communicator::send(const void*, std::size_t, DataType, int, const P2POptions&) { unsupported("send"); }
-Work Communicator::recv(void*, std::size_t, DataType, int, const P2POptions&) { unsupported("recv"); }
-Communicator Communicator::split(int, int) { unsupported("split"); }
 
 void Communicator::abort() noexcept {
   if (impl_) impl_->engine->abort("abort() called on rank " + std::to_string(impl_->rank));

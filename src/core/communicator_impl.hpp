@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace braid {
 
@@ -41,7 +42,18 @@ struct Communicator::Impl {
   Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options);
   ~Impl();
 
+  std::string host_id;  ///< this rank's host identity (CommOptions::host_id or BRAID_HOST_ID or hostname+boot id)
+  std::shared_ptr<const std::vector<int>> hosts;  ///< host index per rank, once known
+  std::atomic<std::uint64_t> next_p2p{1};
+  std::atomic<std::uint64_t> next_split{0};
+
   std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
+  Work collective(collectives::Collective c, const void* send, void* recv, std::size_t count, DataType dtype,
+                  ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,
+                  const char* what);
+  Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
+  Algorithm choose_algorithm(const collectives::PlanRequest& req);
+  std::shared_ptr<const std::vector<int>> host_map();
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive);
   std::pair<int, int> compute_locality() const;

@@ -24,7 +24,12 @@ const std::vector<ConfigVar> kTable = {
      true},
     {"BRAID_CODEC", "string", "none", "Compression codec inside the collective (none until the compression issue).",
      true},
-    {"BRAID_TRANSPORT", "enum", "auto", "Force a transport for every pair: auto or tcp.", true},
+    {"BRAID_TRANSPORT", "enum", "auto",
+     "Transport for every pair: auto (shm between ranks of one host, tcp between hosts), tcp or shm.", true},
+    {"BRAID_DETERMINISTIC", "bool", "0",
+     "Reduce in fixed rank order so results are bitwise identical across algorithms and layouts "
+     "(costs latency; also per call).",
+     true},
     {"BRAID_CHUNK_BYTES", "bytes", "512K",
      "Pipeline slice: large collectives move in slices of at most this many bytes so that "
      "send, receive and reduce overlap.",
@@ -213,7 +218,8 @@ Config Config::parse(const Lookup& lookup) {
   if (auto v = r.raw("BRAID_CODEC")) c.codec = lower(*v);
   if (auto v = r.raw("BRAID_TRANSPORT")) {
     c.transport = lower(*v);
-    if (c.transport != "auto" && c.transport != "tcp") bad("BRAID_TRANSPORT", *v, "auto or tcp");
+    if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm")
+      bad("BRAID_TRANSPORT", *v, "auto, tcp or shm");
   }
   r.bytes("BRAID_CHUNK_BYTES", c.chunk_bytes);
   if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
@@ -222,6 +228,7 @@ Config Config::parse(const Lookup& lookup) {
   r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
   c.plan_cache = static_cast<std::size_t>(cache);
   r.boolean("BRAID_CHECK_ARGS", c.check_args);
+  r.boolean("BRAID_DETERMINISTIC", c.deterministic);
   r.str("BRAID_SOCKET_IFNAME", c.socket_ifname);
   r.integer("BRAID_SOCKETS_PER_PEER", c.sockets_per_peer, 1, 64);
   r.bytes("BRAID_SOCKET_BUFFER", c.socket_buffer);

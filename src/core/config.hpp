@@ -32,6 +32,7 @@ struct Config {
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   std::size_t plan_cache = 64;
   bool check_args = false;
+  bool deterministic = false;
   // --- network ---
   std::string socket_ifname;
   int sockets_per_peer = 2;

@@ -6,6 +6,7 @@
 #include "transport/poller.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
+#include <braid/config.hpp>
 #include <braid/error.hpp>
 
 #include <algorithm>
@@ -220,6 +221,12 @@ bool Engine::admit() {
     active_.push_back(std::move(ex));
     any = true;
   }
+}
+
+const char* Engine::transport_name(const std::string& mode, bool same_host) noexcept {
+  if (mode == "tcp" || !BRAID_HAVE_SHM) return "tcp";
+  if (mode == "shm") return "shm";
+  return same_host ? "shm" : "tcp";
 }
 
 int Engine::transport_for(int peer) {

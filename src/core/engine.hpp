@@ -98,6 +98,8 @@ class Engine {
   void drain() noexcept;
   /// True once a failure or abort happened; reason() says which.
   bool failed() const noexcept { return failed_.load(); }
+  /// Name of the transport a pair of ranks uses under `mode` ("auto", "tcp", "shm").
+  static const char* transport_name(const std::string& mode, bool same_host) noexcept;
   std::string reason() const;
 
  private:

@@ -117,14 +117,18 @@ TEST(Arguments, RejectedBeforeAnythingMoves) {
   AllreduceOptions tree;
   tree.algorithm = Algorithm::tree;
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, tree); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.broadcast(a, b, 8, DataType::f32); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.reduce(a, b, 8, DataType::f32, ReduceOp::sum); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.allgather(a, b, 4, DataType::f32); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.reduce_scatter(a, b, 4, DataType::f32, ReduceOp::sum); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.alltoall(a, b, 4, DataType::f32); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.send(a, 4, DataType::f32, 0); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.recv(a, 4, DataType::f32, 0); }), ErrorCode::Unsupported);
-  EXPECT_EQ(code_of([&] { c.split(0, 0); }), ErrorCode::Unsupported);
+  BroadcastOptions bad_root;
+  bad_root.root = 1;
+  EXPECT_EQ(code_of([&] { c.broadcast(a, b, 8, DataType::f32, bad_root); }), ErrorCode::InvalidUsage);
+  ReduceOptions neg_root;
+  neg_root.root = -1;
+  EXPECT_EQ(code_of([&] { c.reduce(a, b, 8, DataType::f32, ReduceOp::sum, neg_root); }), ErrorCode::InvalidUsage);
+  // allgather in place means send == recv + rank*count; a shifted overlap is refused.
+  EXPECT_EQ(code_of([&] { c.allgather(b + 1, b, 4, DataType::f32); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.reduce_scatter(a, a + 1, 4, DataType::f32, ReduceOp::sum); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.send(a, 4, DataType::f32, 0); }), ErrorCode::InvalidUsage);  // to itself
+  EXPECT_EQ(code_of([&] { c.recv(a, 4, DataType::f32, 3); }), ErrorCode::InvalidUsage);  // no such rank
+  EXPECT_EQ(code_of([&] { c.split(-1, 0); }), ErrorCode::InvalidUsage);
   // Null buffers with count 0 are fine, and the communicator is still healthy.
   c.allreduce(nullptr, nullptr, 0, DataType::f32, ReduceOp::sum).wait();
   a[0] = 5;
