@@ -7,10 +7,25 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"braid_info: what this braid build can do and how it is configured"};
-  bool config = false, markdown = false;
+  bool config = false, markdown = false, topology = false;
   app.add_flag("-c,--config", config, "print every BRAID_* variable with its default and current value");
   app.add_flag("--config-markdown", markdown, "print docs/configuration.md as generated from the table");
+  app.add_flag("-t,--topology", topology,
+               "join the job described by the environment (run under braidrun, mpirun, torchrun or srun) and, on "
+               "rank 0, print its hosts, ranks and the transport of every pair");
   CLI11_PARSE(app, argc, argv);
+  if (topology) {
+    try {
+      braid::Communicator comm = braid::Communicator::from_env();
+      const std::string text = comm.describe_topology();
+      if (comm.rank() == 0) std::cout << text;
+      comm.barrier().wait();
+    } catch (const braid::Error& e) {
+      std::cerr << "braid_info: " << e.what() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   if (markdown) {
     std::cout << braid::config_markdown();
     return 0;

@@ -59,21 +59,6 @@ void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
                    << " (use braid::ReduceOp: sum prod min max avg)");
 }
 
-void check_buffers(const void* send, void* recv, std::size_t count, DataType dtype, const char* what) {
-  const std::size_t es = dtype_size(dtype);
-  BRAID_CHECK(count <= (std::numeric_limits<std::size_t>::max() >> 2) / es, InvalidUsage,
-              what << ": count " << count << " x " << es << "-byte elements overflows the address space");
-  if (count == 0) return;
-  BRAID_CHECK(send != nullptr, InvalidUsage, what << ": send buffer is null with count " << count);
-  BRAID_CHECK(recv != nullptr, InvalidUsage, what << ": recv buffer is null with count " << count);
-  const auto* s = static_cast<const std::byte*>(send);
-  const auto* r = static_cast<const std::byte*>(recv);
-  const std::size_t bytes = count * es;
-  BRAID_CHECK(s == r || s + bytes <= r || r + bytes <= s, InvalidUsage,
-              what << ": send and recv buffers overlap without being identical; pass the same pointer "
-                      "for in-place operation or use disjoint buffers");
-}
-
 /// Timeouts beyond a year are treated as "a year": far enough for any job, and
 /// deadline arithmetic cannot overflow.
 std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
