@@ -1,6 +1,8 @@
 // Plan helpers and the algorithm dispatch.
 #include "collectives/plan.hpp"
 
+#include "collectives/builder.hpp"
+
 #include <braid/error.hpp>
 
 #include <algorithm>
@@ -86,25 +88,74 @@ std::string Plan::describe() const {
   return os.str();
 }
 
+namespace {
+
+[[noreturn]] void refuse(const PlanRequest& req) {
+  std::string offered;
+  for (Algorithm a : algorithms_for(req.collective)) offered += (offered.empty() ? "" : ", ") + std::string(braid::to_string(a));
+  throw Error(ErrorCode::Unsupported, std::string(to_string(req.collective)) + " has no '" +
+                                          std::string(braid::to_string(req.algorithm)) + "' algorithm; use auto or one of: " +
+                                          offered);
+}
+
+// Small messages go to the log-depth tree, large ones to the pipelined chain, until
+// the tuner decides: a message that fits in one slice gains nothing from a chain.
+Algorithm rooted_default(const PlanRequest& req) {
+  return req.count * req.elem_size <= req.slice_bytes ? Algorithm::tree : Algorithm::ring;
+}
+
+}  // namespace
+
+std::vector<Algorithm> algorithms_for(Collective c) {
+  switch (c) {
+    case Collective::allreduce: return {Algorithm::ring};
+    case Collective::broadcast:
+    case Collective::reduce: return {Algorithm::ring, Algorithm::tree};
+    default: return {Algorithm::ring};
+  }
+}
+
 std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   if (req.world < 1 || req.rank < 0 || req.rank >= req.world)
     throw Error(ErrorCode::InvalidUsage, "plan request with rank " + std::to_string(req.rank) +
                                              " outside world of " + std::to_string(req.world));
+  if ((req.collective == Collective::broadcast || req.collective == Collective::reduce) &&
+      (req.root < 0 || req.root >= req.world))
+    throw Error(ErrorCode::InvalidUsage, std::string(to_string(req.collective)) + " with root " +
+                                             std::to_string(req.root) + " outside world of " + std::to_string(req.world));
   auto plan = std::make_shared<Plan>();
   plan->request = req;
-  if (req.collective != Collective::allreduce)
-    throw Error(ErrorCode::Unsupported, std::string(to_string(req.collective)) +
-                                            " has no plan yet; only allreduce is implemented in this version");
-  switch (req.algorithm) {
-    case Algorithm::automatic:
-    case Algorithm::ring:
-      plan->request.algorithm = Algorithm::ring;
-      build_ring_allreduce(plan->request, *plan);
+  Algorithm& algo = plan->request.algorithm;
+  const auto offered = algorithms_for(req.collective);
+  if (algo != Algorithm::automatic && std::find(offered.begin(), offered.end(), algo) == offered.end()) refuse(req);
+  Builder b(*plan);
+  switch (req.collective) {
+    case Collective::allreduce:
+      algo = Algorithm::ring;
+      build_ring_allreduce(b);
       break;
-    default:
-      throw Error(ErrorCode::Unsupported, "all-reduce algorithm '" + std::string(braid::to_string(req.algorithm)) +
-                                              "' is not implemented yet; use ring or auto");
+    case Collective::broadcast:
+      if (algo == Algorithm::automatic) algo = rooted_default(req);
+      (algo == Algorithm::tree ? build_binomial_broadcast : build_chain_broadcast)(b);
+      break;
+    case Collective::reduce:
+      if (algo == Algorithm::automatic) algo = rooted_default(req);
+      (algo == Algorithm::tree ? build_binomial_reduce : build_chain_reduce)(b);
+      break;
+    case Collective::allgather:
+      algo = Algorithm::ring;
+      build_ring_allgather(b);
+      break;
+    case Collective::reduce_scatter:
+      algo = Algorithm::ring;
+      build_ring_reduce_scatter(b);
+      break;
+    case Collective::alltoall:
+      algo = Algorithm::ring;
+      build_pairwise_alltoall(b);
+      break;
   }
+  if (plan->phase_names.empty()) plan->phase_names.push_back("none");
   plan->seal();
   return plan;
 }

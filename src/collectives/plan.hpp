@@ -148,12 +148,14 @@ inline std::uint64_t part_offset(std::uint64_t count, std::uint64_t parts, std::
   return i * base + (i < rem ? i : rem);
 }
 
-/// Builds the plan of `req.rank` for `req`. Throws braid::Error(Unsupported) for an
-/// algorithm or collective that is not implemented, naming what is.
+/// Builds the plan of `req.rank` for `req`. `Plan::request.algorithm` says which
+/// algorithm was used (automatic resolved). Throws braid::Error(InvalidUsage) for a bad
+/// rank or root, braid::Error(Unsupported) for an algorithm the collective does not
+/// offer, naming those it does.
 std::shared_ptr<const Plan> build_plan(const PlanRequest& req);
 
-/// Ring all-reduce (ring.cpp): reduce-scatter then all-gather around rank order,
-/// chunked into slices and pipelined.
-void build_ring_allreduce(const PlanRequest& req, Plan& plan);
+/// The algorithms build_plan() offers for a collective (besides automatic). The
+/// communicator should pass a forced algorithm only for collectives that offer it.
+std::vector<Algorithm> algorithms_for(Collective c);
 
 }  // namespace braid::collectives

@@ -1,0 +1,199 @@
+// Builder: dependency derivation from regions, and the ring phases (see builder.hpp).
+#include "collectives/builder.hpp"
+
+#include <cstring>
+#include <numeric>
+
+namespace braid::collectives {
+
+Builder::Builder(Plan& plan) : plan_(plan) {
+  const PlanRequest& r = plan.request;
+  slice_ = std::max<std::uint64_t>(1, r.slice_bytes / std::max<std::size_t>(1, r.elem_size));
+  const std::uint64_t mine = static_cast<std::uint64_t>(r.rank) * r.count;
+  // In place, allgather's input is output[r*count...]; reduce_scatter's output is
+  // input[r*count...]; the others alias element for element.
+  if (r.collective == Collective::allgather) in_base_ = mine;
+  if (r.collective == Collective::reduce_scatter) out_base_ = mine;
+  for (auto& s : spaces_) s.emplace(0, Seg{});
+}
+
+std::uint32_t Builder::phase(const char* name) {
+  auto& names = plan_.phase_names;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (std::strcmp(names[i], name) == 0) return static_cast<std::uint32_t>(i);
+  names.push_back(name);
+  return static_cast<std::uint32_t>(names.size() - 1);
+}
+
+std::uint64_t Builder::scratch(std::uint64_t count) noexcept {
+  const std::uint64_t at = plan_.scratch_count;
+  plan_.scratch_count += count;
+  return at;
+}
+
+Builder::Span Builder::span(const Region& r) const noexcept {
+  switch (r.buf) {
+    case Buffer::input: return {0, in_base_ + r.offset, in_base_ + r.offset + r.count};
+    case Buffer::output: return {0, out_base_ + r.offset, out_base_ + r.offset + r.count};
+    default: return {1, r.offset, r.offset + r.count};
+  }
+}
+
+void Builder::split(Space& s, std::uint64_t at) {
+  auto it = s.upper_bound(at);
+  --it;  // the segment holding `at` (key 0 always exists)
+  if (it->first != at) s.emplace_hint(std::next(it), at, it->second);
+}
+
+void Builder::hazards(const Region& r, bool write, std::vector<std::uint32_t>& deps) {
+  const Span sp = span(r);
+  Space& s = spaces_[sp.space];
+  split(s, sp.begin);
+  split(s, sp.end);
+  for (auto it = s.find(sp.begin); it != s.end() && it->first < sp.end; ++it) {
+    if (it->second.writer != kNoStep) deps.push_back(it->second.writer);
+    if (write) deps.insert(deps.end(), it->second.readers.begin(), it->second.readers.end());
+  }
+}
+
+void Builder::record(const Region& r, bool write, std::uint32_t step) {
+  const Span sp = span(r);
+  Space& s = spaces_[sp.space];
+  for (auto it = s.find(sp.begin); it != s.end() && it->first < sp.end; ++it) {
+    if (write) {
+      it->second.writer = step;
+      it->second.readers.clear();
+    } else {
+      it->second.readers.push_back(step);
+    }
+  }
+}
+
+std::uint32_t Builder::emit(Step s, const std::vector<const Region*>& reads, const Region* write,
+                            const std::vector<std::uint32_t>& after) {
+  std::vector<std::uint32_t> deps(after);
+  for (const Region* r : reads) hazards(*r, false, deps);
+  if (write) hazards(*write, true, deps);
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+  const std::uint32_t i = plan_.add(s, deps);
+  for (const Region* r : reads) record(*r, false, i);
+  if (write) record(*write, true, i);
+  return i;
+}
+
+std::uint32_t Builder::send(int peer, const Region& src, std::uint32_t phase, const std::vector<std::uint32_t>& after) {
+  if (src.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::send;
+  s.peer = peer;
+  s.src = src;
+  s.phase = phase;
+  return emit(s, {&src}, nullptr, after);
+}
+
+std::uint32_t Builder::recv(int peer, const Region& dst, std::uint32_t phase, bool finalize,
+                            const std::vector<std::uint32_t>& after) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::recv;
+  s.peer = peer;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {}, &dst, after);
+}
+
+std::uint32_t Builder::recv_reduce(int peer, const Region& src, const Region& dst, std::uint32_t phase, bool finalize,
+                                   const std::vector<std::uint32_t>& after) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::recv_reduce;
+  s.peer = peer;
+  s.src = src;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {&src}, &dst, after);
+}
+
+std::uint32_t Builder::copy(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::copy;
+  s.src = src;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {&src}, &dst, {});
+}
+
+std::uint32_t Builder::reduce(const Region& a, const Region& b, const Region& dst, std::uint32_t phase, bool finalize) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::reduce;
+  s.src = a;
+  s.src2 = b;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {&a, &b}, &dst, {});
+}
+
+std::vector<int> topology_order(const PlanRequest& req) {
+  std::vector<int> order(static_cast<std::size_t>(req.world));
+  std::iota(order.begin(), order.end(), 0);
+  const auto* host = req.host_of.get();
+  if (host && host->size() == order.size())
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return (*host)[static_cast<std::size_t>(a)] < (*host)[static_cast<std::size_t>(b)];
+    });
+  return order;
+}
+
+Ring ring_from(const PlanRequest& req, int first) {
+  Ring ring;
+  const auto order = topology_order(req);
+  const auto start = static_cast<std::size_t>(std::find(order.begin(), order.end(), first) - order.begin());
+  for (std::size_t i = 0; i < order.size(); ++i) ring.ranks.push_back(order[(start + i) % order.size()]);
+  ring.pos = static_cast<int>(std::find(ring.ranks.begin(), ring.ranks.end(), req.rank) - ring.ranks.begin());
+  return ring;
+}
+
+void ring_reduce_scatter(Builder& b, const Ring& ring, const BlockFn& own, const BlockFn& partial,
+                         const Region& owned, std::uint32_t phase, bool finalize) {
+  const std::uint64_t m = static_cast<std::uint64_t>(ring.size()), p = static_cast<std::uint64_t>(ring.pos);
+  if (m == 1) {
+    b.copy(own(p), owned, phase, finalize);
+    return;
+  }
+  const int right = ring.ranks[(p + 1) % m], left = ring.ranks[(p + m - 1) % m];
+  for (std::uint64_t s = 0; s + 1 < m; ++s) {
+    const std::uint64_t sb = (p + 2 * m - 1 - s) % m;  // block sent: reduced here at step s-1
+    const std::uint64_t rb = (p + 2 * m - 2 - s) % m;  // block received: p at the last step
+    const Region from = s == 0 ? own(sb) : partial(sb);
+    const Region into = rb == p ? owned : partial(rb);
+    const Region mine = own(rb);
+    const std::uint64_t ks = std::max(b.nslices(from.count), b.nslices(into.count));
+    for (std::uint64_t k = 0; k < ks; ++k) {
+      b.send(right, b.slice_of(from, k), phase);
+      b.recv_reduce(left, b.slice_of(mine, k), b.slice_of(into, k), phase, finalize && rb == p);
+    }
+  }
+}
+
+void ring_allgather(Builder& b, const Ring& ring, const BlockFn& at, std::uint32_t phase) {
+  const std::uint64_t m = static_cast<std::uint64_t>(ring.size()), p = static_cast<std::uint64_t>(ring.pos);
+  if (m == 1) return;
+  const int right = ring.ranks[(p + 1) % m], left = ring.ranks[(p + m - 1) % m];
+  for (std::uint64_t s = 0; s + 1 < m; ++s) {
+    const Region from = at((p + m - s) % m), into = at((p + 2 * m - 1 - s) % m);
+    const std::uint64_t ks = std::max(b.nslices(from.count), b.nslices(into.count));
+    for (std::uint64_t k = 0; k < ks; ++k) {
+      b.send(right, b.slice_of(from, k), phase);
+      b.recv(left, b.slice_of(into, k), phase);
+    }
+  }
+}
+
+}  // namespace braid::collectives

@@ -1,0 +1,358 @@
+// Proves every collective and every all-reduce algorithm with the symbolic verifier
+// (world sizes 1..64, awkward counts, in place and out of place, several roots,
+// deterministic mode), checks the bytes each rank puts on the wire against the
+// formulas of docs/algorithms.md, and shows the verifier rejecting broken plans of
+// the new kinds.
+#include "collectives/plan.hpp"
+#include "collectives/verifier.hpp"
+
+#include <braid/error.hpp>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace braid;
+using namespace braid::collectives;
+
+namespace {
+
+struct Variant {
+  Collective collective;
+  Algorithm algorithm;
+  bool deterministic = false;
+  bool hosts = false;  ///< give a host map (several ranks per host where the world allows)
+};
+
+std::string name(const Variant& v) {
+  std::ostringstream os;
+  os << to_string(v.collective) << "/" << braid::to_string(v.algorithm) << (v.deterministic ? "/deterministic" : "")
+     << (v.hosts ? "/hosts" : "");
+  return os.str();
+}
+
+// A host map with `per_host` consecutive ranks per host (the last host may have fewer).
+std::shared_ptr<const std::vector<int>> hosts(int world, int per_host) {
+  auto h = std::make_shared<std::vector<int>>();
+  for (int r = 0; r < world; ++r) h->push_back(r / per_host);
+  return h;
+}
+
+PlanRequest request(const Variant& v, int world, std::uint64_t count, std::size_t slice_bytes, int root = 0,
+                    ReduceOp op = ReduceOp::sum) {
+  PlanRequest req;
+  req.collective = v.collective;
+  req.algorithm = v.algorithm;
+  req.world = world;
+  req.count = count;
+  req.elem_size = 4;
+  req.slice_bytes = slice_bytes;
+  req.root = root;
+  req.op = op;
+  req.deterministic = v.deterministic;
+  if (v.hosts) req.host_of = hosts(world, world % 4 == 0 ? 4 : world % 3 == 0 ? 3 : 2);
+  return req;
+}
+
+bool rooted(Collective c) { return c == Collective::broadcast || c == Collective::reduce; }
+bool reduces(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+}
+// Collectives whose count is per rank block: buffers grow with the world.
+bool blocked(Collective c) {
+  return c == Collective::allgather || c == Collective::reduce_scatter || c == Collective::alltoall;
+}
+
+std::vector<Variant> all_variants() {
+  std::vector<Variant> v;
+  for (Algorithm a : algorithms_for(Collective::allreduce)) {
+    v.push_back({Collective::allreduce, a});
+    if (a == Algorithm::hierarchical || a == Algorithm::ring) v.push_back({Collective::allreduce, a, false, true});
+  }
+  for (Collective c : {Collective::broadcast, Collective::reduce, Collective::allgather, Collective::reduce_scatter,
+                       Collective::alltoall})
+    for (Algorithm a : algorithms_for(c)) v.push_back({c, a});
+  return v;
+}
+
+// Verifies one case; returns an empty string or the failure, naming the case.
+std::string prove(const PlanRequest& req, bool in_place, std::uint64_t seed) {
+  VerifyOptions o;
+  o.in_place = in_place;
+  o.seed = seed;
+  const auto r = verify_plans(req, o);
+  if (r.ok) return {};
+  std::ostringstream os;
+  os << to_string(req.collective) << "/" << braid::to_string(req.algorithm)
+     << (req.deterministic ? " deterministic" : "") << (req.host_of ? " hosts" : "") << " world " << req.world
+     << " count " << req.count << " slice " << req.slice_bytes << " root " << req.root << " op "
+     << braid::to_string(req.op) << (in_place ? " in place" : "") << ": " << r.error;
+  return os.str();
+}
+
+// Worlds 1..64 and awkward counts: every combination for small worlds, fewer (but each
+// still covered by some world) for large ones, to keep the run short.
+void prove_everywhere(const Variant& v) {
+  for (int world = 1; world <= 64; ++world) {
+    const bool small = world <= 9;
+    const std::uint64_t w = static_cast<std::uint64_t>(world);
+    std::vector<std::uint64_t> counts;
+    if (blocked(v.collective) && world > 16) counts = {0, 1, 3};
+    else if (small) counts = {0, 1, 2, 7, 13, w, w + 1, 97, 3 * w + 2};
+    else counts = {1, 13, w + 1, 3 * w + 2};
+    std::vector<int> roots = {0};
+    if (rooted(v.collective)) roots = small ? std::vector<int>{0, world / 2, world - 1} : std::vector<int>{world - 1};
+    for (std::uint64_t count : counts)
+      for (std::size_t slice : {4ul, 12ul, 1ul << 20}) {
+        if (!small && slice == 12) continue;
+        for (int root : roots)
+          for (bool in_place : {false, true}) {
+            if (!small && in_place != ((count + slice + static_cast<std::uint64_t>(root)) % 2 == 1)) continue;
+            const ReduceOp op = reduces(v.collective) && (count + w) % 3 == 0 ? ReduceOp::avg : ReduceOp::sum;
+            const auto err = prove(request(v, world, count, slice, root, op), in_place, w * 131 + count + slice);
+            ASSERT_TRUE(err.empty()) << err;
+          }
+      }
+  }
+}
+
+}  // namespace
+
+// ---- every collective and algorithm, proven ------------------------------------------
+
+class EveryPlan : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(EveryPlan, ProvenForWorlds1To64AndAwkwardCounts) { prove_everywhere(GetParam()); }
+
+TEST_P(EveryPlan, ProvenUnderManyInterleavingsAndEagerSends) {
+  // One awkward layout, many interleavings; eager sends (shm-like) as well as
+  // rendezvous, and unlimited staging as well as the engine's 8 buffers.
+  const Variant v = GetParam();
+  for (std::uint64_t seed = 0; seed < 60; ++seed) {
+    const int world = 5 + static_cast<int>(seed % 4);
+    auto req = request(v, world, 23, 8, static_cast<int>(seed) % world,
+                       reduces(v.collective) && seed % 5 == 0 ? ReduceOp::avg : ReduceOp::sum);
+    VerifyOptions o;
+    o.in_place = seed % 2 == 0;
+    o.seed = seed;
+    o.rendezvous = seed % 3 != 0;
+    o.staging_slots = seed % 4 == 0 ? 0 : 8;
+    const auto r = verify_plans(req, o);
+    ASSERT_TRUE(r.ok) << name(v) << " seed " << seed << ": " << r.error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, EveryPlan, ::testing::ValuesIn(all_variants()),
+                         [](const ::testing::TestParamInfo<Variant>& i) {
+                           std::string s = name(i.param);
+                           std::replace(s.begin(), s.end(), '/', '_');
+                           return s;
+                         });
+
+// ---- dispatch ------------------------------------------------------------------------
+
+TEST(PlanDispatch, ResolvesAutomaticAndRefusesWhatACollectiveDoesNotOffer) {
+  PlanRequest req;
+  req.world = 4;
+  req.count = 10;
+  req.collective = Collective::alltoall;
+  req.algorithm = Algorithm::tree;
+  try {
+    build_plan(req);
+    FAIL() << "alltoall has no tree";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("ring"), std::string::npos) << e.what();
+  }
+  req.algorithm = Algorithm::automatic;
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
+  // Rooted collectives: the tree for a message that fits in a slice, else the chain.
+  req.collective = Collective::broadcast;
+  req.slice_bytes = 1024;
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::tree);
+  req.count = 1000;
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
+  req.root = 4;
+  EXPECT_THROW(build_plan(req), Error);
+}
+
+// ---- bytes on the wire -----------------------------------------------------------------
+
+namespace {
+VerifyResult run(const PlanRequest& req) {
+  auto r = verify_plans(req, VerifyOptions{});
+  EXPECT_TRUE(r.ok) << r.error;
+  return r;
+}
+int ceil_log2(int n) {
+  int d = 0;
+  while ((1 << d) < n) ++d;
+  return d;
+}
+}  // namespace
+
+TEST(WireBytes, MatchTheDocumentedFormulas) {
+  // Counts divisible by every chunking so that the formulas are exact.
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 12, 13}) {
+    const std::uint64_t w = static_cast<std::uint64_t>(n);
+    const std::uint64_t N = 10920;  // divisible by 1..8, 12 and 13
+    const std::uint64_t c = 12;      // per-block count
+    // Ring all-reduce: 2(n-1)/n·N sent and received by every rank.
+    {
+      auto r = run(request({Collective::allreduce, Algorithm::ring}, n, N, 1 << 30));
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(r.sent[i], 2 * (w - 1) * N / w) << n;
+        EXPECT_EQ(r.received[i], 2 * (w - 1) * N / w) << n;
+      }
+    }
+    // Allgather, reduce-scatter, alltoall: (n-1)·count each way.
+    for (Collective coll : {Collective::allgather, Collective::reduce_scatter, Collective::alltoall}) {
+      auto r = run(request({coll, Algorithm::ring}, n, c, 1 << 30));
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(r.sent[i], (w - 1) * c) << to_string(coll) << " " << n;
+        EXPECT_EQ(r.received[i], (w - 1) * c) << to_string(coll) << " " << n;
+      }
+    }
+    for (int root : {0, n - 1}) {
+      // Chain broadcast/reduce: N per hop; the root only sends (broadcast) or only
+      // receives (reduce), the chain's end the other way round.
+      auto bc = run(request({Collective::broadcast, Algorithm::ring}, n, N, 1024, root));
+      auto rd = run(request({Collective::reduce, Algorithm::ring}, n, N, 1024, root));
+      std::uint64_t sent = 0;
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(bc.received[i], i == root ? 0 : N);
+        EXPECT_EQ(rd.sent[i], i == root ? 0 : N);
+        EXPECT_EQ(bc.sent[i], rd.received[i]);
+        EXPECT_LE(bc.sent[i], N);
+        sent += bc.sent[i];
+      }
+      EXPECT_EQ(sent, (w - 1) * N);
+      // Binomial broadcast/reduce: the root sends (receives) N per child, i.e.
+      // ceil(log2 n)·N; every other rank receives (sends) N once.
+      auto bt = run(request({Collective::broadcast, Algorithm::tree}, n, N, 1 << 30, root));
+      auto rt = run(request({Collective::reduce, Algorithm::tree}, n, N, 1 << 30, root));
+      EXPECT_EQ(bt.sent[root], static_cast<std::uint64_t>(ceil_log2(n)) * N);
+      EXPECT_EQ(rt.received[root], static_cast<std::uint64_t>(ceil_log2(n)) * N);
+      EXPECT_EQ(bt.messages, w - 1);
+      for (int i = 0; i < n; ++i) {
+        if (i == root) continue;
+        EXPECT_EQ(bt.received[i], N);
+        EXPECT_EQ(rt.sent[i], N);
+      }
+    }
+  }
+}
+
+// ---- the verifier catches broken plans of the new kinds ------------------------------
+
+namespace {
+PlanBuilder mutated(const std::function<void(Plan&)>& f) {
+  return [f](const PlanRequest& req) {
+    auto p = std::make_shared<Plan>(*build_plan(req));
+    f(*p);
+    return std::shared_ptr<const Plan>(p);
+  };
+}
+VerifyResult run_broken(const PlanRequest& req, const std::function<void(Plan&)>& f, bool in_place = false) {
+  VerifyOptions o;
+  o.in_place = in_place;
+  return verify_plans(req, o, mutated(f));
+}
+}  // namespace
+
+TEST(VerifierCatches, MisindexedAlltoall) {
+  // Rank 2 sends each peer the block meant for the next rank.
+  auto req = request({Collective::alltoall, Algorithm::ring}, 5, 4, 1 << 20);
+  auto r = run_broken(req, [](Plan& p) {
+    if (p.request.rank != 2) return;
+    for (auto& s : p.steps)
+      if (s.kind == StepKind::send) s.src.offset = (s.src.offset + 4) % 20;
+  });
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("element"), std::string::npos) << r.error;
+}
+
+TEST(VerifierCatches, AllgatherBlocksInTheWrongPlace) {
+  // Rank 1 stores the block it receives one block too far.
+  auto req = request({Collective::allgather, Algorithm::ring}, 4, 3, 1 << 20);
+  auto r = run_broken(req, [](Plan& p) {
+    if (p.request.rank != 1) return;
+    for (auto& s : p.steps)
+      if (s.kind == StepKind::recv && s.dst.offset == 0) s.dst.offset = 3;
+  });
+  EXPECT_FALSE(r.ok);
+}
+
+TEST(VerifierCatches, ReduceScatterOwnerKeepingTheWrongBlock) {
+  // Every rank reduces its last message with its input block shifted by one element.
+  auto req = request({Collective::reduce_scatter, Algorithm::ring}, 3, 5, 1 << 20);
+  auto r = run_broken(req, [](Plan& p) {
+    for (auto& s : p.steps)
+      if (s.kind == StepKind::recv_reduce && s.dst.buf == Buffer::output) s.src.offset += s.src.offset > 0 ? -1 : 1;
+  });
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("with element"), std::string::npos) << r.error;
+}
+
+TEST(VerifierCatches, BroadcastReadingANonRootInput) {
+  // A non-root forwards its own input instead of what it received.
+  auto req = request({Collective::broadcast, Algorithm::ring}, 4, 8, 1 << 20, 1);
+  auto r = run_broken(req, [](Plan& p) {
+    if (p.request.rank == 2)
+      for (auto& s : p.steps)
+        if (s.kind == StepKind::send) s.src.buf = Buffer::input;
+  });
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("outside its buffer"), std::string::npos) << r.error;
+}
+
+TEST(VerifierCatches, ReduceWritingANonRootOutput) {
+  auto req = request({Collective::reduce, Algorithm::tree}, 4, 8, 1 << 20, 0);
+  auto r = run_broken(req, [](Plan& p) {
+    if (p.request.rank == 2)
+      for (auto& s : p.steps)
+        if (s.kind == StepKind::recv_reduce) s.dst.buf = Buffer::output;
+  });
+  EXPECT_FALSE(r.ok);
+}
+
+TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
+  // Receive every block straight into the output: out of place that is right, in
+  // place it overwrites blocks still to be sent.
+  auto req = request({Collective::alltoall, Algorithm::ring}, 4, 2, 1 << 20);
+  auto direct = [](Plan& p) {
+    const std::uint64_t c = p.request.count, n = static_cast<std::uint64_t>(p.request.world);
+    const std::uint64_t r = static_cast<std::uint64_t>(p.request.rank);
+    Plan q;
+    q.request = p.request;
+    q.phase_names = p.phase_names;
+    q.add([&] { Step s; s.kind = StepKind::copy; s.src = {Buffer::input, r * c, c}; s.dst = {Buffer::output, r * c, c}; return s; }());
+    for (std::uint64_t k = 1; k < n; ++k) {
+      Step s;
+      s.kind = StepKind::send;
+      s.peer = static_cast<int>((r + k) % n);
+      s.src = {Buffer::input, (r + k) % n * c, c};
+      q.add(s);
+      Step t;
+      t.kind = StepKind::recv;
+      t.peer = static_cast<int>((r + n - k) % n);
+      t.dst = {Buffer::output, (r + n - k) % n * c, c};
+      q.add(t);
+    }
+    q.seal();
+    p = q;
+  };
+  EXPECT_TRUE(run_broken(req, direct, false).ok);
+  bool caught = false;
+  for (std::uint64_t seed = 0; seed < 50 && !caught; ++seed) {
+    VerifyOptions o;
+    o.in_place = true;
+    o.seed = seed;
+    caught = !verify_plans(req, o, mutated(direct)).ok;
+  }
+  EXPECT_TRUE(caught);
+}
