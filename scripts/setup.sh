@@ -3,7 +3,10 @@
 # Idempotent; run as root on Debian 12 (the scripts call it for you).
 set -euo pipefail
 
-need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps)
+# openmpi-bin/libopenmpi-dev: the MPI_Allreduce comparison bench (bench/mpi_allreduce_bench.cpp,
+# scripts/compare.sh); the build skips it when MPI is absent.
+need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
+      openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -15,6 +18,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+  # Quiet unless it fails (debconf and dpkg talk on stderr even with -qq).
+  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: apt-get failed installing ${missing[*]}" >&2
+    exit 1
+  fi
 fi
