@@ -352,8 +352,12 @@ struct Sim {
     return host[static_cast<std::size_t>(a)] != host[static_cast<std::size_t>(b)] ? inter : intra;
   }
 
-  // Moves send g of rank r now: reserves the ports (and NICs), schedules the send's
-  // completion and the message's landing.
+  // Moves send g of rank r from time t: the message passes through the sender's port,
+  // the two hosts' NICs when they are shared, and the receiver's port. Each is a FIFO
+  // server busy for bytes·(its β) from when the message reaches it and it is free; the
+  // message leaves a stage no earlier than it left the previous one (cut-through, as
+  // through a switch with buffers). The send is done when the message has left this
+  // host; it lands α after leaving the last stage.
   void transmit(std::uint32_t g, std::int32_t r, double t) {
     const SimStep& x = st[g];
     const std::int32_t p = x.peer;
@@ -361,21 +365,19 @@ struct Sim {
     const bool cross = hr != hp;
     const LinkCost& lc = cross ? inter : intra;
     const std::size_t slot = (cross && !intra_is_inter_port) ? 1 : 0;
-    double& of = out_free[static_cast<std::size_t>(r) * 2 + slot];
-    double& inf = in_free[static_cast<std::size_t>(p) * 2 + slot];
     const double b = static_cast<double>(x.bytes);
-    double start = std::max(t, std::max(of, inf));
+    double start = t, end = t;
+    auto stage = [&](double& free, double beta) {
+      start = std::max(start, free);
+      free = start + b * beta;
+      end = std::max(end, free);
+    };
+    stage(out_free[static_cast<std::size_t>(r) * 2 + slot], lc.beta);
     const bool nic = cross && nic_beta > 0;
-    if (nic) start = std::max(start, std::max(nic_out[static_cast<std::size_t>(hr)], nic_in[static_cast<std::size_t>(hp)]));
-    const double port_end = start + b * lc.beta;
-    of = inf = port_end;
-    double end = port_end;
-    if (nic) {
-      const double nic_end = start + b * nic_beta;
-      nic_out[static_cast<std::size_t>(hr)] = nic_in[static_cast<std::size_t>(hp)] = nic_end;
-      end = std::max(end, nic_end);
-    }
+    if (nic) stage(nic_out[static_cast<std::size_t>(hr)], nic_beta);
     schedule(end, g, r);
+    if (nic) stage(nic_in[static_cast<std::size_t>(hp)], nic_beta);
+    stage(in_free[static_cast<std::size_t>(p) * 2 + slot], lc.beta);
     schedule(end + lc.alpha, x.match | kArriveBit, p);
   }
 

@@ -13,13 +13,15 @@
 // - A transfer starts when its send is posted on an eager link class (the transport
 //   stages the data: shm's ring slots), and once the matching receive is posted too on
 //   a rendezvous class (TCP in the engine never reads a payload before its receive is
-//   posted; NVLink/IB copies need the receiver's buffer). It occupies the sender's
-//   outgoing port and the receiver's
-//   incoming port of the pair's link class, and, across hosts with a shared NIC, both
-//   hosts' NIC directions, for bytes·β each; transfers that share a port serialize, in
-//   the order they were posted (FIFO, work-conserving). The message then lands α later
-//   (α is pipelined latency: it does not occupy the port). The send step is done when
-//   its bytes have left the port.
+//   posted; NVLink/IB copies need the receiver's buffer). The message then passes
+//   through the sender's outgoing port, across hosts with a shared NIC through both
+//   hosts' NIC directions, and through the receiver's incoming port: each is a FIFO
+//   server busy for bytes·(its β) once the message reaches it and it is free, and the
+//   message leaves a stage no earlier than the one before (cut-through, as through a
+//   switch with buffers). Transfers that share a port thus serialize in the order they
+//   were posted, and a port is never held idle by congestion elsewhere. The message
+//   lands α after leaving the last stage (α is pipelined latency, not occupancy); the
+//   send step is done when the message has left its host.
 // - Ports are full duplex: a rank's outgoing and incoming directions are independent,
 //   and intra-host and inter-host traffic use separate ports (NVLink vs NIC) unless
 //   both are the same link class (one port then).
