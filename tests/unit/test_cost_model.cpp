@@ -2,7 +2,8 @@
 // ring agrees with its closed-form α-β-γ cost, that predictions grow with size, that
 // the tuner picks the ring for large messages and a log-depth algorithm for small
 // ones on a big world (skipped while build_plan offers neither tree nor rhd), that
-// calibrate() recovers α and β, and that braid_sim prices 1024 ranks quickly.
+// the same holds for rooted collectives (tree vs chain), that calibrate() recovers α
+// and β, and that braid_sim prices 1024 ranks quickly.
 #include "collectives/cost.hpp"
 #include "collectives/plan.hpp"
 #include "collectives/tuner.hpp"
@@ -81,8 +82,9 @@ double sim(int world, const Topology& topo, std::function<void(int, Plan&)> make
   return simulate(request(world, 1), topo, test_model(), {}, hand_made(std::move(make))).seconds;
 }
 
-// Algorithms build_plan offers for `req` (automatic excluded).
-std::vector<Algorithm> offered(PlanRequest req) {
+// Algorithms build_plan offers for `req` on `topo` (automatic excluded).
+std::vector<Algorithm> offered(PlanRequest req, const Topology& topo) {
+  if (!topo.host_of.empty()) req.host_of = std::make_shared<const std::vector<int>>(topo.host_of);
   std::vector<Algorithm> out;
   for (int a = 1; a < 64; ++a) {
     const auto algo = static_cast<Algorithm>(a);
@@ -386,7 +388,7 @@ TEST(CostModel, PredictionsGrowWithSizeForEveryOfferedAlgorithm) {
                             Topology::hosts(64, 8, LinkClass::nvlink, LinkClass::ib)};
   for (const auto& topo : topos) {
     const int n = static_cast<int>(topo.host_of.size());
-    for (Algorithm a : offered(request(n, 1024))) {
+    for (Algorithm a : offered(request(n, 1024), topo)) {
       double prev = -1;
       for (std::uint64_t count = 0; count <= (16u << 20); count = count ? count * 4 : 1) {
         auto req = request(n, count, a, 512 * 1024);
@@ -403,7 +405,7 @@ TEST(CostModel, PredictionsGrowWithSizeForEveryOfferedAlgorithm) {
 TEST(Tuner, PricesEveryOfferedAlgorithmAndTakesTheCheapest) {
   const auto topo = Topology::hosts(8, 4, LinkClass::shm, LinkClass::tcp);
   const Choice c = choose(Collective::allreduce, 1u << 20, 4, ReduceOp::sum, 8, topo, CostModel::defaults());
-  const auto want = offered(request(8, 1u << 20));
+  const auto want = offered(request(8, 1u << 20), topo);
   ASSERT_EQ(c.candidates.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(c.candidates[i].algorithm, want[i]);
@@ -429,7 +431,7 @@ TEST(Tuner, PicksTheRingForLargeMessages) {
 TEST(Tuner, PicksALogDepthAlgorithmForSmallMessagesOnABigWorld) {
   const int n = 256;
   const auto topo = Topology::hosts(n, 8, LinkClass::nvlink, LinkClass::ib);
-  const auto have = offered(request(n, 1024));
+  const auto have = offered(request(n, 1024), topo);
   if (!contains(have, Algorithm::tree) && !contains(have, Algorithm::rhd))
     GTEST_SKIP() << "build_plan offers neither tree nor rhd all-reduce yet";
   CostModel m = CostModel::defaults();
@@ -464,12 +466,23 @@ TEST(Tuner, CachesPerCollectiveAndSizeBucket) {
   EXPECT_LT(Tuner::size_bucket(4000), Tuner::size_bucket(4000 * 1.2));
 }
 
-TEST(Tuner, CollectivesWithoutPlansAreRefused) {
-  auto req = request(4, 100);
-  req.collective = Collective::alltoall;
-  if (!offered(req).empty()) GTEST_SKIP() << "build_plan now plans alltoall";
-  EXPECT_THROW(choose(Collective::alltoall, 100, 4, ReduceOp::sum, 4, Topology::single_host(4), CostModel::defaults()),
-               Error);
+TEST(Tuner, RootedCollectivesTakeTheTreeForSmallAndTheChainForLargeMessages) {
+  // Broadcast and reduce: a binomial tree (log-depth, whole message per hop) against a
+  // pipelined chain (n-1 hops, but each rank forwards N once).
+  const int n = 64;
+  const auto topo = Topology::single_host(n, LinkClass::nvlink);
+  for (Collective c : {Collective::broadcast, Collective::reduce}) {
+    auto req = request(n, 1024);
+    req.collective = c;
+    const auto have = offered(req, topo);
+    if (!contains(have, Algorithm::tree) || !contains(have, Algorithm::ring)) {
+      GTEST_SKIP() << to_string(c) << ": build_plan does not offer both the chain (ring) and the tree";
+    }
+    const Choice small = choose(c, 1024, 4, ReduceOp::sum, n, topo, CostModel::defaults());
+    EXPECT_EQ(small.algorithm, Algorithm::tree) << small.explanation;
+    const Choice large = choose(c, 64u << 20, 4, ReduceOp::sum, n, topo, CostModel::defaults());
+    EXPECT_EQ(large.algorithm, Algorithm::ring) << large.explanation;
+  }
 }
 
 // ---- calibration -----------------------------------------------------------------------
