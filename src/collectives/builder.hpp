@@ -128,5 +128,9 @@ void build_binomial_broadcast(Builder& b);     // broadcast.cpp
 void build_chain_reduce(Builder& b);           // reduce.cpp
 void build_binomial_reduce(Builder& b);        // reduce.cpp
 void build_pairwise_alltoall(Builder& b);      // alltoall.cpp
+void build_tree_allreduce(Builder& b);         // tree.cpp
+void build_rhd_allreduce(Builder& b);          // rhd.cpp
+/// False (and nothing built) when the layout does not suit it: use the ring.
+bool build_hierarchical_allreduce(Builder& b); // hierarchical.cpp
 
 }  // namespace braid::collectives

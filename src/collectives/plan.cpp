@@ -108,7 +108,7 @@ Algorithm rooted_default(const PlanRequest& req) {
 
 std::vector<Algorithm> algorithms_for(Collective c) {
   switch (c) {
-    case Collective::allreduce: return {Algorithm::ring};
+    case Collective::allreduce: return {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical};
     case Collective::broadcast:
     case Collective::reduce: return {Algorithm::ring, Algorithm::tree};
     default: return {Algorithm::ring};
@@ -131,8 +131,16 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   Builder b(*plan);
   switch (req.collective) {
     case Collective::allreduce:
-      algo = Algorithm::ring;
-      build_ring_allreduce(b);
+      switch (algo) {
+        case Algorithm::tree: build_tree_allreduce(b); break;
+        case Algorithm::rhd: build_rhd_allreduce(b); break;
+        case Algorithm::hierarchical:
+          if (build_hierarchical_allreduce(b)) break;
+          [[fallthrough]];
+        default:
+          algo = Algorithm::ring;
+          build_ring_allreduce(b);
+      }
       break;
     case Collective::broadcast:
       if (algo == Algorithm::automatic) algo = rooted_default(req);

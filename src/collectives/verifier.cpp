@@ -287,6 +287,7 @@ struct Sim {
     result.sent[r] += data.size();
     ++result.sends[r];
     result.received[static_cast<std::size_t>(s.peer)] += data.size();
+    result.traffic[r * static_cast<std::size_t>(world) + static_cast<std::size_t>(s.peer)] += data.size();
     channel(rs.rank, s.peer).push_back(std::move(data));
     complete(rs, i);
   }
@@ -397,16 +398,35 @@ struct Sim {
     const auto n = static_cast<std::size_t>(world);
     std::mt19937_64 rng(opt.seed);
     std::vector<std::vector<Action>> acts(n);
-    std::size_t total = 0;
-    for (std::size_t r = 0; r < n; ++r) {
+    std::vector<std::size_t> posts(n, 0);  // post actions among acts[r]
+    std::size_t total = 0, total_posts = 0;
+    auto refresh = [&](std::size_t r) {
+      total -= acts[r].size();
+      total_posts -= posts[r];
       actions_of(ranks[r], acts[r]);
+      posts[r] = static_cast<std::size_t>(
+          std::count_if(acts[r].begin(), acts[r].end(), [](const Action& x) { return x.kind == 0; }));
       total += acts[r].size();
-    }
+      total_posts += posts[r];
+    };
+    for (std::size_t r = 0; r < n; ++r) refresh(r);
     for (;;) {
       if (total == 0) break;
-      std::size_t pick = static_cast<std::size_t>(rng() % total), who = 0;
-      while (pick >= acts[who].size()) pick -= acts[who++].size();
-      const Action a = acts[who][pick];
+      std::size_t who = 0;
+      Action a{};
+      if (opt.post_first && total_posts > 0) {
+        std::size_t pick = static_cast<std::size_t>(rng() % total_posts);
+        while (pick >= posts[who]) pick -= posts[who++];
+        for (const Action& x : acts[who])
+          if (x.kind == 0 && pick-- == 0) {
+            a = x;
+            break;
+          }
+      } else {
+        std::size_t pick = static_cast<std::size_t>(rng() % total);
+        while (pick >= acts[who].size()) pick -= acts[who++].size();
+        a = acts[who][pick];
+      }
       RankSim& rs = ranks[who];
       const Step& s = rs.plan->steps[a.step];
       const auto p = static_cast<std::size_t>(s.peer < 0 ? 0 : s.peer);
@@ -424,9 +444,7 @@ struct Sim {
       }
       // Only this rank and the step's peer can have gained or lost actions.
       for (std::size_t r : {who, p}) {
-        total -= acts[r].size();
-        actions_of(ranks[r], acts[r]);
-        total += acts[r].size();
+        refresh(r);
         if (s.peer < 0) break;
       }
     }
@@ -542,6 +560,7 @@ VerifyResult verify_plans(const PlanRequest& base, const VerifyOptions& options,
   sim.result.received.assign(n, 0);
   sim.result.sends.assign(n, 0);
   sim.result.reduced.assign(n, 0);
+  sim.result.traffic.assign(n * n, 0);
   try {
     sim.ranks.resize(n);
     sim.channels.resize(n * n);

@@ -45,6 +45,7 @@ struct VerifyResult {
   std::vector<std::uint64_t> received;  ///< elements each rank received
   std::vector<std::uint64_t> sends;     ///< messages each rank sent
   std::vector<std::uint64_t> reduced;   ///< elements each rank reduced (recv_reduce + reduce)
+  std::vector<std::uint64_t> traffic;   ///< elements sent from rank a to rank b at [a * world + b]
 };
 
 /// How to run the plans.
@@ -59,6 +60,10 @@ struct VerifyOptions {
   /// Staging buffers per rank for recv_reduce steps whose src overlaps dst (the
   /// engine's kMaxStaging); 0 = unlimited.
   std::size_t staging_slots = 8;
+  /// Post every step that can be posted before completing any transfer, as the engine
+  /// does (it posts all ready queue heads, then reaps): the order that holds staging
+  /// buffers longest. Off: posts and completions interleave at random.
+  bool post_first = false;
 };
 
 /// Makes the plan of one rank (default build_plan; tests pass broken builders to show

@@ -84,6 +84,7 @@ std::string prove(const PlanRequest& req, bool in_place, std::uint64_t seed) {
   VerifyOptions o;
   o.in_place = in_place;
   o.seed = seed;
+  o.post_first = seed % 2 == 1;  // half the runs in the engine's order
   const auto r = verify_plans(req, o);
   if (r.ok) return {};
   std::ostringstream os;
@@ -141,6 +142,7 @@ TEST_P(EveryPlan, ProvenUnderManyInterleavingsAndEagerSends) {
     o.seed = seed;
     o.rendezvous = seed % 3 != 0;
     o.staging_slots = seed % 4 == 0 ? 0 : 8;
+    o.post_first = seed % 5 < 2;
     const auto r = verify_plans(req, o);
     ASSERT_TRUE(r.ok) << name(v) << " seed " << seed << ": " << r.error;
   }
@@ -243,6 +245,83 @@ TEST(WireBytes, MatchTheDocumentedFormulas) {
         EXPECT_EQ(bt.received[i], N);
         EXPECT_EQ(rt.sent[i], N);
       }
+    }
+  }
+}
+
+TEST(WireBytes, AllreduceAlgorithmsMatchTheDocumentedFormulas) {
+  const std::uint64_t N = 32760;  // divisible by 1..10, 12, 13
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 9, 12, 13}) {
+    const std::uint64_t w = static_cast<std::uint64_t>(n);
+    // Recursive halving-doubling: 2(p-1)/p·N each way on the p ranks that stay, plus
+    // N each way for the odd ranks of the fold; the even ones move N each way only.
+    {
+      auto r = run(request({Collective::allreduce, Algorithm::rhd}, n, N, 1 << 30));
+      std::uint64_t p = 1;
+      while (p * 2 <= w) p *= 2;
+      const std::uint64_t rem = w - p;
+      for (std::uint64_t i = 0; i < w; ++i) {
+        const std::uint64_t want = i < 2 * rem && i % 2 == 0 ? N : 2 * (p - 1) * N / p + (i < 2 * rem ? N : 0);
+        EXPECT_EQ(r.sent[i], want) << "rhd n " << n << " rank " << i;
+        EXPECT_EQ(r.received[i], want) << "rhd n " << n << " rank " << i;
+      }
+    }
+    // Double binary tree: each tree moves its half over each of its n-1 edges twice
+    // (2(n-1)·N in all), and no rank sends or receives more than 2N.
+    {
+      auto r = run(request({Collective::allreduce, Algorithm::tree}, n, N, 1 << 30));
+      EXPECT_EQ(r.bytes, 2 * (w - 1) * N) << "tree n " << n;
+      for (std::uint64_t i = 0; i < w; ++i) {
+        EXPECT_LE(r.sent[i], 2 * N) << "tree n " << n;
+        EXPECT_LE(r.received[i], 2 * N) << "tree n " << n;
+      }
+    }
+    // Hierarchical, L ranks on each of H hosts: 2(L-1)/L·N inside the host and
+    // 2(H-1)/H·N/L between hosts, each way.
+    for (int per_host : {2, 3, 4}) {
+      if (n % per_host || n == per_host) continue;
+      const std::uint64_t L = static_cast<std::uint64_t>(per_host), H = w / L;
+      auto req = request({Collective::allreduce, Algorithm::hierarchical}, n, N, 1 << 30);
+      req.host_of = hosts(n, per_host);
+      ASSERT_EQ(build_plan(req)->request.algorithm, Algorithm::hierarchical);
+      auto r = run(req);
+      for (std::uint64_t i = 0; i < w; ++i) {
+        std::uint64_t intra = 0, inter = 0;
+        for (std::uint64_t j = 0; j < w; ++j) (i / L == j / L ? intra : inter) += r.traffic[i * w + j];
+        EXPECT_EQ(intra, 2 * (L - 1) * N / L) << "hier n " << n << " L " << L;
+        EXPECT_EQ(inter, 2 * (H - 1) * N / (H * L)) << "hier n " << n << " L " << L;
+      }
+    }
+  }
+}
+
+TEST(PlanDispatch, HierarchicalFallsBackToTheRingWhereItCannotHelp) {
+  auto req = request({Collective::allreduce, Algorithm::hierarchical}, 6, 100, 1 << 20);
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);  // no host map
+  req.host_of = hosts(6, 6);
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);  // one host
+  req.host_of = hosts(6, 1);
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);  // one rank per host
+  req.host_of = hosts(6, 4);
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);  // 4 + 2 ranks
+  req.host_of = std::make_shared<const std::vector<int>>(std::vector<int>{7, 3, 7, 3, 7, 3});
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::hierarchical);  // interleaved hosts
+  EXPECT_TRUE(verify_plans(req, VerifyOptions{}).ok);
+}
+
+TEST(TreeShape, NoRankIsAnInnerNodeOfBothTrees) {
+  // The point of NCCL's second tree (mirror or shift of the first): a rank's two
+  // children are in one tree only, so it reduces at most N (two halves) and talks to at
+  // most 4 peers; an inner node of both trees would reduce up to 2N.
+  for (int n = 2; n <= 64; ++n) {
+    const std::uint64_t N = 2 * static_cast<std::uint64_t>(n);
+    auto r = run(request({Collective::allreduce, Algorithm::tree}, n, N, 1 << 30));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_LE(r.reduced[static_cast<std::size_t>(i)], N) << "n " << n << " rank " << i;
+      int peers = 0;
+      for (int j = 0; j < n; ++j)
+        peers += r.traffic[static_cast<std::size_t>(j * n + i)] + r.traffic[static_cast<std::size_t>(i * n + j)] > 0;
+      EXPECT_LE(peers, 4) << "n " << n << " rank " << i;
     }
   }
 }
