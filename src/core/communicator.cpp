@@ -4,8 +4,10 @@
 
 #include "core/check.hpp"
 #include "core/logging.hpp"
+#include "collectives/tuner.hpp"
 
 #include <braid/error.hpp>
+#include <braid/config.hpp>
 #include <braid/info.hpp>
 
 #include <unistd.h>
@@ -359,10 +361,51 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
 }
 
 Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
-  // The cost-model tuner replaces this once it is wired in; until then the ring for
-  // all-reduce and each collective's default plan otherwise.
-  (void)req;
-  return Algorithm::ring;
+  // Collectives with a single plan need no tuning.
+  if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
+      req.collective != Collective::reduce)
+    return Algorithm::automatic;
+  if (size == 1) return Algorithm::ring;
+  collectives::Tuner* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    t = tuner.get();
+  }
+  if (!t) {
+    // Every rank prices with the same topology (from the store) and the same model
+    // (defaults, or BRAID_COST_MODEL), so every rank makes the same choice.
+    collectives::Topology topo;
+    topo.host_of = *host_map();
+    const bool shm = BRAID_HAVE_SHM && cfg.transport != "tcp";
+    topo.intra = shm ? collectives::LinkClass::shm : collectives::LinkClass::tcp;
+    topo.inter = cfg.transport == "shm" ? collectives::LinkClass::shm : collectives::LinkClass::tcp;
+    collectives::TuneOptions to;
+    to.slice_bytes = cfg.chunk_bytes;
+    auto made = std::make_unique<collectives::Tuner>(size, std::move(topo), cost_model(), to);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!tuner) tuner = std::move(made);
+    t = tuner.get();
+  }
+  bool first = false;
+  try {
+    const auto choice = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
+    if (first) BRAID_LOG(info, "tuner: " << choice->explanation);
+    return choice->algorithm;
+  } catch (const Error& e) {
+    BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
+    return Algorithm::automatic;
+  }
+}
+
+collectives::CostModel Communicator::Impl::cost_model() const {
+  if (cfg.cost_model.empty()) return collectives::CostModel::defaults();
+  std::ifstream f(cfg.cost_model);
+  BRAID_CHECK(f.good(), InvalidUsage,
+              "BRAID_COST_MODEL='" << cfg.cost_model << "' cannot be read; give a file written by "
+                                      "collectives::serialize (docs/cost-model.md) or unset it");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return collectives::deserialize(ss.str());
 }
 
 std::shared_ptr<const std::vector<int>> Communicator::Impl::host_map() {

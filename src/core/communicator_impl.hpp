@@ -4,6 +4,7 @@
 #include <braid/communicator.hpp>
 
 #include "collectives/plan.hpp"
+#include "collectives/tuner.hpp"
 #include "core/config.hpp"
 #include "core/engine.hpp"
 
@@ -53,6 +54,8 @@ struct Communicator::Impl {
                   const char* what);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   Algorithm choose_algorithm(const collectives::PlanRequest& req);
+  collectives::CostModel cost_model() const;
+  std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
   std::shared_ptr<const std::vector<int>> host_map();
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive);

@@ -20,7 +20,12 @@ const std::vector<ConfigVar> kTable = {
     {"BRAID_DEBUG", "enum", "WARN", "Log level: ERROR, WARN, INFO or TRACE.", true},
     {"BRAID_TIMEOUT", "duration", "300s",
      "Deadline of every collective and of connection set-up (e.g. 30s, 500ms, 5m).", true},
-    {"BRAID_ALGO", "enum", "auto", "All-reduce algorithm: auto or ring (tree, rhd, hier arrive later).",
+    {"BRAID_ALGO", "enum", "auto",
+     "All-reduce algorithm: auto (the tuner prices every plan with the cost model), ring, tree, rhd or hier.",
+     true},
+    {"BRAID_COST_MODEL", "string", "",
+     "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
+     "calibration; default: constants measured on the development machine (docs/cost-model.md).",
      true},
     {"BRAID_CODEC", "string", "none", "Compression codec inside the collective (none until the compression issue).",
      true},
@@ -229,6 +234,7 @@ Config Config::parse(const Lookup& lookup) {
   c.plan_cache = static_cast<std::size_t>(cache);
   r.boolean("BRAID_CHECK_ARGS", c.check_args);
   r.boolean("BRAID_DETERMINISTIC", c.deterministic);
+  r.str("BRAID_COST_MODEL", c.cost_model);
   r.str("BRAID_SOCKET_IFNAME", c.socket_ifname);
   r.integer("BRAID_SOCKETS_PER_PEER", c.sockets_per_peer, 1, 64);
   r.bytes("BRAID_SOCKET_BUFFER", c.socket_buffer);

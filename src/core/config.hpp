@@ -33,6 +33,7 @@ struct Config {
   std::size_t plan_cache = 64;
   bool check_args = false;
   bool deterministic = false;
+  std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   // --- network ---
   std::string socket_ifname;
   int sockets_per_peer = 2;
