@@ -132,5 +132,8 @@ void build_tree_allreduce(Builder& b);         // tree.cpp
 void build_rhd_allreduce(Builder& b);          // rhd.cpp
 /// False (and nothing built) when the layout does not suit it: use the ring.
 bool build_hierarchical_allreduce(Builder& b); // hierarchical.cpp
+void build_deterministic_allreduce(Builder& b);       // deterministic.cpp
+void build_deterministic_reduce_scatter(Builder& b);  // deterministic.cpp
+void build_deterministic_reduce(Builder& b);          // deterministic.cpp
 
 }  // namespace braid::collectives

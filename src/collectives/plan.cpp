@@ -129,6 +129,17 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   const auto offered = algorithms_for(req.collective);
   if (algo != Algorithm::automatic && std::find(offered.begin(), offered.end(), algo) == offered.end()) refuse(req);
   Builder b(*plan);
+  if (req.deterministic && (req.collective == Collective::allreduce || req.collective == Collective::reduce ||
+                            req.collective == Collective::reduce_scatter)) {
+    // One fixed reduction order whatever the algorithm (deterministic.cpp).
+    algo = Algorithm::ring;
+    if (req.collective == Collective::allreduce) build_deterministic_allreduce(b);
+    else if (req.collective == Collective::reduce) build_deterministic_reduce(b);
+    else build_deterministic_reduce_scatter(b);
+    if (plan->phase_names.empty()) plan->phase_names.push_back("none");
+    plan->seal();
+    return plan;
+  }
   switch (req.collective) {
     case Collective::allreduce:
       switch (algo) {

@@ -76,6 +76,11 @@ std::vector<Variant> all_variants() {
   for (Collective c : {Collective::broadcast, Collective::reduce, Collective::allgather, Collective::reduce_scatter,
                        Collective::alltoall})
     for (Algorithm a : algorithms_for(c)) v.push_back({c, a});
+  // Deterministic mode: one plan per reducing collective, whatever the algorithm.
+  v.push_back({Collective::allreduce, Algorithm::tree, true});
+  v.push_back({Collective::allreduce, Algorithm::hierarchical, true, true});
+  v.push_back({Collective::reduce, Algorithm::tree, true});
+  v.push_back({Collective::reduce_scatter, Algorithm::ring, true});
   return v;
 }
 
@@ -295,6 +300,31 @@ TEST(WireBytes, AllreduceAlgorithmsMatchTheDocumentedFormulas) {
   }
 }
 
+TEST(WireBytes, DeterministicModeMatchesTheDocumentedFormulas) {
+  const std::uint64_t N = 32760, c = 12;
+  for (int n : {2, 3, 5, 8, 12, 13}) {
+    const std::uint64_t w = static_cast<std::uint64_t>(n);
+    // All-reduce: direct reduce-scatter + ring all-gather, 2(n-1)/n·N each way.
+    auto ar = run(request({Collective::allreduce, Algorithm::tree, true}, n, N, 1 << 30));
+    // Reduce-scatter: (n-1)·count each way, in one round.
+    auto rs = run(request({Collective::reduce_scatter, Algorithm::ring, true}, n, c, 1 << 30));
+    for (std::uint64_t i = 0; i < w; ++i) {
+      EXPECT_EQ(ar.sent[i], 2 * (w - 1) * N / w);
+      EXPECT_EQ(ar.received[i], 2 * (w - 1) * N / w);
+      EXPECT_EQ(ar.reduced[i], (w - 1) * N / w);
+      EXPECT_EQ(rs.sent[i], (w - 1) * c);
+      EXPECT_EQ(rs.received[i], (w - 1) * c);
+    }
+    // Reduce: the rank-order chain moves N per hop, plus one hop to a root that is not
+    // the last rank.
+    for (int root : {0, n / 2, n - 1}) {
+      auto rd = run(request({Collective::reduce, Algorithm::ring, true}, n, N, 1024, root));
+      EXPECT_EQ(rd.bytes, (w - 1) * N + (root == n - 1 ? 0 : N)) << n << " root " << root;
+      EXPECT_EQ(rd.sent[static_cast<std::size_t>(n - 1)], root == n - 1 ? 0 : N);
+    }
+  }
+}
+
 TEST(PlanDispatch, HierarchicalFallsBackToTheRingWhereItCannotHelp) {
   auto req = request({Collective::allreduce, Algorithm::hierarchical}, 6, 100, 1 << 20);
   EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);  // no host map
@@ -434,4 +464,19 @@ TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
     caught = !verify_plans(req, o, mutated(direct)).ok;
   }
   EXPECT_TRUE(caught);
+}
+
+TEST(VerifierCatches, ReductionOutOfRankOrderInDeterministicMode) {
+  // The ring's plan run where deterministic mode is asked for: every element holds
+  // every contribution, but not folded in rank order, which the verifier reports.
+  for (Algorithm a : {Algorithm::ring, Algorithm::tree, Algorithm::rhd}) {
+    auto req = request({Collective::allreduce, a, true}, 5, 20, 1 << 20);
+    auto r = verify_plans(req, VerifyOptions{}, [a](const PlanRequest& q) {
+      PlanRequest plain = q;
+      plain.deterministic = false;
+      return build_plan(plain);
+    });
+    EXPECT_FALSE(r.ok) << braid::to_string(a);
+    EXPECT_NE(r.error.find("rank order"), std::string::npos) << r.error;
+  }
 }
