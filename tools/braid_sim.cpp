@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
   std::string intra_s = "nvlink", inter_s = "ib";
   double factor = 2, intra_bw = 450, intra_us = 1.5, inter_bw = 50, inter_us = 5, nic_bw = 0, reduce_bw = 1000,
          copy_bw = 1500;
-  int per_host = 8;
+  int per_host = 8, jobs = 1;
   std::uint64_t max_steps = 1ull << 23;
   app.add_option("-r,--ranks", ranks_s, "world sizes: list (8,16,64) and/or doubling ranges (8-1024)")->capture_default_str();
   app.add_option("-p,--ranks-per-host", per_host, "ranks (GPUs) per host; ranks r..r+p-1 share a host")
@@ -135,6 +137,8 @@ int main(int argc, char** argv) {
   app.add_option("--copy-bw", copy_bw, "local copy rate per rank, GB/s")->capture_default_str();
   app.add_option("--slice", slice_s, "pipeline slice (BRAID_CHUNK_BYTES)")->capture_default_str();
   app.add_option("--max-steps", max_steps, "bound on simulated steps per prediction; slices grow beyond it")->capture_default_str();
+  app.add_option("-j,--jobs", jobs, "predictions run at once (threads; a 1024-rank one takes up to ~400 MB)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--csv", csv, "also write one row per (ranks, size, algorithm) to this CSV file");
   CLI11_PARSE(app, argc, argv);
 
@@ -213,6 +217,7 @@ int main(int argc, char** argv) {
   struct WorldResult {
     int world = 0, hosts = 0;
     std::vector<Algorithm> offered;
+    std::vector<double> bytes;           // [size]: nccl-tests' size actually priced
     std::vector<std::vector<double>> t;  // [algo][size]
   };
   std::vector<WorldResult> results;
@@ -251,49 +256,71 @@ int main(int argc, char** argv) {
     std::printf("  best\n");
     wr.t.resize(wr.offered.size());
     for (auto& row : wr.t) row.assign(sizes.size(), NAN);
+    // The requests of this world: nccl-tests' size is count·es for allreduce,
+    // count·es·world for allgather, ...: pick the per-rank count that gives -b..-e.
+    const double per = size_bytes(*coll, 1, es, world) / static_cast<double>(es);
+    std::vector<std::uint64_t> counts(sizes.size());
+    for (std::size_t si = 0; si < sizes.size(); ++si)
+      counts[si] = static_cast<std::uint64_t>(static_cast<double>(sizes[si] / es) / per);
+    wr.bytes.resize(sizes.size());
+    for (std::size_t si = 0; si < sizes.size(); ++si) wr.bytes[si] = size_bytes(*coll, counts[si], es, world);
+
+    // Predict every (size, algorithm) of this world, `jobs` at a time.
+    const std::size_t ntasks = sizes.size() * wr.offered.size();
+    std::vector<Prediction> preds(ntasks);
+    std::vector<std::string> errors(ntasks);
+    std::atomic<std::size_t> next{0};
+    auto worker = [&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < ntasks;) {
+        PlanRequest req;
+        req.collective = *coll;
+        req.world = world;
+        req.elem_size = es;
+        req.op = *op;
+        req.slice_bytes = slice;
+        req.count = counts[i / wr.offered.size()];
+        req.algorithm = wr.offered[i % wr.offered.size()];
+        SimOptions so;
+        so.max_steps = max_steps;
+        try {
+          preds[i] = simulate(req, topo, model, so);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int j = 1; j < jobs; ++j) pool.emplace_back(worker);
+    worker();
+    for (auto& th : pool) th.join();
+
     for (std::size_t si = 0; si < sizes.size(); ++si) {
-      const std::uint64_t count = sizes[si] / es;
-      // nccl-tests' size: allreduce count·es, allgather count·es·world, ...; sweep the
-      // per-rank count so that the size matches -b..-e.
-      PlanRequest req;
-      req.collective = *coll;
-      req.world = world;
-      req.elem_size = es;
-      req.op = *op;
-      req.slice_bytes = slice;
-      req.count = count;
-      const double per = size_bytes(*coll, 1, es, world) / static_cast<double>(es);  // size / count in elements
-      req.count = static_cast<std::uint64_t>(static_cast<double>(count) / per);
-      const double bytes = size_bytes(*coll, req.count, es, world);
-      std::printf(" %12.0f %12llu", bytes, static_cast<unsigned long long>(req.count));
+      const double bytes = wr.bytes[si];
+      std::printf(" %12.0f %12llu", bytes, static_cast<unsigned long long>(counts[si]));
       double best = INFINITY;
       std::string best_name = "-";
       for (std::size_t ai = 0; ai < wr.offered.size(); ++ai) {
-        req.algorithm = wr.offered[ai];
-        SimOptions so;
-        so.max_steps = max_steps;
-        Prediction p;
-        try {
-          p = simulate(req, topo, model, so);
-        } catch (const braid::Error& e) {
+        const std::size_t i = si * wr.offered.size() + ai;
+        const std::string name(braid::to_string(wr.offered[ai]));
+        if (!errors[i].empty()) {
           std::printf(" %21s", "error");
-          std::cerr << "braid_sim: " << braid::to_string(req.algorithm) << " at " << world << " ranks, " << bytes
-                    << " B: " << e.what() << "\n";
+          std::cerr << "braid_sim: " << name << " at " << world << " ranks, " << bytes << " B: " << errors[i] << "\n";
           continue;
         }
+        const Prediction& p = preds[i];
         wr.t[ai][si] = p.seconds;
         const double algbw = p.seconds > 0 ? bytes / p.seconds / 1e9 : 0;
         const double busbw = algbw * bus_factor(*coll, world);
         std::printf(" %11.2f %9.2f", p.seconds * 1e6, busbw);
-        if (p.seconds < best) best = p.seconds, best_name = std::string(braid::to_string(req.algorithm));
+        if (p.seconds < best) best = p.seconds, best_name = name;
         if (csvf)
-          csvf << world << "," << wr.hosts << "," << coll_s << "," << braid::to_string(req.algorithm) << ","
-               << static_cast<std::uint64_t>(bytes) << "," << req.count << "," << p.seconds * 1e6 << "," << algbw
-               << "," << busbw << "," << p.slice_bytes << "," << p.steps << "\n";
+          csvf << world << "," << wr.hosts << "," << coll_s << "," << name << "," << static_cast<std::uint64_t>(bytes)
+               << "," << counts[si] << "," << p.seconds * 1e6 << "," << algbw << "," << busbw << "," << p.slice_bytes
+               << "," << p.steps << "\n";
       }
       std::printf("  %s\n", best_name.c_str());
-      std::fflush(stdout);
     }
+    std::fflush(stdout);
     results.push_back(std::move(wr));
   }
 
@@ -325,9 +352,7 @@ int main(int argc, char** argv) {
       std::string cell;
       if (from == sizes.size()) cell = "never";
       else if (from == 0) cell = "always";
-      else cell = format_bytes(size_bytes(*coll, static_cast<std::uint64_t>(static_cast<double>(sizes[from] / es) /
-                                                                          (size_bytes(*coll, 1, es, wr.world) / static_cast<double>(es))),
-                                          es, wr.world));
+      else cell = format_bytes(wr.bytes[from]);
       std::printf(" %14s", cell.c_str());
     }
     std::printf("\n");
