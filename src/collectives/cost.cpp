@@ -14,6 +14,7 @@
 #include <braid/error.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,9 @@ std::string serialize(const CostModel& model) {
 }
 
 CostModel deserialize(std::string_view text) {
+  // Surrounding white space (a file's final newline) is not part of the model.
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
   const std::string s(text);
   auto bad = [&](const std::string& why) {
     return Error(ErrorCode::InvalidUsage, "malformed cost model '" + s + "': " + why);

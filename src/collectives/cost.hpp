@@ -86,7 +86,8 @@ struct CostModel {
 /// the result through the store: every rank must tune with identical constants, or
 /// ranks would choose different algorithms.
 std::string serialize(const CostModel& model);
-/// Parses serialize()'s output; throws Error(InvalidUsage) on malformed text.
+/// Parses serialize()'s output (surrounding white space, such as a file's final
+/// newline, is ignored); throws Error(InvalidUsage) on malformed text.
 CostModel deserialize(std::string_view text);
 
 /// Where ranks live and which links join them.

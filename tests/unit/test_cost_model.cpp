@@ -550,6 +550,7 @@ TEST(Calibrate, ModelsRoundTripThroughText) {
   EXPECT_EQ(back.copy_beta, m.copy_beta);
   EXPECT_THROW(deserialize("v2;shm=1,1"), Error);
   EXPECT_THROW(deserialize("v1;shm=1"), Error);
+  EXPECT_EQ(deserialize("\n" + serialize(m) + "\n").gamma, m.gamma);  // as read from a file
   EXPECT_TRUE(back[LinkClass::shm].eager);
   EXPECT_FALSE(back[LinkClass::tcp].eager);
   EXPECT_THROW(deserialize(serialize(m) + ";bogus=1"), Error);
