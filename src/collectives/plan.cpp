@@ -98,10 +98,15 @@ namespace {
                                           offered);
 }
 
-// Small messages go to the log-depth tree, large ones to the pipelined chain, until
-// the tuner decides: a message that fits in one slice gains nothing from a chain.
+// Until the tuner decides: by bandwidth terms alone the chain costs (n-2+S)/S·N·β
+// and the binomial tree ceil(log2 n)·N·β, so the chain wins once its S slices
+// outnumber (n-2)/(ceil(log2 n)-1); a message of one slice always goes to the tree.
 Algorithm rooted_default(const PlanRequest& req) {
-  return req.count * req.elem_size <= req.slice_bytes ? Algorithm::tree : Algorithm::ring;
+  const std::uint64_t slice = std::max<std::uint64_t>(1, req.slice_bytes / std::max<std::size_t>(1, req.elem_size));
+  const std::uint64_t S = (req.count + slice - 1) / slice;
+  std::uint64_t log2n = 0;
+  while ((1ull << log2n) < static_cast<std::uint64_t>(req.world)) ++log2n;
+  return log2n <= 1 || S * (log2n - 1) <= static_cast<std::uint64_t>(req.world) - 2 ? Algorithm::tree : Algorithm::ring;
 }
 
 }  // namespace

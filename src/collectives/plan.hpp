@@ -2,19 +2,26 @@
 //
 // An algorithm is a pure function from a PlanRequest to the Plan of one rank: the
 // ordered steps that rank performs (send a region to a peer, receive into a region,
-// receive-and-reduce, copy) on element ranges of its input, output and scratch
-// buffers. The engine executes any plan; the verifier runs every rank's plan
+// receive-and-reduce, copy, local reduce) on element ranges of its input, output and
+// scratch buffers. The engine executes any plan; the verifier runs every rank's plan
 // symbolically in one process. Plans name peers by rank and never see transports.
+// Builders live in one file per algorithm (builder.hpp lists them); docs/algorithms.md
+// describes each.
 //
 // Execution rules shared by the engine and the verifier:
 // - A step may start once every step in its dependency list has completed.
 // - Sends to one peer are posted in plan order; so are receives from one peer; and
 //   the n-th send from A to B matches the n-th receive B posts for A. A step whose
 //   dependencies are not met therefore also holds back later steps of its queue.
-// - Local steps (copy) run in plan order as well.
-// - recv_reduce: dst = src (op) message. src and dst may be the same region (in-place).
-//   All operations are commutative, so the engine may land the message in dst first
-//   when dst does not overlap src.
+// - Local steps (copy, reduce) run in plan order as well.
+// - Plans are correct whether a send completes when its data is buffered (eager) or
+//   only once the matching receive is posted (rendezvous): the verifier runs both.
+// - recv_reduce: dst = src (op) message, src read when the message is in. src and dst
+//   are either the same elements (in place: the engine stages the message, in one of
+//   its few staging buffers) or disjoint. All operations are commutative, so the
+//   engine may land the message in dst first when dst does not overlap src.
+// - reduce: dst = src (op) src2; dst may be an operand, never overlap one partially.
+// - No plan writes its input buffer, and no step addresses an empty region.
 // - `finalize` on a step that writes dst applies the op's finishing touch to dst once
 //   the step is done (avg: divide by the world size). Each output element must be
 //   finalized exactly once for avg, never for other ops.
@@ -65,7 +72,7 @@ struct Step {
   Region dst;
   std::uint32_t dep_begin = 0;  ///< dependencies are deps[dep_begin, dep_begin + dep_count)
   std::uint32_t dep_count = 0;
-  std::uint32_t phase = 0;      ///< algorithm phase, for error messages (0 = reduce-scatter, ...)
+  std::uint32_t phase = 0;      ///< index into Plan::phase_names, for error messages
 };
 
 /// What an algorithm is asked to plan.
@@ -74,15 +81,17 @@ struct PlanRequest {
   Algorithm algorithm = Algorithm::ring;
   int rank = 0;
   int world = 1;
-  std::uint64_t count = 0;       ///< elements per rank (allreduce: the whole vector)
+  std::uint64_t count = 0;       ///< the per-call count (see buffer_counts())
   std::size_t elem_size = 4;     ///< bytes per element, to size pipeline slices
   ReduceOp op = ReduceOp::sum;
   std::size_t slice_bytes = 512 * 1024;  ///< pipeline slice
   int root = 0;                ///< broadcast / reduce root
   bool deterministic = false;  ///< fixed reduction order (same bits for every algorithm)
-  /// Host index of every rank (size world), for topology-aware plans (hierarchical,
-  /// intra-host chains). Null means every rank on its own host... or unknown: plans
-  /// must work without it.
+  /// Host index of every rank (size world), for topology-aware plans: hierarchical
+  /// needs it; rings and chains (ring, allgather, reduce_scatter, broadcast, reduce)
+  /// then visit ranks host by host. Null means unknown: every plan works without it.
+  /// Plans differ with it, so it belongs in any plan cache key (it is fixed per
+  /// communicator).
   std::shared_ptr<const std::vector<int>> host_of;
 };
 

@@ -177,12 +177,20 @@ TEST(PlanDispatch, ResolvesAutomaticAndRefusesWhatACollectiveDoesNotOffer) {
   }
   req.algorithm = Algorithm::automatic;
   EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
-  // Rooted collectives: the tree for a message that fits in a slice, else the chain.
+  // Rooted collectives: the tree for a message that fits in a slice, the chain once
+  // it has enough slices to fill the pipeline (more for bigger worlds).
   req.collective = Collective::broadcast;
   req.slice_bytes = 1024;
   EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::tree);
-  req.count = 1000;
+  req.count = 1000;  // 4 slices
   EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
+  req.world = 64;  // a chain of 64 needs more than (64-2)/5 slices
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::tree);
+  req.count = 4000;  // 16 slices
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
+  req.collective = Collective::reduce;
+  EXPECT_EQ(build_plan(req)->request.algorithm, Algorithm::ring);
+  req.world = 4;
   req.root = 4;
   EXPECT_THROW(build_plan(req), Error);
 }
