@@ -31,7 +31,12 @@ for p in "${pids[@]}"; do wait "$p" || { cat /tmp/braid-smoke-t*-$$.txt; echo "F
 grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-t0-$$.txt
 # Bad arguments are refused before anything runs.
 if "$run" -n 1 -- "$bench" -d float17 >/dev/null 2>&1; then echo "FAILED: bad -d accepted"; exit 1; fi
-if "$run" -n 2 -- "$bench" --algo tree -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: tree accepted"; exit 1; fi
+if "$run" -n 2 -- "$bench" --algo bogus -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: --algo bogus accepted"; exit 1; fi
+# Every algorithm, forced, gives correct results (4 ranks on 2 emulated hosts).
+for a in auto ring tree rhd hier; do
+  "$run" -n 4 --hosts 2 --timeout 120 -- "$bench" -b 4 -e 1M -f 32 -n 1 -w 0 -c 1 --algo "$a" >/tmp/braid-smoke-$$.txt ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --algo $a"; exit 1; }
+done
 # An idle 4-rank job must not burn a core (the engine sleeps in epoll).
 line=$("$run" -n 4 -- "$bench" --idle-seconds 2)
 echo "$line"

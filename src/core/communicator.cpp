@@ -355,7 +355,8 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   req.algorithm = algo == Algorithm::automatic ? choose_algorithm(req) : algo;
-  if (req.algorithm == Algorithm::hierarchical) req.host_of = host_map();
+  // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
+  if (size > 1) req.host_of = host_map();
   return post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
               nullptr);
 }

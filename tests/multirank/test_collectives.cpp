@@ -1,0 +1,294 @@
+// Every collective, every all-reduce algorithm, point-to-point, split and
+// deterministic mode, with ranks as threads over real sockets (and shared memory
+// where the build has it), including layouts of several emulated hosts.
+//
+// Inputs are small integers, so sums and products are exact in every type and
+// results are compared exactly; bitwise equality across ranks is checked for every
+// all-reduce algorithm.
+#include "test_support.hpp"
+
+#include <braid/braid.hpp>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+using namespace braid;
+using namespace std::chrono_literals;
+using braid::test::run_threads;
+
+namespace {
+
+// A group of `n` communicators in this process; `hosts` > 0 spreads the ranks over
+// that many emulated hosts in blocks (CommOptions::host_id).
+struct Group {
+  std::unique_ptr<TcpStoreServer> server;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  Group(int n, int hosts = 0, std::size_t chunk = 8192) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
+    comms.resize(static_cast<std::size_t>(n));
+    const auto port = server->port();
+    run_threads(n, [&](int r) {
+      CommOptions o;
+      o.timeout = 60s;
+      o.chunk_bytes = chunk;
+      if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r * hosts / n);
+      comms[static_cast<std::size_t>(r)] =
+          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
+    });
+  }
+  ~Group() {
+    run_threads(static_cast<int>(comms.size()), [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
+  }
+  Communicator& operator[](int r) { return *comms[static_cast<std::size_t>(r)]; }
+  int size() const { return static_cast<int>(comms.size()); }
+};
+
+std::int32_t value(int rank, std::size_t i) { return static_cast<std::int32_t>((rank * 7 + static_cast<int>(i) * 3) % 11) - 5; }
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, BroadcastFromEveryKindOfRoot) {
+  const int n = GetParam();
+  Group g(n);
+  for (std::size_t count : {0ul, 1ul, 1001ul, 40000ul})
+    for (int root : {0, n - 1, n / 2})
+      for (bool in_place : {false, true}) {
+        std::vector<std::vector<std::int32_t>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+        run_threads(n, [&](int r) {
+          auto& i = in[static_cast<std::size_t>(r)];
+          auto& o = out[static_cast<std::size_t>(r)];
+          i.resize(count);
+          o.assign(count, -99);
+          for (std::size_t k = 0; k < count; ++k) i[k] = value(r, k);
+          if (in_place) o = i;
+          BroadcastOptions opt;
+          opt.root = root;
+          g[r].broadcast(in_place ? o.data() : i.data(), o.data(), count, DataType::i32, opt).wait();
+        });
+        for (int r = 0; r < n; ++r)
+          ASSERT_EQ(out[static_cast<std::size_t>(r)], in[static_cast<std::size_t>(root)])
+              << "rank " << r << " root " << root << " count " << count << (in_place ? " in-place" : "");
+      }
+}
+
+TEST_P(Collectives, ReduceToARoot) {
+  const int n = GetParam();
+  Group g(n);
+  for (std::size_t count : {0ul, 1ul, 777ul, 40000ul})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::prod})
+      for (int root : {0, n - 1}) {
+        std::vector<std::int32_t> result(count, -99);
+        run_threads(n, [&](int r) {
+          std::vector<std::int32_t> in(count);
+          for (std::size_t k = 0; k < count; ++k) in[k] = op == ReduceOp::prod ? (value(r, k) > 0 ? 2 : -1) : value(r, k);
+          ReduceOptions opt;
+          opt.root = root;
+          g[r].reduce(in.data(), r == root ? result.data() : nullptr, count, DataType::i32, op, opt).wait();
+        });
+        for (std::size_t k = 0; k < count; ++k) {
+          std::int64_t want = op == ReduceOp::prod ? 1 : (op == ReduceOp::sum ? 0 : value(0, k));
+          for (int r = 0; r < n; ++r) {
+            const std::int64_t v = op == ReduceOp::prod ? (value(r, k) > 0 ? 2 : -1) : value(r, k);
+            if (op == ReduceOp::sum) want += v;
+            if (op == ReduceOp::prod) want *= v;
+            if (op == ReduceOp::max) want = std::max(want, v);
+            if (op == ReduceOp::min) want = std::min(want, v);
+          }
+          ASSERT_EQ(result[k], static_cast<std::int32_t>(want)) << "element " << k << " op " << to_string(op);
+        }
+      }
+}
+
+TEST_P(Collectives, AllgatherAndReduceScatterInAndOutOfPlace) {
+  const int n = GetParam();
+  Group g(n);
+  const auto N = static_cast<std::size_t>(n);
+  for (std::size_t count : {0ul, 1ul, 333ul, 20000ul})
+    for (bool in_place : {false, true}) {
+      run_threads(n, [&](int r) {
+        // allgather: recv[j*count + i] = value(j, i)
+        std::vector<std::int32_t> ag(count * N, -99), mine(count);
+        for (std::size_t k = 0; k < count; ++k) mine[k] = value(r, k);
+        if (in_place) std::copy(mine.begin(), mine.end(), ag.begin() + static_cast<std::ptrdiff_t>(count) * r);
+        const std::int32_t* send = in_place ? ag.data() + count * static_cast<std::size_t>(r) : mine.data();
+        g[r].allgather(send, ag.data(), count, DataType::i32).wait();
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < count; ++k)
+            ASSERT_EQ(ag[j * count + k], value(static_cast<int>(j), k)) << "allgather rank " << r;
+        // reduce_scatter: block r of the sum of everyone's full vectors
+        std::vector<std::int32_t> full(count * N), out(count, -99);
+        for (std::size_t k = 0; k < count * N; ++k) full[k] = value(r, k);
+        std::int32_t* recv = in_place ? full.data() + count * static_cast<std::size_t>(r) : out.data();
+        g[r].reduce_scatter(full.data(), recv, count, DataType::i32, ReduceOp::sum).wait();
+        for (std::size_t k = 0; k < count; ++k) {
+          std::int32_t want = 0;
+          for (int q = 0; q < n; ++q) want += value(q, static_cast<std::size_t>(r) * count + k);
+          ASSERT_EQ(recv[k], want) << "reduce_scatter rank " << r << " element " << k;
+        }
+      });
+    }
+}
+
+TEST_P(Collectives, AlltoallExchangesEveryBlock) {
+  const int n = GetParam();
+  Group g(n);
+  const auto N = static_cast<std::size_t>(n);
+  for (std::size_t count : {0ul, 1ul, 257ul, 10000ul})
+    for (bool in_place : {false, true})
+      run_threads(n, [&](int r) {
+        // send block j of rank r = 1000*r + j*... distinct per (sender, block, index)
+        std::vector<std::int32_t> send(count * N), recv(count * N, -99);
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < count; ++k)
+            send[j * count + k] = static_cast<std::int32_t>(100000 * r + 1000 * static_cast<int>(j) + static_cast<int>(k % 1000));
+        if (in_place) recv = send;
+        g[r].alltoall(in_place ? recv.data() : send.data(), recv.data(), count, DataType::i32).wait();
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < count; ++k)
+            ASSERT_EQ(recv[j * count + k], static_cast<std::int32_t>(100000 * static_cast<int>(j) + 1000 * r +
+                                                                     static_cast<int>(k % 1000)))
+                << "rank " << r << " block " << j;
+      });
+}
+
+// Every all-reduce algorithm on flat and multi-host layouts: correct and bitwise
+// identical on every rank.
+TEST_P(Collectives, EveryAllreduceAlgorithm) {
+  const int n = GetParam();
+  for (int hosts : {0, 2}) {
+    if (hosts > n) continue;
+    Group g(n, hosts);
+    for (Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical})
+      for (std::size_t count : {0ul, 1ul, 999ul, 65537ul})
+        for (DataType t : {DataType::f32, DataType::i64}) {
+          const std::size_t es = dtype_size(t);
+          std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(n), std::vector<std::byte>(count * es));
+          run_threads(n, [&](int r) {
+            auto& o = out[static_cast<std::size_t>(r)];
+            for (std::size_t k = 0; k < count; ++k) {
+              if (t == DataType::f32) reinterpret_cast<float*>(o.data())[k] = static_cast<float>(value(r, k)) * 0.25f;
+              else reinterpret_cast<std::int64_t*>(o.data())[k] = value(r, k);
+            }
+            AllreduceOptions opt;
+            opt.algorithm = algo;
+            g[r].allreduce(o.data(), o.data(), count, t, ReduceOp::sum, opt).wait();
+          });
+          for (std::size_t k = 0; k < count; ++k) {
+            std::int64_t want = 0;
+            for (int r = 0; r < n; ++r) want += value(r, k);
+            if (t == DataType::f32)
+              ASSERT_EQ(reinterpret_cast<float*>(out[0].data())[k], static_cast<float>(want) * 0.25f)
+                  << to_string(algo) << " hosts " << hosts << " element " << k;
+            else
+              ASSERT_EQ(reinterpret_cast<std::int64_t*>(out[0].data())[k], want) << to_string(algo);
+          }
+          for (int r = 1; r < n; ++r)
+            ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<std::size_t>(r)].data(), count * es))
+                << to_string(algo) << " hosts " << hosts << ": rank " << r << " differs from rank 0";
+        }
+  }
+}
+
+// Deterministic mode: random floats (where the order of additions matters) give the
+// same bits whatever the algorithm and whatever the host layout.
+TEST_P(Collectives, DeterministicModeIsBitwiseStableAcrossAlgorithmsAndLayouts) {
+  const int n = GetParam();
+  const std::size_t count = 5003;
+  std::map<std::string, std::vector<float>> results;
+  for (int hosts : {0, 2}) {
+    if (hosts > n) continue;
+    Group g(n, hosts);
+    for (Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical}) {
+      std::vector<std::vector<float>> out(static_cast<std::size_t>(n));
+      run_threads(n, [&](int r) {
+        std::mt19937 rng(static_cast<unsigned>(r + 1));
+        std::uniform_real_distribution<float> d(-1e3f, 1e3f);
+        auto& o = out[static_cast<std::size_t>(r)];
+        o.resize(count);
+        for (auto& x : o) x = d(rng) * (r % 2 ? 1e-3f : 1.f);
+        AllreduceOptions opt;
+        opt.algorithm = algo;
+        opt.deterministic = true;
+        g[r].allreduce(o.data(), o.data(), count, DataType::f32, ReduceOp::sum, opt).wait();
+      });
+      for (int r = 1; r < n; ++r) ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<std::size_t>(r)].data(), count * 4));
+      results[std::string(to_string(algo)) + "/hosts" + std::to_string(hosts)] = out[0];
+    }
+  }
+  const auto& first = results.begin()->second;
+  for (const auto& [name, v] : results)
+    EXPECT_EQ(0, std::memcmp(first.data(), v.data(), count * 4)) << name << " differs from " << results.begin()->first;
+}
+
+TEST_P(Collectives, SendRecvBothWaysAroundTheRing) {
+  const int n = GetParam();
+  if (n < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  Group g(n);
+  const std::size_t count = 1 << 20;  // 4 MiB each way: more than the socket buffers
+  run_threads(n, [&](int r) {
+    std::vector<std::int32_t> out(count), in(count, -1);
+    for (std::size_t k = 0; k < count; ++k) out[k] = value(r, k);
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    P2POptions tag;
+    tag.tag = 7;
+    Work s = g[r].send(out.data(), count, DataType::i32, right, tag);
+    Work v = g[r].recv(in.data(), count, DataType::i32, left, tag);
+    s.wait();
+    v.wait();
+    for (std::size_t k = 0; k < count; k += 997) ASSERT_EQ(in[k], value(left, k));
+  });
+}
+
+TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
+  const int n = GetParam();
+  Group g(n);
+  run_threads(n, [&](int r) {
+    // Reverse order inside each color via the key.
+    Communicator sub = g[r].split(r % 2, n - r);
+    const int members = (n + (r % 2 == 0 ? 1 : 0)) / 2;
+    ASSERT_EQ(sub.size(), members);
+    int count_higher = 0;
+    for (int q = r + 2; q < n; q += 2) ++count_higher;
+    EXPECT_EQ(sub.rank(), count_higher);
+    std::int64_t x = r;
+    sub.allreduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+    std::int64_t want = 0;
+    for (int q = r % 2; q < n; q += 2) want += q;
+    EXPECT_EQ(x, want);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
+
+TEST(PointToPoint, MismatchedSizeFailsBothSidesNamingThePeer) {
+  Group g(2);
+  run_threads(2, [&](int r) {
+    std::vector<float> buf(100);
+    try {
+      if (r == 0) g[0].send(buf.data(), 100, DataType::f32, 1).wait();
+      else g[1].recv(buf.data(), 50, DataType::f32, 0).wait();
+      if (r == 1) ADD_FAILURE() << "receiving 50 of 100 elements succeeded";
+    } catch (const Error& e) {
+      if (r == 1) EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Topology, DescribesHostsAndTransports) {
+  Group g(4, 2);
+  std::string text;
+  run_threads(4, [&](int r) {
+    const std::string t = g[r].describe_topology();
+    if (r == 0) text = t;
+    EXPECT_EQ(g[r].local_size(), 2);
+    EXPECT_EQ(g[r].local_rank(), r % 2);
+  });
+  EXPECT_NE(text.find("4 ranks on 2 host(s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("emulated-host-0): ranks 0 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 0: 1="), std::string::npos) << text;
+  EXPECT_NE(text.find("2=tcp"), std::string::npos) << text;
+}
+
+}  // namespace
