@@ -56,6 +56,14 @@ const std::vector<ConfigVar> kTable = {
     {"BRAID_SOCKETS_PER_PEER", "int", "2", "TCP sockets per peer; large messages are striped across them.",
      true},
     {"BRAID_SOCKET_BUFFER", "bytes", "0", "SO_SNDBUF/SO_RCVBUF of TCP sockets (0: OS autotuning).", true},
+    {"BRAID_SHM_SLOT_BYTES", "bytes", "512K",
+     "Shared memory: bytes per ring slot (a multiple of 4K); messages move in parts of this size.", true},
+    {"BRAID_SHM_SLOTS", "int", "8",
+     "Shared memory: slots per ring; each pair of ranks uses about 2 x slots x slot bytes of /dev/shm.", true},
+    {"BRAID_SHM_CMA_THRESHOLD", "bytes", "0",
+     "Shared memory: messages of at least this size are copied once, straight from the sender's memory "
+     "(process_vm_readv), where the kernel allows it; 0 keeps the two-copy ring for everything.",
+     true},
     {"BRAID_AUTH_TOKEN", "string", "",
      "Shared secret every connection must present (default: a random token agreed through the store).",
      true},
@@ -238,6 +246,11 @@ Config Config::parse(const Lookup& lookup) {
   r.str("BRAID_SOCKET_IFNAME", c.socket_ifname);
   r.integer("BRAID_SOCKETS_PER_PEER", c.sockets_per_peer, 1, 64);
   r.bytes("BRAID_SOCKET_BUFFER", c.socket_buffer);
+  r.bytes("BRAID_SHM_SLOT_BYTES", c.shm_slot_bytes);
+  if (c.shm_slot_bytes < 4096 || c.shm_slot_bytes % 4096 != 0)
+    bad("BRAID_SHM_SLOT_BYTES", std::to_string(c.shm_slot_bytes), "a multiple of 4K, at least 4K");
+  r.integer("BRAID_SHM_SLOTS", c.shm_slots, 1, 4096);
+  r.bytes("BRAID_SHM_CMA_THRESHOLD", c.shm_cma_threshold);
   r.str("BRAID_AUTH_TOKEN", c.auth_token);
   r.str("BRAID_HOST_ID", c.host_id);
   r.boolean("BRAID_STORE_EXTERNAL", c.store_external);

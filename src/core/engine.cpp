@@ -1,10 +1,15 @@
 // The progress engine (see engine.hpp for the model).
 #include "core/engine.hpp"
 
+#include <braid/config.hpp>
+
 #include "core/logging.hpp"
 #include "kernels/host/reduce.hpp"
 #include "transport/poller.hpp"
 #include "transport/tcp/tcp_transport.hpp"
+#if BRAID_HAVE_SHM
+#include "transport/shm/shm_transport.hpp"
+#endif
 
 #include <braid/config.hpp>
 #include <braid/error.hpp>
@@ -125,6 +130,21 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     t.connect_timeout = opt_.connect_timeout;
     t.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     transports_.push_back(transport::make_tcp_transport(t, *poller_, *directory_));
+#if BRAID_HAVE_SHM
+    if (opt_.transport_mode != "tcp") {
+      transport::ShmOptions so;
+      so.rank = opt_.rank;
+      so.size = opt_.size;
+      so.auth_token = opt_.auth_token;
+      so.comm_id = opt_.comm_id;
+      so.connect_timeout = opt_.connect_timeout;
+      if (opt_.shm_slot_bytes) so.slot_bytes = opt_.shm_slot_bytes;
+      if (opt_.shm_slots) so.slots = opt_.shm_slots;
+      so.cma_threshold = opt_.shm_cma_threshold;
+      so.on_refused = t.on_refused;
+      transports_.push_back(transport::make_shm_transport(so, *poller_, *directory_));
+    }
+#endif
   }
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
   thread_ = std::thread([this] { run(); });

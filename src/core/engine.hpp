@@ -76,6 +76,10 @@ struct EngineOptions {
   std::string transport_mode = "auto";
   /// This rank's host identity; peers' come from the store ("host/<rank>").
   std::string host_id;
+  // Shared-memory transport settings (0 = the transport's defaults).
+  std::size_t shm_slot_bytes = 0;
+  int shm_slots = 0;
+  std::size_t shm_cma_threshold = 0;
 };
 
 class Engine {
