@@ -1,0 +1,61 @@
+// braid shared-memory transport: ranks of one host exchange messages through
+// per-pair single-producer/single-consumer rings in a shared segment, with a Unix
+// socket per pair for set-up, wake-ups and liveness. See shm_transport.cpp for the
+// protocol and docs/transport-shm.md for the prose.
+#pragma once
+
+#include "transport/transport.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace braid::transport {
+
+/// Settings of one shared-memory transport instance (one per communicator). Every
+/// rank of a communicator must use the same `slots` and `slot_bytes` (checked at
+/// connection set-up); the other fields are local choices.
+struct ShmOptions {
+  int rank = 0;
+  int size = 1;
+  /// Shared secret every incoming connection must present in its hello.
+  std::string auth_token;
+  /// Identifies the communicator; names its segments and doorbell sockets, and a
+  /// hello for another communicator is refused.
+  std::uint64_t comm_id = 0;
+  /// Payload bytes of one ring slot; a multiple of 4096 in [4096, 1 GiB]. Messages
+  /// are cut into parts of this size.
+  std::size_t slot_bytes = std::size_t{512} << 10;
+  /// Slots per ring, in [1, 4096]. A pair of ranks shares one segment holding two
+  /// rings, i.e. about 2 * slots * slot_bytes of /dev/shm (8 MiB by default).
+  int slots = 8;
+  /// Bound on finding the peer's doorbell socket and completing the handshake.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// Told (on the progress thread) about every incoming connection that is refused
+  /// because it is not an authenticated peer of this communicator; the engine logs it.
+  std::function<void(const std::string&)> on_refused;
+  /// Directory in which segments are created (a tmpfs). Tests point it elsewhere.
+  std::string segment_dir = "/dev/shm";
+};
+
+/// Creates the transport: binds this rank's doorbell socket (abstract Unix
+/// namespace, named after comm_id, rank and pid), registers it with `poller`, and
+/// publishes its name under key "shm" in `directory`. Connections are made lazily;
+/// the lower rank of a pair creates the pair's segment. Throws braid::Error
+/// (InvalidUsage for bad options, System when the socket cannot be bound).
+/// `poller` and `directory` must outlive the transport.
+std::unique_ptr<Transport> make_shm_transport(const ShmOptions& options, Poller& poller,
+                                              PeerDirectory& directory);
+
+/// Bytes of /dev/shm one pair of ranks needs with these settings (the segment size).
+std::size_t shm_segment_bytes(std::size_t slot_bytes, int slots);
+
+/// File name (without directory) of the segment of ranks a < b of a communicator:
+/// "braid-<comm_id as 16 hex digits>-<a>-<b>". It exists only while the lower rank
+/// sets the segment up.
+std::string shm_segment_name(std::uint64_t comm_id, int a, int b);
+
+}  // namespace braid::transport

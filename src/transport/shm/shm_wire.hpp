@@ -1,0 +1,200 @@
+// braid shared-memory transport — segment layout and socket handshake (private to
+// the transport and its tests). See docs/transport-shm.md.
+//
+// Segment of the pair (lo, hi), created by lo, page offsets:
+//   0                  SegmentHeader (one page)
+//   kPage              ring 0: lo -> hi
+//   kPage + ring_bytes ring 1: hi -> lo
+// Ring: RingControl (4 lines of 128 bytes), `slots` SlotHeaders of 64 bytes, padding
+// to a page, then `slots` payload areas of `slot_bytes` (a multiple of a page).
+//
+// Handshake integers are little-endian; the segment uses host order (same host).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace braid::transport::shm_wire {
+
+constexpr std::uint32_t kHelloMagic = 0x48535242u;  // "BRSH"
+constexpr std::uint32_t kAckMagic = 0x41535242u;    // "BRSA"
+constexpr std::uint16_t kVersion = 1;
+constexpr std::uint64_t kSegmentMagic = 0x4745534449415242ull;  // "BRAIDSEG"
+/// After the handshake the socket carries only this byte: "look at the rings".
+constexpr unsigned char kBell = 0xB1;
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kLine = 128;  // two cache lines: no false sharing via the adjacent-line prefetcher
+constexpr std::size_t kMaxTokenBytes = 4096;
+constexpr std::size_t kMaxReasonBytes = 4096;
+constexpr std::size_t kMinSlotBytes = kPage;
+constexpr std::size_t kMaxSlotBytes = std::size_t{1} << 30;
+constexpr int kMaxSlots = 4096;
+
+/// Hello status: the connector created and mapped the segment (its fd travels with
+/// the hello), or it could not (the reason follows the token).
+constexpr std::uint16_t kStatusOk = 0;
+constexpr std::uint16_t kStatusFailed = 1;
+
+/// Slot kind: the payload is in the slot. (The only kind; the field leaves room for
+/// others, e.g. descriptors of a single-copy path, and is checked by the receiver.)
+constexpr std::uint32_t kKindInline = 1;
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory rings need lock-free atomics");
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "shared-memory rings need lock-free atomics");
+
+struct SegmentHeader {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t slots;
+  std::uint64_t slot_bytes;
+  std::uint64_t comm_id;
+  std::int32_t rank_lo;
+  std::int32_t rank_hi;
+  std::uint64_t total_bytes;
+};
+
+/// Shared control block of one ring. head and the sleeping flag are written by one
+/// side, tail and the waiting flag by the other; each sits on its own line.
+struct RingControl {
+  /// Slots published by the producer (monotonic; slot index = count % slots).
+  alignas(kLine) std::atomic<std::uint64_t> head;
+  /// Slots released by the consumer.
+  alignas(kLine) std::atomic<std::uint64_t> tail;
+  /// 1 while the consumer may block: the producer rings the bell after publishing.
+  alignas(kLine) std::atomic<std::uint32_t> consumer_sleeping;
+  /// 1 while the producer may block waiting for slots to be released.
+  alignas(kLine) std::atomic<std::uint32_t> producer_waiting;
+};
+static_assert(sizeof(RingControl) == 4 * kLine, "RingControl layout");
+
+/// Written by the producer before it publishes the slot.
+struct SlotHeader {
+  std::uint64_t seq;         ///< message number (per direction, from 0)
+  std::uint64_t tag;
+  std::uint64_t msg_bytes;   ///< size of the whole message
+  std::uint64_t offset;      ///< of this part within the message
+  std::uint64_t part_bytes;  ///< payload bytes in this slot
+  std::uint32_t kind;        ///< kKindInline
+  std::uint32_t reserved;
+  std::uint64_t reserved2[2];
+};
+static_assert(sizeof(SlotHeader) == 64, "SlotHeader layout");
+
+constexpr std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
+
+struct Layout {
+  std::size_t slot_bytes = 0;
+  std::size_t slots = 0;
+  std::size_t headers_offset = 0;  // within a ring
+  std::size_t payload_offset = 0;  // within a ring
+  std::size_t ring_bytes = 0;
+  std::size_t total_bytes = 0;
+  std::size_t ring_offset(int ring) const { return kPage + static_cast<std::size_t>(ring) * ring_bytes; }
+};
+
+inline Layout layout(std::size_t slot_bytes, std::size_t slots) {
+  Layout l;
+  l.slot_bytes = slot_bytes;
+  l.slots = slots;
+  l.headers_offset = sizeof(RingControl);
+  l.payload_offset = round_up(sizeof(RingControl) + slots * sizeof(SlotHeader), kPage);
+  l.ring_bytes = l.payload_offset + slots * slot_bytes;
+  l.total_bytes = kPage + 2 * l.ring_bytes;
+  return l;
+}
+
+/// First bytes on a pair's socket, from the lower rank; followed by the token, then
+/// (status failed) the reason. With status ok the segment's fd rides along (SCM_RIGHTS).
+struct Hello {
+  std::uint32_t magic = kHelloMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t status = kStatusOk;
+  std::uint16_t token_bytes = 0;
+  std::uint16_t reason_bytes = 0;
+  std::int32_t from_rank = 0;
+  std::int32_t to_rank = 0;
+  std::uint32_t slots = 0;
+  std::uint64_t comm_id = 0;
+  std::uint64_t slot_bytes = 0;
+};
+constexpr std::size_t kHelloBytes = 40;
+
+/// The higher rank's answer; followed by the reason when status is failed. After it
+/// the socket carries only doorbell bytes.
+struct Ack {
+  std::uint32_t magic = kAckMagic;
+  std::uint16_t version = kVersion;
+  std::uint16_t status = kStatusOk;
+  std::uint16_t reason_bytes = 0;
+};
+constexpr std::size_t kAckBytes = 12;
+
+namespace detail {
+inline void put(unsigned char* p, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint64_t get(const unsigned char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
+  return v;
+}
+}  // namespace detail
+
+inline void encode(const Hello& h, unsigned char* out) {
+  detail::put(out + 0, h.magic, 4);
+  detail::put(out + 4, h.version, 2);
+  detail::put(out + 6, h.status, 2);
+  detail::put(out + 8, h.token_bytes, 2);
+  detail::put(out + 10, h.reason_bytes, 2);
+  detail::put(out + 12, static_cast<std::uint32_t>(h.from_rank), 4);
+  detail::put(out + 16, static_cast<std::uint32_t>(h.to_rank), 4);
+  detail::put(out + 20, h.slots, 4);
+  detail::put(out + 24, h.comm_id, 8);
+  detail::put(out + 32, h.slot_bytes, 8);
+}
+
+inline Hello decode_hello(const unsigned char* in) {
+  Hello h;
+  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
+  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
+  h.status = static_cast<std::uint16_t>(detail::get(in + 6, 2));
+  h.token_bytes = static_cast<std::uint16_t>(detail::get(in + 8, 2));
+  h.reason_bytes = static_cast<std::uint16_t>(detail::get(in + 10, 2));
+  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 12, 4)));
+  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 16, 4)));
+  h.slots = static_cast<std::uint32_t>(detail::get(in + 20, 4));
+  h.comm_id = detail::get(in + 24, 8);
+  h.slot_bytes = detail::get(in + 32, 8);
+  return h;
+}
+
+/// Hello, token and reason, ready to write.
+inline std::string hello_bytes(const Hello& h, const std::string& token, const std::string& reason) {
+  std::string out(kHelloBytes, '\0');
+  encode(h, reinterpret_cast<unsigned char*>(&out[0]));
+  return out + token + reason;
+}
+
+inline std::string ack_bytes(const Ack& a, const std::string& reason) {
+  std::string out(kAckBytes, '\0');
+  auto* p = reinterpret_cast<unsigned char*>(&out[0]);
+  detail::put(p + 0, a.magic, 4);
+  detail::put(p + 4, a.version, 2);
+  detail::put(p + 6, a.status, 2);
+  detail::put(p + 8, a.reason_bytes, 2);
+  return out + reason;
+}
+
+inline Ack decode_ack(const unsigned char* in) {
+  Ack a;
+  a.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
+  a.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
+  a.status = static_cast<std::uint16_t>(detail::get(in + 6, 2));
+  a.reason_bytes = static_cast<std::uint16_t>(detail::get(in + 8, 2));
+  return a;
+}
+
+}  // namespace braid::transport::shm_wire
