@@ -138,7 +138,6 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.transport_mode = cfg.transport;
   eo.shm_slot_bytes = cfg.shm_slot_bytes;
   eo.shm_slots = cfg.shm_slots;
-  eo.shm_cma_threshold = cfg.shm_cma_threshold;
   host_id = options.host_id.empty() ? host_identity(cfg) : options.host_id;
   eo.host_id = host_id;
   engine = std::make_unique<core::Engine>(eo, store);

@@ -60,10 +60,6 @@ const std::vector<ConfigVar> kTable = {
      "Shared memory: bytes per ring slot (a multiple of 4K); messages move in parts of this size.", true},
     {"BRAID_SHM_SLOTS", "int", "8",
      "Shared memory: slots per ring; each pair of ranks uses about 2 x slots x slot bytes of /dev/shm.", true},
-    {"BRAID_SHM_CMA_THRESHOLD", "bytes", "0",
-     "Shared memory: messages of at least this size are copied once, straight from the sender's memory "
-     "(process_vm_readv), where the kernel allows it; 0 keeps the two-copy ring for everything.",
-     true},
     {"BRAID_AUTH_TOKEN", "string", "",
      "Shared secret every connection must present (default: a random token agreed through the store).",
      true},
@@ -250,7 +246,6 @@ Config Config::parse(const Lookup& lookup) {
   if (c.shm_slot_bytes < 4096 || c.shm_slot_bytes % 4096 != 0)
     bad("BRAID_SHM_SLOT_BYTES", std::to_string(c.shm_slot_bytes), "a multiple of 4K, at least 4K");
   r.integer("BRAID_SHM_SLOTS", c.shm_slots, 1, 4096);
-  r.bytes("BRAID_SHM_CMA_THRESHOLD", c.shm_cma_threshold);
   r.str("BRAID_AUTH_TOKEN", c.auth_token);
   r.str("BRAID_HOST_ID", c.host_id);
   r.boolean("BRAID_STORE_EXTERNAL", c.store_external);

@@ -42,7 +42,6 @@ struct Config {
   std::string host_id;
   std::size_t shm_slot_bytes = 512 * 1024;
   int shm_slots = 8;
-  std::size_t shm_cma_threshold = 0;
   // --- launch (BRAID_* first, then torchrun, Open MPI, Slurm) ---
   std::optional<int> rank, world_size, local_rank, local_size;
   std::string master_addr;

@@ -140,7 +140,6 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
       so.connect_timeout = opt_.connect_timeout;
       if (opt_.shm_slot_bytes) so.slot_bytes = opt_.shm_slot_bytes;
       if (opt_.shm_slots) so.slots = opt_.shm_slots;
-      so.cma_threshold = opt_.shm_cma_threshold;
       so.on_refused = t.on_refused;
       transports_.push_back(transport::make_shm_transport(so, *poller_, *directory_));
     }

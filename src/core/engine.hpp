@@ -79,7 +79,6 @@ struct EngineOptions {
   // Shared-memory transport settings (0 = the transport's defaults).
   std::size_t shm_slot_bytes = 0;
   int shm_slots = 0;
-  std::size_t shm_cma_threshold = 0;
 };
 
 class Engine {

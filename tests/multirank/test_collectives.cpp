@@ -183,7 +183,7 @@ TEST_P(Collectives, EveryAllreduceAlgorithm) {
             else
               ASSERT_EQ(reinterpret_cast<std::int64_t*>(out[0].data())[k], want) << to_string(algo);
           }
-          for (int r = 1; r < n; ++r)
+          for (int r = 1; r < n && count > 0; ++r)
             ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<std::size_t>(r)].data(), count * es))
                 << to_string(algo) << " hosts " << hosts << ": rank " << r << " differs from rank 0";
         }
@@ -271,7 +271,9 @@ TEST(PointToPoint, MismatchedSizeFailsBothSidesNamingThePeer) {
       else g[1].recv(buf.data(), 50, DataType::f32, 0).wait();
       if (r == 1) ADD_FAILURE() << "receiving 50 of 100 elements succeeded";
     } catch (const Error& e) {
-      if (r == 1) EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+      if (r == 1) {
+        EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+      }
     }
   });
 }

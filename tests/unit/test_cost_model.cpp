@@ -599,7 +599,14 @@ TEST(BraidSim, Prices1024RanksQuickly) {
     return r.ru_utime.tv_sec + r.ru_stime.tv_sec + (r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
   };
   // CPU time, not wall time, so that a loaded machine does not fail the test.
-  EXPECT_LT(secs(after) - secs(before), 10.0) << out.str();
+  // The bound is about the simulator's design (no quadratic blow-up), measured in CPU
+  // time; sanitizer builds run it several times slower, so they get more room.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const double limit = 60.0;
+#else
+  const double limit = 10.0;
+#endif
+  EXPECT_LT(secs(after) - secs(before), limit) << out.str();
   EXPECT_NE(out.str().find("1024 ranks on 128 hosts"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("268435456"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("crossover"), std::string::npos) << out.str();

@@ -621,6 +621,8 @@ bool TcpTransport::progress() {
   if (listen_ready_) accept_all();
   if (!pending_.empty()) moved |= service_hellos();
   for (std::size_t i = 0; i < conns_.size(); ++i) moved |= progress_connection(*conns_[i]);
+  // A retry scheduled just now must arm the timer before the caller may sleep.
+  if (deadlines_dirty_) service_deadlines();
   return moved || changed_;
 }
 
