@@ -40,9 +40,9 @@ const std::vector<ConfigVar> kTable = {
      "send, receive and reduce overlap.",
      true},
     {"BRAID_SPIN_US", "int", "auto",
-     "Microseconds the progress thread polls without progress before it sleeps in epoll. auto: 50 "
-     "when the host has at least two cores per local rank (launcher's local size), else 0, because "
-     "spinning ranks steal the cores their peers need.",
+     "Microseconds the progress thread polls without progress before it sleeps in epoll. auto: 100 "
+     "when the host has a core per local rank (launcher's local size), else 0, because spinning "
+     "ranks steal the cores their peers need.",
      true},
     {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
     {"BRAID_CHECK_ARGS", "bool", "0",
