@@ -12,6 +12,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,24 +31,10 @@
 
 namespace {
 
+using braid::bench::parse_size;
+
 using braid::DataType;
 using braid::ReduceOp;
-
-std::size_t parse_size(const std::string& s) {
-  if (s.empty()) throw CLI::ValidationError("size", "empty size");
-  std::size_t mult = 1;
-  std::string d = s;
-  switch (std::toupper(static_cast<unsigned char>(d.back()))) {
-    case 'K': mult = 1ull << 10; d.pop_back(); break;
-    case 'M': mult = 1ull << 20; d.pop_back(); break;
-    case 'G': mult = 1ull << 30; d.pop_back(); break;
-    default: break;
-  }
-  std::size_t pos = 0;
-  const unsigned long long v = std::stoull(d, &pos);
-  if (pos != d.size()) throw CLI::ValidationError("size", "'" + s + "' is not a size like 1024, 64K, 8M, 1G");
-  return static_cast<std::size_t>(v) * mult;
-}
 
 // nccl-tests' names for the columns.
 const char* nccl_type_name(DataType t) {

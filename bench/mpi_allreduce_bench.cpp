@@ -12,6 +12,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -26,6 +28,8 @@
 
 namespace {
 
+using braid::bench::parse_size;
+
 enum class Op { sum, prod, min, max };
 enum class Type { f32, f64, i8, u8, i32, i64 };
 
@@ -35,22 +39,6 @@ struct TypeInfo {
   MPI_Datatype mpi;
   std::size_t size;
 };
-
-std::size_t parse_size(const std::string& s) {  // as allreduce_bench
-  if (s.empty()) throw CLI::ValidationError("size", "empty size");
-  std::size_t mult = 1;
-  std::string d = s;
-  switch (std::toupper(static_cast<unsigned char>(d.back()))) {
-    case 'K': mult = 1ull << 10; d.pop_back(); break;
-    case 'M': mult = 1ull << 20; d.pop_back(); break;
-    case 'G': mult = 1ull << 30; d.pop_back(); break;
-    default: break;
-  }
-  std::size_t pos = 0;
-  const unsigned long long v = std::stoull(d, &pos);
-  if (pos != d.size()) throw CLI::ValidationError("size", "'" + s + "' is not a size like 1024, 64K, 8M, 1G");
-  return static_cast<std::size_t>(v) * mult;
-}
 
 // The same inputs as allreduce_bench: small integers, exact in every type.
 double input_value(Op op, int rank, std::size_t i, Type t) {

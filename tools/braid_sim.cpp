@@ -18,6 +18,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,29 +36,10 @@
 
 namespace {
 
+using braid::bench::parse_size;
+
 using namespace braid::collectives;
 using braid::Algorithm;
-
-std::uint64_t parse_size(const std::string& s) {
-  if (s.empty()) throw CLI::ValidationError("size", "empty size");
-  std::uint64_t mult = 1;
-  std::string d = s;
-  switch (std::toupper(static_cast<unsigned char>(d.back()))) {
-    case 'K': mult = 1ull << 10; d.pop_back(); break;
-    case 'M': mult = 1ull << 20; d.pop_back(); break;
-    case 'G': mult = 1ull << 30; d.pop_back(); break;
-    default: break;
-  }
-  std::size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(d, &pos);
-  } catch (const std::exception&) {
-    pos = std::string::npos;
-  }
-  if (pos != d.size()) throw CLI::ValidationError("size", "'" + s + "' is not a size like 1024, 64K, 8M, 1G");
-  return static_cast<std::uint64_t>(v) * mult;
-}
 
 // "8,16,1024" or "8-1024" (doubling from 8 up to 1024), combinable: "2,8-64,1000".
 std::vector<int> parse_ranks(const std::string& s) {
