@@ -50,7 +50,11 @@ struct UniqueId {
 struct CommOptions {
   /// Default deadline of every collective and of set-up.
   std::chrono::milliseconds timeout{0};
-  /// Name used in log and error messages (default "braid").
+  /// Name used in log and error messages (default "braid"); also the communicator's
+  /// namespace in the store. The k-th communicator of a name and size that a rank
+  /// creates on a store meets the k-th of every other rank, so disjoint groups that
+  /// share one store must use different names (or their own PrefixStore), as with
+  /// PyTorch's c10d.
   std::string name;
   /// Pipeline slice in bytes (0 = BRAID_CHUNK_BYTES); large collectives move in slices
   /// of at most this size so that sending, receiving and reducing overlap.
