@@ -32,6 +32,7 @@
 //   with "shm connection to rank N ... closed by peer" (peer_closed = true).
 #include "transport/shm/shm_transport.hpp"
 
+#include "transport/common.hpp"
 #include "transport/shm/shm_wire.hpp"
 
 #include <braid/error.hpp>
@@ -71,8 +72,6 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxPendingAccepts = 64;
 constexpr milliseconds kMaxLookupBackoff{50};
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 std::string hex16(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -84,37 +83,6 @@ std::string mib(std::uint64_t bytes) {
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
   return buf;
 }
-
-/// A FIFO with O(1) push/pop and index access that reuses its storage, so the
-/// steady state of posting and completing messages allocates nothing.
-template <class T>
-class Fifo {
- public:
-  bool empty() const noexcept { return count_ == 0; }
-  std::size_t size() const noexcept { return count_; }
-  T& front() noexcept { return buf_[head_]; }
-  T& operator[](std::size_t i) noexcept { return buf_[(head_ + i) & (buf_.size() - 1)]; }
-  void push_back(const T& v) {
-    if (count_ == buf_.size()) grow();
-    buf_[(head_ + count_) & (buf_.size() - 1)] = v;
-    ++count_;
-  }
-  void pop_front() noexcept {
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    --count_;
-  }
-  void clear() noexcept { head_ = count_ = 0; }
-
- private:
-  void grow() {
-    std::vector<T> next(buf_.empty() ? 8 : buf_.size() * 2);
-    for (std::size_t i = 0; i < count_; ++i) next[i] = (*this)[i];
-    buf_.swap(next);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0, count_ = 0;
-};
 
 /// An owned file descriptor.
 class UniqueFd {
@@ -280,36 +248,6 @@ struct PendingAccept {
   UniqueFd segment;  // arrived with the hello
 };
 
-void start_request(Request* req) {
-  req->state = Request::State::pending;
-  req->error.clear();
-  req->failed_peer = -1;
-  req->peer_closed = false;
-}
-
-void fail_request(Request* req, const std::string& msg, int blame, bool closed) {
-  req->state = Request::State::failed;
-  req->error = msg;
-  req->failed_peer = blame;
-  req->peer_closed = closed;
-}
-
-void check_post(const char* what, const void* buf, std::size_t bytes, const Request* req, int peer) {
-  if (req == nullptr || (buf == nullptr && bytes > 0)) {
-    throw Error(ErrorCode::InvalidUsage, std::string("shm ") + what + " to/from rank " +
-                                             std::to_string(peer) + ": null " +
-                                             (req == nullptr ? "request" : "buffer") + " for " +
-                                             std::to_string(bytes) + " bytes");
-  }
-}
-
-bool token_equal(const unsigned char* a, std::size_t alen, const std::string& b) {
-  if (alen != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < alen; ++i) diff |= static_cast<unsigned char>(a[i] ^ static_cast<unsigned char>(b[i]));
-  return diff == 0;
-}
-
 sockaddr_un abstract_addr(const std::string& name, socklen_t* len) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -471,7 +409,7 @@ class ShmTransport final : public Transport {
 // Posting.
 
 void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("send", buf, bytes, req, peer_);
+  check_post("shm", "send", buf, bytes, req, peer_);
   start_request(req);
   if (!failed_ && eof_) t_.fail(*this, who() + " closed by peer", true, peer_);
   if (failed_) {
@@ -488,7 +426,7 @@ void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, 
 }
 
 void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("recv", buf, bytes, req, peer_);
+  check_post("shm", "recv", buf, bytes, req, peer_);
   start_request(req);
   if (failed_) {
     fail_request(req, error_, error_blame_, error_closed_);

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <atomic>
+#include "transport/common.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -132,16 +134,7 @@ struct Ack {
 };
 constexpr std::size_t kAckBytes = 12;
 
-namespace detail {
-inline void put(unsigned char* p, std::uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-inline std::uint64_t get(const unsigned char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
-  return v;
-}
-}  // namespace detail
+namespace detail = ::braid::transport::le;
 
 inline void encode(const Hello& h, unsigned char* out) {
   detail::put(out + 0, h.magic, 4);

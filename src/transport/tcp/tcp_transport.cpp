@@ -27,6 +27,7 @@
 // only while a socket has data it could not write.
 #include "transport/tcp/tcp_transport.hpp"
 
+#include "transport/common.hpp"
 #include "transport/tcp/wire.hpp"
 
 #include <braid/error.hpp>
@@ -72,44 +73,11 @@ constexpr milliseconds kFirstRetry{10};
 constexpr milliseconds kMaxRetry{500};
 constexpr std::uint32_t kDataEvents = EPOLLIN | EPOLLRDHUP | EPOLLET;
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 std::string hex(std::uint64_t v) {
   std::ostringstream os;
   os << "0x" << std::hex << v;
   return os.str();
 }
-
-/// A queue with O(1) push/pop and index access that reuses its storage, so the
-/// steady state of posting and completing messages allocates nothing.
-template <class T>
-class Ring {
- public:
-  bool empty() const noexcept { return count_ == 0; }
-  std::size_t size() const noexcept { return count_; }
-  T& front() noexcept { return buf_[head_]; }
-  T& operator[](std::size_t i) noexcept { return buf_[(head_ + i) & (buf_.size() - 1)]; }
-  void push_back(const T& v) {
-    if (count_ == buf_.size()) grow();
-    buf_[(head_ + count_) & (buf_.size() - 1)] = v;
-    ++count_;
-  }
-  void pop_front() noexcept {
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    --count_;
-  }
-  void clear() noexcept { head_ = count_ = 0; }
-
- private:
-  void grow() {
-    std::vector<T> next(buf_.empty() ? 8 : buf_.size() * 2);
-    for (std::size_t i = 0; i < count_; ++i) next[i] = (*this)[i];
-    buf_.swap(next);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0, count_ = 0;
-};
 
 struct SendPart {
   std::uint64_t seq = 0;
@@ -159,10 +127,10 @@ struct Sock {
   std::string hello;
   std::size_t hello_sent = 0;
   // Send side.
-  Ring<SendPart> sendq;
+  Fifo<SendPart> sendq;
   // Receive side: the parts expected on this socket, in order, and the state of the
   // part being read.
-  Ring<RecvPart> recvq;
+  Fifo<RecvPart> recvq;
   unsigned char hdr[kHeader] = {};
   std::size_t hdr_got = 0;
   bool hdr_decoded = false;
@@ -232,10 +200,10 @@ class TcpConnection final : public Connection {
   milliseconds lookup_backoff_{1};
   int last_errno_ = 0;
 
-  Ring<SendOp> sends_;
+  Fifo<SendOp> sends_;
   std::uint64_t send_base_ = 0;  // seq of sends_.front()
   std::uint64_t send_next_ = 0;
-  Ring<RecvOp> recvs_;
+  Fifo<RecvOp> recvs_;
   std::uint64_t recv_base_ = 0;
   std::uint64_t recv_next_ = 0;
 
@@ -245,29 +213,6 @@ class TcpConnection final : public Connection {
   int error_blame_ = -1;
   bool eof_seen_ = false;  // some socket reached EOF between messages
 };
-
-void start_request(Request* req) {
-  req->state = Request::State::pending;
-  req->error.clear();
-  req->failed_peer = -1;
-  req->peer_closed = false;
-}
-
-void fail_request(Request* req, const std::string& msg, int blame, bool closed) {
-  req->state = Request::State::failed;
-  req->error = msg;
-  req->failed_peer = blame;
-  req->peer_closed = closed;
-}
-
-void check_post(const char* what, const void* buf, std::size_t bytes, const Request* req, int peer) {
-  if (req == nullptr || (buf == nullptr && bytes > 0)) {
-    throw Error(ErrorCode::InvalidUsage, std::string("tcp ") + what + " to/from rank " +
-                                             std::to_string(peer) + ": null " +
-                                             (req == nullptr ? "request" : "buffer") +
-                                             " for " + std::to_string(bytes) + " bytes");
-  }
-}
 
 void tune_socket(int fd, std::size_t buffer) {
   int one = 1;
@@ -305,13 +250,6 @@ bool parse_addr(const std::string& text, sockaddr_in* out) {
 bool retriable_connect_error(int err) {
   return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNABORTED || err == ECONNRESET ||
          err == EHOSTUNREACH || err == ENETUNREACH || err == EAGAIN;
-}
-
-bool token_equal(const unsigned char* a, std::size_t alen, const std::string& b) {
-  if (alen != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < alen; ++i) diff |= static_cast<unsigned char>(a[i] ^ static_cast<unsigned char>(b[i]));
-  return diff == 0;
 }
 
 class TcpTransport final : public Transport {
@@ -382,7 +320,7 @@ class TcpTransport final : public Transport {
 // Posting.
 
 void TcpConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("send", buf, bytes, req, peer_);
+  check_post("tcp", "send", buf, bytes, req, peer_);
   start_request(req);
   if (eof_seen_ && !failed_) t_.fail(*this, who() + " closed by peer", true, peer_);
   if (failed_) {
@@ -413,7 +351,7 @@ void TcpConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, 
 }
 
 void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("recv", buf, bytes, req, peer_);
+  check_post("tcp", "recv", buf, bytes, req, peer_);
   start_request(req);
   const int sockets = static_cast<int>(socks_.size());
   const std::uint64_t seq = recv_next_;

@@ -5,6 +5,8 @@
 // PartHeader followed by part_bytes of payload. See docs/transport-tcp.md.
 #pragma once
 
+#include "transport/common.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -45,16 +47,7 @@ struct PartHeader {
 };
 constexpr std::size_t kPartHeaderBytes = 40;
 
-namespace detail {
-inline void put(unsigned char* p, std::uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-inline std::uint64_t get(const unsigned char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
-  return v;
-}
-}  // namespace detail
+namespace detail = ::braid::transport::le;
 
 inline void encode(const Hello& h, unsigned char* out) {
   detail::put(out + 0, h.magic, 4);

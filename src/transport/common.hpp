@@ -1,0 +1,100 @@
+// Small pieces every transport needs: request bookkeeping, a reusable FIFO, the
+// little-endian field codec of the wire formats, and constant-time token comparison.
+// Header-only; depends only on the public headers and transport.hpp.
+#pragma once
+
+#include "transport/transport.hpp"
+
+#include <braid/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace braid::transport {
+
+/// strerror as a std::string.
+inline std::string errno_text(int err) { return std::strerror(err); }
+
+/// Marks a request as posted.
+inline void start_request(Request* req) {
+  req->state = Request::State::pending;
+  req->error.clear();
+  req->failed_peer = -1;
+  req->peer_closed = false;
+}
+
+/// Fails a request with `msg`, blaming rank `blame`.
+inline void fail_request(Request* req, const std::string& msg, int blame, bool closed) {
+  req->state = Request::State::failed;
+  req->error = msg;
+  req->failed_peer = blame;
+  req->peer_closed = closed;
+}
+
+/// Throws InvalidUsage for a null request, or a null buffer with bytes to move.
+inline void check_post(const char* transport, const char* what, const void* buf, std::size_t bytes,
+                       const Request* req, int peer) {
+  if (req == nullptr || (buf == nullptr && bytes > 0)) {
+    throw Error(ErrorCode::InvalidUsage, std::string(transport) + " " + what + " to/from rank " +
+                                             std::to_string(peer) + ": null " +
+                                             (req == nullptr ? "request" : "buffer") + " for " +
+                                             std::to_string(bytes) + " bytes");
+  }
+}
+
+/// Compares a received token with ours without leaking the position of the first
+/// difference through timing.
+inline bool token_equal(const unsigned char* a, std::size_t alen, const std::string& b) {
+  if (alen != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < alen; ++i) diff |= static_cast<unsigned char>(a[i] ^ static_cast<unsigned char>(b[i]));
+  return diff == 0;
+}
+
+/// A FIFO with O(1) push/pop and index access that reuses its storage, so the
+/// steady state of posting and completing messages allocates nothing.
+template <class T>
+class Fifo {
+ public:
+  bool empty() const noexcept { return count_ == 0; }
+  std::size_t size() const noexcept { return count_; }
+  T& front() noexcept { return buf_[head_]; }
+  T& operator[](std::size_t i) noexcept { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  void push_back(const T& v) {
+    if (count_ == buf_.size()) grow();
+    buf_[(head_ + count_) & (buf_.size() - 1)] = v;
+    ++count_;
+  }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --count_;
+  }
+  void clear() noexcept { head_ = count_ = 0; }
+
+ private:
+  void grow() {
+    std::vector<T> next(buf_.empty() ? 8 : buf_.size() * 2);
+    for (std::size_t i = 0; i < count_; ++i) next[i] = (*this)[i];
+    buf_.swap(next);
+    head_ = 0;
+  }
+  std::vector<T> buf_;
+  std::size_t head_ = 0, count_ = 0;
+};
+
+/// Little-endian fields of the wire formats.
+namespace le {
+inline void put(unsigned char* p, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint64_t get(const unsigned char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
+  return v;
+}
+}  // namespace le
+
+}  // namespace braid::transport
