@@ -121,6 +121,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.size = size;
   eo.comm_name = name;
   eo.spin_us = cfg.spin_us;
+  eo.wait_helps = cfg.wait_helps;
   if (eo.spin_us < 0) {
     // Spinning pays when every rank of this host can have a core for its progress
     // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB

@@ -44,6 +44,11 @@ const std::vector<ConfigVar> kTable = {
      "when the host has a core per local rank (launcher's local size), else 0, because spinning "
      "ranks steal the cores their peers need.",
      true},
+    {"BRAID_WAIT_HELPS", "bool", "1",
+     "A thread waiting for a Work drives the progress engine itself (until its work is done or "
+     "nothing moves for BRAID_SPIN_US) instead of sleeping until the engine thread wakes it: "
+     "small blocking collectives skip two thread hand-offs. 0: only the engine thread drives.",
+     true},
     {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
     {"BRAID_CHECK_ARGS", "bool", "0",
      "Debug mode: before each collective, check that every rank called the same collective with "
@@ -233,6 +238,7 @@ Config Config::parse(const Lookup& lookup) {
   r.bytes("BRAID_CHUNK_BYTES", c.chunk_bytes);
   if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
   if (auto v = r.raw("BRAID_SPIN_US"); v && lower(*v) != "auto") r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
+  r.boolean("BRAID_WAIT_HELPS", c.wait_helps);
   int cache = static_cast<int>(c.plan_cache);
   r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
   c.plan_cache = static_cast<std::size_t>(cache);

@@ -113,6 +113,35 @@ struct Engine::Exec {
   }
 };
 
+/// What works call back into; outlives the engine safely (help() after detach()
+/// does nothing).
+class Engine::Gate final : public detail::WorkHelper {
+ public:
+  explicit Gate(Engine* e) : engine_(e) {}
+  void help(detail::WorkState& w, Clock::time_point until) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (engine_ == nullptr) return;
+      ++users_;
+    }
+    engine_->help(w, until);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_ == 0) cv_.notify_all();
+  }
+  /// Refuses new helpers and waits for those inside to leave.
+  void detach() noexcept {
+    std::unique_lock<std::mutex> lock(mu_);
+    engine_ = nullptr;
+    cv_.wait(lock, [&] { return users_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Engine* engine_;
+  int users_ = 0;
+};
+
 Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     : opt_(options), store_(std::move(store)) {
   poller_ = std::make_unique<transport::Poller>();
@@ -146,11 +175,13 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
 #endif
   }
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
+  gate_ = std::make_shared<Gate>(this);
   thread_ = std::thread([this] { run(); });
 }
 
 Engine::~Engine() {
   drain();
+  gate_->detach();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -164,6 +195,7 @@ void Engine::submit(Operation op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.load() && !stop_) {
+      if (opt_.wait_helps) op.work->helper = gate_;
       queue_.push_back(std::move(op));
       busy_ = true;
       poller_->wake();
@@ -211,6 +243,12 @@ bool Engine::admit() {
     auto ex = std::make_unique<Exec>();
     ex->op = std::move(queue_.front());
     queue_.pop_front();
+    if (ex->op.task) {  // runs in step(), alone
+      ex->deadline = Clock::time_point::max();
+      active_.push_back(std::move(ex));
+      any = true;
+      continue;
+    }
     ex->plan = ex->op.plan.get();
     ex->elem = dtype_size(ex->op.dtype);
     const auto now = Clock::now();
@@ -359,200 +397,219 @@ bool overlaps(const std::byte* a, std::size_t an, const std::byte* b, std::size_
 
 }  // namespace
 
+void Engine::finish_step(Exec& ex, std::uint32_t i) {
+  const Step& s = ex.plan->steps[i];
+  if (s.kind == StepKind::recv_reduce) {
+    std::byte* dst = ex.ptr(s.dst);
+    const std::byte* src = ex.ptr(s.src);
+    const int slot = ex.staging_of[i];
+    // Commutative ops: the message either sits in staging or already in dst.
+    const std::byte* msg = slot >= 0 ? staging_[static_cast<std::size_t>(slot)].data() : dst;
+    kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
+    if (slot >= 0) free_staging_.push_back(slot);
+  }
+  if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
+  ex.state[i] = kDone;
+  ++ex.done;
+}
+
+// Starts every queue head whose dependencies are met; returns whether any started.
+bool Engine::post_ready(Exec& ex) {
+  bool any = false;
+  const Plan& p = *ex.plan;
+  for (std::size_t q = 0; q < p.peers.size(); ++q) {
+    while (ex.send_head[q] < ex.sendq[q].size()) {
+      const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+      if (!ex.deps_done(i)) break;
+      const Step& s = p.steps[i];
+      ex.state[i] = kPosted;
+      ex.conns[q]->send(ex.ptr(s.src), s.src.count * ex.elem, ex.tag(ex.send_head[q]), &ex.req[i]);
+      ex.inflight.push_back(i);
+      ++ex.send_head[q];
+      any = true;
+    }
+    while (ex.recv_head[q] < ex.recvq[q].size()) {
+      const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
+      if (!ex.deps_done(i)) break;
+      const Step& s = p.steps[i];
+      const std::size_t bytes = s.dst.count * ex.elem;
+      std::byte* target = ex.ptr(s.dst);
+      if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
+        if (free_staging_.empty()) {
+          if (staging_.size() >= kMaxStaging) break;  // wait for a slot to free up
+          staging_.emplace_back();
+          free_staging_.push_back(static_cast<int>(staging_.size() - 1));
+        }
+        const int slot = free_staging_.back();
+        free_staging_.pop_back();
+        auto& buf = staging_[static_cast<std::size_t>(slot)];
+        if (buf.size() < bytes) buf.resize(bytes);
+        ex.staging_of[i] = slot;
+        target = buf.data();
+      }
+      ex.state[i] = kPosted;
+      ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
+      ex.inflight.push_back(i);
+      ++ex.recv_head[q];
+      any = true;
+    }
+  }
+  while (ex.local_head < ex.localq.size()) {
+    const std::uint32_t i = ex.localq[ex.local_head];
+    if (!ex.deps_done(i)) break;
+    const Step& s = p.steps[i];
+    if (s.kind == StepKind::reduce)
+      kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
+    else if (ex.ptr(s.dst) != ex.ptr(s.src))
+      std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+    finish_step(ex, i);
+    ++ex.local_head;
+    any = true;
+  }
+  return any;
+}
+
+// Completes finished transfers; returns whether any completed, or throws the
+// failure of the first failed one.
+bool Engine::reap(Exec& ex) {
+  bool any = false;
+  for (std::size_t k = 0; k < ex.inflight.size();) {
+    const std::uint32_t i = ex.inflight[k];
+    const auto st = ex.req[i].state;
+    if (st == transport::Request::State::pending) {
+      ++k;
+      continue;
+    }
+    if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
+    finish_step(ex, i);
+    ex.inflight[k] = ex.inflight.back();
+    ex.inflight.pop_back();
+    any = true;
+  }
+  return any;
+}
+
+// Fails the running operation when a peer it still has to send to has gone away:
+// that peer will never read, even if nothing is posted on its connection yet (its
+// receives may still be buffered, so only remaining sends count).
+void Engine::check_peers(Exec& ex) {
+  for (std::size_t q = 0; q < ex.plan->peers.size(); ++q) {
+    std::string why;
+    if (ex.send_head[q] < ex.sendq[q].size() && ex.conns[q]->broken(&why)) {
+      const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+      ex.req[i].state = transport::Request::State::failed;
+      ex.req[i].error = why;
+      ex.req[i].failed_peer = ex.plan->peers[q];
+      ex.req[i].peer_closed = true;
+      std::rethrow_exception(peer_error(ex, i));
+    }
+  }
+}
+
+std::string Engine::deadline_error(Exec& ex) {
+  std::ostringstream os;
+  os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
+     << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
+  int shown = 0;
+  std::sort(ex.inflight.begin(), ex.inflight.end());
+  for (std::uint32_t i : ex.inflight)
+    if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
+                        << ex.plan->steps[i].peer << ")";
+  if (!ex.routed) {
+    os << " ranks that have not joined yet:";
+    for (std::size_t q = 0; q < ex.conns.size(); ++q)
+      if (!ex.conns[q]) os << " " << ex.plan->peers[q];
+  } else if (ex.inflight.empty()) {
+    os << " nothing posted (dependencies)";
+  }
+  os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
+        "raise BRAID_TIMEOUT if the job is just slow.";
+  // Blame the peer of the oldest transfer still in flight: the one this rank was
+  // waiting for.
+  timeout_blame_ = ex.inflight.empty() ? -1 : ex.plan->steps[ex.inflight.front()].peer;
+  return os.str();
+}
+
+bool Engine::step(bool& unrouted) noexcept {
+  bool progressed = false;
+  Exec* running = nullptr;  // for blame when something throws
+  try {
+    if (abort_requested_.load() && !failed_.load()) {
+      const std::string why = reason();
+      fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
+                                                 (active_.empty() ? std::string() : active_.front()->op.name + ": ") +
+                                                     "aborted: " + why)),
+                   "aborted: " + why);
+    }
+    if (admit()) progressed = true;
+    if (!failed_.load()) {
+      if (poller_->dispatch() > 0) progressed = true;
+      for (auto& t : transports_) progressed |= t->progress();
+    }
+    for (std::size_t k = 0; k < active_.size();) {
+      Exec& ex = *active_[k];
+      running = &ex;
+      if (ex.op.task) {
+        ex.op.task();
+        ex.op.work->complete();
+        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+        progressed = true;
+        continue;
+      }
+      if (!ex.routed && !route(ex)) unrouted = true;
+      if (ex.routed) {
+        progressed |= reap(ex);
+        progressed |= post_ready(ex);
+      }
+      if (ex.done == ex.plan->steps.size()) {
+        BRAID_LOG(trace, "done " << ex.op.name);
+        ex.op.work->complete();
+        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+        progressed = true;
+        continue;
+      }
+      if (ex.routed && !progressed) check_peers(ex);
+      if (Clock::now() > ex.deadline) {
+        const std::string msg = deadline_error(ex);
+        fail_current(std::make_exception_ptr(TimeoutError(msg)), msg, &ex);
+        timeout_blame_ = -1;
+        return true;  // go round again: admit() settles the idle state
+      }
+      ++k;
+    }
+    return progressed;
+  } catch (const Error& e) {
+    fail_current(std::current_exception(), (running ? "" : "progress engine: ") + std::string(e.what()), running);
+  } catch (const std::exception& e) {
+    const std::string msg = (running ? running->op.name + ": " : std::string("progress engine: ")) +
+                            "internal error: " + e.what();
+    fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg, running);
+  }
+  return true;
+}
+
 void Engine::run() noexcept {
   set_log_rank(opt_.rank);
   const auto spin = std::chrono::microseconds(opt_.spin_us);
-  std::vector<std::vector<std::byte>> staging;
-  std::vector<int> free_staging;
   auto last_progress = Clock::now();
-
-  auto finish_step = [&](Exec& ex, std::uint32_t i) {
-    const Step& s = ex.plan->steps[i];
-    if (s.kind == StepKind::recv_reduce) {
-      std::byte* dst = ex.ptr(s.dst);
-      const std::byte* src = ex.ptr(s.src);
-      const int slot = ex.staging_of[i];
-      // Commutative ops: the message either sits in staging or already in dst.
-      const std::byte* msg = slot >= 0 ? staging[static_cast<std::size_t>(slot)].data() : dst;
-      kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
-      if (slot >= 0) free_staging.push_back(slot);
-    }
-    if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
-    ex.state[i] = kDone;
-    ++ex.done;
-  };
-
-  // Starts every queue head whose dependencies are met; returns whether any started.
-  auto post_ready = [&](Exec& ex) {
-    bool any = false;
-    const Plan& p = *ex.plan;
-    for (std::size_t q = 0; q < p.peers.size(); ++q) {
-      while (ex.send_head[q] < ex.sendq[q].size()) {
-        const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
-        if (!ex.deps_done(i)) break;
-        const Step& s = p.steps[i];
-        ex.state[i] = kPosted;
-        ex.conns[q]->send(ex.ptr(s.src), s.src.count * ex.elem, ex.tag(ex.send_head[q]), &ex.req[i]);
-        ex.inflight.push_back(i);
-        ++ex.send_head[q];
-        any = true;
-      }
-      while (ex.recv_head[q] < ex.recvq[q].size()) {
-        const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
-        if (!ex.deps_done(i)) break;
-        const Step& s = p.steps[i];
-        const std::size_t bytes = s.dst.count * ex.elem;
-        std::byte* target = ex.ptr(s.dst);
-        if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
-          if (free_staging.empty()) {
-            if (staging.size() >= kMaxStaging) break;  // wait for a slot to free up
-            staging.emplace_back();
-            free_staging.push_back(static_cast<int>(staging.size() - 1));
-          }
-          const int slot = free_staging.back();
-          free_staging.pop_back();
-          auto& buf = staging[static_cast<std::size_t>(slot)];
-          if (buf.size() < bytes) buf.resize(bytes);
-          ex.staging_of[i] = slot;
-          target = buf.data();
-        }
-        ex.state[i] = kPosted;
-        ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
-        ex.inflight.push_back(i);
-        ++ex.recv_head[q];
-        any = true;
-      }
-    }
-    while (ex.local_head < ex.localq.size()) {
-      const std::uint32_t i = ex.localq[ex.local_head];
-      if (!ex.deps_done(i)) break;
-      const Step& s = p.steps[i];
-      if (s.kind == StepKind::reduce)
-        kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
-      else if (ex.ptr(s.dst) != ex.ptr(s.src))
-        std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
-      finish_step(ex, i);
-      ++ex.local_head;
-      any = true;
-    }
-    return any;
-  };
-
-  // Completes finished transfers; returns whether any completed, or throws the
-  // failure of the first failed one.
-  auto reap = [&](Exec& ex) {
-    bool any = false;
-    for (std::size_t k = 0; k < ex.inflight.size();) {
-      const std::uint32_t i = ex.inflight[k];
-      const auto st = ex.req[i].state;
-      if (st == transport::Request::State::pending) {
-        ++k;
-        continue;
-      }
-      if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
-      finish_step(ex, i);
-      ex.inflight[k] = ex.inflight.back();
-      ex.inflight.pop_back();
-      any = true;
-    }
-    return any;
-  };
-
-  // Fails the running operation when a peer it still has to send to has gone away:
-  // that peer will never read, even if nothing is posted on its connection yet (its
-  // receives may still be buffered, so only remaining sends count).
-  auto check_peers = [&](Exec& ex) {
-    for (std::size_t q = 0; q < ex.plan->peers.size(); ++q) {
-      std::string why;
-      if (ex.send_head[q] < ex.sendq[q].size() && ex.conns[q]->broken(&why)) {
-        const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
-        ex.req[i].state = transport::Request::State::failed;
-        ex.req[i].error = why;
-        ex.req[i].failed_peer = ex.plan->peers[q];
-        ex.req[i].peer_closed = true;
-        std::rethrow_exception(peer_error(ex, i));
-      }
-    }
-  };
-
-  auto deadline_error = [&](Exec& ex) {
-    std::ostringstream os;
-    os << ex.op.name << " timed out after " << ex.op.timeout.count() << " ms with "
-       << (ex.plan->steps.size() - ex.done) << " of " << ex.plan->steps.size() << " steps left; waiting on:";
-    int shown = 0;
-    std::sort(ex.inflight.begin(), ex.inflight.end());
-    for (std::uint32_t i : ex.inflight)
-      if (shown++ < 4) os << " step " << i << " (" << kind_name(ex.plan->steps[i].kind) << " rank "
-                          << ex.plan->steps[i].peer << ")";
-    if (!ex.routed) {
-      os << " ranks that have not joined yet:";
-      for (std::size_t q = 0; q < ex.conns.size(); ++q)
-        if (!ex.conns[q]) os << " " << ex.plan->peers[q];
-    } else if (ex.inflight.empty()) {
-      os << " nothing posted (dependencies)";
-    }
-    os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
-          "raise BRAID_TIMEOUT if the job is just slow.";
-    // Blame the peer of the oldest transfer still in flight: the one this rank was
-    // waiting for.
-    timeout_blame_ = ex.inflight.empty() ? -1 : ex.plan->steps[ex.inflight.front()].peer;
-    return os.str();
-  };
-
   auto route_backoff = std::chrono::milliseconds(1);
   for (;;) {
-    bool progressed = false;
+    if (helpers_.load(std::memory_order_acquire) > 0) {
+      // A waiting thread drives (and dispatches what we fetch here); a helper that
+      // leaves with work outstanding wakes us.
+      try {
+        poller_->collect(5);
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      continue;
+    }
+    std::unique_lock<std::mutex> drive(drive_mu_);
     bool unrouted = false;
-    Exec* running = nullptr;  // for blame when something throws
-    try {
-      if (abort_requested_.load() && !failed_.load()) {
-        const std::string why = reason();
-        fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
-                                                   (active_.empty() ? std::string() : active_.front()->op.name + ": ") +
-                                                       "aborted: " + why)),
-                     "aborted: " + why);
-      }
-      if (admit()) progressed = true;
-      if (active_.empty()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_ && queue_.empty()) break;
-      }
-      if (!failed_.load())
-        for (auto& t : transports_) progressed |= t->progress();
-      for (std::size_t k = 0; k < active_.size();) {
-        Exec& ex = *active_[k];
-        running = &ex;
-        if (!ex.routed && !route(ex)) unrouted = true;
-        if (ex.routed) {
-          progressed |= reap(ex);
-          progressed |= post_ready(ex);
-        }
-        if (ex.done == ex.plan->steps.size()) {
-          BRAID_LOG(trace, "done " << ex.op.name);
-          ex.op.work->complete();
-          active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
-          progressed = true;
-          continue;
-        }
-        if (ex.routed && !progressed) check_peers(ex);
-        if (Clock::now() > ex.deadline) {
-          const std::string msg = deadline_error(ex);
-          fail_current(std::make_exception_ptr(TimeoutError(msg)), msg, &ex);
-          timeout_blame_ = -1;
-          progressed = true;  // go round again: admit() settles the idle state
-          break;
-        }
-        ++k;
-      }
-      running = nullptr;
-    } catch (const Error& e) {
-      fail_current(std::current_exception(), (running ? "" : "progress engine: ") + std::string(e.what()), running);
-      continue;
-    } catch (const std::exception& e) {
-      const std::string msg = (running ? running->op.name + ": " : std::string("progress engine: ")) +
-                              "internal error: " + e.what();
-      fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg, running);
-      continue;
+    const bool progressed = step(unrouted);
+    if (active_.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ && queue_.empty()) break;
     }
     const auto now = Clock::now();
     if (progressed) {
@@ -562,7 +619,7 @@ void Engine::run() noexcept {
     }
     try {
       if (now - last_progress < spin) {
-        poller_->wait(0);
+        poller_->collect(0);  // step() dispatches
         continue;
       }
       long long wait_ms = -1;
@@ -582,13 +639,51 @@ void Engine::run() noexcept {
       if (!failed_.load())
         for (auto& t : transports_) sleep_ok = t->prepare_sleep() && sleep_ok;
       if (!sleep_ok) continue;
-      poller_->wait(static_cast<int>(wait_ms));
+      drive.unlock();  // a helper may drive while we sleep
+      poller_->collect(static_cast<int>(wait_ms));
     } catch (const std::exception& e) {
       const std::string msg = std::string("progress engine: waiting for events failed: ") + e.what();
+      if (!drive.owns_lock()) drive.lock();
       if (!failed_.load()) fail_current(std::make_exception_ptr(Error(ErrorCode::System, msg)), msg);
+      drive.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // never spin on a broken poller
     }
   }
+}
+
+void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
+  if (std::this_thread::get_id() == thread_.get_id()) return;
+  helpers_.fetch_add(1, std::memory_order_acq_rel);
+  bool more = false;
+  {
+    std::lock_guard<std::mutex> drive(drive_mu_);
+    set_log_rank(opt_.rank);
+    const auto spin = std::chrono::microseconds(opt_.spin_us);
+    auto last_progress = Clock::now();
+    while (!w.finished.load(std::memory_order_acquire)) {
+      bool unrouted = false;
+      const bool progressed = step(unrouted);
+      if (w.finished.load(std::memory_order_acquire)) break;
+      const auto now = Clock::now();
+      if (now >= until || failed_.load()) break;
+      if (progressed) {
+        last_progress = now;
+        continue;
+      }
+      // Nothing moves: spin as the engine thread would, then leave the waiting to it
+      // (it sleeps in epoll instead of burning this thread's core).
+      if (now - last_progress >= spin) break;
+      try {
+        poller_->collect(0);
+      } catch (const std::exception&) {
+        break;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    more = !active_.empty() || !queue_.empty();
+  }
+  helpers_.fetch_sub(1, std::memory_order_acq_rel);
+  if (more) poller_->wake();  // hand the rest back to the engine thread
 }
 
 }  // namespace braid::core

@@ -7,6 +7,14 @@
 // overlap. When nothing moves the thread spins for BRAID_SPIN_US, then sleeps in
 // epoll until a socket is ready or a new operation is posted.
 //
+// Waiting threads help: Work::wait() on a submitted operation takes the engine's
+// drive lock (the engine thread steps aside while a helper is there) and runs the
+// same progress loop on the caller's thread until its work completes or nothing has
+// moved for BRAID_SPIN_US; then it hands back to the engine thread and sleeps. A
+// blocking small collective thus runs start to finish on the thread that waits for
+// it, without the two thread hand-offs (post -> engine, engine -> waiter) that
+// dominate its latency, and without a second spinning thread per rank.
+//
 // Failure model: the first failure (a peer's connection breaks, a deadline passes,
 // abort()) fails the running operation with an Error naming collective, sequence
 // number, step and peer, records the reason in the store under "abort/<rank>" so
@@ -26,6 +34,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +65,11 @@ struct Operation {
   /// messages carry `tag_base` instead of the collective sequence number.
   bool p2p = false;
   std::uint64_t tag_base = 0;
+  /// A host step between collectives (no plan): runs on the engine (or a helping
+  /// waiter) in issue order, alone, once everything before it has completed, e.g.
+  /// the encode and decode passes of a compressed all-reduce. An exception from it
+  /// fails the communicator like a failed transfer.
+  std::function<void()> task;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -64,6 +78,7 @@ struct EngineOptions {
   int size = 1;
   std::string comm_name = "braid";
   int spin_us = 100;
+  bool wait_helps = true;  ///< waiting threads drive progress (Engine::help)
   // TCP transport settings.
   int sockets_per_peer = 1;
   std::string ifname;
@@ -91,7 +106,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Queues `op`. Thread-safe. If the engine has failed, completes op.work with
+  /// Queues `op` and makes its work helpable (see the file comment). Thread-safe. If the engine has failed, completes op.work with
   /// Aborted at once.
   void submit(Operation op);
   /// Fails everything with Aborted and closes connections. Thread-safe, idempotent.
@@ -104,10 +119,22 @@ class Engine {
   /// Name of the transport a pair of ranks uses under `mode` ("auto", "tcp", "shm").
   static const char* transport_name(const std::string& mode, bool same_host) noexcept;
   std::string reason() const;
+  /// Drives progress on the calling (waiting) thread; see detail::WorkHelper::help.
+  void help(detail::WorkState& w, std::chrono::steady_clock::time_point until) noexcept;
 
  private:
   struct Exec;
+  class Gate;
   void run() noexcept;
+  /// One pass: abort requests, admission, transports, every active operation.
+  /// Call with drive_mu_ held. Returns whether anything moved; sets `unrouted` when
+  /// an operation waits for a peer that has not joined.
+  bool step(bool& unrouted) noexcept;
+  void finish_step(Exec& ex, std::uint32_t i);
+  bool post_ready(Exec& ex);
+  bool reap(Exec& ex);
+  void check_peers(Exec& ex);
+  std::string deadline_error(Exec& ex);
   bool admit();
   bool route(Exec& ex);
   int transport_for(int peer);
@@ -121,6 +148,13 @@ class Engine {
   std::unique_ptr<class StoreDirectory> directory_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< [0] tcp, [1] shm (if built)
   std::vector<int> route_;  ///< per peer: index into transports_, -1 = not decided yet
+
+  /// Held by whoever drives transports and active_: the engine thread or a helper.
+  std::mutex drive_mu_;
+  std::atomic<int> helpers_{0};  ///< threads in help(); the engine thread stays out
+  std::shared_ptr<Gate> gate_;   ///< what submitted works call back into
+  std::vector<std::vector<std::byte>> staging_;  ///< receive buffers of in-place reductions
+  std::vector<int> free_staging_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;

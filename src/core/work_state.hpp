@@ -3,17 +3,34 @@
 
 #include <braid/work.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 
 namespace braid::detail {
+
+struct WorkState;
+
+/// Lets a thread that waits for a Work drive the progress engine itself instead of
+/// sleeping until the engine thread wakes it (see Engine::help). Thread-safe; may
+/// outlive the engine, in which case help() returns at once.
+struct WorkHelper {
+  virtual ~WorkHelper() = default;
+  /// Makes progress on the calling thread until `w` completes, `until` passes, or
+  /// nothing has moved for the engine's spin time. Never throws; errors land in `w`.
+  virtual void help(WorkState& w, std::chrono::steady_clock::time_point until) noexcept = 0;
+};
 
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::atomic<bool> finished{false};  ///< `done` readable without the lock
   std::exception_ptr error;
+  std::shared_ptr<WorkHelper> helper;  ///< set by the engine when the work is submitted
 
   /// Marks the work complete (with `e` on failure) and wakes every waiter. Idempotent:
   /// the first completion wins.
@@ -23,6 +40,7 @@ struct WorkState {
       if (done) return;
       done = true;
       error = std::move(e);
+      finished.store(true, std::memory_order_release);
     }
     cv.notify_all();
   }

@@ -7,6 +7,11 @@
 // again) is recognised as stale and dropped. A handler is held by shared_ptr and
 // the running copy is kept alive for the call, so a handler may unwatch or re-watch
 // its own fd.
+//
+// collect() (epoll_wait) and dispatch() (handlers) are separate so that a thread can
+// sleep in collect() without holding the lock that guards the transports, while
+// another thread that holds it runs dispatch(): events fetched by one are run by
+// whichever thread dispatches next, so none is lost with edge-triggered fds.
 #include "transport/poller.hpp"
 
 #include <braid/error.hpp>
@@ -18,6 +23,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -45,7 +51,9 @@ struct Poller::Impl {
   int wakefd = -1;
   std::uint32_t next_generation = 1;
   std::vector<Entry> entries;  // indexed by fd
-  epoll_event events[kMaxEvents];
+  std::mutex pending_mu;                // guards `pending` only
+  std::vector<epoll_event> pending;     // fetched by collect(), not yet dispatched
+  std::vector<epoll_event> batch;       // dispatch()'s working copy
 };
 
 Poller::Poller() : impl_(std::make_unique<Impl>()) {
@@ -112,28 +120,45 @@ void Poller::unwatch(int fd) {
   e.handler.reset();  // a running handler keeps its own reference
 }
 
-int Poller::wait(int timeout_ms) {
-  int n = ::epoll_wait(impl_->epfd, impl_->events, kMaxEvents, timeout_ms);
+int Poller::collect(int timeout_ms) { return collect_counting(timeout_ms, nullptr); }
+
+int Poller::collect_counting(int timeout_ms, int* wakes) {
+  epoll_event events[kMaxEvents];
+  const int n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
   if (n < 0) {
     if (errno == EINTR) return 0;
     throw Error(ErrorCode::System, std::string("epoll_wait: ") + std::strerror(errno));
   }
-  int handled = 0;
-  std::exception_ptr first_error;
+  int fetched = 0;
+  std::lock_guard<std::mutex> lock(impl_->pending_mu);
   for (int i = 0; i < n; ++i) {
-    const epoll_event ev = impl_->events[i];
-    if (ev.data.u64 == kWakeKey) {
+    ++fetched;
+    if (events[i].data.u64 == kWakeKey) {
       std::uint64_t value;
       while (::read(impl_->wakefd, &value, sizeof value) > 0) {
       }
-      ++handled;
+      if (wakes) ++*wakes;
       continue;
     }
+    impl_->pending.push_back(events[i]);
+  }
+  return fetched;
+}
+
+int Poller::dispatch() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->pending_mu);
+    if (impl_->pending.empty()) return 0;
+    impl_->batch.swap(impl_->pending);
+  }
+  int handled = 0;
+  std::exception_ptr first_error;
+  for (const epoll_event& ev : impl_->batch) {
     const auto fd = static_cast<std::size_t>(ev.data.u64 & 0xffffffffu);
     const auto generation = static_cast<std::uint32_t>(ev.data.u64 >> 32);
     if (fd >= impl_->entries.size()) continue;
     Impl::Entry& e = impl_->entries[fd];
-    if (!e.active || e.generation != generation) continue;  // unwatched during this batch
+    if (!e.active || e.generation != generation) continue;  // unwatched since it was fetched
     std::shared_ptr<Handler> handler = e.handler;
     ++handled;
     // Run the whole batch even if a handler throws: with edge-triggered fds an event
@@ -144,8 +169,15 @@ int Poller::wait(int timeout_ms) {
       if (!first_error) first_error = std::current_exception();
     }
   }
+  impl_->batch.clear();
   if (first_error) std::rethrow_exception(first_error);
   return handled;
+}
+
+int Poller::wait(int timeout_ms) {
+  int wakes = 0;
+  collect_counting(timeout_ms, &wakes);
+  return wakes + dispatch();
 }
 
 void Poller::wake() noexcept {

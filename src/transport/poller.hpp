@@ -27,15 +27,22 @@ class Poller {
   /// Stops watching `fd` (before closing it).
   void unwatch(int fd);
   /// Blocks for up to `timeout_ms` (-1 = forever) until an fd is ready or wake()
-  /// is called; runs the handlers of ready fds. Returns the number of events handled
-  /// (a wake-up counts as one).
+  /// is called; runs the handlers of ready fds (collect() then dispatch()). Returns
+  /// the number of events handled (a wake-up counts as one).
   int wait(int timeout_ms);
+  /// Blocks like wait() but only stores the ready events for dispatch(); runs no
+  /// handler. Returns the number of events fetched (a wake-up counts as one).
+  int collect(int timeout_ms);
+  /// Runs the handlers of the events stored by collect() (skipping fds unwatched
+  /// since). Returns the number of handlers run.
+  int dispatch();
   /// Wakes a thread blocked in wait(). Thread-safe and async-signal-safe.
   void wake() noexcept;
 
   struct Impl;
 
  private:
+  int collect_counting(int timeout_ms, int* wakes);
   std::unique_ptr<Impl> impl_;
 };
 
