@@ -1,0 +1,623 @@
+// braid host codec kernels (formats: docs/codecs.md).
+//
+// Shape of the code, as in reduce.cpp: each loop is an always_inline template, compiled
+// twice (x86-64 baseline and target("avx2")), and one CPUID probe picks the copy. No FMA
+// is enabled in either copy, so both compute the same bits, and so will a CUDA kernel
+// that uses __fmul_rn/__fadd_rn/__fdiv_rn in the order written here.
+//
+// * Round to nearest even without a libm call: for |v| <= 2^22, (v + 1.5*2^23) - 1.5*2^23
+//   is rint(v) under the default rounding mode; it vectorises at SSE2.
+// * Block absmax is an integer max over the |bit pattern| (sign cleared): monotone in
+//   magnitude for finite values and larger for inf and NaN, so one max both finds the
+//   scale and detects a non-finite block.
+// * Encoders stage (in + add) in a block-sized stack buffer only when there is an `add`,
+//   so the residual may alias either input.
+#include "kernels/host/codec_kernels.hpp"
+
+#include "kernels/host/reduce.hpp"
+#include "kernels/host/rng.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define BRAID_CODEC_X86 1
+#include <immintrin.h>
+#define BRAID_TARGET_AVX2 __attribute__((target("avx2")))
+#define BRAID_TARGET_AVX2_F16C __attribute__((target("avx2,f16c")))
+#else
+#define BRAID_CODEC_X86 0
+#endif
+
+#define BRAID_INLINE inline __attribute__((always_inline))
+#define BRAID_NOINLINE __attribute__((noinline))
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "braid codecs write little-endian scales and indices with memcpy; port the stores for big-endian hosts"
+#endif
+
+namespace braid::kernels {
+namespace {
+
+BRAID_INLINE std::uint32_t f2u(float f) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+BRAID_INLINE float u2f(std::uint32_t u) noexcept {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+BRAID_INLINE float load_f32(const std::uint8_t* p) noexcept {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+BRAID_INLINE void store_f32(std::uint8_t* p, float f) noexcept { std::memcpy(p, &f, 4); }
+
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+BRAID_INLINE float rne(float v) noexcept { return (v + kMagic) - kMagic; }
+
+constexpr std::uint32_t kNanBits = 0x7fc00000u;  // the scale of a non-finite block
+constexpr float kTinyAbsmax = 0x1p-100f;          // smaller blocks encode as zero
+
+// |bits| max: >= 0x7f800000 means the block holds inf or NaN.
+BRAID_INLINE std::uint32_t abs_bits_max(const float* y, std::uint32_t len) noexcept {
+  std::uint32_t m = 0;
+  for (std::uint32_t i = 0; i < len; ++i) {
+    const std::uint32_t a = f2u(y[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------
+// fp8 conversions, branch-free.
+
+template <BlockFormat F>
+struct Fp8 {
+  static constexpr int kMbits = F == BlockFormat::fp8e4m3 ? 3 : 2;
+  static constexpr int kBias = F == BlockFormat::fp8e4m3 ? 7 : 15;
+  static constexpr std::uint32_t kMaxCode = F == BlockFormat::fp8e4m3 ? 0x7eu : 0x7bu;
+  static constexpr float kMax = F == BlockFormat::fp8e4m3 ? 448.0f : 57344.0f;
+  // 2^(kBias - 1 + kMbits): subnormal codes are rint(|v| * this).
+  static constexpr float kSubScale = F == BlockFormat::fp8e4m3 ? 512.0f : 65536.0f;
+  static constexpr float kSubStep = 1.0f / kSubScale;
+
+  // Finite v only (NaN handled by the caller); saturates.
+  static BRAID_INLINE std::uint32_t encode(float v) noexcept {
+    const std::uint32_t u = f2u(v);
+    const std::uint32_t sign = (u >> 24) & 0x80u;
+    const std::uint32_t a = u & 0x7fffffffu;
+    constexpr int kShift = 23 - kMbits;
+    const std::uint32_t normal =
+        (a - (static_cast<std::uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >>
+        kShift;
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(u2f(a) * kSubScale)));
+    std::uint32_t r = a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23) ? sub : normal;
+    r = r < kMaxCode ? r : kMaxCode;
+    return r | sign;
+  }
+  static BRAID_INLINE float decode(std::uint32_t code) noexcept {
+    const std::uint32_t c = code & 0x7fu;
+    const std::uint32_t sign = (code & 0x80u) << 24;
+    const float normal = u2f((c << (23 - kMbits)) + (static_cast<std::uint32_t>(127 - kBias) << 23));
+    const float sub = static_cast<float>(static_cast<std::int32_t>(c)) * kSubStep;
+    float r = (c >> kMbits) == 0 ? sub : normal;
+    if constexpr (F == BlockFormat::fp8e4m3) {
+      r = c == 0x7fu ? u2f(kNanBits) : r;
+    } else {
+      r = c >= 0x7cu ? (c == 0x7cu ? u2f(0x7f800000u) : u2f(kNanBits)) : r;
+    }
+    return u2f(f2u(r) | sign);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Block encoders. `y` holds the block's len values; `codes` points at the block's codes.
+
+template <BlockFormat F>
+constexpr float kLevels = F == BlockFormat::int8 ? 127.0f : 7.0f;
+
+template <BlockFormat F, bool SR, bool FB>
+BRAID_INLINE void encode_int_block(const float* y, std::uint32_t len, float scale, float inv, std::uint8_t* codes,
+                                   float* res, const BlockCodecParams& p, std::uint64_t g0) noexcept {
+  constexpr float L = kLevels<F>;
+  alignas(64) std::int8_t q8[F == BlockFormat::int4 ? kMaxCodecBlock : 1];
+  std::int8_t* qdst = F == BlockFormat::int4 ? q8 : reinterpret_cast<std::int8_t*>(codes);
+  if constexpr (SR) {
+    alignas(64) float u[kMaxCodecBlock];
+    for (std::uint64_t g = g0 & ~std::uint64_t{3}; g < g0 + len; g += 4) {
+      const Philox4 w = rounding_words(p.seed, p.step, g >> 2);
+      for (int j = 0; j < 4; ++j) {
+        if (g + j >= g0 && g + j < g0 + len) u[g + j - g0] = uniform24(w.v[j]);
+      }
+    }
+    for (std::uint32_t i = 0; i < len; ++i) {
+      const float v = y[i] * inv;
+      float f = rne(v);
+      f = f > v ? f - 1.0f : f;  // floor(v)
+      float q = u[i] < v - f ? f + 1.0f : f;
+      q = q > L ? L : (q < -L ? -L : q);
+      qdst[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(q));
+      if constexpr (FB) res[i] = y[i] - q * scale;
+    }
+  } else {
+    for (std::uint32_t i = 0; i < len; ++i) {
+      float q = rne(y[i] * inv);
+      q = q > L ? L : (q < -L ? -L : q);
+      qdst[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(q));
+      if constexpr (FB) res[i] = y[i] - q * scale;
+    }
+  }
+  if constexpr (F == BlockFormat::int4) {
+    const std::uint32_t pairs = len / 2;
+    for (std::uint32_t j = 0; j < pairs; ++j) {
+      codes[j] = static_cast<std::uint8_t>((static_cast<std::uint8_t>(q8[2 * j]) & 0x0fu) |
+                                           (static_cast<std::uint8_t>(q8[2 * j + 1]) << 4));
+    }
+    if (len & 1u) codes[pairs] = static_cast<std::uint8_t>(q8[len - 1]) & 0x0fu;
+  }
+}
+
+template <BlockFormat F, bool FB>
+BRAID_INLINE void encode_fp8_block(const float* y, std::uint32_t len, float scale, float inv, std::uint8_t* codes,
+                                   float* res) noexcept {
+  for (std::uint32_t i = 0; i < len; ++i) {
+    const std::uint32_t c = Fp8<F>::encode(y[i] * inv);
+    codes[i] = static_cast<std::uint8_t>(c);
+    if constexpr (FB) res[i] = y[i] - Fp8<F>::decode(c) * scale;
+  }
+}
+
+// Sum of |y| in the documented order: lane k = elements i with i % 8 == k in increasing i,
+// then ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)).
+BRAID_INLINE float abs_sum8(const float* y, std::uint32_t len) noexcept {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::uint32_t i = 0;
+  for (; i + 8 <= len; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += u2f(f2u(y[i + k]) & 0x7fffffffu);
+  for (int k = 0; i + k < len; ++k) s[k] += u2f(f2u(y[i + k]) & 0x7fffffffu);
+  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+template <bool FB>
+BRAID_INLINE void encode_sign_block(const float* y, std::uint32_t len, float mean, std::uint8_t* codes,
+                                    float* res) noexcept {
+  const std::uint32_t full = len / 8;
+  for (std::uint32_t j = 0; j < full; ++j) {
+    std::uint32_t b = 0;
+    for (int k = 0; k < 8; ++k) b |= static_cast<std::uint32_t>(y[8 * j + k] < 0.0f) << k;
+    codes[j] = static_cast<std::uint8_t>(b);
+  }
+  if (len % 8) {
+    std::uint32_t b = 0;
+    for (std::uint32_t k = 0; 8 * full + k < len; ++k) b |= static_cast<std::uint32_t>(y[8 * full + k] < 0.0f) << k;
+    codes[full] = static_cast<std::uint8_t>(b);
+  }
+  if constexpr (FB) {
+    const std::uint32_t m = f2u(mean);
+    for (std::uint32_t i = 0; i < len; ++i) {
+      const std::uint32_t neg = static_cast<std::uint32_t>(y[i] < 0.0f) << 31;
+      res[i] = y[i] - u2f(m | neg);
+    }
+  }
+}
+
+BRAID_INLINE std::size_t codes_bytes(BlockFormat f, std::size_t n) noexcept {
+  switch (f) {
+    case BlockFormat::int4: return (n + 1) / 2;
+    case BlockFormat::sign1: return (n + 7) / 8;
+    default: return n;
+  }
+}
+
+template <BlockFormat F, bool SR, bool FB>
+BRAID_INLINE void encode_all(const BlockCodecParams& p, const float* in, const float* add, std::size_t n,
+                             std::uint8_t* out, float* residual) noexcept {
+  const std::size_t B = p.block;
+  const std::size_t nb = (n + B - 1) / B;
+  std::uint8_t* codes = out + 4 * nb;
+  alignas(64) float tmp[kMaxCodecBlock];
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t start = b * B;
+    const auto len = static_cast<std::uint32_t>(std::min(B, n - start));
+    const float* y = in + start;
+    if (add) {
+      const float* a = add + start;
+      for (std::uint32_t i = 0; i < len; ++i) tmp[i] = y[i] + a[i];
+      y = tmp;
+    }
+    float* res = FB ? residual + start : nullptr;
+    std::uint8_t* c = codes + codes_bytes(F, start);
+    const std::uint32_t m = abs_bits_max(y, len);
+    float scale;
+    if (m >= 0x7f800000u) {  // inf or NaN: the whole block decodes to NaN; residual dropped
+      scale = u2f(kNanBits);
+      std::memset(c, 0, codes_bytes(F, len));
+      if constexpr (FB) std::memset(res, 0, sizeof(float) * len);
+    } else if constexpr (F == BlockFormat::sign1) {
+      scale = abs_sum8(y, len) / static_cast<float>(len);
+      encode_sign_block<FB>(y, len, scale, c, res);
+    } else {
+      const float absmax = u2f(m);
+      if (absmax < kTinyAbsmax) {
+        scale = 0.0f;
+        std::memset(c, 0, codes_bytes(F, len));
+        if constexpr (FB) std::memmove(res, y, sizeof(float) * len);
+      } else if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
+        scale = absmax / kLevels<F>;
+        encode_int_block<F, SR, FB>(y, len, scale, kLevels<F> / absmax, c, res, p, p.offset + start);
+      } else {
+        scale = absmax / Fp8<F>::kMax;
+        encode_fp8_block<F, FB>(y, len, scale, Fp8<F>::kMax / absmax, c, res);
+      }
+    }
+    store_f32(out + 4 * b, scale);
+  }
+  const std::size_t used = 4 * nb + codes_bytes(F, n);
+  std::memset(out + used, 0, block_payload_bytes(F, p.block, n) - used);
+}
+
+template <bool FB>
+BRAID_INLINE void encode_fb(const BlockCodecParams& p, const float* in, const float* add, std::size_t n,
+                            std::uint8_t* out, float* residual) noexcept {
+  switch (p.format) {
+    case BlockFormat::int8:
+      if (p.stochastic)
+        encode_all<BlockFormat::int8, true, FB>(p, in, add, n, out, residual);
+      else
+        encode_all<BlockFormat::int8, false, FB>(p, in, add, n, out, residual);
+      return;
+    case BlockFormat::int4:
+      if (p.stochastic)
+        encode_all<BlockFormat::int4, true, FB>(p, in, add, n, out, residual);
+      else
+        encode_all<BlockFormat::int4, false, FB>(p, in, add, n, out, residual);
+      return;
+    case BlockFormat::fp8e4m3: encode_all<BlockFormat::fp8e4m3, false, FB>(p, in, add, n, out, residual); return;
+    case BlockFormat::fp8e5m2: encode_all<BlockFormat::fp8e5m2, false, FB>(p, in, add, n, out, residual); return;
+    case BlockFormat::sign1: encode_all<BlockFormat::sign1, false, FB>(p, in, add, n, out, residual); return;
+  }
+}
+
+BRAID_INLINE void encode_any(const BlockCodecParams& p, const float* in, const float* add, std::size_t n,
+                             std::uint8_t* out, float* residual) noexcept {
+  if (residual)
+    encode_fb<true>(p, in, add, n, out, residual);
+  else
+    encode_fb<false>(p, in, add, n, out, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------
+// Block decoders.
+
+template <bool ACC>
+BRAID_INLINE void put(float* o, float v) noexcept {
+  if constexpr (ACC)
+    *o += v;
+  else
+    *o = v;
+}
+
+template <BlockFormat F, bool ACC>
+BRAID_INLINE void decode_all(std::uint32_t block, const std::uint8_t* in, std::size_t n, float* out) noexcept {
+  const std::size_t B = block;
+  const std::size_t nb = (n + B - 1) / B;
+  const std::uint8_t* codes = in + 4 * nb;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t start = b * B;
+    const auto len = static_cast<std::uint32_t>(std::min(B, n - start));
+    const float s = load_f32(in + 4 * b);
+    const std::uint8_t* c = codes + codes_bytes(F, start);
+    float* o = out + start;
+    if constexpr (F == BlockFormat::int8) {
+      for (std::uint32_t i = 0; i < len; ++i)
+        put<ACC>(o + i, static_cast<float>(static_cast<std::int8_t>(c[i])) * s);
+    } else if constexpr (F == BlockFormat::int4) {
+      const std::uint32_t pairs = len / 2;
+      for (std::uint32_t j = 0; j < pairs; ++j) {
+        const auto lo = static_cast<std::int8_t>(static_cast<std::uint8_t>(c[j] << 4)) >> 4;
+        const auto hi = static_cast<std::int8_t>(c[j]) >> 4;
+        put<ACC>(o + 2 * j, static_cast<float>(lo) * s);
+        put<ACC>(o + 2 * j + 1, static_cast<float>(hi) * s);
+      }
+      if (len & 1u) {
+        const auto lo = static_cast<std::int8_t>(static_cast<std::uint8_t>(c[pairs] << 4)) >> 4;
+        put<ACC>(o + len - 1, static_cast<float>(lo) * s);
+      }
+    } else if constexpr (F == BlockFormat::sign1) {
+      const std::uint32_t m = f2u(s);
+      const std::uint32_t full = len / 8;
+      for (std::uint32_t j = 0; j < full; ++j) {
+        const std::uint32_t byte = c[j];
+        for (int k = 0; k < 8; ++k) put<ACC>(o + 8 * j + k, u2f(m ^ (((byte >> k) & 1u) << 31)));
+      }
+      for (std::uint32_t i = 8 * full; i < len; ++i) put<ACC>(o + i, u2f(m ^ (((c[i / 8] >> (i % 8)) & 1u) << 31)));
+    } else {
+      for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, Fp8<F>::decode(c[i]) * s);
+    }
+  }
+}
+
+template <bool ACC>
+BRAID_INLINE void decode_any(BlockFormat f, std::uint32_t block, const std::uint8_t* in, std::size_t n,
+                             float* out) noexcept {
+  switch (f) {
+    case BlockFormat::int8: decode_all<BlockFormat::int8, ACC>(block, in, n, out); return;
+    case BlockFormat::int4: decode_all<BlockFormat::int4, ACC>(block, in, n, out); return;
+    case BlockFormat::fp8e4m3: decode_all<BlockFormat::fp8e4m3, ACC>(block, in, n, out); return;
+    case BlockFormat::fp8e5m2: decode_all<BlockFormat::fp8e5m2, ACC>(block, in, n, out); return;
+    case BlockFormat::sign1: decode_all<BlockFormat::sign1, ACC>(block, in, n, out); return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 (portable, vectorises) and fp16 (F16C, or the scalar reference conversions).
+
+BRAID_INLINE std::uint32_t f2bf(float f) noexcept {
+  const std::uint32_t u = f2u(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u | 0x00400000u) >> 16;
+  return static_cast<std::int32_t>(u & 0x7fffffffu) > 0x7f800000 ? nan : rounded;
+}
+
+template <bool FB>
+BRAID_INLINE void bf16_encode(const float* in, const float* add, std::size_t n, std::uint8_t* out,
+                              float* residual) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float y = add ? in[i] + add[i] : in[i];
+    const std::uint32_t h = f2bf(y);
+    const auto h16 = static_cast<std::uint16_t>(h);
+    std::memcpy(out + 2 * i, &h16, 2);
+    if constexpr (FB) residual[i] = y - u2f(h << 16);
+  }
+}
+
+template <bool ACC>
+BRAID_INLINE void bf16_decode(const std::uint8_t* in, std::size_t n, float* out) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    put<ACC>(out + i, u2f(static_cast<std::uint32_t>(h) << 16));
+  }
+}
+
+void fp16_encode_scalar(const float* in, const float* add, std::size_t n, std::uint8_t* out, float* residual) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float y = add ? in[i] + add[i] : in[i];
+    const std::uint16_t h = float_to_half(y);
+    std::memcpy(out + 2 * i, &h, 2);
+    if (residual) residual[i] = y - half_to_float(h);
+  }
+}
+void fp16_decode_scalar(const std::uint8_t* in, std::size_t n, float* out, bool acc) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    if (acc)
+      out[i] += half_to_float(h);
+    else
+      out[i] = half_to_float(h);
+  }
+}
+
+#if BRAID_CODEC_X86
+BRAID_NOINLINE BRAID_TARGET_AVX2_F16C void fp16_encode_f16c(const float* in, const float* add, std::size_t n,
+                                                            std::uint8_t* out, float* residual) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 y = _mm256_loadu_ps(in + i);
+    if (add) y = _mm256_add_ps(y, _mm256_loadu_ps(add + i));
+    const __m128i h = _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+    if (residual) _mm256_storeu_ps(residual + i, _mm256_sub_ps(y, _mm256_cvtph_ps(h)));
+  }
+  fp16_encode_scalar(in + i, add ? add + i : nullptr, n - i, out + 2 * i, residual ? residual + i : nullptr);
+}
+BRAID_NOINLINE BRAID_TARGET_AVX2_F16C void fp16_decode_f16c(const std::uint8_t* in, std::size_t n, float* out,
+                                                            bool acc) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+    if (acc) d = _mm256_add_ps(d, _mm256_loadu_ps(out + i));
+    _mm256_storeu_ps(out + i, d);
+  }
+  fp16_decode_scalar(in + 2 * i, n - i, out + i, acc);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------
+// ISA dispatch.
+
+bool have_avx2() noexcept {
+#if BRAID_CODEC_X86
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+bool have_f16c() noexcept { return have_avx2() && std::strcmp(half_path(), "f16c") == 0; }
+
+#define BRAID_CODEC_ENTRY(name, attrs)                                                                             \
+  BRAID_NOINLINE attrs void name##_block_encode(const BlockCodecParams& p, const float* in, const float* add,       \
+                                                std::size_t n, std::uint8_t* out, float* residual) noexcept {      \
+    encode_any(p, in, add, n, out, residual);                                                                      \
+  }                                                                                                                \
+  BRAID_NOINLINE attrs void name##_block_decode(BlockFormat f, std::uint32_t block, const std::uint8_t* in,       \
+                                                std::size_t n, float* out, bool acc) noexcept {                    \
+    if (acc)                                                                                                       \
+      decode_any<true>(f, block, in, n, out);                                                                      \
+    else                                                                                                           \
+      decode_any<false>(f, block, in, n, out);                                                                     \
+  }                                                                                                                \
+  BRAID_NOINLINE attrs void name##_bf16_encode(const float* in, const float* add, std::size_t n,                  \
+                                               std::uint8_t* out, float* residual) noexcept {                      \
+    if (residual)                                                                                                  \
+      bf16_encode<true>(in, add, n, out, residual);                                                                \
+    else                                                                                                           \
+      bf16_encode<false>(in, add, n, out, nullptr);                                                                \
+  }                                                                                                                \
+  BRAID_NOINLINE attrs void name##_bf16_decode(const std::uint8_t* in, std::size_t n, float* out, bool acc)       \
+      noexcept {                                                                                                   \
+    if (acc)                                                                                                       \
+      bf16_decode<true>(in, n, out);                                                                               \
+    else                                                                                                           \
+      bf16_decode<false>(in, n, out);                                                                              \
+  }
+
+BRAID_CODEC_ENTRY(base, )
+#if BRAID_CODEC_X86
+BRAID_CODEC_ENTRY(avx2, BRAID_TARGET_AVX2)
+#endif
+
+}  // namespace
+
+std::size_t block_payload_bytes(BlockFormat format, std::uint32_t block, std::size_t n) noexcept {
+  const std::size_t nb = block ? (n + block - 1) / block : 0;
+  const std::size_t raw = 4 * nb + codes_bytes(format, n);
+  return (raw + 3) & ~std::size_t{3};
+}
+
+void block_encode(const BlockCodecParams& p, const float* in, const float* add, std::size_t n, std::uint8_t* out,
+                  float* residual) noexcept {
+#if BRAID_CODEC_X86
+  if (have_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
+#endif
+  base_block_encode(p, in, add, n, out, residual);
+}
+
+void block_decode(BlockFormat format, std::uint32_t block, const std::uint8_t* in, std::size_t n, float* out,
+                  bool accumulate) noexcept {
+#if BRAID_CODEC_X86
+  if (have_avx2()) return avx2_block_decode(format, block, in, n, out, accumulate);
+#endif
+  base_block_decode(format, block, in, n, out, accumulate);
+}
+
+std::size_t half_payload_bytes(std::size_t n) noexcept { return (2 * n + 3) & ~std::size_t{3}; }
+
+void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n, std::uint8_t* out,
+                 float* residual) noexcept {
+  if (f == HalfFormat::bf16) {
+#if BRAID_CODEC_X86
+    if (have_avx2())
+      avx2_bf16_encode(in, add, n, out, residual);
+    else
+#endif
+      base_bf16_encode(in, add, n, out, residual);
+  } else {
+#if BRAID_CODEC_X86
+    if (have_f16c())
+      fp16_encode_f16c(in, add, n, out, residual);
+    else
+#endif
+      fp16_encode_scalar(in, add, n, out, residual);
+  }
+  std::memset(out + 2 * n, 0, half_payload_bytes(n) - 2 * n);
+}
+
+void half_decode(HalfFormat f, const std::uint8_t* in, std::size_t n, float* out, bool accumulate) noexcept {
+  if (f == HalfFormat::bf16) {
+#if BRAID_CODEC_X86
+    if (have_avx2()) return avx2_bf16_decode(in, n, out, accumulate);
+#endif
+    return base_bf16_decode(in, n, out, accumulate);
+  }
+#if BRAID_CODEC_X86
+  if (have_f16c()) return fp16_decode_f16c(in, n, out, accumulate);
+#endif
+  fp16_decode_scalar(in, n, out, accumulate);
+}
+
+std::size_t topk_payload_bytes(std::size_t k) noexcept { return 8 * k; }
+
+void topk_encode(const float* in, const float* add, std::size_t n, std::size_t k, std::uint8_t* out,
+                 float* residual) {
+  auto val = [&](std::size_t i) { return add ? in[i] + add[i] : in[i]; };
+  auto key = [&](std::size_t i) { return f2u(val(i)) & 0x7fffffffu; };
+  // Radix select of the k-th largest key: 16 high bits, then 16 low bits in that bin.
+  std::vector<std::size_t> hist(1u << 16);
+  for (std::size_t i = 0; i < n; ++i) ++hist[key(i) >> 16];
+  std::size_t above = 0;
+  std::uint32_t hi = 0xffff;
+  for (;; --hi) {
+    if (above + hist[hi] >= k || hi == 0) break;
+    above += hist[hi];
+  }
+  std::fill(hist.begin(), hist.end(), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t kk = key(i);
+    if ((kk >> 16) == hi) ++hist[kk & 0xffffu];
+  }
+  std::uint32_t lo = 0xffff;
+  for (;; --lo) {
+    if (above + hist[lo] >= k || lo == 0) break;
+    above += hist[lo];
+  }
+  const std::uint32_t thr = (hi << 16) | lo;
+  std::size_t take_equal = k - above;  // entries equal to thr to take, lowest indices first
+  std::uint8_t* idx = out;
+  std::uint8_t* vals = out + 4 * k;
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = val(i);
+    const std::uint32_t kk = f2u(v) & 0x7fffffffu;
+    bool pick = kk > thr;
+    if (!pick && kk == thr && take_equal > 0) {
+      pick = true;
+      --take_equal;
+    }
+    if (pick) {
+      const auto i32 = static_cast<std::uint32_t>(i);
+      std::memcpy(idx + 4 * j, &i32, 4);
+      store_f32(vals + 4 * j, v);
+      ++j;
+    }
+    if (residual) residual[i] = pick ? 0.0f : v;
+  }
+}
+
+bool topk_decode(const std::uint8_t* in, std::size_t n, std::size_t k, float* out, bool accumulate) noexcept {
+  const std::uint8_t* idx = in;
+  const std::uint8_t* vals = in + 4 * k;
+  std::uint64_t prev = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    std::uint32_t i;
+    std::memcpy(&i, idx + 4 * j, 4);
+    if (i >= n || (j > 0 && i <= prev)) return false;
+    prev = i;
+  }
+  if (!accumulate) std::memset(out, 0, sizeof(float) * n);
+  for (std::size_t j = 0; j < k; ++j) {
+    std::uint32_t i;
+    std::memcpy(&i, idx + 4 * j, 4);
+    const float v = load_f32(vals + 4 * j);
+    if (accumulate)
+      out[i] += v;
+    else
+      out[i] = v;
+  }
+  return true;
+}
+
+std::uint8_t float_to_fp8(float v, BlockFormat format) noexcept {
+  if (v != v) return format == BlockFormat::fp8e4m3 ? 0x7f : 0x7e;
+  return static_cast<std::uint8_t>(format == BlockFormat::fp8e4m3 ? Fp8<BlockFormat::fp8e4m3>::encode(v)
+                                                                  : Fp8<BlockFormat::fp8e5m2>::encode(v));
+}
+
+float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept {
+  return format == BlockFormat::fp8e4m3 ? Fp8<BlockFormat::fp8e4m3>::decode(bits)
+                                        : Fp8<BlockFormat::fp8e5m2>::decode(bits);
+}
+
+const char* codec_path() noexcept { return have_avx2() ? "avx2" : "baseline"; }
+
+}  // namespace braid::kernels
