@@ -31,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <iosfwd>
 #include <memory>
 #include <string>
 
@@ -164,6 +165,20 @@ class BRAID_API Communicator {
   /// Fails every outstanding and future operation with Aborted and closes connections.
   /// Safe from any thread, including while another thread waits on a Work. Idempotent.
   void abort() noexcept;
+
+  /// Writes every error-feedback residual this rank holds (all ef_keys) to `os`, in
+  /// the versioned binary format of docs/codecs.md, for checkpointing. Call between
+  /// collectives (not while a compressed all-reduce is in flight).
+  void save_error_feedback(std::ostream& os) const;
+  /// Replaces this rank's residuals with a checkpoint written by save_error_feedback();
+  /// throws Error(InvalidUsage) and changes nothing if the data is damaged. Call
+  /// between collectives.
+  void restore_error_feedback(std::istream& is);
+  /// Forgets the residuals of `ef_key` (all keys when empty); the next call starts from
+  /// zero. Call between collectives.
+  void reset_error_feedback(const std::string& ef_key = {});
+  /// Bytes of error-feedback residuals held by this rank.
+  std::size_t error_feedback_bytes() const;
 
   /// True once the communicator has failed or been aborted.
   bool failed() const noexcept;

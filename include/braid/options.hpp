@@ -24,12 +24,20 @@ struct CollectiveOptions {
 struct AllreduceOptions : CollectiveOptions {
   /// Algorithm to use; `automatic` defers to BRAID_ALGO, then to the tuner.
   Algorithm algorithm = Algorithm::automatic;
-  /// Codec name for compression inside the collective ("" = BRAID_CODEC, "none" = off).
-  /// Compression arrives with the compression issue; any value other than "", "none"
-  /// is refused with Unsupported today.
+  /// Codec for compression inside the collective (docs/codecs.md): "" = BRAID_CODEC,
+  /// "none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1",
+  /// "topk:RATIO" or "auto" (compress only when the cost model says it is faster, with
+  /// codecs inside BRAID_CODEC_MAX_ERROR), with optional suffixes such as ":sr"
+  /// (stochastic rounding) or ":block=128". Compressed all-reduce takes f32 buffers
+  /// and sum or avg; the result is bitwise identical on every rank.
   std::string codec;
-  /// Error-feedback bucket key for biased codecs (see docs/codecs.md once present).
+  /// Error-feedback bucket key: the library keeps this bucket's residuals (what the
+  /// codec left out) and adds them to the next call with the same key. Use one key per
+  /// gradient bucket, with the same count every time. Empty: no error feedback.
   std::string ef_key;
+  /// Allow sign1 and topk without error feedback (they do not converge in general
+  /// without it, so they are refused unless `ef_key` is set or this is true).
+  bool allow_biased = false;
   /// Fixed reduction order (rank 0, 1, ..., n-1) so that results are bitwise identical
   /// whatever the algorithm and layout; also on with BRAID_DETERMINISTIC. Costs
   /// latency (see docs/algorithms.md).

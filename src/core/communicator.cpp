@@ -85,8 +85,11 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     BRAID_CHECK(a.has_value(), InvalidUsage,
                 "BRAID_ALGO='" << cfg.algo << "' is not an algorithm: use auto, ring, tree, rhd or hier");
   }
-  BRAID_CHECK(cfg.codec == "none" || cfg.codec.empty(), Unsupported,
-              "BRAID_CODEC='" << cfg.codec << "': compression is not implemented in this version; unset it");
+  try {
+    (void)compression::parse_codec(cfg.codec);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::InvalidUsage, std::string("BRAID_CODEC: ") + e.what());
+  }
 
   // The k-th communicator of this name and size that each rank creates on a store
   // gets namespace k: every rank counts its own creations, so all agree without
@@ -372,12 +375,24 @@ Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
       req.collective != Collective::reduce)
     return Algorithm::automatic;
   if (size == 1) return Algorithm::ring;
-  collectives::Tuner* t = nullptr;
+  collectives::Tuner* t = &tuner_ref();
+  bool first = false;
+  try {
+    const auto choice = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
+    if (first) BRAID_LOG(info, "tuner: " << choice->explanation);
+    return choice->algorithm;
+  } catch (const Error& e) {
+    BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
+    return Algorithm::automatic;
+  }
+}
+
+collectives::Tuner& Communicator::Impl::tuner_ref() {
   {
     std::lock_guard<std::mutex> lock(mu);
-    t = tuner.get();
+    if (tuner) return *tuner;
   }
-  if (!t) {
+  {
     // Every rank prices with the same topology (from the store) and the same model
     // (defaults, or BRAID_COST_MODEL), so every rank makes the same choice.
     collectives::Topology topo;
@@ -390,16 +405,7 @@ Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
     auto made = std::make_unique<collectives::Tuner>(size, std::move(topo), cost_model(), to);
     std::lock_guard<std::mutex> lock(mu);
     if (!tuner) tuner = std::move(made);
-    t = tuner.get();
-  }
-  bool first = false;
-  try {
-    const auto choice = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
-    if (first) BRAID_LOG(info, "tuner: " << choice->explanation);
-    return choice->algorithm;
-  } catch (const Error& e) {
-    BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
-    return Algorithm::automatic;
+    return *tuner;
   }
 }
 
@@ -435,9 +441,9 @@ std::shared_ptr<const std::vector<int>> Communicator::Impl::host_map() {
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  BRAID_CHECK(options.codec.empty() || options.codec == "none", Unsupported,
-              "allreduce: codec '" << options.codec << "' requested, but compression is not implemented in this "
-                                   << "version; pass an empty codec or \"none\"");
+  const auto spec = impl_->resolve_codec(options, count, dtype, op);
+  if (spec.kind != compression::CodecKind::none)
+    return impl_->compressed_allreduce(send, recv, count, dtype, op, spec, options);
   return impl_->collective(Collective::allreduce, send, recv, count, dtype, op, 0, options.algorithm,
                            options.deterministic, options.timeout, "allreduce");
 }

@@ -5,6 +5,8 @@
 
 #include "collectives/plan.hpp"
 #include "collectives/tuner.hpp"
+#include "compression/codec.hpp"
+#include "compression/error_feedback.hpp"
 #include "core/config.hpp"
 #include "core/engine.hpp"
 
@@ -62,6 +64,22 @@ struct Communicator::Impl {
   std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what);
   std::atomic<std::uint64_t> next_check{0};
+  /// The tuner, made on first use (every rank prices with the same topology and model).
+  collectives::Tuner& tuner_ref();
+
+  // --- compression (compressed.cpp) ---
+  compression::ErrorFeedbackStore error_feedback;
+  std::map<std::string, std::uint64_t> codec_steps;  ///< per ef_key: calls so far (the RNG's step), under mu
+  /// Compressed all-reduce (docs/codecs.md): validates everything, then queues the
+  /// encode task, the all-to-all, the owner's decode-sum-encode task, the all-gather and
+  /// the decode task; returns the last one's Work.
+  Work compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                            const compression::CodecSpec& spec, const AllreduceOptions& options);
+  /// Resolves BRAID_CODEC / the per-call codec; `auto` is priced with the cost model.
+  compression::CodecSpec resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
+                                       ReduceOp op);
+  /// Queues a host task (see core::Operation::task) and returns its Work.
+  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
 };
 
 }  // namespace braid

@@ -27,7 +27,13 @@ const std::vector<ConfigVar> kTable = {
      "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
      "calibration; default: constants measured on the development machine (docs/cost-model.md).",
      true},
-    {"BRAID_CODEC", "string", "none", "Compression codec inside the collective (none until the compression issue).",
+    {"BRAID_CODEC", "string", "none",
+     "Compression codec of all-reduces that do not name one: none, fp16, bf16, fp8e4m3, fp8e5m2, "
+     "int8, int4, sign1, topk:RATIO or auto, with optional suffixes (docs/codecs.md).",
+     true},
+    {"BRAID_CODEC_MAX_ERROR", "float", "0.004",
+     "Error budget of codec auto: only codecs whose worst-case error relative to the block's "
+     "largest value is at most this are considered (0.004 admits fp16, bf16 and int8).",
      true},
     {"BRAID_TRANSPORT", "enum", "auto",
      "Transport for every pair: auto (shm between ranks of one host, tcp between hosts), tcp or shm.", true},
@@ -142,6 +148,15 @@ struct Reader {
     integer(name, v, lo, hi);
     return v;
   }
+  void real(const char* name, double& out, double lo, double hi) const {
+    if (auto v = raw(name)) {
+      char* end = nullptr;
+      const double d = std::strtod(v->c_str(), &end);
+      if (end == v->c_str() || *end != '\0' || !(d >= lo && d <= hi))
+        bad(name, *v, ("a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
+      out = d;
+    }
+  }
   void boolean(const char* name, bool& out) const {
     if (auto v = raw(name)) {
       const std::string l = lower(*v);
@@ -230,6 +245,7 @@ Config Config::parse(const Lookup& lookup) {
   r.duration("BRAID_TIMEOUT", c.timeout);
   if (auto v = r.raw("BRAID_ALGO")) c.algo = lower(*v);
   if (auto v = r.raw("BRAID_CODEC")) c.codec = lower(*v);
+  r.real("BRAID_CODEC_MAX_ERROR", c.codec_max_error, 0.0, 1.0);
   if (auto v = r.raw("BRAID_TRANSPORT")) {
     c.transport = lower(*v);
     if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm")

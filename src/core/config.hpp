@@ -27,6 +27,7 @@ struct Config {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::string algo = "auto";
   std::string codec = "none";
+  double codec_max_error = 0.004;  ///< BRAID_CODEC_MAX_ERROR
   std::string transport = "auto";
   std::size_t chunk_bytes = 512 * 1024;
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)

@@ -1,0 +1,300 @@
+// Compressed all-reduce (DESIGN.md §6, docs/codecs.md "Compressed all-reduce").
+//
+// The algorithm is the one compression/reference.cpp computes in one process; here it
+// is five operations queued back to back on the communicator's engine, so it is as
+// asynchronous and as ordered as any collective:
+//
+//   1. task   encode: every shard of this rank's bucket (x + worker residual) -> payloads
+//   2. plan   all-to-all of the payloads (bytes): rank s receives every rank's shard s
+//   3. task   owner: decode and sum shard s in rank order (f32), /W for avg, encode the
+//             sum once (+ owner residual) into this rank's slot of the gather buffer
+//   4. plan   all-gather (in place) of the reduced payloads
+//   5. task   decode every reduced payload into the output
+//
+// topk uses a sparse all-gather instead: encode the whole bucket, all-gather, and every
+// rank sums the W sparse payloads in rank order. Every rank, the owner included, decodes
+// the same bytes in the same order, so outputs are bitwise identical across ranks.
+// Payloads of different shards differ in size by at most a block; each is sent in a
+// slot of the largest size so that one all-to-all and one all-gather carry them.
+#include "core/check.hpp"
+#include "core/communicator_impl.hpp"
+#include "core/logging.hpp"
+#include "compression/reference.hpp"
+#include "kernels/host/rng.hpp"
+
+#include <braid/error.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+namespace braid {
+
+using collectives::Collective;
+using compression::CodecKind;
+using compression::CodecSpec;
+using compression::ResidualRole;
+
+namespace {
+
+CodecSpec with_seed(CodecSpec s, int rank, std::uint32_t phase) {
+  s.seed = kernels::stream_seed(s.seed, static_cast<std::uint32_t>(rank), phase);
+  return s;
+}
+
+/// Everything one compressed all-reduce needs until its last task has run.
+struct CompressedState {
+  CodecSpec spec;
+  int rank = 0;
+  int world = 1;
+  std::size_t count = 0;
+  bool average = false;
+  std::uint64_t step = 0;
+  const float* in = nullptr;
+  float* out = nullptr;
+  float* worker_residual = nullptr;  // whole bucket, or null
+  float* owner_residual = nullptr;   // this rank's shard, or null
+  std::size_t slot = 0;              // bytes per payload slot
+  std::vector<std::uint8_t> sendbuf, recvbuf, gathered;
+  std::vector<float> acc;
+};
+
+// Host cost of the codecs on the development machine (bench/micro/bench_codecs, one
+// core), seconds per f32 element: encode, decode(-accumulate). Every rank uses the same
+// constants, so every rank makes the same `auto` choice.
+struct CodecCost {
+  CodecKind kind;
+  double encode, decode;
+};
+constexpr CodecCost kCodecCost[] = {
+    {CodecKind::fp16, 0.45e-9, 0.40e-9},
+    {CodecKind::bf16, 0.45e-9, 0.40e-9},
+    {CodecKind::int8, 1.2e-9, 0.6e-9},
+    {CodecKind::fp8e4m3, 2.5e-9, 1.0e-9},
+    {CodecKind::fp8e5m2, 2.5e-9, 1.0e-9},
+    {CodecKind::int4, 1.5e-9, 0.8e-9},
+};
+
+}  // namespace
+
+Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive) {
+  BRAID_CHECK(!engine->failed(), Aborted,
+              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
+  core::Operation o;
+  o.seq = next_seq++;
+  o.task = std::move(task);
+  o.timeout = timeout;
+  o.work = std::make_shared<detail::WorkState>();
+  o.keepalive = std::move(keepalive);
+  o.name = what + " #" + std::to_string(o.seq) + " on rank " + std::to_string(rank) + "/" + std::to_string(size);
+  Work w(o.work);
+  engine->submit(std::move(o));
+  return w;
+}
+
+CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
+                                            ReduceOp op) {
+  const std::string& codec_name = options.codec.empty() ? cfg.codec : options.codec;
+  CodecSpec spec = compression::parse_codec(codec_name);
+  if (spec.kind != CodecKind::automatic) return spec;
+  CodecSpec none;
+  // auto compresses only what it can (f32 sum/avg across ranks) and only when the cost
+  // model says the smaller payloads outweigh the encode/decode passes.
+  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count < 1024) return none;
+  collectives::Tuner& t = tuner_ref();
+  const double plain = t.choose(Collective::allreduce, count, 4, op)->seconds;
+  double best_time = plain;
+  CodecSpec best = none;
+  std::ostringstream why;
+  why << std::setprecision(3) << "codec auto: allreduce " << count << " x f32 on " << size << " ranks: none "
+      << plain * 1e3 << " ms";
+  for (const CodecCost& c : kCodecCost) {
+    CodecSpec cand;
+    cand.kind = c.kind;
+    if (compression::error_bound(cand) > cfg.codec_max_error) continue;
+    std::size_t slot = 0;
+    for (int s = 0; s < size; ++s)
+      slot = std::max(slot, compression::encoded_bytes(cand, compression::shard_range(count, size, s).size()));
+    const double comm = t.choose(Collective::alltoall, slot, 1, ReduceOp::sum)->seconds +
+                        t.choose(Collective::allgather, slot, 1, ReduceOp::sum)->seconds;
+    const double n = static_cast<double>(count);
+    const double host = c.encode * (n + n / size) + c.decode * (2 * n);
+    const double total = comm + host;
+    why << ", " << compression::name(cand) << " " << total * 1e3 << " ms";
+    // Compress only for a clear gain: the model is coarse and compression costs accuracy.
+    if (total < 0.8 * best_time) {
+      best_time = total;
+      best = cand;
+    }
+  }
+  why << " -> " << compression::name(best);
+  {
+    static std::mutex log_mu;
+    static std::map<std::string, bool> logged;
+    std::lock_guard<std::mutex> lock(log_mu);
+    const std::string msg = why.str();
+    if (!logged[msg]) {
+      logged[msg] = true;
+      BRAID_LOG(info, msg);
+    }
+  }
+  return best;
+}
+
+Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                                              ReduceOp op, const CodecSpec& spec, const AllreduceOptions& options) {
+  const std::string codec = compression::name(spec);
+  const std::string what = "allreduce[" + codec + "]";
+  // Everything is checked here, before any byte moves.
+  BRAID_CHECK(dtype == DataType::f32, InvalidUsage,
+              what << ": compressed all-reduce takes f32 buffers, got " << to_string(dtype)
+                   << "; convert to f32 or pass codec \"none\"");
+  BRAID_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, InvalidUsage,
+              what << ": compressed all-reduce supports sum and avg, got " << to_string(op)
+                   << "; pass codec \"none\" for " << to_string(op));
+  BRAID_CHECK(options.algorithm == Algorithm::automatic, InvalidUsage,
+              what << ": compressed all-reduce has its own algorithm (two-phase, or sparse all-gather for topk); "
+                      "leave AllreduceOptions::algorithm automatic");
+  BRAID_CHECK(!compression::requires_error_feedback(spec) || !options.ef_key.empty() || options.allow_biased,
+              InvalidUsage,
+              what << ": " << codec
+                   << " needs error feedback to converge; set AllreduceOptions::ef_key to a key per gradient bucket "
+                      "(or allow_biased = true to use it without)");
+  BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
+  if (count > 0) {
+    BRAID_CHECK(send != nullptr && recv != nullptr, InvalidUsage, what << ": null buffer with count " << count);
+    const auto* s = static_cast<const std::byte*>(send);
+    const auto* r = static_cast<const std::byte*>(recv);
+    const std::size_t n = count * sizeof(float);
+    BRAID_CHECK(s == r || s + n <= r || r + n <= s, InvalidUsage,
+                what << ": send and recv overlap partially; pass the same pointer for in place or disjoint buffers");
+  }
+
+  auto st = std::make_shared<CompressedState>();
+  st->spec = spec;
+  st->rank = rank;
+  st->world = size;
+  st->count = count;
+  st->average = op == ReduceOp::avg;
+  st->in = static_cast<const float*>(send);
+  st->out = static_cast<float*>(recv);
+  const compression::ShardRange mine = compression::shard_range(count, size, rank);
+  if (!options.ef_key.empty()) {
+    // Creates (or checks the count of) both residuals now, so that a mismatch is the
+    // caller's error and not a failure in the middle of the collective.
+    st->worker_residual = error_feedback.residual(options.ef_key, ResidualRole::worker, count);
+    if (spec.kind != CodecKind::topk)
+      st->owner_residual = error_feedback.residual(options.ef_key, ResidualRole::owner, mine.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    st->step = codec_steps[options.ef_key]++;
+  }
+  auto post_bytes = [&](Collective c, const void* in, void* out, std::size_t bytes, const char* step_name) {
+    collectives::PlanRequest req;
+    req.collective = c;
+    req.rank = rank;
+    req.world = size;
+    req.count = bytes;
+    req.elem_size = 1;
+    req.op = ReduceOp::sum;
+    req.slice_bytes = cfg.chunk_bytes;
+    req.algorithm = Algorithm::automatic;
+    if (size > 1) req.host_of = host_map();
+    const std::string op_name = what + " " + step_name;
+    return post(plan_for(req), in, out, DataType::u8, ReduceOp::sum, options.timeout, op_name.c_str(), st);
+  };
+
+  if (spec.kind == CodecKind::topk) {
+    st->slot = compression::encoded_bytes(spec, count);
+    st->gathered.resize(st->slot * static_cast<std::size_t>(size));
+    post_task(
+        [st] {
+          std::uint8_t* mine_out = st->gathered.data() + st->slot * static_cast<std::size_t>(st->rank);
+          if (st->worker_residual)
+            compression::encode_add_feedback(st->spec, st->in, st->worker_residual, st->count, mine_out, st->step, 0);
+          else
+            compression::encode(st->spec, st->in, st->count, mine_out, st->step, 0);
+        },
+        what + " encode", st);
+    std::uint8_t* g = st->gathered.data();
+    post_bytes(Collective::allgather, g + st->slot * static_cast<std::size_t>(rank), g, st->slot, "sparse all-gather");
+    return post_task(
+        [st] {
+          std::fill(st->out, st->out + st->count, 0.0f);
+          for (int r = 0; r < st->world; ++r)
+            compression::decode_accumulate(st->spec, st->gathered.data() + st->slot * static_cast<std::size_t>(r),
+                                           st->count, st->out);
+          if (st->average)
+            for (std::size_t i = 0; i < st->count; ++i) st->out[i] = st->out[i] / static_cast<float>(st->world);
+        },
+        what + " sum", st);
+  }
+
+  for (int s = 0; s < size; ++s)
+    st->slot = std::max(st->slot, compression::encoded_bytes(spec, compression::shard_range(count, size, s).size()));
+  const std::size_t all = st->slot * static_cast<std::size_t>(size);
+  st->sendbuf.resize(all);
+  st->recvbuf.resize(all);
+  st->gathered.resize(all);
+  st->acc.resize(mine.size());
+
+  post_task(
+      [st] {
+        const CodecSpec ws = with_seed(st->spec, st->rank, 0);
+        for (int s = 0; s < st->world; ++s) {
+          const auto sr = compression::shard_range(st->count, st->world, s);
+          std::uint8_t* dst = st->sendbuf.data() + st->slot * static_cast<std::size_t>(s);
+          if (st->worker_residual)
+            compression::encode_add_feedback(ws, st->in + sr.begin, st->worker_residual + sr.begin, sr.size(), dst,
+                                             st->step, sr.begin);
+          else
+            compression::encode(ws, st->in + sr.begin, sr.size(), dst, st->step, sr.begin);
+        }
+      },
+      what + " encode", st);
+  post_bytes(Collective::alltoall, st->sendbuf.data(), st->recvbuf.data(), st->slot, "all-to-all");
+  post_task(
+      [st] {
+        const auto sr = compression::shard_range(st->count, st->world, st->rank);
+        std::fill(st->acc.begin(), st->acc.end(), 0.0f);
+        for (int r = 0; r < st->world; ++r)
+          compression::decode_accumulate(st->spec, st->recvbuf.data() + st->slot * static_cast<std::size_t>(r),
+                                         sr.size(), st->acc.data());
+        if (st->average)
+          for (float& v : st->acc) v = v / static_cast<float>(st->world);
+        const CodecSpec os = with_seed(st->spec, st->rank, 1);
+        std::uint8_t* dst = st->gathered.data() + st->slot * static_cast<std::size_t>(st->rank);
+        if (st->owner_residual)
+          compression::encode_add_feedback(os, st->acc.data(), st->owner_residual, sr.size(), dst, st->step, sr.begin);
+        else
+          compression::encode(os, st->acc.data(), sr.size(), dst, st->step, sr.begin);
+      },
+      what + " owner sum", st);
+  std::uint8_t* g = st->gathered.data();
+  post_bytes(Collective::allgather, g + st->slot * static_cast<std::size_t>(rank), g, st->slot, "all-gather");
+  return post_task(
+      [st] {
+        for (int s = 0; s < st->world; ++s) {
+          const auto sr = compression::shard_range(st->count, st->world, s);
+          compression::decode(st->spec, st->gathered.data() + st->slot * static_cast<std::size_t>(s), sr.size(),
+                              st->out + sr.begin);
+        }
+      },
+      what + " decode", st);
+}
+
+// --- error feedback: public API ---
+
+void Communicator::save_error_feedback(std::ostream& os) const { impl_->error_feedback.save(os); }
+void Communicator::restore_error_feedback(std::istream& is) { impl_->error_feedback.restore(is); }
+void Communicator::reset_error_feedback(const std::string& ef_key) {
+  if (ef_key.empty())
+    impl_->error_feedback.reset_all();
+  else
+    impl_->error_feedback.reset(ef_key);
+}
+std::size_t Communicator::error_feedback_bytes() const { return impl_->error_feedback.bytes(); }
+
+}  // namespace braid
