@@ -57,6 +57,14 @@ BRAID_INLINE float load_f32(const std::uint8_t* p) noexcept {
 }
 BRAID_INLINE void store_f32(std::uint8_t* p, float f) noexcept { std::memcpy(p, &f, 4); }
 
+// Bitwise select, c ? a : b, with both arms computed: under -ftrapping-math GCC will not
+// if-convert a ?: whose arm holds a float operation, and then does not vectorise the loop.
+BRAID_INLINE std::uint32_t usel(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+BRAID_INLINE float fsel(bool c, float a, float b) noexcept { return u2f(usel(c, f2u(a), f2u(b))); }
+
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
 BRAID_INLINE float rne(float v) noexcept { return (v + kMagic) - kMagic; }
 
@@ -96,8 +104,8 @@ struct Fp8 {
         (a - (static_cast<std::uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >>
         kShift;
     const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(u2f(a) * kSubScale)));
-    std::uint32_t r = a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23) ? sub : normal;
-    r = r < kMaxCode ? r : kMaxCode;
+    std::uint32_t r = usel(a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23), sub, normal);
+    r = usel(r < kMaxCode, r, kMaxCode);
     return r | sign;
   }
   static BRAID_INLINE float decode(std::uint32_t code) noexcept {
@@ -105,13 +113,13 @@ struct Fp8 {
     const std::uint32_t sign = (code & 0x80u) << 24;
     const float normal = u2f((c << (23 - kMbits)) + (static_cast<std::uint32_t>(127 - kBias) << 23));
     const float sub = static_cast<float>(static_cast<std::int32_t>(c)) * kSubStep;
-    float r = (c >> kMbits) == 0 ? sub : normal;
+    std::uint32_t r = usel((c >> kMbits) == 0, f2u(sub), f2u(normal));
     if constexpr (F == BlockFormat::fp8e4m3) {
-      r = c == 0x7fu ? u2f(kNanBits) : r;
+      r = usel(c == 0x7fu, kNanBits, r);
     } else {
-      r = c >= 0x7cu ? (c == 0x7cu ? u2f(0x7f800000u) : u2f(kNanBits)) : r;
+      r = usel(c >= 0x7cu, usel(c == 0x7cu, 0x7f800000u, kNanBits), r);
     }
-    return u2f(f2u(r) | sign);
+    return u2f(r | sign);
   }
 };
 
@@ -128,18 +136,24 @@ BRAID_INLINE void encode_int_block(const float* y, std::uint32_t len, float scal
   alignas(64) std::int8_t q8[F == BlockFormat::int4 ? kMaxCodecBlock : 1];
   std::int8_t* qdst = F == BlockFormat::int4 ? q8 : reinterpret_cast<std::int8_t*>(codes);
   if constexpr (SR) {
-    alignas(64) float u[kMaxCodecBlock];
-    for (std::uint64_t g = g0 & ~std::uint64_t{3}; g < g0 + len; g += 4) {
-      const Philox4 w = rounding_words(p.seed, p.step, g >> 2);
-      for (int j = 0; j < 4; ++j) {
-        if (g + j >= g0 && g + j < g0 + len) u[g + j - g0] = uniform24(w.v[j]);
-      }
+    // Random numbers for whole groups of 4 elements (one Philox call each), then the
+    // block's window into them.
+    alignas(64) float upad[kMaxCodecBlock + 8];
+    const std::uint64_t first = g0 >> 2;
+    const std::uint32_t groups = static_cast<std::uint32_t>(((g0 + len + 3) >> 2) - first);
+    for (std::uint32_t j = 0; j < groups; ++j) {
+      const Philox4 w = rounding_words(p.seed, p.step, first + j);
+      upad[4 * j] = uniform24(w.v[0]);
+      upad[4 * j + 1] = uniform24(w.v[1]);
+      upad[4 * j + 2] = uniform24(w.v[2]);
+      upad[4 * j + 3] = uniform24(w.v[3]);
     }
+    const float* u = upad + (g0 & 3);
     for (std::uint32_t i = 0; i < len; ++i) {
       const float v = y[i] * inv;
-      float f = rne(v);
-      f = f > v ? f - 1.0f : f;  // floor(v)
-      float q = u[i] < v - f ? f + 1.0f : f;
+      const float r = rne(v);
+      const float f = fsel(r > v, r - 1.0f, r);  // floor(v)
+      float q = fsel(u[i] < v - f, f + 1.0f, f);
       q = q > L ? L : (q < -L ? -L : q);
       qdst[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(q));
       if constexpr (FB) res[i] = y[i] - q * scale;
