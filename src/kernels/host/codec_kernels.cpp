@@ -556,26 +556,38 @@ void topk_encode(const float* in, const float* add, std::size_t n, std::size_t k
                  float* residual) {
   auto val = [&](std::size_t i) { return add ? in[i] + add[i] : in[i]; };
   auto key = [&](std::size_t i) { return f2u(val(i)) & 0x7fffffffu; };
-  // Radix select of the k-th largest key: 16 high bits, then 16 low bits in that bin.
-  std::vector<std::size_t> hist(1u << 16);
-  for (std::size_t i = 0; i < n; ++i) ++hist[key(i) >> 16];
+  // Find thr = the k-th largest key and `above` = how many keys exceed it.
+  std::uint32_t thr;
   std::size_t above = 0;
-  std::uint32_t hi = 0xffff;
-  for (;; --hi) {
-    if (above + hist[hi] >= k || hi == 0) break;
-    above += hist[hi];
+  if (n <= 32768) {
+    // Small payloads: nth_element on the keys (the radix histograms would cost more).
+    std::vector<std::uint32_t> keys(n);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = key(i);
+    std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end(),
+                     [](std::uint32_t a, std::uint32_t b) { return a > b; });
+    thr = keys[k - 1];
+    for (std::size_t i = 0; i < k - 1; ++i) above += keys[i] > thr;
+  } else {
+    // Radix select: 16 high bits, then 16 low bits inside that bin.
+    std::vector<std::uint32_t> hist(1u << 16);
+    for (std::size_t i = 0; i < n; ++i) ++hist[key(i) >> 16];
+    std::uint32_t hi = 0xffff;
+    for (;; --hi) {
+      if (above + hist[hi] >= k || hi == 0) break;
+      above += hist[hi];
+    }
+    std::fill(hist.begin(), hist.end(), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t kk = key(i);
+      if ((kk >> 16) == hi) ++hist[kk & 0xffffu];
+    }
+    std::uint32_t lo = 0xffff;
+    for (;; --lo) {
+      if (above + hist[lo] >= k || lo == 0) break;
+      above += hist[lo];
+    }
+    thr = (hi << 16) | lo;
   }
-  std::fill(hist.begin(), hist.end(), 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t kk = key(i);
-    if ((kk >> 16) == hi) ++hist[kk & 0xffffu];
-  }
-  std::uint32_t lo = 0xffff;
-  for (;; --lo) {
-    if (above + hist[lo] >= k || lo == 0) break;
-    above += hist[lo];
-  }
-  const std::uint32_t thr = (hi << 16) | lo;
   std::size_t take_equal = k - above;  // entries equal to thr to take, lowest indices first
   std::uint8_t* idx = out;
   std::uint8_t* vals = out + 4 * k;
