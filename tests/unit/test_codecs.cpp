@@ -1,6 +1,7 @@
 // Codec wire formats (docs/codecs.md) against independent scalar references and their
 // error bounds; stochastic rounding statistics; error feedback; the reference compressed
 // all-reduce. Each test says what it proves.
+#include "compression/choose.hpp"
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "compression/reference.hpp"
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -895,6 +897,37 @@ TEST(CodecReference, WireBytes) {
   EXPECT_EQ(wire_bytes_per_rank(i8, 1024, 4, 0), 6u * 260);
   EXPECT_EQ(wire_bytes_per_rank(parse_codec("none"), 1024, 4, 2), 6u * 1024);
   EXPECT_EQ(wire_bytes_per_rank(parse_codec("topk:0.01"), 1000, 4, 1), 3u * 80);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// auto: compress only when the model says it is faster, within the error budget.
+
+namespace {
+
+TEST(CodecAuto, CompressesOnlyWhenFasterAndWithinBudget) {
+  std::vector<CodecRates> rates;
+  for (const CodecSpec& s : auto_candidates()) rates.push_back(CodecRates{s, 8e9, 10e9});
+  const std::size_t n = 16u << 20;
+  // 1 Gbit/s links: compression wins; the budget decides how far.
+  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 1.0 / 254).kind, CodecKind::int8);
+  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 0.1).kind, CodecKind::int4);
+  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 1e-3).kind, CodecKind::fp16);
+  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 0.0).kind, CodecKind::none);
+  // Shared memory at 20 GB/s: the kernels cost more than the bytes they save.
+  EXPECT_EQ(choose_auto(rates, n, 4, 20e9, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, n, 1, 125e6, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, 0, 4, 125e6, 1.0).kind, CodecKind::none);
+  // The model: int8 moves about a quarter of the bytes.
+  const double t0 = predicted_seconds_uncompressed(n, 4, 125e6);
+  const double t8 = predicted_seconds(rates[3], n, 4, 125e6);
+  EXPECT_LT(t8, 0.3 * t0);
+  // Measured rates are positive and finite.
+  for (const auto& r : measure_codec_rates(1 << 16, 1)) {
+    EXPECT_GT(r.encode_Bps, 0) << name(r.spec);
+    EXPECT_GT(r.decode_Bps, 0) << name(r.spec);
+  }
 }
 
 }  // namespace
