@@ -103,7 +103,11 @@ struct Fp8 {
     const std::uint32_t normal =
         (a - (static_cast<std::uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >>
         kShift;
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(u2f(a) * kSubScale)));
+    // Clamped to the subnormal range first so the int conversion cannot overflow on the
+    // lanes that take the normal path.
+    constexpr float kMinNormal = 1.0f / kSubScale * (1 << kMbits);
+    const float as = u2f(a) < kMinNormal ? u2f(a) : kMinNormal;
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(as * kSubScale)));
     std::uint32_t r = usel(a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23), sub, normal);
     r = usel(r < kMaxCode, r, kMaxCode);
     return r | sign;
