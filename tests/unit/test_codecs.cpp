@@ -38,6 +38,9 @@ std::vector<float> randn(std::size_t n, std::uint32_t seed, float sigma = 1.0f) 
   return v;
 }
 
+// memcmp that accepts empty ranges (whose pointers may be null).
+int bytes_cmp(const void* a, const void* b, std::size_t n) { return n == 0 ? 0 : std::memcmp(a, b, n); }
+
 std::uint32_t bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -326,7 +329,7 @@ TEST(CodecStochastic, ReproducibleAndKeyedOnSeedStepOffset) {
   std::vector<float> tail(x.begin() + 504, x.end());
   const auto part = enc(s8, tail, 5, 100 + 504);
   const std::size_t nb_whole = (1000 + 7) / 8, nb_part = (496 + 7) / 8;
-  EXPECT_EQ(0, std::memcmp(whole.data() + 4 * nb_whole + 504, part.data() + 4 * nb_part, 496));
+  EXPECT_EQ(0, bytes_cmp(whole.data() + 4 * nb_whole + 504, part.data() + 4 * nb_part, 496));
   // And the rounding decision is the documented one: up iff uniform(seed, step, e) < frac.
   const float absmax = 1.0f;
   std::vector<float> y(8, 0.3f / 127.0f);
@@ -458,7 +461,7 @@ TEST(CodecFp8, EveryRepresentableValueRoundTripsBitExact) {
       }
     const auto p = enc(s, x);
     EXPECT_EQ(scale_at(p, 0), 1.0f);
-    EXPECT_EQ(0, std::memcmp(p.data() + 4, codes.data(), codes.size()));
+    EXPECT_EQ(0, bytes_cmp(p.data() + 4, codes.data(), codes.size()));
     const auto d = dec(s, p, x.size());
     for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(d[i]), bits(x[i])) << n << " code " << int(codes[i]);
   }
@@ -590,10 +593,10 @@ TEST(CodecAll, CountsAlignmentAndAccumulate) {
       std::copy(x.begin(), x.end(), xin.begin() + 1);
       std::vector<std::uint8_t> buf(ref.size() + 3, 0xee);
       encode(s, xin.data() + 1, count, buf.data() + 3, 0, 0);
-      ASSERT_EQ(0, std::memcmp(buf.data() + 3, ref.data(), ref.size())) << n << " count " << count;
+      ASSERT_EQ(0, bytes_cmp(buf.data() + 3, ref.data(), ref.size())) << n << " count " << count;
       decode(s, buf.data() + 3, count, outv.data() + 1);
       const auto d = dec(s, ref, count);
-      ASSERT_EQ(0, std::memcmp(outv.data() + 1, d.data(), 4 * count)) << n;
+      ASSERT_EQ(0, bytes_cmp(outv.data() + 1, d.data(), 4 * count)) << n;
       std::vector<float> acc(count, 0.25f);
       decode_accumulate(s, ref.data(), count, acc.data());
       for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(acc[i], 0.25f + d[i]) << n << " i=" << i;
@@ -608,7 +611,7 @@ TEST(CodecAll, CountsAlignmentAndAccumulate) {
       auto y = x;
       encode_with_feedback(s, y.data(), count, p2.data(), y.data());
       ASSERT_EQ(p2, ref) << n;
-      ASSERT_EQ(0, std::memcmp(y.data(), res.data(), 4 * count)) << n;
+      ASSERT_EQ(0, bytes_cmp(y.data(), res.data(), 4 * count)) << n;
     }
   }
 }
@@ -625,7 +628,7 @@ TEST(CodecAll, EncodeAddFeedbackEqualsStagedSum) {
     encode_with_feedback(s, sum.data(), count, a.data(), ra.data(), 3, 77);
     encode_add_feedback(s, x.data(), rb.data(), count, b.data(), 3, 77);
     ASSERT_EQ(a, b) << n;
-    ASSERT_EQ(0, std::memcmp(ra.data(), rb.data(), 4 * count)) << n;
+    ASSERT_EQ(0, bytes_cmp(ra.data(), rb.data(), 4 * count)) << n;
   }
 }
 
@@ -813,7 +816,7 @@ TEST(CodecReference, IdenticalOnAllRanksAndWithinTheBound) {
           const auto out = reference_allreduce(st, in, {});
           ASSERT_EQ(out.size(), static_cast<std::size_t>(W));
           for (int r = 1; r < W; ++r)
-            ASSERT_EQ(0, std::memcmp(out[0].data(), out[r].data(), 4 * count)) << n << " W " << W;
+            ASSERT_EQ(0, bytes_cmp(out[0].data(), out[r].data(), 4 * count)) << n << " W " << W;
           double in_max = 0;
           for (auto& v : in)
             for (float f : v) in_max = std::max(in_max, static_cast<double>(std::fabs(f)));
@@ -862,7 +865,7 @@ TEST(CodecReference, ErrorFeedbackAndTopkSparseAllGather) {
       st.step = static_cast<std::uint64_t>(t);
       st.key = "layer1";
       const auto out = reference_allreduce(st, in, stores);
-      for (int r = 1; r < W; ++r) ASSERT_EQ(0, std::memcmp(out[0].data(), out[r].data(), 4 * count)) << n;
+      for (int r = 1; r < W; ++r) ASSERT_EQ(0, bytes_cmp(out[0].data(), out[r].data(), 4 * count)) << n;
       for (std::size_t i = 0; i < count; ++i) {
         total_out[i] += out[0][i];
         for (int r = 0; r < W; ++r) total_in[i] += in[r][i];
@@ -953,7 +956,7 @@ TEST(CodecAll, SplittingAtBlockMultiplesDecodesIdentically) {
     decode(s, whole.data(), count, d1.data());
     decode(s, a.data(), cut, d2.data());
     decode(s, b.data(), count - cut, d2.data() + cut);
-    ASSERT_EQ(0, std::memcmp(d1.data(), d2.data(), 4 * count)) << n;
+    ASSERT_EQ(0, bytes_cmp(d1.data(), d2.data(), 4 * count)) << n;
   }
 }
 
