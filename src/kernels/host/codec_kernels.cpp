@@ -105,8 +105,8 @@ struct Fp8 {
         kShift;
     // Clamped to the subnormal range first so the int conversion cannot overflow on the
     // lanes that take the normal path.
-    constexpr float kMinNormal = 1.0f / kSubScale * (1 << kMbits);
-    const float as = u2f(a) < kMinNormal ? u2f(a) : kMinNormal;
+    constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(127 + 1 - kBias) << 23;
+    const float as = u2f(usel(a < kMinNormalBits, a, kMinNormalBits));
     const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(as * kSubScale)));
     std::uint32_t r = usel(a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23), sub, normal);
     r = usel(r < kMaxCode, r, kMaxCode);
