@@ -461,7 +461,10 @@ bool have_avx2() noexcept {
   return false;
 #endif
 }
-bool have_f16c() noexcept { return have_avx2() && std::strcmp(half_path(), "f16c") == 0; }
+// force_portable_path(true) (reduce.hpp) makes half_path() say "scalar"; the codec loops
+// follow it too, so tests can compare the baseline and AVX2 copies. Every AVX2 CPU has F16C.
+bool use_avx2() noexcept { return have_avx2() && std::strcmp(half_path(), "f16c") == 0; }
+bool have_f16c() noexcept { return use_avx2(); }
 
 #define BRAID_CODEC_ENTRY(name, attrs)                                                                             \
   BRAID_NOINLINE attrs void name##_block_encode(const BlockCodecParams& p, const float* in, const float* add,       \
@@ -506,7 +509,7 @@ std::size_t block_payload_bytes(BlockFormat format, std::uint32_t block, std::si
 void block_encode(const BlockCodecParams& p, const float* in, const float* add, std::size_t n, std::uint8_t* out,
                   float* residual) noexcept {
 #if BRAID_CODEC_X86
-  if (have_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
+  if (use_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
 #endif
   base_block_encode(p, in, add, n, out, residual);
 }
@@ -514,7 +517,7 @@ void block_encode(const BlockCodecParams& p, const float* in, const float* add, 
 void block_decode(BlockFormat format, std::uint32_t block, const std::uint8_t* in, std::size_t n, float* out,
                   bool accumulate) noexcept {
 #if BRAID_CODEC_X86
-  if (have_avx2()) return avx2_block_decode(format, block, in, n, out, accumulate);
+  if (use_avx2()) return avx2_block_decode(format, block, in, n, out, accumulate);
 #endif
   base_block_decode(format, block, in, n, out, accumulate);
 }
@@ -525,7 +528,7 @@ void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n,
                  float* residual) noexcept {
   if (f == HalfFormat::bf16) {
 #if BRAID_CODEC_X86
-    if (have_avx2())
+    if (use_avx2())
       avx2_bf16_encode(in, add, n, out, residual);
     else
 #endif
@@ -544,7 +547,7 @@ void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n,
 void half_decode(HalfFormat f, const std::uint8_t* in, std::size_t n, float* out, bool accumulate) noexcept {
   if (f == HalfFormat::bf16) {
 #if BRAID_CODEC_X86
-    if (have_avx2()) return avx2_bf16_decode(in, n, out, accumulate);
+    if (use_avx2()) return avx2_bf16_decode(in, n, out, accumulate);
 #endif
     return base_bf16_decode(in, n, out, accumulate);
   }
@@ -648,6 +651,6 @@ float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept {
                                         : Fp8<BlockFormat::fp8e5m2>::decode(bits);
 }
 
-const char* codec_path() noexcept { return have_avx2() ? "avx2" : "baseline"; }
+const char* codec_path() noexcept { return use_avx2() ? "avx2" : "baseline"; }
 
 }  // namespace braid::kernels
