@@ -84,7 +84,8 @@ double measure_memcpy() {
 
 enum class Op { encode, encode_ef, decode, decode_accumulate };
 
-void BM_codec(benchmark::State& state, std::string name, Op op) {
+void BM_codec(benchmark::State& state, std::string name, Op op, bool portable) {
+  braid::kernels::force_portable_path(portable);
   const c::CodecSpec s = c::parse_codec(name);
   const auto& x = input();
   std::vector<std::uint8_t> payload(c::encoded_bytes(s, kCount));
@@ -107,6 +108,7 @@ void BM_codec(benchmark::State& state, std::string name, Op op) {
     }
   }
   state.SetLabel("payload " + std::to_string(payload.size() >> 10) + " KiB, " + braid::kernels::codec_path());
+  braid::kernels::force_portable_path(false);
   finish(state);
 }
 
@@ -128,13 +130,19 @@ int main(int argc, char** argv) {
   for (const char* n : codecs) {
     for (auto [op, opname] : {std::pair{Op::encode, "encode"}, std::pair{Op::decode, "decode"},
                               std::pair{Op::decode_accumulate, "decode_accumulate"}}) {
-      benchmark::RegisterBenchmark((std::string(opname) + "/" + n).c_str(), BM_codec, std::string(n), op)
+      benchmark::RegisterBenchmark((std::string(opname) + "/" + n).c_str(), BM_codec, std::string(n), op, false)
           ->Unit(benchmark::kMillisecond);
     }
   }
   for (const char* n : {"int8", "sign1", "topk:0.01"})
-    benchmark::RegisterBenchmark((std::string("encode_ef/") + n).c_str(), BM_codec, std::string(n), Op::encode_ef)
+    benchmark::RegisterBenchmark((std::string("encode_ef/") + n).c_str(), BM_codec, std::string(n), Op::encode_ef, false)
         ->Unit(benchmark::kMillisecond);
+  // The baseline (SSE2) loops, as on a CPU without AVX2/F16C.
+  for (const char* n : {"fp16", "bf16", "int8", "sign1"})
+    for (auto [op, opname] : {std::pair{Op::encode, "encode"}, std::pair{Op::decode, "decode"}})
+      benchmark::RegisterBenchmark((std::string(opname) + "_portable/" + n).c_str(), BM_codec, std::string(n), op,
+                                   true)
+          ->Unit(benchmark::kMillisecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
