@@ -8,14 +8,11 @@
 #include <cstring>
 
 namespace braid::compression {
-namespace {
-
-CodecSpec with_seed(CodecSpec s, int rank, std::uint32_t phase) {
-  s.seed = kernels::stream_seed(s.seed, static_cast<std::uint32_t>(rank), phase);
+CodecSpec stream_spec(const CodecSpec& spec, int rank, Phase phase) noexcept {
+  CodecSpec s = spec;
+  s.seed = kernels::stream_seed(spec.seed, static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(phase));
   return s;
 }
-
-}  // namespace
 
 ShardRange shard_range(std::size_t count, int world, int rank) noexcept {
   // floor(r * count / W) without overflow: r*q + floor(r*rem / W), r*rem < W^2.
@@ -63,7 +60,7 @@ std::vector<std::vector<float>> reference_allreduce(const ReferenceStep& st,
   // Phase 1: every worker encodes every shard of its bucket.
   std::vector<std::vector<std::vector<std::uint8_t>>> shards(W);
   for (int r = 0; r < W; ++r) {
-    const CodecSpec ws = with_seed(spec, r, 0);
+    const CodecSpec ws = stream_spec(spec, r, Phase::worker);
     float* res = ef ? stores[r]->residual(st.key, ResidualRole::worker, count) : nullptr;
     shards[r].resize(W);
     for (int s = 0; s < W; ++s) {
@@ -85,7 +82,7 @@ std::vector<std::vector<float>> reference_allreduce(const ReferenceStep& st,
     if (st.average)
       for (auto& v : acc) v = v / static_cast<float>(W);
     reduced[s].resize(encoded_bytes(spec, sr.size()));
-    const CodecSpec os = with_seed(spec, s, 1);
+    const CodecSpec os = stream_spec(spec, s, Phase::owner);
     if (ef) {
       float* res = stores[s]->residual(st.key, ResidualRole::owner, sr.size());
       encode_add_feedback(os, acc.data(), res, sr.size(), reduced[s].data(), st.step, sr.begin);

@@ -42,6 +42,16 @@ struct ShardRange {
 /// Shards tile [0, count) in rank order; sizes differ by at most one. world >= 1, 0 <= rank < world.
 ShardRange shard_range(std::size_t count, int world, int rank) noexcept;
 
+/// Phases of the two-phase all-reduce, for stream_spec().
+enum class Phase : std::uint32_t {
+  worker = 0,  ///< A rank encoding the shards of its own bucket.
+  owner = 1    ///< The owner re-encoding its reduced shard.
+};
+
+/// `spec` with the seed the given rank and phase use: seed = kernels::stream_seed(spec.seed,
+/// rank, phase). Only stochastic rounding reads it; the communicator must encode with this.
+CodecSpec stream_spec(const CodecSpec& spec, int rank, Phase phase) noexcept;
+
 /// One step of the reference.
 struct ReferenceStep {
   CodecSpec spec;          ///< Concrete codec (not auto).

@@ -57,6 +57,14 @@ BRAID_INLINE float load_f32(const std::uint8_t* p) noexcept {
 }
 BRAID_INLINE void store_f32(std::uint8_t* p, float f) noexcept { std::memcpy(p, &f, 4); }
 
+// Bitwise select, c ? a : b, with both arms computed: under -ftrapping-math GCC will not
+// if-convert a ?: whose arm holds a float operation, and then does not vectorise the loop.
+BRAID_INLINE std::uint32_t usel(bool c, std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
+BRAID_INLINE float fsel(bool c, float a, float b) noexcept { return u2f(usel(c, f2u(a), f2u(b))); }
+
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
 BRAID_INLINE float rne(float v) noexcept { return (v + kMagic) - kMagic; }
 
@@ -95,9 +103,13 @@ struct Fp8 {
     const std::uint32_t normal =
         (a - (static_cast<std::uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >>
         kShift;
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(u2f(a) * kSubScale)));
-    std::uint32_t r = a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23) ? sub : normal;
-    r = r < kMaxCode ? r : kMaxCode;
+    // Clamped to the subnormal range first so the int conversion cannot overflow on the
+    // lanes that take the normal path.
+    constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(127 + 1 - kBias) << 23;
+    const float as = u2f(usel(a < kMinNormalBits, a, kMinNormalBits));
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(as * kSubScale)));
+    std::uint32_t r = usel(a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23), sub, normal);
+    r = usel(r < kMaxCode, r, kMaxCode);
     return r | sign;
   }
   static BRAID_INLINE float decode(std::uint32_t code) noexcept {
@@ -105,13 +117,13 @@ struct Fp8 {
     const std::uint32_t sign = (code & 0x80u) << 24;
     const float normal = u2f((c << (23 - kMbits)) + (static_cast<std::uint32_t>(127 - kBias) << 23));
     const float sub = static_cast<float>(static_cast<std::int32_t>(c)) * kSubStep;
-    float r = (c >> kMbits) == 0 ? sub : normal;
+    std::uint32_t r = usel((c >> kMbits) == 0, f2u(sub), f2u(normal));
     if constexpr (F == BlockFormat::fp8e4m3) {
-      r = c == 0x7fu ? u2f(kNanBits) : r;
+      r = usel(c == 0x7fu, kNanBits, r);
     } else {
-      r = c >= 0x7cu ? (c == 0x7cu ? u2f(0x7f800000u) : u2f(kNanBits)) : r;
+      r = usel(c >= 0x7cu, usel(c == 0x7cu, 0x7f800000u, kNanBits), r);
     }
-    return u2f(f2u(r) | sign);
+    return u2f(r | sign);
   }
 };
 
@@ -128,18 +140,24 @@ BRAID_INLINE void encode_int_block(const float* y, std::uint32_t len, float scal
   alignas(64) std::int8_t q8[F == BlockFormat::int4 ? kMaxCodecBlock : 1];
   std::int8_t* qdst = F == BlockFormat::int4 ? q8 : reinterpret_cast<std::int8_t*>(codes);
   if constexpr (SR) {
-    alignas(64) float u[kMaxCodecBlock];
-    for (std::uint64_t g = g0 & ~std::uint64_t{3}; g < g0 + len; g += 4) {
-      const Philox4 w = rounding_words(p.seed, p.step, g >> 2);
-      for (int j = 0; j < 4; ++j) {
-        if (g + j >= g0 && g + j < g0 + len) u[g + j - g0] = uniform24(w.v[j]);
-      }
+    // Random numbers for whole groups of 4 elements (one Philox call each), then the
+    // block's window into them.
+    alignas(64) float upad[kMaxCodecBlock + 8];
+    const std::uint64_t first = g0 >> 2;
+    const std::uint32_t groups = static_cast<std::uint32_t>(((g0 + len + 3) >> 2) - first);
+    for (std::uint32_t j = 0; j < groups; ++j) {
+      const Philox4 w = rounding_words(p.seed, p.step, first + j);
+      upad[4 * j] = uniform24(w.v[0]);
+      upad[4 * j + 1] = uniform24(w.v[1]);
+      upad[4 * j + 2] = uniform24(w.v[2]);
+      upad[4 * j + 3] = uniform24(w.v[3]);
     }
+    const float* u = upad + (g0 & 3);
     for (std::uint32_t i = 0; i < len; ++i) {
       const float v = y[i] * inv;
-      float f = rne(v);
-      f = f > v ? f - 1.0f : f;  // floor(v)
-      float q = u[i] < v - f ? f + 1.0f : f;
+      const float r = rne(v);
+      const float f = fsel(r > v, r - 1.0f, r);  // floor(v)
+      float q = fsel(u[i] < v - f, f + 1.0f, f);
       q = q > L ? L : (q < -L ? -L : q);
       qdst[i] = static_cast<std::int8_t>(static_cast<std::int32_t>(q));
       if constexpr (FB) res[i] = y[i] - q * scale;
@@ -443,7 +461,10 @@ bool have_avx2() noexcept {
   return false;
 #endif
 }
-bool have_f16c() noexcept { return have_avx2() && std::strcmp(half_path(), "f16c") == 0; }
+// force_portable_path(true) (reduce.hpp) makes half_path() say "scalar"; the codec loops
+// follow it too, so tests can compare the baseline and AVX2 copies. Every AVX2 CPU has F16C.
+bool use_avx2() noexcept { return have_avx2() && std::strcmp(half_path(), "f16c") == 0; }
+bool have_f16c() noexcept { return use_avx2(); }
 
 #define BRAID_CODEC_ENTRY(name, attrs)                                                                             \
   BRAID_NOINLINE attrs void name##_block_encode(const BlockCodecParams& p, const float* in, const float* add,       \
@@ -488,7 +509,7 @@ std::size_t block_payload_bytes(BlockFormat format, std::uint32_t block, std::si
 void block_encode(const BlockCodecParams& p, const float* in, const float* add, std::size_t n, std::uint8_t* out,
                   float* residual) noexcept {
 #if BRAID_CODEC_X86
-  if (have_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
+  if (use_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
 #endif
   base_block_encode(p, in, add, n, out, residual);
 }
@@ -496,7 +517,7 @@ void block_encode(const BlockCodecParams& p, const float* in, const float* add, 
 void block_decode(BlockFormat format, std::uint32_t block, const std::uint8_t* in, std::size_t n, float* out,
                   bool accumulate) noexcept {
 #if BRAID_CODEC_X86
-  if (have_avx2()) return avx2_block_decode(format, block, in, n, out, accumulate);
+  if (use_avx2()) return avx2_block_decode(format, block, in, n, out, accumulate);
 #endif
   base_block_decode(format, block, in, n, out, accumulate);
 }
@@ -507,7 +528,7 @@ void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n,
                  float* residual) noexcept {
   if (f == HalfFormat::bf16) {
 #if BRAID_CODEC_X86
-    if (have_avx2())
+    if (use_avx2())
       avx2_bf16_encode(in, add, n, out, residual);
     else
 #endif
@@ -526,7 +547,7 @@ void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n,
 void half_decode(HalfFormat f, const std::uint8_t* in, std::size_t n, float* out, bool accumulate) noexcept {
   if (f == HalfFormat::bf16) {
 #if BRAID_CODEC_X86
-    if (have_avx2()) return avx2_bf16_decode(in, n, out, accumulate);
+    if (use_avx2()) return avx2_bf16_decode(in, n, out, accumulate);
 #endif
     return base_bf16_decode(in, n, out, accumulate);
   }
@@ -542,26 +563,38 @@ void topk_encode(const float* in, const float* add, std::size_t n, std::size_t k
                  float* residual) {
   auto val = [&](std::size_t i) { return add ? in[i] + add[i] : in[i]; };
   auto key = [&](std::size_t i) { return f2u(val(i)) & 0x7fffffffu; };
-  // Radix select of the k-th largest key: 16 high bits, then 16 low bits in that bin.
-  std::vector<std::size_t> hist(1u << 16);
-  for (std::size_t i = 0; i < n; ++i) ++hist[key(i) >> 16];
+  // Find thr = the k-th largest key and `above` = how many keys exceed it.
+  std::uint32_t thr;
   std::size_t above = 0;
-  std::uint32_t hi = 0xffff;
-  for (;; --hi) {
-    if (above + hist[hi] >= k || hi == 0) break;
-    above += hist[hi];
+  if (n <= 32768) {
+    // Small payloads: nth_element on the keys (the radix histograms would cost more).
+    std::vector<std::uint32_t> keys(n);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = key(i);
+    std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end(),
+                     [](std::uint32_t a, std::uint32_t b) { return a > b; });
+    thr = keys[k - 1];
+    for (std::size_t i = 0; i < k - 1; ++i) above += keys[i] > thr;
+  } else {
+    // Radix select: 16 high bits, then 16 low bits inside that bin.
+    std::vector<std::uint32_t> hist(1u << 16);
+    for (std::size_t i = 0; i < n; ++i) ++hist[key(i) >> 16];
+    std::uint32_t hi = 0xffff;
+    for (;; --hi) {
+      if (above + hist[hi] >= k || hi == 0) break;
+      above += hist[hi];
+    }
+    std::fill(hist.begin(), hist.end(), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t kk = key(i);
+      if ((kk >> 16) == hi) ++hist[kk & 0xffffu];
+    }
+    std::uint32_t lo = 0xffff;
+    for (;; --lo) {
+      if (above + hist[lo] >= k || lo == 0) break;
+      above += hist[lo];
+    }
+    thr = (hi << 16) | lo;
   }
-  std::fill(hist.begin(), hist.end(), 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t kk = key(i);
-    if ((kk >> 16) == hi) ++hist[kk & 0xffffu];
-  }
-  std::uint32_t lo = 0xffff;
-  for (;; --lo) {
-    if (above + hist[lo] >= k || lo == 0) break;
-    above += hist[lo];
-  }
-  const std::uint32_t thr = (hi << 16) | lo;
   std::size_t take_equal = k - above;  // entries equal to thr to take, lowest indices first
   std::uint8_t* idx = out;
   std::uint8_t* vals = out + 4 * k;
@@ -618,6 +651,6 @@ float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept {
                                         : Fp8<BlockFormat::fp8e5m2>::decode(bits);
 }
 
-const char* codec_path() noexcept { return have_avx2() ? "avx2" : "baseline"; }
+const char* codec_path() noexcept { return use_avx2() ? "avx2" : "baseline"; }
 
 }  // namespace braid::kernels

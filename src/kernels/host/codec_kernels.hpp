@@ -72,6 +72,7 @@ std::uint8_t float_to_fp8(float v, BlockFormat format) noexcept;
 float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept;
 
 /// Name of the instruction set the codec loops run with ("avx2" or "baseline").
+/// kernels::force_portable_path(true) (reduce.hpp) selects the baseline loops here too.
 const char* codec_path() noexcept;
 
 }  // namespace braid::kernels

@@ -57,9 +57,10 @@ inline float rounding_uniform(std::uint64_t seed, std::uint64_t step, std::uint6
   return uniform24(rounding_words(seed, step, e >> 2).v[e & 3]);
 }
 
-/// Derives an independent stream seed for one (rank, phase) from the user's seed
-/// (SplitMix64 finaliser over seed ^ (rank << 32 | phase) ... mixed twice), so that ranks
-/// rounding the same element at the same step do not share random numbers.
+/// Derives an independent stream seed for one (rank, phase) from the user's seed, so that
+/// ranks rounding the same element at the same step do not share random numbers:
+/// mix(mix(seed) ^ (rank << 32 | phase)), mix = the SplitMix64 step (add 0x9E3779B97F4A7C15,
+/// then the two xor-shift-multiply rounds and the final xor-shift).
 inline std::uint64_t stream_seed(std::uint64_t seed, std::uint32_t rank, std::uint32_t phase) noexcept {
   auto mix = [](std::uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;

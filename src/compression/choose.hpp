@@ -1,0 +1,48 @@
+// Resolving codec "auto": a small cost model that compresses only when it is faster.
+//
+// Model of one two-phase compressed all-reduce of n f32 values over W ranks on links of
+// bandwidth B (bytes/s), no overlap assumed (so it errs towards not compressing):
+//   uncompressed: t0 = 2(W-1)/W * 4n / B
+//   codec c:      tc = wire_bytes_per_rank(c) / B
+//                      + (n + n/W) * 4 / encode_rate(c)        worker shards + owner shard
+//                      + 2n * 4 / decode_rate(c)                owner accumulate + all-gather decode
+// where the rates are f32 bytes per second of the codec kernels on this host
+// (measure_codec_rates). `auto` picks the fastest candidate whose error_bound() is within
+// the caller's budget, and only if it beats t0 by the margin (default 10%); else none.
+// Candidates never include codecs that need error feedback (sign1, topk).
+#pragma once
+
+#include "compression/codec.hpp"
+
+#include <cstddef>
+#include <vector>
+
+namespace braid::compression {
+
+/// Measured kernel rates of one codec, in f32 (uncompressed) bytes per second.
+struct CodecRates {
+  CodecSpec spec;             ///< The codec.
+  double encode_Bps = 0;      ///< encode() rate.
+  double decode_Bps = 0;      ///< decode_accumulate() rate.
+};
+
+/// The codecs `auto` may choose from: bf16, fp16, fp8e4m3, int8, int4 (nearest rounding).
+std::vector<CodecSpec> auto_candidates();
+
+/// Times encode and decode_accumulate of every candidate on `count` values (default 1 Mi,
+/// a few ms in all) on the calling thread; best of `reps`.
+std::vector<CodecRates> measure_codec_rates(std::size_t count = std::size_t{1} << 20, int reps = 3);
+
+/// Predicted seconds of the compressed all-reduce with `rates.spec` (see the model above).
+double predicted_seconds(const CodecRates& rates, std::size_t count, int world, double link_Bps);
+
+/// Predicted seconds of the uncompressed all-reduce.
+double predicted_seconds_uncompressed(std::size_t count, int world, double link_Bps);
+
+/// The codec for `auto`: the fastest candidate in `rates` with error_bound <= error_budget
+/// that beats uncompressed by `margin` (0.10 = 10%); CodecKind::none otherwise, and for
+/// world <= 1 or count 0.
+CodecSpec choose_auto(const std::vector<CodecRates>& rates, std::size_t count, int world, double link_Bps,
+                      double error_budget, double margin = 0.10);
+
+}  // namespace braid::compression
