@@ -5,6 +5,7 @@
 
 #include "collectives/plan.hpp"
 #include "collectives/tuner.hpp"
+#include "compression/choose.hpp"
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "core/config.hpp"
@@ -16,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -78,6 +80,11 @@ struct Communicator::Impl {
   /// Resolves BRAID_CODEC / the per-call codec; `auto` is priced with the cost model.
   compression::CodecSpec resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
                                        ReduceOp op);
+  /// Codec rates for `auto`, measured by rank 0 and shared through the store.
+  const std::vector<compression::CodecRates>& codec_rates();
+  std::mutex codec_rates_mu;
+  std::vector<compression::CodecRates> rates;
+  std::set<int> logged_auto;  ///< size buckets whose auto choice was logged
   /// Queues a host task (see core::Operation::task) and returns its Work.
   Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
 };

@@ -20,7 +20,7 @@
 #include "core/communicator_impl.hpp"
 #include "core/logging.hpp"
 #include "compression/reference.hpp"
-#include "kernels/host/rng.hpp"
+#include "compression/choose.hpp"
 
 #include <braid/error.hpp>
 
@@ -38,11 +38,6 @@ using compression::ResidualRole;
 
 namespace {
 
-CodecSpec with_seed(CodecSpec s, int rank, std::uint32_t phase) {
-  s.seed = kernels::stream_seed(s.seed, static_cast<std::uint32_t>(rank), phase);
-  return s;
-}
-
 /// Everything one compressed all-reduce needs until its last task has run.
 struct CompressedState {
   CodecSpec spec;
@@ -58,22 +53,6 @@ struct CompressedState {
   std::size_t slot = 0;              // bytes per payload slot
   std::vector<std::uint8_t> sendbuf, recvbuf, gathered;
   std::vector<float> acc;
-};
-
-// Host cost of the codecs on the development machine (bench/micro/bench_codecs, one
-// core), seconds per f32 element: encode, decode(-accumulate). Every rank uses the same
-// constants, so every rank makes the same `auto` choice.
-struct CodecCost {
-  CodecKind kind;
-  double encode, decode;
-};
-constexpr CodecCost kCodecCost[] = {
-    {CodecKind::fp16, 0.45e-9, 0.40e-9},
-    {CodecKind::bf16, 0.45e-9, 0.40e-9},
-    {CodecKind::int8, 1.2e-9, 0.6e-9},
-    {CodecKind::fp8e4m3, 2.5e-9, 1.0e-9},
-    {CodecKind::fp8e5m2, 2.5e-9, 1.0e-9},
-    {CodecKind::int4, 1.5e-9, 0.8e-9},
 };
 
 }  // namespace
@@ -93,53 +72,59 @@ Work Communicator::Impl::post_task(std::function<void()> task, std::string what,
   return w;
 }
 
+const std::vector<compression::CodecRates>& Communicator::Impl::codec_rates() {
+  std::lock_guard<std::mutex> lock(codec_rates_mu);
+  if (!rates.empty()) return rates;
+  // Every rank must resolve `auto` alike: rank 0 times the codec kernels once and
+  // publishes the rates; the others use its figures.
+  const std::string key = "codec_rates";
+  std::string text;
+  if (rank == 0) {
+    std::ostringstream os;
+    os << std::hexfloat;
+    for (const auto& r : compression::measure_codec_rates())
+      os << compression::name(r.spec) << ' ' << r.encode_Bps << ' ' << r.decode_Bps << '\n';
+    text = os.str();
+    store->set(key, text);
+  } else {
+    text = store->get(key, timeout);
+  }
+  std::istringstream in(text);
+  std::string name_;
+  std::string enc, dec;
+  while (in >> name_ >> enc >> dec) {
+    compression::CodecRates r;
+    r.spec = compression::parse_codec(name_);
+    r.encode_Bps = std::strtod(enc.c_str(), nullptr);
+    r.decode_Bps = std::strtod(dec.c_str(), nullptr);
+    rates.push_back(r);
+  }
+  return rates;
+}
+
 CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
                                             ReduceOp op) {
   const std::string& codec_name = options.codec.empty() ? cfg.codec : options.codec;
   CodecSpec spec = compression::parse_codec(codec_name);
   if (spec.kind != CodecKind::automatic) return spec;
-  CodecSpec none;
-  // auto compresses only what it can (f32 sum/avg across ranks) and only when the cost
-  // model says the smaller payloads outweigh the encode/decode passes.
-  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count < 1024) return none;
+  // auto compresses only what it can (f32 sum/avg across ranks), with the model of
+  // docs/codecs.md: the slowest link's bandwidth against the codecs' measured rates.
+  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count == 0) return {};
   collectives::Tuner& t = tuner_ref();
-  const double plain = t.choose(Collective::allreduce, count, 4, op)->seconds;
-  double best_time = plain;
-  CodecSpec best = none;
-  std::ostringstream why;
-  why << std::setprecision(3) << "codec auto: allreduce " << count << " x f32 on " << size << " ranks: none "
-      << plain * 1e3 << " ms";
-  for (const CodecCost& c : kCodecCost) {
-    CodecSpec cand;
-    cand.kind = c.kind;
-    if (compression::error_bound(cand) > cfg.codec_max_error) continue;
-    std::size_t slot = 0;
-    for (int s = 0; s < size; ++s)
-      slot = std::max(slot, compression::encoded_bytes(cand, compression::shard_range(count, size, s).size()));
-    const double comm = t.choose(Collective::alltoall, slot, 1, ReduceOp::sum)->seconds +
-                        t.choose(Collective::allgather, slot, 1, ReduceOp::sum)->seconds;
-    const double n = static_cast<double>(count);
-    const double host = c.encode * (n + n / size) + c.decode * (2 * n);
-    const double total = comm + host;
-    why << ", " << compression::name(cand) << " " << total * 1e3 << " ms";
-    // Compress only for a clear gain: the model is coarse and compression costs accuracy.
-    if (total < 0.8 * best_time) {
-      best_time = total;
-      best = cand;
-    }
-  }
-  why << " -> " << compression::name(best);
+  const auto& topo = t.topology();
+  const collectives::LinkClass link = topo.num_hosts() > 1 ? topo.inter : topo.intra;
+  const double link_Bps = 1.0 / t.model()[link].beta;
+  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, size, link_Bps, cfg.codec_max_error);
   {
-    static std::mutex log_mu;
-    static std::map<std::string, bool> logged;
-    std::lock_guard<std::mutex> lock(log_mu);
-    const std::string msg = why.str();
-    if (!logged[msg]) {
-      logged[msg] = true;
-      BRAID_LOG(info, msg);
-    }
+    std::lock_guard<std::mutex> lock(codec_rates_mu);
+    const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4);
+    if (logged_auto.insert(bucket).second)
+      BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << size << " ranks over "
+                                                 << collectives::to_string(link) << " (" << link_Bps / 1e9
+                                                 << " GB/s in the cost model), error budget " << cfg.codec_max_error
+                                                 << " -> " << compression::name(chosen));
   }
-  return best;
+  return chosen;
 }
 
 Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
@@ -242,7 +227,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
 
   post_task(
       [st] {
-        const CodecSpec ws = with_seed(st->spec, st->rank, 0);
+        const CodecSpec ws = compression::stream_spec(st->spec, st->rank, compression::Phase::worker);
         for (int s = 0; s < st->world; ++s) {
           const auto sr = compression::shard_range(st->count, st->world, s);
           std::uint8_t* dst = st->sendbuf.data() + st->slot * static_cast<std::size_t>(s);
@@ -264,7 +249,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
                                          sr.size(), st->acc.data());
         if (st->average)
           for (float& v : st->acc) v = v / static_cast<float>(st->world);
-        const CodecSpec os = with_seed(st->spec, st->rank, 1);
+        const CodecSpec os = compression::stream_spec(st->spec, st->rank, compression::Phase::owner);
         std::uint8_t* dst = st->gathered.data() + st->slot * static_cast<std::size_t>(st->rank);
         if (st->owner_residual)
           compression::encode_add_feedback(os, st->acc.data(), st->owner_residual, sr.size(), dst, st->step, sr.begin);
