@@ -8,7 +8,18 @@
 // a count of 0 happens for tiny sizes. algbw = size / time; busbw = algbw * 2(n-1)/n,
 // the bytes each rank's busiest link carries, comparable across world sizes and with
 // nccl-tests. Time is the slowest rank's average per iteration.
+//
+// Launch: under braidrun, torchrun or srun the communicator comes from the environment
+// (Communicator::from_env). Under Open MPI's mpirun, when the bench is built with MPI
+// (BRAID_BENCH_MPI), it bootstraps as nccl-tests does: MPI_Init, rank 0 creates a
+// UniqueId, MPI_Bcast of its 128 bytes, every rank calls from_unique_id(rank, size).
+// MPI is used for nothing else. Without MPI in the build, mpirun works through
+// from_env when BRAID_MASTER_ADDR/BRAID_MASTER_PORT are exported to the ranks (-x).
+// When stderr is a terminal, rank 0 shows the size being measured there (--quiet: not).
 #include <braid/braid.hpp>
+#ifdef BRAID_BENCH_MPI
+#include <mpi.h>
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -28,6 +39,7 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 namespace {
 
@@ -157,9 +169,58 @@ struct Result {
   long long wrong = 0;
 };
 
+// MPI for the bootstrap only: initialized under mpirun, finalized after the
+// communicator is gone, and only on success (after a failure some ranks never reach
+// MPI_Finalize, whose fence would then hang the others).
+struct MpiBootstrap {
+  bool active = false;
+  void init(int* argc, char*** argv) {
+#ifdef BRAID_BENCH_MPI
+    if (braid::launcher() == "mpirun") {
+      MPI_Init(argc, argv);
+      active = true;
+    }
+#else
+    (void)argc;
+    (void)argv;
+#endif
+  }
+  braid::Communicator communicator() const {
+#ifdef BRAID_BENCH_MPI
+    if (active) {
+      int rank = 0, size = 1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      braid::UniqueId id;
+      if (rank == 0) id = braid::Communicator::create_unique_id();
+      MPI_Bcast(id.bytes.data(), static_cast<int>(id.bytes.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+      return braid::Communicator::from_unique_id(id, rank, size);
+    }
+#endif
+    return braid::Communicator::from_env();
+  }
+  int finish(int rc) const {
+#ifdef BRAID_BENCH_MPI
+    if (active && rc == 0) MPI_Finalize();
+#endif
+    return rc;
+  }
+};
+
+int run(int argc, char** argv, const MpiBootstrap& mpi);
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  MpiBootstrap mpi;
+  mpi.init(&argc, &argv);
+  const int rc = run(argc, argv, mpi);
+  return mpi.finish(rc);
+}
+
+namespace {
+
+int run(int argc, char** argv, const MpiBootstrap& mpi) {
   CLI::App app{"allreduce_bench: all-reduce bandwidth and correctness, nccl-tests style. Run under braidrun, "
                "mpirun, torchrun or srun."};
   std::string minb = "1K", maxb = "64M", dname = "float", oname = "sum", aname = "auto", csv;
@@ -179,6 +240,8 @@ int main(int argc, char** argv) {
   app.add_option("--idle-seconds", idle_seconds,
                  "instead of the sweep: connect, then wait this long with the communicator idle and report the "
                  "CPU the job used meanwhile (all ranks, % of one core)");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress lines on stderr (shown only when stderr is a terminal)");
   CLI11_PARSE(app, argc, argv);
 
   const auto dtype = braid::parse_dtype(dname);
@@ -200,7 +263,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    braid::Communicator comm = braid::Communicator::from_env();
+    braid::Communicator comm = mpi.communicator();
     const int rank = comm.rank(), world = comm.size();
     const std::size_t es = braid::dtype_size(*dtype);
     braid::AllreduceOptions opts;
@@ -246,6 +309,7 @@ int main(int argc, char** argv) {
       }
     }
 
+    const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
     std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
     long long total_wrong = 0;
     double busbw_sum = 0;
@@ -254,6 +318,11 @@ int main(int argc, char** argv) {
       const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
       const std::size_t count = size / es;
       Result res[2];
+      if (progress) {
+        std::fprintf(stderr, "\r\033[K# measuring %zu bytes (%d+%d iterations, out-of-place and in-place)...",
+                     (size / es) * es, warmup, iters);
+        std::fflush(stderr);
+      }
       for (int inplace = 0; inplace < 2; ++inplace) {
         void* in = inplace ? recv.data() : send.data();
         void* out = recv.data();
@@ -292,6 +361,7 @@ int main(int argc, char** argv) {
           r.wrong = -1;
         }
       }
+      if (progress) std::fprintf(stderr, "\r\033[K");
       if (rank == 0) {
         auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
         std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
@@ -318,3 +388,5 @@ int main(int argc, char** argv) {
     return e.code() == braid::ErrorCode::InvalidUsage || e.code() == braid::ErrorCode::Unsupported ? 2 : 1;
   }
 }
+
+}  // namespace

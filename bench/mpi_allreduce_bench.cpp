@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
 using braid::bench::parse_size;
@@ -104,6 +106,8 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", oname, "sum, prod, min, max (no avg in MPI)")->capture_default_str();
   app.add_option("--algo", aname, "accepted for compatibility and ignored: MPI picks its own algorithm")->capture_default_str();
   app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress lines on stderr (shown only when stderr is a terminal)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -181,11 +185,16 @@ int main(int argc, char** argv) {
   long long total_wrong = 0;
   double busbw_sum = 0;
   int nsizes = 0;
+  const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
   for (double size_d = static_cast<double>(lo);; size_d *= factor) {
     const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
     const std::size_t count = size / es;
     const int n = static_cast<int>(count);
     Result res[2];
+    if (progress) {
+      std::fprintf(stderr, "\r\033[K# measuring %zu bytes...", (size / ti->size) * ti->size);
+      std::fflush(stderr);
+    }
     for (int inplace = 0; inplace < 2; ++inplace) {
       void* in = inplace ? recv.data() : send.data();
       void* out = recv.data();
@@ -223,6 +232,7 @@ int main(int argc, char** argv) {
         r.wrong = -1;
       }
     }
+    if (progress) std::fprintf(stderr, "\r\033[K");
     if (rank == 0) {
       auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
       std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count, ti->name,

@@ -20,4 +20,11 @@ BRAID_API std::string config_report();
 /// docs/configuration.md as generated from the configuration table.
 BRAID_API std::string config_markdown();
 
+/// Which launcher's variables gave this process its rank and world size, in the order
+/// Communicator::from_env() looks for them: "braid" (braidrun, BRAID_RANK), "torchrun"
+/// (RANK), "mpirun" (OMPI_COMM_WORLD_RANK), "slurm" (SLURM_PROCID); empty when none.
+/// Programs that bootstrap through MPI under mpirun (allreduce_bench, as nccl-tests
+/// does) use it to decide whether to call MPI_Init. Thread-safe.
+BRAID_API std::string launcher();
+
 }  // namespace braid

@@ -11,6 +11,8 @@ namespace braid {
 
 std::string version() { return BRAID_VERSION_STRING; }
 
+std::string launcher() { return core::Config::global().launcher; }
+
 std::string build_features() {
   std::ostringstream os;
   auto line = [&](const char* name, int have, const char* what) {

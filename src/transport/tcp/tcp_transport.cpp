@@ -214,9 +214,24 @@ class TcpConnection final : public Connection {
   bool eof_seen_ = false;  // some socket reached EOF between messages
 };
 
-void tune_socket(int fd, std::size_t buffer) {
+// `deadline` > 0 arms dead-peer detection: a peer whose kernel acknowledges nothing
+// (data, or keepalive probes on an idle socket) for half the deadline, at most 30 s,
+// is unreachable (cable, link or host gone), and the socket fails with ETIMEDOUT
+// naming that peer, before the collective's own deadline blames whichever rank
+// happened to be waiting. A live peer that is merely slow or late still acknowledges
+// (zero-window probes included), so this never fires on it.
+void tune_socket(int fd, std::size_t buffer, std::chrono::milliseconds deadline = std::chrono::milliseconds(0)) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (deadline.count() > 0) {
+    const long long ms = std::clamp<long long>(deadline.count() / 2, 1000, 30000);
+    const unsigned user_timeout = static_cast<unsigned>(ms);
+    const int probe_s = static_cast<int>(std::max<long long>(1, ms / 3000));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof probe_s);
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &probe_s, sizeof probe_s);
+  }
   if (buffer > 0) {
     int b = buffer > static_cast<std::size_t>(INT_MAX) ? INT_MAX : static_cast<int>(buffer);
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
@@ -525,6 +540,12 @@ void TcpTransport::close_all(const std::string& reason) {
 void TcpTransport::fail_io(TcpConnection& c, int err, const char* op) {
   if (err == ECONNRESET || err == EPIPE || err == ECONNABORTED) {
     fail(c, c.who() + " reset: " + errno_text(err), true, c.peer_);
+  } else if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) {
+    // Dead-peer detection (see tune_socket) or routing: the peer did not close, it is
+    // out of reach, so there is no reason of its own to look up (closed = false).
+    fail(c, c.who() + " is unreachable: " + op + ": " + errno_text(err) +
+                " (no TCP acknowledgement: link, network or host down)",
+         false, c.peer_);
   } else {
     fail(c, c.who() + " failed: " + op + ": " + errno_text(err), true, c.peer_);
   }
@@ -875,7 +896,7 @@ void TcpTransport::open_socket(TcpConnection& c, Sock& s) {
          false, c.peer_);
     return;
   }
-  tune_socket(fd, opts_.socket_buffer);
+  tune_socket(fd, opts_.socket_buffer, opts_.connect_timeout);
   s.fd = fd;
   s.phase = Sock::Phase::connecting;
   s.readable = s.writable = s.hup = false;
@@ -954,7 +975,7 @@ void TcpTransport::accept_all() {
       // EAGAIN: drained. EMFILE and friends: try again on the next connection.
       break;
     }
-    tune_socket(fd, 0);
+    tune_socket(fd, 0, opts_.connect_timeout);
     if (pending_.size() >= kMaxPendingAccepts) drop_pending(0);
     auto pa = std::make_unique<PendingAccept>();
     pa->fd = fd;

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# tests/cluster/cluster_test.sh SOURCE_DIR BUILD_DIR CASE
+#
+# The `cluster` ctest suite: braid across emulated hosts (scripts/vcluster.sh: network
+# namespaces, 1 Gbit/s tbf links both ways), launched by Open MPI's mpirun with the
+# vcluster rsh agent, allreduce_bench bootstrapping through MPI (UniqueId broadcast).
+# Cases:
+#   up        fixture: 4 hosts, 1gbit (refuses to touch a vcluster someone else brought up)
+#   down      fixture: removes them
+#   algos     every all-reduce algorithm (auto ring tree rhd hier), 4 hosts x 1 rank,
+#             results checked (-c 1) at sizes from 0 elements to 4 MiB, f32 sum and i32 max
+#   hier      2 hosts x 2 ranks (shm inside a host, TCP between): hier, auto, ring, checked
+#   linkcut   4 hosts; while a long ring all-reduce runs, host vc3's link goes down; every
+#             rank must report a braid error within BRAID_TIMEOUT + 3 s (no hang); the
+#             ranks on the other hosts must name rank 2 (vc3's), rank 2 a peer it lost
+# Exit 77 (ctest: skipped) with the reason when this machine cannot emulate hosts (not
+# root, no netns/veth/tc), when mpirun is missing, or when allreduce_bench was built
+# without MPI.
+set -uo pipefail
+src=$1 build=$2 case=$3
+vcl=$src/scripts/vcluster.sh
+bench=$build/bench/allreduce_bench
+owner=/run/braid-vcluster/owner-ctest
+
+skip() { echo "SKIPPED: $*"; exit 77; }
+fail() { echo "FAILED: $*"; exit 1; }
+
+why=$("$vcl" check 2>&1) || skip "cannot emulate hosts here: $why"
+command -v mpirun >/dev/null 2>&1 || skip "mpirun not found (scripts/setup.sh installs Open MPI)"
+mpirun --version 2>/dev/null | grep -q "Open MPI" || skip "mpirun is not Open MPI's"
+[ -x "$bench" ] || fail "$bench not built"
+# Built with MPI: the MPI bootstrap is what these tests exercise.
+[ -f "$build/bench/mpi_allreduce_bench" ] || skip "allreduce_bench built without MPI (no libopenmpi-dev at configure time)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+case $case in
+  up)
+    if [ -f /run/braid-vcluster/state ] && [ ! -f "$owner" ]; then
+      skip "a vcluster is already up and not ours (scripts/vcluster.sh status); not touching it"
+    fi
+    "$vcl" up 4 --rate 1gbit || fail "vcluster up failed"
+    touch "$owner"
+    exit 0 ;;
+  down)
+    [ -f "$owner" ] || exit 0
+    "$vcl" down
+    exit 0 ;;
+esac
+
+[ -f "$owner" ] || skip "the vcluster fixture did not come up (see cluster_up)"
+subnet=$(sed -n 's/^subnet=//p' /run/braid-vcluster/state)
+cores=$(nproc 2>/dev/null || echo 2)
+
+mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts
+  local hosts=$1 np=$2
+  shift 2
+  local extra=()
+  [ "$np" -le "$cores" ] || extra=(-x BRAID_SPIN_US=0)  # emulated hosts share the cores
+  timeout -k 5 "${MPI_TIMEOUT:-120}" mpirun --mca plm_rsh_agent "$vcl agent" --mca plm_rsh_no_tree_spawn 1 \
+    --host "$hosts" --map-by slot --bind-to none --mca pml ob1 --mca btl tcp,vader,self \
+    --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
+    --mca mpi_yield_when_idle 1 -np "$np" "${extra[@]+"${extra[@]}"}" "$@"
+}
+
+checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
+  local what=$1 hosts=$2 np=$3 out rc
+  shift 3
+  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT=60s "$bench" --quiet "$@" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
+    grep -v setpgid <<<"$out" | tail -n 30
+    fail "$what: exit $rc (expected 0 and '# Out of bounds values : 0 OK')"
+  fi
+  grep -q "allreduce_bench: $np ranks" <<<"$out" || { echo "$out" | tail -5; fail "$what: not $np ranks in one communicator"; }
+  echo "ok: $what"
+}
+
+case $case in
+  algos)
+    h4=vc1:1,vc2:1,vc3:1,vc4:1
+    for algo in auto ring tree rhd hier; do
+      # -b 1: the first size is 0 elements (count 0 across hosts); 4 MiB is several slices.
+      checked_run "4 hosts x 1, --algo $algo, f32 sum" "$h4" 4 -b 1 -e 4M -f 64 -n 2 -w 1 -c 1 --algo "$algo"
+    done
+    checked_run "4 hosts x 1, --algo auto, i32 max, odd size" "$h4" 4 -b 4K -e 1M -f 6 -n 2 -w 1 -c 1 -d int32 -o max
+    ;;
+  hier)
+    h2=vc1:2,vc2:2
+    for algo in hier auto ring; do
+      checked_run "2 hosts x 2, --algo $algo" "$h2" 4 -b 1K -e 4M -f 32 -n 2 -w 1 -c 1 --algo "$algo"
+    done
+    ;;
+  linkcut)
+    t_ms=4000
+    log=$(mktemp) outdir=$(mktemp -d)
+    trap 'ip link set vc3-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
+    # 64 MiB ring all-reduces take ~0.85 s each at 1 Gbit/s: 40 of them outlast the test.
+    MPI_TIMEOUT=150 mpi vc1:1,vc2:1,vc3:1,vc4:1 4 --output-filename "$outdir" --mca orte_abort_on_non_zero_status 0 \
+      -x BRAID_TIMEOUT=${t_ms}ms "$bench" --quiet -b 64M -e 64M -n 40 -w 0 -c 0 --algo ring >"$log" 2>&1 &
+    job=$!
+    # Cut once the ranks are in the timed loop (the header is printed after connecting).
+    for _ in $(seq 1 200); do cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" && break; sleep 0.1; done
+    cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" || { cat "$log"; fail "the job did not start"; }
+    sleep 2
+    ip link set vc3-br down
+    cut=$(date +%s.%N)
+    # Every rank has to report the failure (the engine logs it when it detects it; the
+    # bench prints it when its wait fails); count the ranks as they do. Each host's
+    # daemon writes its ranks' output to files (--output-filename): vc3's cannot reach
+    # mpirun while its link is down.
+    limit=$(( t_ms / 1000 * 3 + 10 ))
+    errs() { cat "$outdir"/*/rank."$1"/stderr 2>/dev/null; }
+    reported() { errs "$1" | grep -cE "braid ERROR|allreduce_bench: " || true; }
+    done_at=""
+    for _ in $(seq 1 $((limit * 10))); do
+      n=0
+      for r in 0 1 2 3; do [ "$(reported $r)" -gt 0 ] && n=$((n + 1)); done
+      if [ "$n" -ge 4 ]; then done_at=$(date +%s.%N); break; fi
+      sleep 0.1
+    done
+    ip link set vc3-br up  # lets vc3's daemon report back, so mpirun can finish
+    wait "$job"
+    rc=$?
+    echo "--- job output (mpirun exit $rc):"
+    for r in 0 1 2 3; do errs $r | sed "s/^/[rank $r] /" | cut -c1-600; done
+    [ -n "$done_at" ] || fail "not every rank reported an error within ${limit} s of the cut (hang?)"
+    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mpirun did not finish after the link came back (exit $rc)"
+    elapsed=$(awk -v a="$cut" -v b="$done_at" 'BEGIN { printf "%.1f", b - a }')
+    echo "all 4 ranks reported the failure ${elapsed} s after the cut (BRAID_TIMEOUT ${t_ms} ms)"
+    awk -v e="$elapsed" -v t="$t_ms" 'BEGIN { exit !(e <= t / 1000 + 3) }' ||
+      fail "errors came ${elapsed} s after the cut, later than BRAID_TIMEOUT + 3 s"
+    said() { errs "$1" | grep -E "braid ERROR|allreduce_bench: "; }
+    # Rank 2 lives on vc3: every other rank's error must name it (directly, or in the
+    # report of the rank that detected it); rank 2 must name a peer it lost.
+    for r in 0 1 3; do
+      said $r | grep -qE "rank 2([^0-9]|$)" || fail "rank $r's error does not name rank 2 (on the cut host vc3)"
+    done
+    said 2 | grep -qE "rank [013]([^0-9]|$)" || fail "rank 2's error names no peer it lost"
+    echo "ok: link cut detected on every rank"
+    ;;
+  *) fail "unknown case '$case'" ;;
+esac
