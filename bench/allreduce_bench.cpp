@@ -4,7 +4,7 @@
 //
 // Flags follow nccl-tests' all_reduce_perf: -b/-e min/max size in bytes (K/M/G
 // suffixes), -f multiplication factor, -n iterations, -w warm-up iterations, -c check,
-// -d type, -o op; plus --algo and --csv. Sizes are rounded down to whole elements, so
+// -d type, -o op; plus --algo, --codec and --csv. Sizes are rounded down to whole elements, so
 // a count of 0 happens for tiny sizes. algbw = size / time; busbw = algbw * 2(n-1)/n,
 // the bytes each rank's busiest link carries, comparable across world sizes and with
 // nccl-tests. Time is the slowest rank's average per iteration.
@@ -167,7 +167,18 @@ void expected_value(DataType t, ReduceOp op, int world, std::size_t i, void* out
 struct Result {
   double time_us = 0, algbw = 0, busbw = 0;
   long long wrong = 0;
+  double relerr = 0;  ///< --codec: relative L2 error against the exact all-reduce
 };
+
+// --codec inputs: deterministic, gradient-like (a spread of magnitudes and signs).
+float gradient_value(int rank, std::size_t i) {
+  std::uint64_t z = (static_cast<std::uint64_t>(rank) << 40) ^ (i * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+  return static_cast<float>((u - 0.5) * (1.0 + static_cast<double>(i % 7)));
+}
 
 // MPI for the bootstrap only: initialized under mpirun, finalized after the
 // communicator is gone, and only on success (after a failure some ranks never reach
@@ -240,6 +251,14 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   app.add_option("--idle-seconds", idle_seconds,
                  "instead of the sweep: connect, then wait this long with the communicator idle and report the "
                  "CPU the job used meanwhile (all ranks, % of one core)");
+  std::string codec = "none";
+  app.add_option("--codec", codec,
+                 "compression inside the all-reduce: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, "
+                 "topk:RATIO, auto (f32, sum/avg). busbw is then effective (uncompressed bytes / time) and the "
+                 "#wrong column shows the relative L2 error against the exact all-reduce")
+      ->capture_default_str();
+  bool no_ef = false;
+  app.add_flag("--no-ef", no_ef, "with --codec: no error feedback (sign1/topk are then allowed as biased)");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress lines on stderr (shown only when stderr is a terminal)");
   CLI11_PARSE(app, argc, argv);
@@ -268,6 +287,11 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     const std::size_t es = braid::dtype_size(*dtype);
     braid::AllreduceOptions opts;
     opts.algorithm = *algo;
+    const bool compressed = codec != "none" && !codec.empty();
+    if (compressed) {
+      opts.codec = codec;
+      if (no_ef) opts.allow_biased = true;
+    }
 
     if (idle_seconds > 0) {
       // Connections up first (one all-reduce), then measure CPU time over an idle window.
@@ -296,6 +320,10 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
       std::printf("# braid %s allreduce_bench: %d ranks, type %s, op %s, algo %s, iters %d, warmup %d, check %d\n",
                   braid::version().c_str(), world, nccl_type_name(*dtype), oname.c_str(), aname.c_str(), iters,
                   warmup, check);
+      if (compressed)
+        std::printf("# codec %s%s: busbw is effective (uncompressed bytes / time); #wrong shows the relative L2 "
+                    "error against the exact all-reduce\n",
+                    codec.c_str(), no_ef ? " without error feedback" : " with error feedback");
       std::printf("#%77s%38s\n", "out-of-place", "in-place");
       std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
                   "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -305,7 +333,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         csvf.open(csv);
         if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
         csvf << "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,"
-                "inplace_time_us,inplace_algbw_GBps,inplace_busbw_GBps,inplace_wrong\n";
+                "inplace_time_us,inplace_algbw_GBps,inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr\n";
       }
     }
 
@@ -327,8 +355,15 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         void* in = inplace ? recv.data() : send.data();
         void* out = recv.data();
         auto fill = [&] {
+          if (compressed) {  // gradient-like values: codecs are exact on small integers
+            for (std::size_t i = 0; i < count; ++i) static_cast<float*>(in)[i] = gradient_value(rank, i);
+            return;
+          }
           for (std::size_t i = 0; i < count; ++i) store_value(*dtype, in, i, input_value(*op, rank, i, *dtype));
         };
+        // A fresh error-feedback key per size and placement, so that residuals never
+        // mismatch in count.
+        if (compressed && !no_ef) opts.ef_key = "bench-" + std::to_string(count) + (inplace ? "-in" : "-out");
         fill();
         comm.barrier().wait();
         for (int w = 0; w < warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
@@ -346,7 +381,25 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         r.time_us = slowest;
         r.algbw = static_cast<double>(count * es) / (slowest * 1e3);
         r.busbw = world > 1 ? r.algbw * 2.0 * (world - 1) / world : r.algbw;
-        if (check) {
+        if (check && compressed) {
+          // One fresh step (residuals reset, so the error is the codec's, not history's).
+          comm.reset_error_feedback(opts.ef_key);
+          fill();
+          comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+          double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
+          for (std::size_t i = 0; i < count; ++i) {
+            double exact = 0;
+            for (int k = 0; k < world; ++k) exact += gradient_value(k, i);
+            if (*op == ReduceOp::avg) exact /= world;
+            const double d = static_cast<const float*>(out)[i] - exact;
+            sq[0] += d * d;
+            sq[1] += exact * exact;
+          }
+          comm.allreduce(sq, sq, 2, DataType::f64, ReduceOp::sum).wait();
+          r.relerr = sq[1] > 0 ? std::sqrt(sq[0] / sq[1]) : std::sqrt(sq[0]);
+          r.wrong = std::isfinite(r.relerr) ? 0 : 1;
+          total_wrong += r.wrong;
+        } else if (check) {
           fill();
           comm.allreduce(in, out, count, *dtype, *op, opts).wait();
           long long wrong = 0;
@@ -363,16 +416,22 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
       }
       if (progress) std::fprintf(stderr, "\r\033[K");
       if (rank == 0) {
-        auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+        auto wrong_text = [&](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
+        auto col = [&](const Result& x) {
+          if (!compressed || x.wrong < 0) return wrong_text(x.wrong);
+          char b[32];
+          std::snprintf(b, sizeof b, "%.1e", x.relerr);
+          return std::string(b);
+        };
         std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
                     nccl_type_name(*dtype), oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw,
-                    wrong_text(res[0].wrong).c_str(), res[1].time_us, res[1].algbw, res[1].busbw,
-                    wrong_text(res[1].wrong).c_str());
+                    col(res[0]).c_str(), res[1].time_us, res[1].algbw, res[1].busbw, col(res[1]).c_str());
         std::fflush(stdout);
         if (csvf)
           csvf << count * es << ',' << count << ',' << nccl_type_name(*dtype) << ',' << oname << ','
                << res[0].time_us << ',' << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ','
-               << res[1].time_us << ',' << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << '\n';
+               << res[1].time_us << ',' << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << ','
+               << (compressed ? codec : std::string("none")) << ',' << res[0].relerr << ',' << res[1].relerr << '\n';
       }
       busbw_sum += res[0].busbw;
       ++nsizes;

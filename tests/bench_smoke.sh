@@ -37,6 +37,15 @@ for a in auto ring tree rhd hier; do
   "$run" -n 4 --hosts 2 --timeout 120 -- "$bench" -b 4 -e 1M -f 32 -n 1 -w 0 -c 1 --algo "$a" >/tmp/braid-smoke-$$.txt ||
     { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --algo $a"; exit 1; }
 done
+# Compression inside the all-reduce: every codec runs and reports a finite, small error.
+for c in fp16 bf16 int8 int4 fp8e4m3 sign1 topk:0.1 auto; do
+  "$run" -n 3 --timeout 120 -- "$bench" -b 1K -e 256K -f 16 -n 2 -w 1 -c 1 --codec "$c" >/tmp/braid-smoke-$$.txt ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --codec $c"; exit 1; }
+  grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+done
+awk '$1 == 262144 { e = $8 + 0; if (e <= 0 || e > 0.02) exit 1 }' <(
+  "$run" -n 2 -- "$bench" -b 256K -e 256K -n 1 -w 0 --codec int8) || { echo "FAILED: int8 error out of range"; exit 1; }
+if "$run" -n 2 -- "$bench" -b 1K -e 1K --codec int9 >/dev/null 2>&1; then echo "FAILED: --codec int9 accepted"; exit 1; fi
 # An idle 4-rank job must not burn a core (the engine sleeps in epoll).
 line=$("$run" -n 4 -- "$bench" --idle-seconds 2)
 echo "$line"
