@@ -549,8 +549,10 @@ Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, 
   return impl_->p2p(false, buf, count, dtype, peer, options);
 }
 
-Communicator Communicator::split(int color, int key) {
-  Impl& im = *impl_;
+Communicator Communicator::split(int color, int key) { return impl_->split_impl(color, key); }
+
+Communicator Communicator::Impl::split_impl(int color, int key) {
+  Impl& im = *this;
   BRAID_CHECK(color >= 0, InvalidUsage, "split: color must be >= 0, got " << color);
   BRAID_CHECK(!im.engine->failed(), Aborted, "split: the communicator has failed earlier: " << im.engine->reason());
   // Every rank publishes (color, key); each computes its group from all of them.

@@ -85,6 +85,19 @@ struct Communicator::Impl {
   std::mutex codec_rates_mu;
   std::vector<compression::CodecRates> rates;
   std::set<int> logged_auto;  ///< size buckets whose auto choice was logged
+  /// Hierarchical compressed all-reduce: sub-communicators of this host's ranks and of
+  /// the ranks with the same local index on every host (made on first use), or null
+  /// when the layout is not hosts x equal local sizes with both > 1.
+  struct Hierarchy {
+    std::unique_ptr<Communicator> local, cross;
+    int local_rank = 0, local_size = 1, hosts = 1;
+  };
+  std::optional<std::shared_ptr<Hierarchy>> hierarchy;  ///< decided once (null: flat)
+  std::shared_ptr<Hierarchy> hierarchy_for_compression();
+  Work hierarchical_compressed(const std::shared_ptr<Hierarchy>& h, const void* send, void* recv, std::size_t count,
+                               ReduceOp op, const compression::CodecSpec& spec, const AllreduceOptions& options);
+  /// Communicator::split (store-only, collective in call order).
+  Communicator split_impl(int color, int key);
   /// Queues a host task (see core::Operation::task) and returns its Work.
   Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
 };

@@ -156,6 +156,12 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
                 what << ": send and recv overlap partially; pass the same pointer for in place or disjoint buffers");
   }
 
+  // Several ranks per host on several hosts: uncompressed inside a host (shared
+  // memory), compressed between hosts.
+  if (spec.kind != CodecKind::topk && count > 0) {
+    if (auto h = hierarchy_for_compression()) return hierarchical_compressed(h, send, recv, count, op, spec, options);
+  }
+
   auto st = std::make_shared<CompressedState>();
   st->spec = spec;
   st->rank = rank;
@@ -268,6 +274,92 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
         }
       },
       what + " decode", st);
+}
+
+std::shared_ptr<Communicator::Impl::Hierarchy> Communicator::Impl::hierarchy_for_compression() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (hierarchy) return *hierarchy;
+  }
+  std::shared_ptr<Hierarchy> h;
+  if (size > 1) {
+    const auto map = host_map();
+    int nhosts = 0;
+    for (int x : *map) nhosts = std::max(nhosts, x + 1);
+    std::vector<int> per_host(static_cast<std::size_t>(nhosts), 0);
+    int local_rank = 0;
+    for (int r = 0; r < size; ++r) {
+      const int host = (*map)[static_cast<std::size_t>(r)];
+      if (r == rank) local_rank = per_host[static_cast<std::size_t>(host)];
+      ++per_host[static_cast<std::size_t>(host)];
+    }
+    const bool even = std::all_of(per_host.begin(), per_host.end(), [&](int n) { return n == per_host[0]; });
+    if (nhosts > 1 && per_host[0] > 1 && even) {
+      // Every rank reaches this at the same call (the first compressed all-reduce), so
+      // the splits line up; split is collective over the store only.
+      h = std::make_shared<Hierarchy>();
+      h->local_rank = local_rank;
+      h->local_size = per_host[0];
+      h->hosts = nhosts;
+      const int my_host = (*map)[static_cast<std::size_t>(rank)];
+      h->local = std::make_unique<Communicator>(split_impl(my_host, rank));
+      h->cross = std::make_unique<Communicator>(split_impl(local_rank, my_host));
+      BRAID_LOG(info, "compressed all-reduce: hierarchical, " << nhosts << " hosts x " << per_host[0]
+                                                              << " ranks (uncompressed inside a host)");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (!hierarchy) hierarchy = h;
+  return *hierarchy;
+}
+
+Work Communicator::Impl::hierarchical_compressed(const std::shared_ptr<Hierarchy>& h, const void* send, void* recv,
+                                                 std::size_t count, ReduceOp op, const CodecSpec& spec,
+                                                 const AllreduceOptions& options) {
+  const compression::ShardRange mine = compression::shard_range(count, h->local_size, h->local_rank);
+  AllreduceOptions cross_opt;
+  cross_opt.codec = compression::name(spec);
+  cross_opt.ef_key = options.ef_key;
+  cross_opt.allow_biased = options.allow_biased;
+  cross_opt.timeout = options.timeout;
+  if (!options.ef_key.empty()) {
+    // Check the residuals' counts now (the caller's error), as the flat path does.
+    Impl& c = *h->cross->impl_;
+    c.error_feedback.residual(options.ef_key, ResidualRole::worker, mine.size());
+    c.error_feedback.residual(options.ef_key, ResidualRole::owner,
+                              compression::shard_range(mine.size(), c.size, c.rank).size());
+  }
+  const auto* in = static_cast<const float*>(send);
+  auto* out = static_cast<float*>(recv);
+  const int world = size;
+  const bool average = op == ReduceOp::avg;
+  const auto call_timeout = options.timeout;
+  // One task on this communicator's engine runs the three stages on the two
+  // sub-communicators and waits for each: it is ordered with everything else issued
+  // here, and nothing else runs beside it (tasks run alone).
+  return post_task(
+      [h, in, out, count, mine, cross_opt, world, average, call_timeout] {
+        AllreduceOptions plain;
+        plain.timeout = call_timeout;
+        plain.codec = "none";
+        h->local->allreduce(in, out, count, DataType::f32, ReduceOp::sum, plain).wait();
+        h->cross->allreduce(out + mine.begin, out + mine.begin, mine.size(), DataType::f32, ReduceOp::sum, cross_opt)
+            .wait();
+        if (average)
+          for (std::size_t i = mine.begin; i < mine.end; ++i) out[i] = out[i] / static_cast<float>(world);
+        std::vector<Work> works;
+        for (int j = 0; j < h->local_size; ++j) {
+          const auto sj = compression::shard_range(count, h->local_size, j);
+          BroadcastOptions b;
+          b.root = j;
+          b.timeout = call_timeout;
+          works.push_back(h->local->broadcast(out + sj.begin, out + sj.begin, sj.size(), DataType::f32, b));
+        }
+        for (auto& w : works) w.wait();
+      },
+      "allreduce[" + compression::name(spec) + "] hierarchical (" + std::to_string(h->hosts) + " hosts x " +
+          std::to_string(h->local_size) + ")",
+      nullptr);
 }
 
 // --- error feedback: public API ---

@@ -26,12 +26,15 @@ namespace {
 struct Group {
   std::unique_ptr<TcpStoreServer> server;
   std::vector<std::unique_ptr<Communicator>> comms;
-  explicit Group(int n) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
+  /// `hosts` > 0 spreads the ranks over that many emulated hosts (BRAID_HOST_ID per rank).
+  explicit Group(int n, int hosts = 0) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
     comms.resize(static_cast<std::size_t>(n));
     const auto port = server->port();
     run_threads(n, [&](int r) {
+      CommOptions o;
+      if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r / (n / hosts));
       comms[static_cast<std::size_t>(r)] =
-          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n);
+          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
     });
   }
   ~Group() {
@@ -285,4 +288,41 @@ TEST(Compressed, AutoOnOneHostDoesNotCompress) {
     g[r].allreduce(automatic.data(), automatic.data(), automatic.size(), DataType::f32, ReduceOp::sum, o).wait();
     EXPECT_TRUE(same_bits(plain, automatic));
   });
+}
+
+// Two emulated hosts x two ranks: uncompressed inside a host, compressed between hosts.
+// The result must be identical on every rank and within the codec's error of the exact
+// sum (two quantisations of values up to the host sums' block maxima).
+TEST(Compressed, HierarchicalAcrossEmulatedHostsIsIdenticalOnEveryRankAndAccurate) {
+  constexpr int n = 4;
+  Group g(n, 2);
+  for (const char* codec : {"int8", "fp16", "sign1"}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      SCOPED_TRACE(std::string(codec) + " " + std::string(to_string(op)));
+      const std::size_t count = 40001;
+      std::vector<std::vector<float>> in(n), out(n);
+      for (int r = 0; r < n; ++r) in[static_cast<std::size_t>(r)] = gradient(r, 0, count);
+      run_threads(n, [&](int r) {
+        AllreduceOptions o;
+        o.codec = codec;
+        o.ef_key = std::string("h-") + codec + std::string(to_string(op));
+        out[static_cast<std::size_t>(r)].assign(count, 0.0f);
+        g[r].allreduce(in[static_cast<std::size_t>(r)].data(), out[static_cast<std::size_t>(r)].data(), count,
+                       DataType::f32, op, o)
+            .wait();
+      });
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        double exact = 0;
+        for (int r = 0; r < n; ++r) exact += in[static_cast<std::size_t>(r)][i];
+        if (op == ReduceOp::avg) exact /= n;
+        err += (out[0][i] - exact) * (out[0][i] - exact);
+        norm += exact * exact;
+      }
+      for (int r = 1; r < n; ++r) ASSERT_TRUE(same_bits(out[static_cast<std::size_t>(r)], out[0])) << "rank " << r;
+      const double rel = std::sqrt(err / norm);
+      const double bound = std::string(codec) == "sign1" ? 1.0 : std::string(codec) == "int8" ? 0.02 : 1e-3;
+      EXPECT_LT(rel, bound) << "relative L2 error " << rel;
+    }
+  }
 }
