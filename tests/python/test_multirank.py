@@ -1,0 +1,44 @@
+"""The NumPy API across real processes (braidrun), against NumPy references, and
+failures (dead peer, mismatched sizes, deadlines) surfacing as braid exceptions."""
+import pytest
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_every_dtype_op_count(run_ranks, n):
+    p = run_ranks(n, "ranks_numpy.py", "allreduce")
+    assert p.stdout.count("allreduce") >= n and "cases ok" in p.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_other_collectives(run_ranks, n):
+    p = run_ranks(n, "ranks_numpy.py", "others")
+    assert p.stdout.count("send/recv ok") == n
+
+
+def test_async_work_and_split(run_ranks):
+    p = run_ranks(4, "ranks_numpy.py", "async_work")
+    assert p.stdout.count("async, split ok") == 4
+
+
+def test_compressed_allreduce(run_ranks):
+    p = run_ranks(2, "ranks_numpy.py", "compressed", check=False)
+    if p.returncode != 0 and "SKIP:" in p.stdout:
+        pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("compressed allreduce ok") == 2
+
+
+def test_dead_peer_raises_remote_error(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "dead_peer", timeout=90)
+    assert "rank 0: RemoteError(peer=1)" in p.stdout or "rank 0: TimeoutError" in p.stdout, p.stdout
+    assert "next call fails fast" in p.stdout
+
+
+def test_mismatched_send_recv_sizes(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "size_mismatch", timeout=90)
+    assert p.stdout.count("Error: braid") == 2, p.stdout
+
+
+def test_per_call_timeout(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "timeout", timeout=90)
+    assert "rank 0: TimeoutError after" in p.stdout, p.stdout
