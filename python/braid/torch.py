@@ -37,17 +37,17 @@ from braid import _C
 
 __all__ = ["BraidProcessGroup", "compression_hook", "init_process_group", "get_communicator"]
 
-_RED = {
-    dist.ReduceOp.SUM: _C.ReduceOp.sum,
-    dist.ReduceOp.PRODUCT: _C.ReduceOp.prod,
-    dist.ReduceOp.MIN: _C.ReduceOp.min,
-    dist.ReduceOp.MAX: _C.ReduceOp.max,
-    dist.ReduceOp.AVG: _C.ReduceOp.avg,
-}
+_RED = (  # torch hands a ReduceOp object that compares equal to these, but hashes apart
+    (dist.ReduceOp.SUM, _C.ReduceOp.sum),
+    (dist.ReduceOp.PRODUCT, _C.ReduceOp.prod),
+    (dist.ReduceOp.MIN, _C.ReduceOp.min),
+    (dist.ReduceOp.MAX, _C.ReduceOp.max),
+    (dist.ReduceOp.AVG, _C.ReduceOp.avg),
+)
 
 
 def _red(op) -> "_C.ReduceOp":
-    r = _RED.get(op)
+    r = next((b for t, b in _RED if op == t), None)
     if r is None:
         raise _braid._unsupported(f"the braid backend has no reduction {op}; use SUM, PRODUCT, MIN, MAX or AVG")
     return r
@@ -145,6 +145,11 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return "braid"
+
+    def _get_backend(self, device=None):  # noqa: ARG002
+        # torch asks a group for its per-device backend (batch_isend_irecv, ...); this
+        # group is its own CPU backend and does not coalesce.
+        return self
 
     def __repr__(self) -> str:
         return f"BraidProcessGroup(rank={self.rank()}, size={self.size()})"
@@ -445,5 +450,7 @@ def compression_hook(codec: str = "int8", error_feedback: bool = True,
         key = f"ddp-bucket-{bucket.index()}" if error_feedback and codec_name else ""
         return pg._allreduce_future(bucket.buffer(), _C.ReduceOp.sum, codec_name, key, divide=pg.size())
 
+    # DDP checks the annotations; this module's are strings (postponed evaluation).
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": Future[torch.Tensor]}
     hook.__name__ = f"braid_compression_hook_{codec or 'none'}"
     return hook
