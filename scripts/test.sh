@@ -8,6 +8,10 @@ cd "$root"
 scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 
+echo "== Python package (pip install . into build-py/venv) =="
+# The python-labelled ctest tests below run pytest against this install.
+build-py/venv/bin/python -m pip install -q --no-build-isolation "$root"
+
 echo "== Release build (build/) =="
 scripts/build.sh build
 (cd build && ctest -j "$jobs" --output-on-failure --timeout 600)

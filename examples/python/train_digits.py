@@ -66,6 +66,7 @@ def main() -> int:
                     help="comma-separated subset of: " + ", ".join(c[0] for c in CODECS))
     ap.add_argument("--transport", default="tcp", help="BRAID_TRANSPORT for the run (tcp: bytes are measurable)")
     ap.add_argument("--plot", default="train_digits_loss.png", help="PNG of the loss curves ('' for none)")
+    ap.add_argument("--json", default="", help="also write the results to this JSON file (rank 0)")
     args = ap.parse_args()
 
     if args.transport:
@@ -157,6 +158,12 @@ def main() -> int:
             fig.tight_layout()
             fig.savefig(args.plot, dpi=120)
             print(f"loss curves: {args.plot}")
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                json.dump({"torch": torch.__version__, "world": world, "epochs": args.epochs,
+                           "results": [dict(codec=r[0], accuracy=r[1], loss=r[2], bytes_sent=r[3], seconds=r[4],
+                                            curve=r[5], unsupported=r[6]) for r in results]}, f, indent=1)
         sys.stdout.flush()
     dist.destroy_process_group()
     return 0

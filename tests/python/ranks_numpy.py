@@ -5,6 +5,8 @@ can compute the NumPy reference of every collective locally and compare.
 Usage: ranks_numpy.py SCENARIO
 """
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -161,7 +163,31 @@ def async_work(comm):
     assert x[0] == sum(k for k in range(n) if k % 2 == r % 2), x
     sub.close()
     assert comm.local_size == n and 0 <= comm.local_rank < n
-    print(f"rank {r}: async, split ok")
+    # A blocking call releases the GIL: while rank 0 waits in recv for a message that
+    # rank 1 sends only after 0.5 s, another Python thread of rank 0 keeps counting.
+    buf = np.zeros(4, np.float32)
+    if r == 0:
+        count, stop = [0], threading.Event()
+
+        def spin():
+            while not stop.is_set():
+                count[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        c0 = count[0]
+        comm.recv(buf, 1)
+        c1 = count[0]
+        stop.set()
+        t.join()
+        print(f"rank 0: {c1 - c0} Python steps while blocked in recv")
+        assert c1 - c0 > 20000, f"only {c1 - c0} Python steps ran while recv blocked: GIL held?"
+        assert np.all(buf == 7)
+    elif r == 1:
+        time.sleep(0.5)
+        comm.send(np.full(4, 7, np.float32), 0)
+    comm.barrier()
+    print(f"rank {r}: async, split, GIL released while blocked ok")
 
 
 def compressed(comm):
