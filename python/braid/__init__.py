@@ -425,11 +425,61 @@ class Communicator:
             pass
 
 
+class _TorchStore(Store):
+    """A torch.distributed Store seen as a braid Store (set-up only; calls may come from
+    the communicator's progress thread, which takes the GIL for them)."""
+
+    def __init__(self, store: Any):
+        super().__init__()
+        self._s = store
+
+    def set(self, key, value):
+        self._s.set(key, value)
+
+    def get(self, key, timeout):
+        from datetime import timedelta
+        self._s.wait([key], timedelta(seconds=timeout))
+        return self._s.get(key)
+
+    def add(self, key, delta):
+        return self._s.add(key, delta)
+
+    def check(self, keys):
+        return self._s.check(list(keys))
+
+    def wait(self, keys, timeout):
+        from datetime import timedelta
+        self._s.wait(list(keys), timedelta(seconds=timeout))
+
+    def remove(self, key):
+        return self._s.delete_key(key)
+
+
+def _torchrun_store(timeout: Optional[float]):
+    """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's own store (the elastic agent's),
+    which braid's store protocol cannot use; talk to it through torch instead."""
+    import os
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "BRAID_RANK" in env:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    t = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), False,
+                      timeout=timedelta(seconds=timeout or 300))
+    return dist.PrefixStore("braid", t)
+
+
 def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0) -> Communicator:
     """The communicator of this job, from the environment: braidrun's BRAID_* variables,
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's OMPI_COMM_WORLD_*,
     or Slurm's SLURM_*. A process started without a launcher (none of them set) is a job of
     one rank with a private store, so scripts also run stand-alone."""
+    ts = _torchrun_store(timeout)
+    if ts is not None:
+        import os
+        return Communicator(_TorchStore(ts), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                            timeout=timeout, name=name, chunk_bytes=chunk_bytes)
     try:
         return Communicator.from_env(timeout=timeout, name=name, chunk_bytes=chunk_bytes)
     except InvalidUsageError as e:

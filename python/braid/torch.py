@@ -29,7 +29,6 @@ from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 import braid as _braid
@@ -63,43 +62,35 @@ def _check(t: torch.Tensor, what: str) -> torch.Tensor:
     return t
 
 
-class _TorchStore(_C.Store):
-    """A torch.distributed Store seen as a braid Store (set-up only)."""
+_TorchStore = _braid._TorchStore
 
-    def __init__(self, store: "dist.Store"):
-        super().__init__()
-        self._s = store
 
-    def set(self, key, value):
-        self._s.set(key, value)
-
-    def get(self, key, timeout):
-        self._s.wait([key], timedelta(seconds=timeout))
-        return self._s.get(key)
-
-    def add(self, key, delta):
-        return self._s.add(key, delta)
-
-    def check(self, keys):
-        return self._s.check(list(keys))
-
-    def wait(self, keys, timeout):
-        self._s.wait(list(keys), timedelta(seconds=timeout))
-
-    def remove(self, key):
-        return self._s.delete_key(key)
+def _unwrap(src: Future) -> Any:
+    err, value = src.value()
+    if err is not None:
+        raise err
+    return value
 
 
 class _Completer:
-    """Completes torch futures in issue order as braid's Works finish."""
+    """Completes torch futures in issue order as braid's Works finish.
+
+    A Python-side Future.set_exception only wraps the error for Python callers; torch's
+    C++ side (Work.wait, DDP) would see success. So the thread completes a private
+    future with (error, value) and hands out `then(_unwrap)`, whose callback raises:
+    torch marks that future failed for C++ and Python alike, with the braid message."""
 
     def __init__(self, name: str):
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
         self._t = threading.Thread(target=self._run, name=f"braid-completer-{name}", daemon=True)
         self._t.start()
 
-    def submit(self, works: list, fut: Future, finish: Callable[[], Any]) -> None:
-        self._q.put((works, fut, finish))
+    def submit(self, works: list, finish: Callable[[], Any]):
+        """Queues; returns (private future of (error, value), public future of the value)."""
+        src: Future = Future()
+        out = src.then(_unwrap)
+        self._q.put((works, src, finish))
+        return src, out
 
     def stop(self) -> None:
         self._q.put(None)
@@ -111,15 +102,54 @@ class _Completer:
             item = self._q.get()
             if item is None:
                 return
-            works, fut, finish = item
+            works, src, finish = item
             try:
                 for w in works:
                     w.wait()  # releases the GIL
                 value = finish()
             except BaseException as e:  # noqa: BLE001 — handed to the waiter
-                fut.set_exception(e)
+                src.set_result((e, None))
             else:
-                fut.set_result(value)
+                src.set_result((None, value))
+
+
+class _Work(dist.Work):
+    """torch Work over a future completed by the _Completer. wait() raises the braid error
+    (torch's own future-wrapping Work would return normally from a failed future)."""
+
+    def __init__(self, src: Future, fut: Future):
+        super().__init__()
+        self._src, self._fut = src, fut
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (braid has deadlines)
+        err, _ = self._src.wait()  # raises the braid exception itself (RemoteError.peer, ...)
+        if err is not None:
+            raise err
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self):
+        return self._src.value()[0] if self._src.done() else None
+
+    def result(self):
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        pass
 
 
 class BraidProcessGroup(dist.ProcessGroup):
@@ -155,9 +185,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         return f"BraidProcessGroup(rank={self.rank()}, size={self.size()})"
 
     def _work(self, works: list, finish: Callable[[], Any]) -> "dist.Work":
-        fut: Future = Future()
-        self._done.submit(works, fut, finish)
-        return _create_work_from_future(fut)
+        return _Work(*self._done.submit(works, finish))
 
     def _buf(self, t: torch.Tensor, what: str):
         return _braid._buffer(_check(t, what), what, writable=True)
@@ -174,9 +202,7 @@ class BraidProcessGroup(dist.ProcessGroup):
                 t.div_(divide)
             return t
 
-        fut: Future = Future()
-        self._done.submit([w], fut, finish)
-        return fut
+        return self._done.submit([w], finish)[1]
 
     # --- collectives ------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):

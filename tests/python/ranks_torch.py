@@ -171,6 +171,38 @@ def ddp_compressed(braid_pg, gloo_pg):
     print(f"rank {dist.get_rank()}: int8-compressed DDP within {err:.4f} of gloo")
 
 
+def dead_peer(braid_pg, gloo_pg):
+    """A peer that dies fails the braid group's Work with the library's message, naming it."""
+    import os
+    dist.barrier(group=braid_pg)
+    if dist.get_rank() == 1:
+        os._exit(0)
+    w1 = dist.all_reduce(torch.ones(1 << 14), group=braid_pg, async_op=True)
+    w2 = dist.all_reduce(torch.ones(1 << 14), group=braid_pg, async_op=True)
+    try:
+        w1.wait()
+    except braid.RemoteError as e:
+        print(f"rank 0: RemoteError(peer={e.peer}): {e}")
+        assert e.peer == 1 and "braid RemoteError" in str(e), str(e)
+    else:
+        raise AssertionError("all_reduce with a dead peer succeeded")
+    # the future of the call queued behind it fails too (DDP reads futures)
+    try:
+        w2.get_future().wait()
+    except Exception as e:  # noqa: BLE001 — torch wraps callback errors in RuntimeError
+        assert "braid " in str(e), str(e)
+        print("rank 0: queued future failed: " + str(e).splitlines()[0][:120])
+    else:
+        raise AssertionError("a failed group completed a queued all_reduce")
+    try:  # and every later call fails fast
+        dist.all_reduce(torch.ones(4), group=braid_pg)
+    except braid.AbortedError:
+        print("rank 0: later call: AbortedError")
+    else:
+        raise AssertionError("a failed group accepted a new all_reduce")
+    os._exit(0)  # the gloo group would wait for rank 1 at shutdown
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")

@@ -42,3 +42,19 @@ def test_mismatched_send_recv_sizes(run_ranks):
 def test_per_call_timeout(run_ranks):
     p = run_ranks(2, "ranks_errors.py", "timeout", timeout=90)
     assert "rank 0: TimeoutError after" in p.stdout, p.stdout
+
+
+def test_torchrun_launch():
+    """braid.init() under torchrun: the store at MASTER_PORT is torch's, reached through torch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from conftest import HERE
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(HERE / "ranks_numpy.py"), "others"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "BRAID_TIMEOUT": "60s"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("send/recv ok") == 2, p.stdout

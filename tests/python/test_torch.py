@@ -22,3 +22,9 @@ def test_ddp_int8_hook(run_ranks):
     if p.returncode != 0 and "SKIP:" in p.stdout:
         pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_dead_peer_fails_the_work(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
+    assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
+    assert "queued future failed" in p.stdout and "later call: AbortedError" in p.stdout, p.stdout
