@@ -6,7 +6,9 @@ once per gradient codec, over the braid torch.distributed backend.
 
 Every rank trains on its shard of the training set; DistributedDataParallel averages
 the gradients with braid's all-reduce, compressed inside the collective by the DDP
-hook braid.torch.compression_hook(codec, error_feedback). Rank 0 prints a table
+hook braid.torch.compression_hook(codec, error_feedback); the last row is PowerSGD
+(rank-2 low-rank factors, braid.torch.powersgd_hook) after two uncompressed warm-up
+epochs. Rank 0 prints a table
 (final test accuracy, final training loss, bytes this rank sent over TCP, wall time)
 and saves the loss curves as a PNG.
 
@@ -32,6 +34,7 @@ CODECS = [  # (label, codec, error feedback)
     ("int8", "int8", False),
     ("sign1+EF", "sign1", True),
     ("topk+EF", "topk", True),
+    ("powersgd", "powersgd", True),  # low-rank (rank 2) over plain braid all-reduces
 ]
 
 
@@ -98,15 +101,18 @@ def main() -> int:
     results = []
     for label, codec, ef in wanted:
         try:  # every rank gets the same answer: the library checks the codec before sending
-            comm.allreduce(torch.zeros(64), codec="" if codec == "none" else codec,
-                           ef_key=f"probe-{codec}" if ef else None)
+            if codec != "powersgd":
+                comm.allreduce(torch.zeros(64), codec="" if codec == "none" else codec,
+                               ef_key=f"probe-{codec}" if ef else None)
         except braid.UnsupportedError as e:
             results.append((label, None, None, None, None, None, str(e)))
             continue
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
         ddp = DDP(model)
-        if codec != "none":
+        if codec == "powersgd":
+            ddp.register_comm_hook(*bt.powersgd_hook(rank=2, start_iter=2 * steps))
+        elif codec != "none":
             ddp.register_comm_hook(None, bt.compression_hook(codec, error_feedback=ef))
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(1 + rank)

@@ -34,7 +34,7 @@ from torch.futures import Future
 import braid as _braid
 from braid import _C
 
-__all__ = ["BraidProcessGroup", "compression_hook", "init_process_group", "get_communicator"]
+__all__ = ["BraidProcessGroup", "compression_hook", "powersgd_hook", "init_process_group", "get_communicator"]
 
 _RED = (  # torch hands a ReduceOp object that compares equal to these, but hashes apart
     (dist.ReduceOp.SUM, _C.ReduceOp.sum),
@@ -73,16 +73,27 @@ def _unwrap(src: Future) -> Any:
 
 
 class _Completer:
-    """Completes torch futures in issue order as braid's Works finish.
+    """Completes torch futures as braid's Works finish.
+
+    One waiter thread waits for braid's Works in issue order (without the GIL) and runs
+    our own finishing copies. Completing a future runs its then-callbacks inline, and a
+    callback may itself post a collective and block on its future (torch's PowerSGD hook
+    does); so futures are completed by helper threads, a new one whenever all are busy,
+    never by the waiter, which must stay free to finish that inner collective.
 
     A Python-side Future.set_exception only wraps the error for Python callers; torch's
-    C++ side (Work.wait, DDP) would see success. So the thread completes a private
-    future with (error, value) and hands out `then(_unwrap)`, whose callback raises:
-    torch marks that future failed for C++ and Python alike, with the braid message."""
+    C++ side (Work.wait, DDP) would see success. So a private future is completed with
+    (error, value) and `then(_unwrap)` is handed out, whose callback raises: torch marks
+    that future failed for C++ and Python alike, with the braid message."""
 
     def __init__(self, name: str):
+        self._name = name
         self._q: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._t = threading.Thread(target=self._run, name=f"braid-completer-{name}", daemon=True)
+        self._ready: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._helpers = 0
+        self._t = threading.Thread(target=self._run, name=f"braid-waiter-{name}", daemon=True)
         self._t.start()
 
     def submit(self, works: list, finish: Callable[[], Any]):
@@ -96,6 +107,9 @@ class _Completer:
         self._q.put(None)
         if self._t is not threading.current_thread():
             self._t.join(timeout=60)
+        with self._lock:
+            for _ in range(self._helpers):
+                self._ready.put(None)
 
     def _run(self) -> None:
         while True:
@@ -106,11 +120,29 @@ class _Completer:
             try:
                 for w in works:
                     w.wait()  # releases the GIL
-                value = finish()
+                done = (None, finish())
             except BaseException as e:  # noqa: BLE001 — handed to the waiter
-                src.set_result((e, None))
-            else:
-                src.set_result((None, value))
+                done = (e, None)
+            self._complete(src, done)
+
+    def _complete(self, src: Future, done: tuple) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                self._ready.put((src, done))
+                return
+            self._helpers += 1
+            n = self._helpers
+        threading.Thread(target=self._helper, args=((src, done),), name=f"braid-done-{self._name}-{n}",
+                         daemon=True).start()
+
+    def _helper(self, item) -> None:
+        while item is not None:
+            src, done = item
+            src.set_result(done)  # runs the callbacks (DDP's, a comm hook's) on this thread
+            with self._lock:
+                self._idle += 1
+            item = self._ready.get()
 
 
 class _Work(dist.Work):
@@ -480,3 +512,21 @@ def compression_hook(codec: str = "int8", error_feedback: bool = True,
     hook.__annotations__ = {"bucket": dist.GradBucket, "return": Future[torch.Tensor]}
     hook.__name__ = f"braid_compression_hook_{codec or 'none'}"
     return hook
+
+
+def powersgd_hook(process_group: Optional[dist.ProcessGroup] = None, rank: int = 2, start_iter: int = 10,
+                  min_compression_rate: float = 2.0):
+    """PowerSGD (Vogels et al. 2019): low-rank gradient compression with error feedback,
+    its two all-reduces of the small P and Q factors run on braid collectives. Returns
+    (state, hook) for ``ddp.register_comm_hook(state, hook)``; the first `start_iter`
+    steps run uncompressed (warm-up), as PowerSGD recommends. torch's implementation is
+    used as is: it is written against torch.distributed, which here is the braid backend."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _braid._usage("powersgd_hook needs a braid process group (backend 'braid')")
+    state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
+                               min_compression_rate=min_compression_rate, use_error_feedback=True,
+                               warm_start=True, random_seed=0)
+    return state, psgd.powerSGD_hook
