@@ -4,6 +4,7 @@ Buffers are passed as raw addresses with an element count and a DataType; use th
 `braid` package, which extracts them from arrays and tensors and checks them.
 Timeouts are in seconds (None: the communicator's default)."""
 
+import builtins
 from typing import ClassVar, List, Optional
 
 class Error(RuntimeError):
@@ -12,7 +13,7 @@ class Error(RuntimeError):
 
 class InvalidUsageError(Error, ValueError): ...
 class UnsupportedError(Error, NotImplementedError): ...
-class TimeoutError(Error, TimeoutError): ...  # noqa: A001
+class TimeoutError(Error, builtins.TimeoutError): ...  # noqa: A001
 class AbortedError(Error): ...
 class RemoteError(Error): ...
 class NetworkError(Error, ConnectionError): ...

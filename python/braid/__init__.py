@@ -223,11 +223,14 @@ class Communicator:
     Options: ``timeout`` in seconds (None = the communicator's, BRAID_TIMEOUT).
     """
 
-    def __init__(self, store: Store, rank: int, size: int, *, timeout: Optional[float] = None,
+    def __init__(self, store: Optional[Store], rank: int, size: int, *, timeout: Optional[float] = None,
                  name: str = "", chunk_bytes: int = 0, host_id: str = "", _impl: Any = None):
         self._store = store  # a Python store must outlive the communicator
-        self._c = _impl if _impl is not None else _C.Communicator(store, rank, size, timeout, name,
-                                                                  chunk_bytes, host_id)
+        if _impl is None:
+            if store is None:
+                raise _usage("Communicator(store, rank, size) needs a store; or use braid.init()")
+            _impl = _C.Communicator(store, rank, size, timeout, name, chunk_bytes, host_id)
+        self._c = _impl
         self._inflight: list = []
         self._lock = threading.Lock()
         _live_comms.add(self)

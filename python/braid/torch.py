@@ -117,6 +117,7 @@ class _Completer:
             if item is None:
                 return
             works, src, finish = item
+            done: tuple
             try:
                 for w in works:
                     w.wait()  # releases the GIL
