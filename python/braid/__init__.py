@@ -120,8 +120,14 @@ def _buffer(x: Any, what: str, writable: bool) -> _Buf:
         try:
             x = np.asarray(memoryview(x))  # zero-copy view of any buffer-protocol object
         except TypeError:
-            raise _usage(f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, "
-                         "nor an object with the buffer protocol") from None
+            if not hasattr(x, "__dlpack__"):
+                raise _usage(f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, "
+                             "nor an object with the buffer protocol or DLPack") from None
+            try:
+                x = np.from_dlpack(x)  # zero-copy view of a CPU DLPack producer
+            except (TypeError, BufferError, RuntimeError) as e:
+                raise _usage(f"{what} of type {type(x).__name__} exports DLPack but not host memory "
+                             f"NumPy can view ({e}); copy it to the CPU first") from None
     dt = _NP_DTYPES.get(x.dtype)
     if dt is None:
         raise _usage(f"{what} has dtype {x.dtype}, which braid does not reduce; use one of "

@@ -57,8 +57,29 @@ def test_read_only_and_foreign_objects(comm):
     with pytest.raises(braid.InvalidUsageError, match="read-only"):
         comm.allreduce(ro)
     comm.allreduce(ro, out=np.zeros(4, np.float32))  # read-only input is fine out of place
-    with pytest.raises(braid.InvalidUsageError, match="buffer protocol"):
+    with pytest.raises(braid.InvalidUsageError, match="buffer protocol or DLPack"):
         comm.allreduce([1.0, 2.0])
+
+
+def test_dlpack_producer_without_buffer_protocol(comm):
+    class OnlyDLPack:  # exports memory through DLPack only, like many array libraries
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    a = np.arange(6, dtype=np.float64)
+    comm.allreduce(OnlyDLPack(a), op="max")  # a size-1 job: the values stay, the call goes through
+    assert np.array_equal(a, np.arange(6))
+    g = comm.allgather(OnlyDLPack(a))
+    assert np.array_equal(g[0], a)
+    b = np.zeros(6)
+    comm.allreduce(a, out=OnlyDLPack(b))  # the result lands in b's own memory: no copy
+    assert np.array_equal(b, a)
 
 
 def test_bad_options(comm):
