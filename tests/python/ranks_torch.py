@@ -31,7 +31,7 @@ def data(shape, dtype, rank, salt=0):
 
 def vs_gloo(braid_pg, gloo_pg):
     r, n = dist.get_rank(), dist.get_world_size()
-    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8 if False else torch.int8):
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.int8):
         for numel in (1, 17, 5000):
             for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
                 if op == dist.ReduceOp.PRODUCT and numel > 17:
