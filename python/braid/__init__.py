@@ -187,7 +187,14 @@ class Work:
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Blocks until done (at most `timeout` seconds; returns False if still running).
         Raises the collective's braid error if it failed. Releases the GIL."""
-        done = self._w.wait(timeout)
+        if timeout is None:
+            # In slices, so that Python runs signal handlers (Ctrl-C) between them; each
+            # slice waits without the GIL and returns as soon as the work completes.
+            while not self._w.wait(0.25):
+                pass
+            done = True
+        else:
+            done = self._w.wait(timeout)
         if done and self._then is not None:
             then, self._then = self._then, None
             then()

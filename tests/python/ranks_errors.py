@@ -83,5 +83,27 @@ def timeout():
     os._exit(0)  # rank 0's communicator has failed; skip the goodbye
 
 
+def interrupt():
+    """Ctrl-C reaches a rank blocked in a collective (waits run in GIL-free slices)."""
+    import signal
+    import threading
+
+    comm = braid.init(timeout=60.0)
+    comm.barrier()
+    if comm.rank == 0:
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            comm.recv(np.zeros(4, np.float32), 1)
+        except KeyboardInterrupt:
+            print(f"rank 0: KeyboardInterrupt after {time.monotonic() - t0:.1f}s", flush=True)
+        else:
+            raise AssertionError("recv returned without a sender")
+        comm.abort()
+    else:
+        time.sleep(3)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -44,6 +44,11 @@ def test_per_call_timeout(run_ranks):
     assert "rank 0: TimeoutError after" in p.stdout, p.stdout
 
 
+def test_ctrl_c_interrupts_a_blocking_wait(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "interrupt", timeout=60)
+    assert "rank 0: KeyboardInterrupt after 1." in p.stdout, p.stdout
+
+
 def test_torchrun_launch():
     """braid.init() under torchrun: the store at MASTER_PORT is torch's, reached through torch."""
     import subprocess
