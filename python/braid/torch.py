@@ -191,13 +191,16 @@ class BraidProcessGroup(dist.ProcessGroup):
     def __init__(self, comm: "_braid.Communicator", rank: int, size: int, timeout: Optional[timedelta] = None):
         super().__init__(rank, size)
         self._comm = comm
-        self._c = comm._impl
         self._timeout = timeout.total_seconds() if timeout else None
         self._done = _Completer(f"r{rank}")
         self._closed = False
         _groups.add(self)
 
     # --- plumbing -------------------------------------------------------------------
+    @property
+    def _c(self):
+        return self._comm._impl  # raises InvalidUsageError once the group is shut down
+
     @property
     def communicator(self) -> "_braid.Communicator":
         """The braid Communicator under this group."""
