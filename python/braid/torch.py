@@ -20,6 +20,7 @@ on a free port and announces it through braid's store.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -435,6 +436,17 @@ class BraidProcessGroup(dist.ProcessGroup):
 
 
 _groups: "weakref.WeakSet[BraidProcessGroup]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    # Runs before braid's own exit hook (registered earlier): stop the waiter threads
+    # while the interpreter is whole, then close the communicators.
+    for pg in list(_groups):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 — exiting anyway
+            pass
 
 
 def _create(store, rank, size, timeout):
