@@ -30,3 +30,31 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+# Python: the project's virtual environment build-py/venv with
+# what the Python package, its tests and examples/python need. torch comes from PyPI,
+# whose Linux wheel pulls in CUDA runtime wheels (~3 GB, about a minute); braid only
+# uses its CPU side. Refreshed when the list below changes. BRAID_SKIP_PYTHON=1 skips.
+if [ "${BRAID_SKIP_PYTHON:-0}" != 1 ]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  venv=$root/build-py/venv
+  py_deps=(torch==2.15.0 "numpy>=1.21" pytest scikit-learn matplotlib "scikit-build-core>=0.10"
+           "pybind11>=2.12")
+  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+    echo "setup: python3 cannot make virtual environments; installing python3-venv python3-dev"
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "setup: not root; install python3-venv and python3-dev" >&2
+      exit 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv python3-dev \
+      >/dev/null
+  fi
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  stamp=$venv/.braid-deps
+  if [ "$(cat "$stamp" 2>/dev/null)" != "${py_deps[*]}" ]; then
+    echo "setup: installing Python packages into $venv: ${py_deps[*]}"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q "${py_deps[@]}"
+    echo "${py_deps[*]}" >"$stamp"
+  fi
+fi

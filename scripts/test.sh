@@ -8,6 +8,14 @@ cd "$root"
 scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 
+echo "== Python package (pip install . into build-py/venv) =="
+# The python-labelled ctest tests below run pytest against this install.
+if [ -x build-py/venv/bin/python ]; then
+  build-py/venv/bin/python -m pip install -q --no-build-isolation "$root"
+else
+  echo "no build-py/venv (BRAID_SKIP_PYTHON=1?): the python tests will be skipped"
+fi
+
 echo "== Release build (build/) =="
 scripts/build.sh build
 (cd build && ctest -j "$jobs" --output-on-failure --timeout 600)

@@ -1,0 +1,472 @@
+// braid._C — the private pybind11 extension behind the `braid` Python package.
+//
+// Thin on purpose: every function maps one-to-one onto the C++ API (include/braid).
+// Buffers arrive as raw addresses (int) plus element count and dtype; the pure-Python
+// layer (python/braid) extracts them from NumPy arrays and torch tensors, checks
+// dtype, contiguity and sizes, and keeps the buffers alive until the Work completes.
+//
+// Rules kept here:
+// - Every call that can block (set-up, posting, wait, store operations, close)
+//   releases the GIL, as c10d's init.cpp does.
+// - braid::Error becomes a Python exception of the class matching its ErrorCode
+//   (braid.Error and subclasses, created below), with the same message and the
+//   attributes `code` (the ErrorCode name) and `peer` (the blamed rank or -1).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <braid/braid.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace std::chrono;
+
+namespace {
+
+// Exception classes by ErrorCode (index = code value); [0] is braid.Error itself.
+PyObject* g_error_classes[16] = {};
+
+PyObject* error_class(braid::ErrorCode code) {
+  const int i = static_cast<int>(code);
+  if (i > 0 && i < 16 && g_error_classes[i]) return g_error_classes[i];
+  return g_error_classes[0];
+}
+
+// A new Python exception instance for a braid error (a new reference, or null with
+// a Python error set).
+PyObject* make_exception(const braid::Error& e) {
+  PyObject* cls = error_class(e.code());
+  PyObject* inst = PyObject_CallFunction(cls, "s", e.what());
+  if (!inst) return nullptr;
+  const std::string code(braid::to_string(e.code()));
+  int peer = -1;
+  if (auto* r = dynamic_cast<const braid::RemoteError*>(&e)) peer = r->peer();
+  PyObject* code_obj = PyUnicode_FromString(code.c_str());
+  PyObject* peer_obj = PyLong_FromLong(peer);
+  if (code_obj) PyObject_SetAttrString(inst, "code", code_obj);
+  if (peer_obj) PyObject_SetAttrString(inst, "peer", peer_obj);
+  Py_XDECREF(code_obj);
+  Py_XDECREF(peer_obj);
+  return inst;
+}
+
+void raise(const braid::Error& e) {
+  PyObject* inst = make_exception(e);
+  if (!inst) return;  // a Python error is already set
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(inst)), inst);
+  Py_DECREF(inst);
+}
+
+// Creates `braid.<name>` deriving from `bases` and stores it in the module.
+PyObject* new_error_class(py::module_& m, const char* name, const char* doc, py::tuple bases) {
+  const std::string qual = std::string("braid.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(qual.c_str(), doc, bases.ptr(), nullptr);
+  if (!cls) throw py::error_already_set();
+  m.add_object(name, py::handle(cls));  // the module holds a reference
+  return cls;
+}
+
+milliseconds ms(std::optional<double> seconds) {
+  if (!seconds) return milliseconds(0);
+  return milliseconds(static_cast<std::int64_t>(*seconds * 1000.0 + 0.5));
+}
+
+const void* cptr(std::uintptr_t a) { return reinterpret_cast<const void*>(a); }
+void* mptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+braid::CommOptions comm_options(std::optional<double> timeout, const std::string& name, std::size_t chunk_bytes,
+                                const std::string& host_id) {
+  braid::CommOptions o;
+  o.timeout = ms(timeout);
+  o.name = name;
+  o.chunk_bytes = chunk_bytes;
+  o.host_id = host_id;
+  return o;
+}
+
+// Lets Python classes (for instance an adapter over a torch.distributed store) serve
+// as a braid::Store. Calls may come from the communicator's progress thread, so each
+// takes the GIL, and a Python exception becomes a braid::Error (the engine speaks
+// nothing else): Timeout for get/wait, Network for the rest.
+class PyStore : public braid::Store {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    call("set", braid::ErrorCode::Network, [&](py::function& f) { f(key, py::bytes(value)); });
+  }
+  std::string get(const std::string& key, milliseconds timeout) override {
+    std::string v;
+    call("get", braid::ErrorCode::Timeout,
+         [&](py::function& f) { v = f(key, timeout.count() / 1000.0).cast<std::string>(); });
+    return v;
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::int64_t v = 0;
+    call("add", braid::ErrorCode::Network, [&](py::function& f) { v = f(key, delta).cast<std::int64_t>(); });
+    return v;
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    bool v = false;
+    call("check", braid::ErrorCode::Network, [&](py::function& f) { v = f(keys).cast<bool>(); });
+    return v;
+  }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    call("wait", braid::ErrorCode::Timeout, [&](py::function& f) { f(keys, timeout.count() / 1000.0); });
+  }
+  bool remove(const std::string& key) override {
+    bool v = false;
+    call("remove", braid::ErrorCode::Network, [&](py::function& f) { v = f(key).cast<bool>(); });
+    return v;
+  }
+
+ private:
+  template <class F>
+  void call(const char* name, braid::ErrorCode code, F&& body) {
+    std::string failure;
+    {
+      py::gil_scoped_acquire gil;
+      py::function f = py::get_override(static_cast<const braid::Store*>(this), name);
+      if (!f) throw braid::Error(braid::ErrorCode::InvalidUsage, std::string("Python store lacks ") + name + "()");
+      try {
+        body(f);
+        return;
+      } catch (py::error_already_set& e) {
+        failure = e.what();
+      } catch (const py::cast_error& e) {
+        failure = e.what();
+      }
+    }
+    const std::string msg = std::string("Python store ") + name + "() failed: " + failure;
+    if (code == braid::ErrorCode::Timeout) throw braid::TimeoutError(msg);
+    throw braid::Error(code, msg);
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Private extension of the braid package; use `import braid` instead.";
+
+  // --- errors ---------------------------------------------------------------------
+  py::module_ builtins = py::module_::import("builtins");
+  PyObject* base = new_error_class(m, "Error", "Any braid failure; `code` names the ErrorCode, `peer` the blamed rank.",
+                                   py::make_tuple(builtins.attr("RuntimeError")));
+  py::handle b(base);
+  g_error_classes[0] = base;
+  using EC = braid::ErrorCode;
+  g_error_classes[static_cast<int>(EC::InvalidUsage)] =
+      new_error_class(m, "InvalidUsageError", "Bad arguments; nothing was sent.",
+                      py::make_tuple(b, builtins.attr("ValueError")));
+  g_error_classes[static_cast<int>(EC::Unsupported)] =
+      new_error_class(m, "UnsupportedError", "A valid request this build does not implement.",
+                      py::make_tuple(b, builtins.attr("NotImplementedError")));
+  g_error_classes[static_cast<int>(EC::Timeout)] =
+      new_error_class(m, "TimeoutError", "A deadline passed.", py::make_tuple(b, builtins.attr("TimeoutError")));
+  g_error_classes[static_cast<int>(EC::Aborted)] =
+      new_error_class(m, "AbortedError", "The communicator was aborted or failed earlier.", py::make_tuple(b));
+  g_error_classes[static_cast<int>(EC::RemoteError)] =
+      new_error_class(m, "RemoteError", "A peer failed, died or closed its connection; `peer` names it.",
+                      py::make_tuple(b));
+  g_error_classes[static_cast<int>(EC::Network)] =
+      new_error_class(m, "NetworkError", "Connection refused, unreachable or bad wire data.",
+                      py::make_tuple(b, builtins.attr("ConnectionError")));
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const braid::Error& e) {
+      raise(e);
+    }
+  });
+
+  // --- enums ----------------------------------------------------------------------
+  py::enum_<braid::DataType>(m, "DataType")
+      .value("f32", braid::DataType::f32)
+      .value("f64", braid::DataType::f64)
+      .value("f16", braid::DataType::f16)
+      .value("bf16", braid::DataType::bf16)
+      .value("i8", braid::DataType::i8)
+      .value("u8", braid::DataType::u8)
+      .value("i32", braid::DataType::i32)
+      .value("i64", braid::DataType::i64);
+  py::enum_<braid::ReduceOp>(m, "ReduceOp")
+      .value("sum", braid::ReduceOp::sum)
+      .value("prod", braid::ReduceOp::prod)
+      .value("min", braid::ReduceOp::min)
+      .value("max", braid::ReduceOp::max)
+      .value("avg", braid::ReduceOp::avg);
+  py::enum_<braid::Algorithm>(m, "Algorithm")
+      .value("auto", braid::Algorithm::automatic)
+      .value("ring", braid::Algorithm::ring)
+      .value("tree", braid::Algorithm::tree)
+      .value("rhd", braid::Algorithm::rhd)
+      .value("hierarchical", braid::Algorithm::hierarchical);
+  m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); });
+  m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); });
+
+  // --- Work -----------------------------------------------------------------------
+  py::class_<braid::Work>(m, "Work")
+      .def(py::init<>())
+      .def(
+          "wait",
+          [](const braid::Work& w, std::optional<double> timeout) {
+            py::gil_scoped_release nogil;
+            if (!timeout) {
+              w.wait();
+              return true;
+            }
+            return w.wait(ms(timeout));
+          },
+          py::arg("timeout") = py::none())
+      .def("test", &braid::Work::test)
+      .def("exception", [](const braid::Work& w) -> py::object {
+        std::exception_ptr p = w.exception();
+        if (!p) return py::none();
+        try {
+          std::rethrow_exception(p);
+        } catch (const braid::Error& e) {
+          PyObject* inst = make_exception(e);
+          if (!inst) throw py::error_already_set();
+          return py::reinterpret_steal<py::object>(inst);
+        } catch (const std::exception& e) {
+          return py::module_::import("builtins").attr("RuntimeError")(e.what());
+        }
+      });
+
+  // --- stores ---------------------------------------------------------------------
+  py::class_<braid::Store, PyStore, std::shared_ptr<braid::Store>>(m, "Store")
+      .def(py::init<>())
+      .def(
+          "set", [](braid::Store& s, const std::string& k, const std::string& v) {
+            py::gil_scoped_release nogil;
+            s.set(k, v);
+          })
+      .def(
+          "get",
+          [](braid::Store& s, const std::string& k, double timeout) {
+            std::string v;
+            {
+              py::gil_scoped_release nogil;
+              v = s.get(k, ms(timeout));
+            }
+            return py::bytes(v);
+          },
+          py::arg("key"), py::arg("timeout") = 300.0)
+      .def("add",
+           [](braid::Store& s, const std::string& k, std::int64_t d) {
+             py::gil_scoped_release nogil;
+             return s.add(k, d);
+           })
+      .def("check",
+           [](braid::Store& s, const std::vector<std::string>& keys) {
+             py::gil_scoped_release nogil;
+             return s.check(keys);
+           })
+      .def(
+          "wait",
+          [](braid::Store& s, const std::vector<std::string>& keys, double timeout) {
+            py::gil_scoped_release nogil;
+            s.wait(keys, ms(timeout));
+          },
+          py::arg("keys"), py::arg("timeout") = 300.0)
+      .def("remove", [](braid::Store& s, const std::string& k) {
+        py::gil_scoped_release nogil;
+        return s.remove(k);
+      });
+  py::class_<braid::TcpStore, braid::Store, std::shared_ptr<braid::TcpStore>>(m, "TcpStore")
+      .def(py::init([](const std::string& host, std::uint16_t port, bool is_server, double connect_timeout) {
+             py::gil_scoped_release nogil;
+             return std::make_shared<braid::TcpStore>(host, port, is_server, ms(connect_timeout));
+           }),
+           py::arg("host"), py::arg("port"), py::arg("is_server") = false, py::arg("connect_timeout") = 60.0)
+      .def_property_readonly("port", &braid::TcpStore::port);
+  py::class_<braid::FileStore, braid::Store, std::shared_ptr<braid::FileStore>>(m, "FileStore")
+      .def(py::init<const std::string&>(), py::arg("path"));
+  py::class_<braid::PrefixStore, braid::Store, std::shared_ptr<braid::PrefixStore>>(m, "PrefixStore")
+      .def(py::init<std::string, std::shared_ptr<braid::Store>>(), py::arg("prefix"), py::arg("base"));
+  py::class_<braid::TcpStoreServer>(m, "TcpStoreServer")
+      .def(py::init<const std::string&, std::uint16_t>(), py::arg("bind_addr") = "127.0.0.1", py::arg("port") = 0)
+      .def_property_readonly("port", &braid::TcpStoreServer::port);
+
+  // --- Communicator ---------------------------------------------------------------
+  py::class_<braid::Communicator>(m, "Communicator")
+      .def(py::init([](std::shared_ptr<braid::Store> store, int rank, int size, std::optional<double> timeout,
+                       const std::string& name, std::size_t chunk_bytes, const std::string& host_id) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<braid::Communicator>(std::move(store), rank, size,
+                                                          comm_options(timeout, name, chunk_bytes, host_id));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(),
+           py::arg("name") = "", py::arg("chunk_bytes") = 0, py::arg("host_id") = "")
+      .def_static(
+          "from_env",
+          [](std::optional<double> timeout, const std::string& name, std::size_t chunk_bytes,
+             const std::string& host_id) {
+            py::gil_scoped_release nogil;
+            return std::make_unique<braid::Communicator>(
+                braid::Communicator::from_env(comm_options(timeout, name, chunk_bytes, host_id)));
+          },
+          py::arg("timeout") = py::none(), py::arg("name") = "", py::arg("chunk_bytes") = 0,
+          py::arg("host_id") = "")
+      .def_static("create_unique_id",
+                  []() {
+                    braid::UniqueId id;
+                    {
+                      py::gil_scoped_release nogil;
+                      id = braid::Communicator::create_unique_id();
+                    }
+                    return py::bytes(id.bytes.data(), id.bytes.size());
+                  })
+      .def_static(
+          "from_unique_id",
+          [](const std::string& id_bytes, int rank, int size, std::optional<double> timeout,
+             const std::string& name) {
+            if (id_bytes.size() != sizeof(braid::UniqueId::bytes))
+              throw braid::Error(braid::ErrorCode::InvalidUsage,
+                                 "from_unique_id: a unique id is exactly 128 bytes (from create_unique_id), got " +
+                                     std::to_string(id_bytes.size()));
+            braid::UniqueId id;
+            std::copy(id_bytes.begin(), id_bytes.end(), id.bytes.begin());
+            py::gil_scoped_release nogil;
+            return std::make_unique<braid::Communicator>(
+                braid::Communicator::from_unique_id(id, rank, size, comm_options(timeout, name, 0, "")));
+          },
+          py::arg("id"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(), py::arg("name") = "")
+      .def_property_readonly("rank", &braid::Communicator::rank)
+      .def_property_readonly("size", &braid::Communicator::size)
+      .def_property_readonly("local_rank",
+                             [](const braid::Communicator& c) {
+                               py::gil_scoped_release nogil;
+                               return c.local_rank();
+                             })
+      .def_property_readonly("local_size",
+                             [](const braid::Communicator& c) {
+                               py::gil_scoped_release nogil;
+                               return c.local_size();
+                             })
+      .def(
+          "allreduce",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, braid::Algorithm algorithm,
+             const std::string& codec, const std::string& ef_key, bool deterministic) {
+            braid::AllreduceOptions o;
+            o.timeout = ms(timeout);
+            o.algorithm = algorithm;
+            o.codec = codec;
+            o.ef_key = ef_key;
+            o.deterministic = deterministic;
+            py::gil_scoped_release nogil;
+            return c.allreduce(cptr(send), mptr(recv), count, dtype, op, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("timeout") = py::none(), py::arg("algorithm") = braid::Algorithm::automatic,
+          py::arg("codec") = "", py::arg("ef_key") = "", py::arg("deterministic") = false)
+      .def(
+          "broadcast",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, int root, std::optional<double> timeout) {
+            braid::BroadcastOptions o;
+            o.timeout = ms(timeout);
+            o.root = root;
+            py::gil_scoped_release nogil;
+            return c.broadcast(cptr(send), mptr(recv), count, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("timeout") = py::none())
+      .def(
+          "reduce",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, braid::ReduceOp op, int root, std::optional<double> timeout,
+             bool deterministic) {
+            braid::ReduceOptions o;
+            o.timeout = ms(timeout);
+            o.root = root;
+            o.deterministic = deterministic;
+            py::gil_scoped_release nogil;
+            return c.reduce(cptr(send), mptr(recv), count, dtype, op, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false)
+      .def(
+          "allgather",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, std::optional<double> timeout) {
+            braid::AllgatherOptions o;
+            o.timeout = ms(timeout);
+            py::gil_scoped_release nogil;
+            return c.allgather(cptr(send), mptr(recv), count, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none())
+      .def(
+          "reduce_scatter",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, bool deterministic) {
+            braid::ReduceScatterOptions o;
+            o.timeout = ms(timeout);
+            o.deterministic = deterministic;
+            py::gil_scoped_release nogil;
+            return c.reduce_scatter(cptr(send), mptr(recv), count, dtype, op, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false)
+      .def(
+          "alltoall",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, std::optional<double> timeout) {
+            braid::AlltoallOptions o;
+            o.timeout = ms(timeout);
+            py::gil_scoped_release nogil;
+            return c.alltoall(cptr(send), mptr(recv), count, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none())
+      .def(
+          "send",
+          [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
+             std::uint32_t tag, std::optional<double> timeout) {
+            braid::P2POptions o;
+            o.timeout = ms(timeout);
+            o.tag = tag;
+            py::gil_scoped_release nogil;
+            return c.send(cptr(buf), count, dtype, peer, o);
+          },
+          py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
+          py::arg("timeout") = py::none())
+      .def(
+          "recv",
+          [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
+             std::uint32_t tag, std::optional<double> timeout) {
+            braid::P2POptions o;
+            o.timeout = ms(timeout);
+            o.tag = tag;
+            py::gil_scoped_release nogil;
+            return c.recv(mptr(buf), count, dtype, peer, o);
+          },
+          py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
+          py::arg("timeout") = py::none())
+      .def(
+          "barrier",
+          [](braid::Communicator& c, std::optional<double> timeout) {
+            braid::BarrierOptions o;
+            o.timeout = ms(timeout);
+            py::gil_scoped_release nogil;
+            return c.barrier(o);
+          },
+          py::arg("timeout") = py::none())
+      .def("split",
+           [](braid::Communicator& c, int color, int key) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<braid::Communicator>(c.split(color, key));
+           })
+      .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
+      .def("failed", &braid::Communicator::failed)
+      .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
+      .def("close", [](braid::Communicator& c) {
+        // Destroys the communicator's state now (waits for outstanding work, up to its
+        // deadlines) without the GIL; the Python wrapper drops this object afterwards.
+        py::gil_scoped_release nogil;
+        braid::Communicator gone(std::move(c));
+      });
+}

@@ -1,0 +1,505 @@
+"""braid: collective communication for distributed training.
+
+    import braid, numpy as np
+    comm = braid.init()                 # from braidrun, torchrun, mpirun or Slurm variables
+    x = np.ones(1024, dtype=np.float32)
+    comm.allreduce(x)                   # in place: x now holds the sum over ranks
+    w = comm.allreduce(x, op="max", async_op=True)
+    w.wait()
+
+Collectives take NumPy arrays, torch CPU tensors, or any object exporting a
+contiguous buffer, without copying them: braid reads and writes the caller's memory.
+Each buffer must stay alive and untouched until the collective completes (the
+Communicator keeps a reference for you). ``import braid.torch`` registers the
+torch.distributed backend "braid" (see docs/python.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import weakref
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported)
+    AbortedError,
+    Algorithm,
+    DataType,
+    Error,
+    FileStore,
+    InvalidUsageError,
+    NetworkError,
+    PrefixStore,
+    ReduceOp,
+    RemoteError,
+    Store,
+    TcpStore,
+    TcpStoreServer,
+    TimeoutError,
+    UnsupportedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "Communicator", "Work", "Store", "TcpStore", "FileStore", "PrefixStore",
+    "TcpStoreServer", "DataType", "ReduceOp", "Algorithm", "Error", "InvalidUsageError",
+    "UnsupportedError", "TimeoutError", "AbortedError", "RemoteError", "NetworkError",
+    "CODECS",
+]
+
+#: Codec names accepted by ``allreduce(codec=...)`` (DESIGN.md §6). Whether a codec
+#: runs depends on the build: an unsupported one raises UnsupportedError.
+CODECS = ("none", "fp16", "bf16", "fp8", "int8", "int4", "sign1", "topk")
+
+_NP_DTYPES = {
+    np.dtype(np.float32): DataType.f32,
+    np.dtype(np.float64): DataType.f64,
+    np.dtype(np.float16): DataType.f16,
+    np.dtype(np.int8): DataType.i8,
+    np.dtype(np.uint8): DataType.u8,
+    np.dtype(np.int32): DataType.i32,
+    np.dtype(np.int64): DataType.i64,
+}
+_NP_OF = {v: k for k, v in _NP_DTYPES.items()}
+_TORCH_DTYPE_NAMES = {
+    "torch.float32": DataType.f32, "torch.float64": DataType.f64,
+    "torch.float16": DataType.f16, "torch.bfloat16": DataType.bf16,
+    "torch.int8": DataType.i8, "torch.uint8": DataType.u8,
+    "torch.int32": DataType.i32, "torch.int64": DataType.i64,
+}
+_OPS = {"sum": ReduceOp.sum, "prod": ReduceOp.prod, "product": ReduceOp.prod,
+        "min": ReduceOp.min, "max": ReduceOp.max, "avg": ReduceOp.avg, "mean": ReduceOp.avg}
+
+
+def _usage(message: str) -> InvalidUsageError:
+    """An InvalidUsageError worded like the library's own."""
+    e = InvalidUsageError("braid InvalidUsage: " + message)
+    e.code, e.peer = "InvalidUsage", -1
+    return e
+
+
+def _unsupported(message: str) -> UnsupportedError:
+    e = UnsupportedError("braid Unsupported: " + message)
+    e.code, e.peer = "Unsupported", -1
+    return e
+
+
+class _Buf:
+    """Address, element count and dtype of a caller's buffer (no copy)."""
+
+    __slots__ = ("obj", "ptr", "count", "dtype", "shape")
+
+    def __init__(self, obj: Any, ptr: int, count: int, dtype: DataType, shape: tuple):
+        self.obj, self.ptr, self.count, self.dtype, self.shape = obj, ptr, count, dtype, shape
+
+
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _buffer(x: Any, what: str, writable: bool) -> _Buf:
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise _unsupported(f"{what} is a {x.device.type} tensor; this build handles CPU tensors only "
+                               "(CUDA tensors arrive with the CUDA path); move it with .cpu()")
+        dt = _TORCH_DTYPE_NAMES.get(str(x.dtype))
+        if dt is None:
+            raise _usage(f"{what} has dtype {x.dtype}, which braid does not reduce; use one of "
+                         + ", ".join(_TORCH_DTYPE_NAMES))
+        if not x.is_contiguous():
+            raise _usage(f"{what} is not contiguous (strides {tuple(x.stride())} for shape {tuple(x.shape)}); "
+                         "pass x.contiguous() and copy the result back")
+        return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape))
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(memoryview(x))  # zero-copy view of any buffer-protocol object
+        except TypeError:
+            if not hasattr(x, "__dlpack__"):
+                raise _usage(f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, "
+                             "nor an object with the buffer protocol or DLPack") from None
+            try:
+                x = np.from_dlpack(x)  # zero-copy view of a CPU DLPack producer
+            except (TypeError, BufferError, RuntimeError) as e:
+                raise _usage(f"{what} of type {type(x).__name__} exports DLPack but not host memory "
+                             f"NumPy can view ({e}); copy it to the CPU first") from None
+    dt = _NP_DTYPES.get(x.dtype)
+    if dt is None:
+        raise _usage(f"{what} has dtype {x.dtype}, which braid does not reduce; use one of "
+                     + ", ".join(str(d) for d in _NP_DTYPES) + " (native byte order)")
+    if not x.flags.c_contiguous:
+        raise _usage(f"{what} is not C-contiguous (strides {x.strides} for shape {x.shape}); "
+                     "pass np.ascontiguousarray(x) and copy the result back")
+    if writable and not x.flags.writeable:
+        raise _usage(f"{what} is read-only but braid writes the result into it; pass a writable array or out=")
+    return _Buf(x, x.ctypes.data, x.size, dt, x.shape)
+
+
+def _empty_like(b: _Buf, count: int, shape: Optional[tuple] = None) -> Any:
+    shape = shape if shape is not None else (count,)
+    if _is_torch(b.obj):
+        import torch
+        return torch.empty(shape, dtype=b.obj.dtype)
+    return np.empty(shape, dtype=b.obj.dtype)
+
+
+def _op(op: Union[str, ReduceOp]) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    r = _OPS.get(str(op).lower())
+    if r is None:
+        raise _usage(f"unknown reduction {op!r}; use one of sum, prod, min, max, avg")
+    return r
+
+
+def _algorithm(a: Union[None, str, Algorithm]) -> Algorithm:
+    if a is None:
+        return Algorithm.auto
+    if isinstance(a, Algorithm):
+        return a
+    r = _C.parse_algorithm(str(a))
+    if r is None:
+        raise _usage(f"unknown algorithm {a!r}; use auto, ring, tree, rhd or hierarchical")
+    return r
+
+
+def _same_dtype(a: _Buf, b: _Buf, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise _usage(f"{what}: input is {a.dtype.name} but output is {b.dtype.name}; both must have one dtype")
+
+
+class Work:
+    """Handle to a posted collective: ``wait()``, ``test()``, ``exception()``, ``result()``.
+
+    Holds the collective's buffers until it completes, so the caller may drop them.
+    """
+
+    __slots__ = ("_w", "_keep", "_result", "_then", "__weakref__")
+
+    def __init__(self, w: _C.Work, keep: tuple, result: Any, then=None):
+        self._w, self._keep, self._result, self._then = w, keep, result, then
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until done (at most `timeout` seconds; returns False if still running).
+        Raises the collective's braid error if it failed. Releases the GIL."""
+        if timeout is None:
+            # In slices, so that Python runs signal handlers (Ctrl-C) between them; each
+            # slice waits without the GIL and returns as soon as the work completes.
+            while not self._w.wait(0.25):
+                pass
+            done = True
+        else:
+            done = self._w.wait(timeout)
+        if done and self._then is not None:
+            then, self._then = self._then, None
+            then()
+        return done
+
+    def test(self) -> bool:
+        """True once completed, successfully or not; never blocks, never raises."""
+        return self._w.test()
+
+    def is_completed(self) -> bool:
+        """Alias of test() (torch.distributed's spelling)."""
+        return self._w.test()
+
+    def exception(self) -> Optional[BaseException]:
+        """The failure as a braid exception, once completed unsuccessfully; else None."""
+        return self._w.exception()
+
+    def result(self) -> Any:
+        """Waits, then returns the output buffer."""
+        self.wait()
+        return self._result
+
+
+_live_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:  # communicators must go before the interpreter does
+    for c in list(_live_comms):
+        c.close()
+
+
+class Communicator:
+    """A fixed group of ranks running collectives together (see include/braid/communicator.hpp).
+
+    Construct with ``braid.init()`` (from the environment), ``Communicator(store, rank, size)``,
+    or ``Communicator.from_unique_id(...)``. Collectives run in issue order, which must be the
+    same on every rank. Each returns the output buffer, or a Work with ``async_op=True``.
+    Options: ``timeout`` in seconds (None = the communicator's, BRAID_TIMEOUT).
+    """
+
+    def __init__(self, store: Optional[Store], rank: int, size: int, *, timeout: Optional[float] = None,
+                 name: str = "", chunk_bytes: int = 0, host_id: str = "", _impl: Any = None):
+        self._store = store  # a Python store must outlive the communicator
+        if _impl is None:
+            if store is None:
+                raise _usage("Communicator(store, rank, size) needs a store; or use braid.init()")
+            _impl = _C.Communicator(store, rank, size, timeout, name, chunk_bytes, host_id)
+        self._c = _impl
+        self._inflight: list = []
+        self._lock = threading.Lock()
+        _live_comms.add(self)
+
+    # --- construction -----------------------------------------------------------
+    @classmethod
+    def from_env(cls, *, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0,
+                 host_id: str = "") -> "Communicator":
+        """Joins the job described by BRAID_*, torchrun, Open MPI or Slurm variables."""
+        return cls(None, 0, 0, _impl=_C.Communicator.from_env(timeout, name, chunk_bytes, host_id))
+
+    @staticmethod
+    def create_unique_id() -> bytes:
+        """A 128-byte id; hand it to every rank (see from_unique_id)."""
+        return _C.Communicator.create_unique_id()
+
+    @classmethod
+    def from_unique_id(cls, uid: bytes, rank: int, size: int, *, timeout: Optional[float] = None,
+                       name: str = "") -> "Communicator":
+        return cls(None, 0, 0, _impl=_C.Communicator.from_unique_id(uid, rank, size, timeout, name))
+
+    # --- properties -------------------------------------------------------------
+    @property
+    def _impl(self):
+        if self._c is None:
+            raise _usage("the communicator is closed; create a new one")
+        return self._c
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def size(self) -> int:
+        return self._impl.size
+
+    @property
+    def local_rank(self) -> int:
+        return self._impl.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self._impl.local_size
+
+    def failed(self) -> bool:
+        return self._c is None or self._c.failed()
+
+    def describe_topology(self) -> str:
+        return self._impl.describe_topology()
+
+    def __repr__(self) -> str:
+        if self._c is None:
+            return "<braid.Communicator closed>"
+        return f"<braid.Communicator rank {self.rank} of {self.size}>"
+
+    # --- bookkeeping ------------------------------------------------------------
+    def _post(self, w: _C.Work, keep: tuple, result: Any, async_op: bool, then=None):
+        work = Work(w, keep, result, then)
+        if async_op:
+            with self._lock:  # keep buffers alive even if the caller drops the Work
+                self._inflight = [x for x in self._inflight if not x.test()]
+                self._inflight.append(work)
+            return work
+        work.wait()
+        return result
+
+    # --- collectives ------------------------------------------------------------
+    def allreduce(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *, async_op: bool = False,
+                  algorithm: Union[None, str, Algorithm] = None, codec: Optional[str] = None,
+                  ef_key: Optional[str] = None, deterministic: bool = False, timeout: Optional[float] = None):
+        """Reduces `x` over ranks, in place by default (into `out` if given).
+
+        `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk", ...);
+        biased codecs (sign1, topk) need an `ef_key`, the name of the error-feedback residual
+        the library keeps for this buffer (one per gradient bucket)."""
+        b = _buffer(x, "allreduce input", writable=out is None)
+        o = b if out is None else _buffer(out, "allreduce output", writable=True)
+        _same_dtype(b, o, "allreduce")
+        if o.count != b.count:
+            raise _usage(f"allreduce: input has {b.count} elements but output has {o.count}; they must match")
+        w = self._impl.allreduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), timeout, _algorithm(algorithm),
+                                 codec or "", ef_key or "", deterministic)
+        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+
+    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Copies root's `x` into every rank's `x` (in place)."""
+        b = _buffer(x, "broadcast buffer", writable=True)
+        w = self._impl.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, timeout)
+        return self._post(w, (b.obj,), b.obj, async_op)
+
+    def reduce(self, x: Any, root: int = 0, op: Union[str, ReduceOp] = "sum", out: Any = None, *,
+               async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None):
+        """Reduces every rank's `x` into root's `out` (default: root's `x`, in place)."""
+        b = _buffer(x, "reduce input", writable=out is None)
+        o = b if out is None else _buffer(out, "reduce output", writable=True)
+        _same_dtype(b, o, "reduce")
+        if o.count != b.count:
+            raise _usage(f"reduce: input has {b.count} elements but output has {o.count}; they must match")
+        w = self._impl.reduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), root, timeout, deterministic)
+        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+
+    def allgather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Gathers every rank's `x` into `out` of size × len(x) elements, in rank order
+        (allocated with shape (size, *x.shape) if not given)."""
+        b = _buffer(x, "allgather input", writable=False)
+        n = self.size
+        if out is None:
+            out = _empty_like(b, n * b.count, (n,) + tuple(b.shape))
+        o = _buffer(out, "allgather output", writable=True)
+        _same_dtype(b, o, "allgather")
+        if o.count != n * b.count:
+            raise _usage(f"allgather: output has {o.count} elements but needs size*count = {n}*{b.count} = "
+                         f"{n * b.count}")
+        w = self._impl.allgather(b.ptr, o.ptr, b.count, b.dtype, timeout)
+        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+
+    def reduce_scatter(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *,
+                       async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None):
+        """Reduces `x` (size × count elements) over ranks and leaves block `rank` in `out`
+        (count elements; allocated with shape x.shape[1:] when x.shape[0] == size)."""
+        b = _buffer(x, "reduce_scatter input", writable=False)
+        n = self.size
+        if b.count % n:
+            raise _usage(f"reduce_scatter: input has {b.count} elements, not a multiple of the world size {n}")
+        count = b.count // n
+        if out is None:
+            shape = tuple(b.shape[1:]) if len(b.shape) > 1 and b.shape[0] == n else (count,)
+            out = _empty_like(b, count, shape)
+        o = _buffer(out, "reduce_scatter output", writable=True)
+        _same_dtype(b, o, "reduce_scatter")
+        if o.count != count:
+            raise _usage(f"reduce_scatter: output has {o.count} elements but input/size = {count}")
+        w = self._impl.reduce_scatter(b.ptr, o.ptr, count, b.dtype, _op(op), timeout, deterministic)
+        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+
+    def alltoall(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Sends block j of `x` (size equal blocks) to rank j; block j of `out` comes from rank j.
+        `out` defaults to a new buffer shaped like `x`."""
+        b = _buffer(x, "alltoall input", writable=False)
+        n = self.size
+        if b.count % n:
+            raise _usage(f"alltoall: input has {b.count} elements, not a multiple of the world size {n}")
+        if out is None:
+            out = _empty_like(b, b.count, tuple(b.shape))
+        o = _buffer(out, "alltoall output", writable=True)
+        _same_dtype(b, o, "alltoall")
+        if o.count != b.count:
+            raise _usage(f"alltoall: input has {b.count} elements but output has {o.count}; they must match")
+        w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout)
+        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+
+    def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Sends `x` to `peer`; matched in order by the peer's recv with the same tag."""
+        b = _buffer(x, "send buffer", writable=False)
+        w = self._impl.send(b.ptr, b.count, b.dtype, peer, tag, timeout)
+        return self._post(w, (b.obj,), None, async_op)
+
+    def recv(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Receives exactly len(x) elements from `peer` into `x`."""
+        b = _buffer(x, "recv buffer", writable=True)
+        w = self._impl.recv(b.ptr, b.count, b.dtype, peer, tag, timeout)
+        return self._post(w, (b.obj,), b.obj, async_op)
+
+    def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None):
+        """Completes once every rank has entered it."""
+        return self._post(self._impl.barrier(timeout), (), None, async_op)
+
+    def split(self, color: int, key: int = 0) -> "Communicator":
+        """Sub-communicators by `color`, ranks ordered by `key` (collective: every rank calls it)."""
+        return Communicator(self._store, 0, 0, _impl=self._impl.split(color, key))
+
+    # --- teardown ---------------------------------------------------------------
+    def abort(self) -> None:
+        """Fails every outstanding and later operation with AbortedError (any thread)."""
+        if self._c is not None:
+            self._c.abort()
+
+    def close(self) -> None:
+        """Waits for outstanding work (up to its deadlines) and releases the communicator."""
+        c, self._c = self._c, None
+        if c is not None:
+            c.close()
+        self._inflight = []
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _TorchStore(Store):
+    """A torch.distributed Store seen as a braid Store (set-up only; calls may come from
+    the communicator's progress thread, which takes the GIL for them)."""
+
+    def __init__(self, store: Any):
+        super().__init__()
+        self._s = store
+
+    def set(self, key, value):
+        self._s.set(key, value)
+
+    def get(self, key, timeout):
+        from datetime import timedelta
+        self._s.wait([key], timedelta(seconds=timeout))
+        return self._s.get(key)
+
+    def add(self, key, delta):
+        return self._s.add(key, delta)
+
+    def check(self, keys):
+        return self._s.check(list(keys))
+
+    def wait(self, keys, timeout):
+        from datetime import timedelta
+        self._s.wait(list(keys), timedelta(seconds=timeout))
+
+    def remove(self, key):
+        return self._s.delete_key(key)
+
+
+def _torchrun_store(timeout: Optional[float]):
+    """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's own store (the elastic agent's),
+    which braid's store protocol cannot use; talk to it through torch instead."""
+    import os
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "BRAID_RANK" in env:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    t = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), False,
+                      timeout=timedelta(seconds=timeout or 300))
+    return dist.PrefixStore("braid", t)
+
+
+def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0) -> Communicator:
+    """The communicator of this job, from the environment: braidrun's BRAID_* variables,
+    torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's OMPI_COMM_WORLD_*,
+    or Slurm's SLURM_*. A process started without a launcher (none of them set) is a job of
+    one rank with a private store, so scripts also run stand-alone."""
+    ts = _torchrun_store(timeout)
+    if ts is not None:
+        import os
+        return Communicator(_TorchStore(ts), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                            timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+    try:
+        return Communicator.from_env(timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+    except InvalidUsageError as e:
+        if "no rank/world size in the environment" not in str(e):
+            raise
+    store = TcpStore("127.0.0.1", 0, is_server=True)
+    return Communicator(store, 0, 1, timeout=timeout, name=name, chunk_bytes=chunk_bytes)

@@ -1,0 +1,548 @@
+"""torch.distributed integration: the "braid" backend and DDP communication hooks.
+
+    import torch.distributed as dist
+    import braid.torch                               # registers backend "braid"
+    dist.init_process_group("braid")                 # under torchrun (env://)
+    dist.init_process_group("braid", init_method="braid://")   # under braidrun
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    model.register_comm_hook(None, braid.torch.compression_hook(codec="int8"))
+
+The backend is a torch ProcessGroup written in Python over braid's Communicator.
+Each call posts braid collectives at once (issue order is the call order) and returns
+a torch Work wrapping a torch Future; a completion thread per group waits for braid's
+Works in issue order (without the GIL), finishes copies, and completes the futures,
+so DDP overlaps communication with backward as it does on gloo.
+
+braidrun serves braid's own store at MASTER_ADDR:MASTER_PORT, which torch's env://
+rendezvous cannot use; the "braid://" rendezvous registered here starts a torch TCPStore
+on a free port and announces it through braid's store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+import braid as _braid
+from braid import _C
+
+__all__ = ["BraidProcessGroup", "compression_hook", "powersgd_hook", "init_process_group", "get_communicator"]
+
+_RED = (  # torch hands a ReduceOp object that compares equal to these, but hashes apart
+    (dist.ReduceOp.SUM, _C.ReduceOp.sum),
+    (dist.ReduceOp.PRODUCT, _C.ReduceOp.prod),
+    (dist.ReduceOp.MIN, _C.ReduceOp.min),
+    (dist.ReduceOp.MAX, _C.ReduceOp.max),
+    (dist.ReduceOp.AVG, _C.ReduceOp.avg),
+)
+
+
+def _red(op) -> "_C.ReduceOp":
+    r = next((b for t, b in _RED if op == t), None)
+    if r is None:
+        raise _braid._unsupported(f"the braid backend has no reduction {op}; use SUM, PRODUCT, MIN, MAX or AVG")
+    return r
+
+
+def _check(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise _braid._usage(f"{what} is a {type(t).__name__}, not a torch.Tensor")
+    if t.device.type != "cpu":
+        raise _braid._unsupported(f"{what} is on {t.device}; the braid backend handles CPU tensors in this build")
+    if not t.is_contiguous():
+        raise _braid._usage(f"{what} is not contiguous (strides {tuple(t.stride())}); pass .contiguous()")
+    return t
+
+
+_TorchStore = _braid._TorchStore
+
+
+def _unwrap(src: Future) -> Any:
+    err, value = src.value()
+    if err is not None:
+        raise err
+    return value
+
+
+class _Completer:
+    """Completes torch futures as braid's Works finish.
+
+    One waiter thread waits for braid's Works in issue order (without the GIL) and runs
+    our own finishing copies. Completing a future runs its then-callbacks inline, and a
+    callback may itself post a collective and block on its future (torch's PowerSGD hook
+    does); so futures are completed by helper threads, a new one whenever all are busy,
+    never by the waiter, which must stay free to finish that inner collective.
+
+    A Python-side Future.set_exception only wraps the error for Python callers; torch's
+    C++ side (Work.wait, DDP) would see success. So a private future is completed with
+    (error, value) and `then(_unwrap)` is handed out, whose callback raises: torch marks
+    that future failed for C++ and Python alike, with the braid message."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._ready: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._helpers = 0
+        self._t = threading.Thread(target=self._run, name=f"braid-waiter-{name}", daemon=True)
+        self._t.start()
+
+    def submit(self, works: list, finish: Callable[[], Any]):
+        """Queues; returns (private future of (error, value), public future of the value)."""
+        src: Future = Future()
+        out = src.then(_unwrap)
+        self._q.put((works, src, finish))
+        return src, out
+
+    def stop(self) -> None:
+        self._q.put(None)
+        if self._t is not threading.current_thread():
+            self._t.join(timeout=60)
+        with self._lock:
+            for _ in range(self._helpers):
+                self._ready.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            works, src, finish = item
+            done: tuple
+            try:
+                for w in works:
+                    w.wait()  # releases the GIL
+                done = (None, finish())
+            except BaseException as e:  # noqa: BLE001 — handed to the waiter
+                done = (e, None)
+            self._complete(src, done)
+
+    def _complete(self, src: Future, done: tuple) -> None:
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                self._ready.put((src, done))
+                return
+            self._helpers += 1
+            n = self._helpers
+        threading.Thread(target=self._helper, args=((src, done),), name=f"braid-done-{self._name}-{n}",
+                         daemon=True).start()
+
+    def _helper(self, item) -> None:
+        while item is not None:
+            src, done = item
+            src.set_result(done)  # runs the callbacks (DDP's, a comm hook's) on this thread
+            with self._lock:
+                self._idle += 1
+            item = self._ready.get()
+
+
+class _Work(dist.Work):
+    """torch Work over a future completed by the _Completer. wait() raises the braid error
+    (torch's own future-wrapping Work would return normally from a failed future)."""
+
+    def __init__(self, src: Future, fut: Future):
+        super().__init__()
+        self._src, self._fut = src, fut
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (braid has deadlines)
+        err, _ = self._src.wait()  # raises the braid exception itself (RemoteError.peer, ...)
+        if err is not None:
+            raise err
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self):
+        return self._src.value()[0] if self._src.done() else None
+
+    def result(self):
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        pass
+
+
+class BraidProcessGroup(dist.ProcessGroup):
+    """torch.distributed process group over a braid Communicator (CPU tensors)."""
+
+    def __init__(self, comm: "_braid.Communicator", rank: int, size: int, timeout: Optional[timedelta] = None):
+        super().__init__(rank, size)
+        self._comm = comm
+        self._timeout = timeout.total_seconds() if timeout else None
+        self._done = _Completer(f"r{rank}")
+        self._closed = False
+        _groups.add(self)
+
+    # --- plumbing -------------------------------------------------------------------
+    @property
+    def _c(self):
+        return self._comm._impl  # raises InvalidUsageError once the group is shut down
+
+    @property
+    def communicator(self) -> "_braid.Communicator":
+        """The braid Communicator under this group."""
+        return self._comm
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's spelling)
+        return "braid"
+
+    def name(self) -> str:
+        return "braid"
+
+    def _get_backend(self, device=None):  # noqa: ARG002
+        # torch asks a group for its per-device backend (batch_isend_irecv, ...); this
+        # group is its own CPU backend and does not coalesce.
+        return self
+
+    def __repr__(self) -> str:
+        return f"BraidProcessGroup(rank={self.rank()}, size={self.size()})"
+
+    def _work(self, works: list, finish: Callable[[], Any]) -> "dist.Work":
+        return _Work(*self._done.submit(works, finish))
+
+    def _buf(self, t: torch.Tensor, what: str):
+        return _braid._buffer(_check(t, what), what, writable=True)
+
+    def _allreduce_future(self, t: torch.Tensor, op=_C.ReduceOp.sum, codec: str = "", ef_key: str = "",
+                          divide: int = 1) -> Future:
+        """One all-reduce of `t` in place; the future yields `t` (divided by `divide` if > 1)."""
+        b = self._buf(t, "allreduce tensor")
+        w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, codec,
+                              ef_key, False)
+
+        def finish():
+            if divide > 1:
+                t.div_(divide)
+            return t
+
+        return self._done.submit([w], finish)[1]
+
+    # --- collectives ------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        works = []
+        for i, t in enumerate(tensors):
+            b = self._buf(t, f"allreduce tensor {i}")
+            works.append(self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto,
+                                           "", "", False))
+        return self._work(works, lambda: list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None else 0
+        works = []
+        for i, t in enumerate(tensors):
+            b = self._buf(t, f"broadcast tensor {i}")
+            works.append(self._c.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, self._timeout))
+        return self._work(works, lambda: list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        works = []
+        for i, t in enumerate(tensors):
+            b = self._buf(t, f"reduce tensor {i}")
+            works.append(self._c.reduce(b.ptr, b.ptr, b.count, b.dtype, op, root, self._timeout, False))
+        return self._work(works, lambda: list(tensors))
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's names)
+        i = self._buf(input, "allgather input")
+        o = self._buf(output, "allgather output")
+        if o.count != i.count * self.size() or o.dtype != i.dtype:
+            raise _braid._usage(f"allgather: output has {o.count} {o.dtype.name} elements, needs "
+                                f"{self.size()}*{i.count} {i.dtype.name}")
+        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
+        return self._work([w], lambda: [output])
+
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002
+        return self._allgather_base(output, input, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        works, finishers = [], []
+        for k, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):
+            i = self._buf(inp, f"allgather input {k}")
+            if len(outs) != self.size():
+                raise _braid._usage(f"allgather: {len(outs)} output tensors for a group of {self.size()}")
+            for j, o in enumerate(outs):
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise _braid._usage(f"allgather: output {j} is {o.numel()} x {o.dtype}, input is "
+                                        f"{inp.numel()} x {inp.dtype}; sizes and dtypes must match")
+            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype)
+            f = self._buf(flat, "allgather staging")
+            works.append(self._c.allgather(i.ptr, f.ptr, i.count, i.dtype, self._timeout))
+            finishers.append((outs, flat, inp.numel()))
+
+        def finish():
+            for outs, flat, n in finishers:
+                for j, o in enumerate(outs):
+                    o.copy_(flat[j * n:(j + 1) * n].view_as(o))
+            return output_tensors
+
+        return self._work(works, finish)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        i = self._buf(input, "reduce_scatter input")
+        o = self._buf(output, "reduce_scatter output")
+        if i.count != o.count * self.size() or o.dtype != i.dtype:
+            raise _braid._usage(f"reduce_scatter: input has {i.count} {i.dtype.name} elements, needs "
+                                f"{self.size()}*{o.count} {o.dtype.name}")
+        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False)
+        return self._work([w], lambda: [output])
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        works, keep = [], []
+        for k, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
+            if len(ins) != self.size():
+                raise _braid._usage(f"reduce_scatter: {len(ins)} input tensors for a group of {self.size()}")
+            for j, t in enumerate(ins):
+                if t.numel() != out.numel() or t.dtype != out.dtype:
+                    raise _braid._usage(f"reduce_scatter: input {j} is {t.numel()} x {t.dtype}, output is "
+                                        f"{out.numel()} x {out.dtype}; sizes and dtypes must match")
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            i = self._buf(flat, "reduce_scatter staging")
+            o = self._buf(out, f"reduce_scatter output {k}")
+            works.append(self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False))
+            keep.append(flat)
+        return self._work(works, lambda: (keep, output_tensors)[1])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        n = self.size()
+        i = self._buf(input, "alltoall input")
+        o = self._buf(output, "alltoall output")
+        rows = input.shape[0] if input.dim() > 0 else 0
+        for name, splits in (("output", output_split_sizes), ("input", input_split_sizes)):
+            if splits and any(s != splits[0] for s in splits):
+                raise _braid._unsupported(f"alltoall with uneven {name} splits {list(splits)}; braid's all-to-all "
+                                          "moves equal blocks (pad the blocks to one size)")
+        if i.count != o.count or i.count % n or (rows and rows % n) or o.dtype != i.dtype:
+            raise _braid._usage(f"alltoall: input ({i.count} x {i.dtype.name}) and output ({o.count} x "
+                                f"{o.dtype.name}) must match and split into {n} equal blocks")
+        w = self._c.alltoall(i.ptr, o.ptr, i.count // n, i.dtype, self._timeout)
+        return self._work([w], lambda: [output])
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        if len(input_tensors) != n or len(output_tensors) != n:
+            raise _braid._usage(f"alltoall: needs {n} input and {n} output tensors")
+        sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
+        if len(sizes) != 1:
+            raise _braid._unsupported("alltoall with tensors of different sizes; braid moves equal blocks")
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        flat_out = torch.empty_like(flat_in)
+        i, o = self._buf(flat_in, "alltoall staging"), self._buf(flat_out, "alltoall staging")
+        w = self._c.alltoall(i.ptr, o.ptr, i.count // n, i.dtype, self._timeout)
+        m = input_tensors[0].numel()
+
+        def finish():
+            _ = flat_in  # alive until done
+            for j, t in enumerate(output_tensors):
+                t.copy_(flat_out[j * m:(j + 1) * m].view_as(t))
+            return output_tensors
+
+        return self._work([w], finish)
+
+    def barrier(self, opts=None):
+        return self._work([self._c.barrier(self._timeout)], lambda: [])
+
+    def send(self, tensors, dst, tag=0):
+        works = []
+        for k, t in enumerate(tensors):
+            b = self._buf(t, f"send tensor {k}")
+            works.append(self._c.send(b.ptr, b.count, b.dtype, dst, tag, self._timeout))
+        return self._work(works, lambda: list(tensors))
+
+    def recv(self, tensors, src, tag=0):
+        works = []
+        for k, t in enumerate(tensors):
+            b = self._buf(t, f"recv tensor {k}")
+            works.append(self._c.recv(b.ptr, b.count, b.dtype, src, tag, self._timeout))
+        return self._work(works, lambda: list(tensors))
+
+    def recv_anysource(self, tensors, tag=0):
+        raise _braid._unsupported("recv from any source; name the source rank (braid matches send/recv by peer)")
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        # Through all-gather: every rank receives, the root keeps (small messages only).
+        root = opts.rootRank if opts is not None else 0
+        inp = input_tensors[0]
+        outs = output_tensors[0] if self.rank() == root else [torch.empty_like(inp) for _ in range(self.size())]
+        return self.allgather([outs], [inp])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        # Through broadcast of the root's blocks; each rank keeps its own.
+        root = opts.rootRank if opts is not None else 0
+        out = output_tensors[0]
+        flat = (torch.cat([t.reshape(-1) for t in input_tensors[0]]) if self.rank() == root
+                else torch.empty(self.size() * out.numel(), dtype=out.dtype))
+        b = self._buf(flat, "scatter staging")
+        w = self._c.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, self._timeout)
+        n, r = out.numel(), self.rank()
+
+        def finish():
+            out.copy_(flat[r * n:(r + 1) * n].view_as(out))
+            return [out]
+
+        return self._work([w], finish)
+
+    # --- teardown ---------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._done.stop()
+        self._comm.close()
+
+    def abort(self) -> None:
+        self._comm.abort()
+        self.shutdown()
+
+
+_groups: "weakref.WeakSet[BraidProcessGroup]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    # Runs before braid's own exit hook (registered earlier): stop the waiter threads
+    # while the interpreter is whole, then close the communicators.
+    for pg in list(_groups):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 — exiting anyway
+            pass
+
+
+def _create(store, rank, size, timeout):
+    # torch hands every group its own prefix store, so one name serves all groups.
+    comm = _braid.Communicator(_TorchStore(store), rank, size,
+                               timeout=timeout.total_seconds() if timeout else None, name="torch")
+    return BraidProcessGroup(comm, rank, size, timeout)
+
+
+def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwargs):
+    """braid://: a torch TCPStore on a free port, announced through braid's launcher store."""
+    rank = int(os.environ.get("RANK", os.environ.get("BRAID_RANK", "0")))
+    size = int(os.environ.get("WORLD_SIZE", os.environ.get("BRAID_WORLD_SIZE", "1")))
+    addr = os.environ.get("BRAID_MASTER_ADDR", os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    port = int(os.environ.get("BRAID_MASTER_PORT", os.environ.get("MASTER_PORT", "0")))
+    if size > 1 and not port:
+        raise _braid._usage("braid:// rendezvous needs BRAID_MASTER_ADDR/BRAID_MASTER_PORT (run under braidrun)")
+    generation = _rendezvous_count[0]
+    _rendezvous_count[0] += 1
+    key = f"braid-torch-store-{generation}"
+    if size == 1:
+        yield (dist.HashStore(), rank, size)
+        return
+    bstore = _C.TcpStore(addr, port, False, timeout.total_seconds())
+    if rank == 0:
+        tstore = dist.TCPStore(addr, 0, size, True, timeout=timeout, wait_for_workers=False)
+        bstore.set(key, str(tstore.port).encode())
+    else:
+        tport = int(bstore.get(key, timeout.total_seconds()).decode())
+        tstore = dist.TCPStore(addr, tport, size, False, timeout=timeout)
+    yield (tstore, rank, size)
+
+
+_rendezvous_count = [0]
+
+dist.Backend.register_backend("braid", _create, devices=["cpu"])
+dist.register_rendezvous_handler("braid", _braid_rendezvous)
+
+
+def init_process_group(backend: str = "braid", **kwargs) -> None:
+    """dist.init_process_group with the right rendezvous: braid:// under braidrun (which
+    serves braid's store, not torch's), env:// otherwise (torchrun)."""
+    if "init_method" not in kwargs and "store" not in kwargs and os.environ.get("BRAID_STORE_EXTERNAL") == "1":
+        kwargs["init_method"] = "braid://"
+    dist.init_process_group(backend, **kwargs)
+
+
+def get_communicator(group: Optional[dist.ProcessGroup] = None) -> "_braid.Communicator":
+    """The braid Communicator under `group` (default: the default group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _braid._usage(f"process group {pg!r} is not a braid group; create it with backend 'braid'")
+    return pg.communicator
+
+
+def compression_hook(codec: str = "int8", error_feedback: bool = True,
+                     process_group: Optional[dist.ProcessGroup] = None):
+    """A DDP communication hook that averages each gradient bucket with braid's all-reduce,
+    compressed inside the collective with `codec` ("none", "fp16", "bf16", "int8", "sign1",
+    "topk", ...). With `error_feedback`, the library keeps a residual per bucket (keyed by
+    the bucket index), so biased codecs (sign1, topk) converge.
+
+        ddp.register_comm_hook(None, braid.torch.compression_hook("int8"))
+
+    The hook's state, when a BraidProcessGroup, names the group; else `process_group`;
+    else the default group. That group must use the braid backend."""
+    codec_name = "" if codec in (None, "none") else str(codec)
+
+    def hook(state, bucket) -> Future:
+        pg = state if isinstance(state, BraidProcessGroup) else process_group
+        if pg is None:
+            pg = dist.distributed_c10d._get_default_group()
+        if not isinstance(pg, BraidProcessGroup):
+            raise _braid._usage("compression_hook needs a braid process group (backend 'braid')")
+        key = f"ddp-bucket-{bucket.index()}" if error_feedback and codec_name else ""
+        return pg._allreduce_future(bucket.buffer(), _C.ReduceOp.sum, codec_name, key, divide=pg.size())
+
+    # DDP checks the annotations; this module's are strings (postponed evaluation).
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": Future[torch.Tensor]}
+    hook.__name__ = f"braid_compression_hook_{codec or 'none'}"
+    return hook
+
+
+def powersgd_hook(process_group: Optional[dist.ProcessGroup] = None, rank: int = 2, start_iter: int = 10,
+                  min_compression_rate: float = 2.0):
+    """PowerSGD (Vogels et al. 2019): low-rank gradient compression with error feedback,
+    its two all-reduces of the small P and Q factors run on braid collectives. Returns
+    (state, hook) for ``ddp.register_comm_hook(state, hook)``; the first `start_iter`
+    steps run uncompressed (warm-up), as PowerSGD recommends. torch's implementation is
+    used as is: it is written against torch.distributed, which here is the braid backend."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _braid._usage("powersgd_hook needs a braid process group (backend 'braid')")
+    state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
+                               min_compression_rate=min_compression_rate, use_error_feedback=True,
+                               warm_start=True, random_seed=0)
+    return state, psgd.powerSGD_hook

@@ -1,0 +1,217 @@
+"""One rank of a torch.distributed test job (started by braidrun from test_multirank.py).
+
+The default group runs on gloo, a second group over the same ranks on braid; every
+collective runs on both with the same inputs and the results must agree.
+Usage: ranks_torch.py SCENARIO
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+
+import braid
+import braid.torch as bt
+
+
+def same(a, b, what, exact=False):
+    if exact or not a.is_floating_point():
+        ok = torch.equal(a, b)
+    else:
+        ok = torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    if not ok:
+        raise AssertionError(f"{what}: braid {a.flatten()[:6].tolist()} != gloo {b.flatten()[:6].tolist()}")
+
+
+def data(shape, dtype, rank, salt=0):
+    g = torch.Generator().manual_seed(100 * rank + salt)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-3, 4, shape, generator=g).to(dtype)
+
+
+def vs_gloo(braid_pg, gloo_pg):
+    r, n = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.int8):
+        for numel in (1, 17, 5000):
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+                if op == dist.ReduceOp.PRODUCT and numel > 17:
+                    continue
+                x = data((numel,), dtype, r)
+                a, b = x.clone(), x.clone()
+                dist.all_reduce(a, op=op, group=braid_pg)
+                dist.all_reduce(b, op=op, group=gloo_pg)
+                same(a, b, f"all_reduce {op} {dtype} {numel}")
+    x = data((3, 5), torch.float32, r)
+    for root in range(n):
+        a, b = x.clone(), x.clone()
+        dist.broadcast(a, src=root, group=braid_pg)
+        dist.broadcast(b, src=root, group=gloo_pg)
+        same(a, b, f"broadcast {root}", exact=True)
+        a, b = x.clone(), x.clone()
+        dist.reduce(a, dst=root, group=braid_pg)
+        dist.reduce(b, dst=root, group=gloo_pg)
+        if r == root:
+            same(a, b, f"reduce {root}")
+    la = [torch.empty(3, 5) for _ in range(n)]
+    lb = [torch.empty(3, 5) for _ in range(n)]
+    dist.all_gather(la, x, group=braid_pg)
+    dist.all_gather(lb, x, group=gloo_pg)
+    for i in range(n):
+        same(la[i], lb[i], "all_gather", exact=True)
+    ta, tb = torch.empty(n * 3, 5), torch.empty(n * 3, 5)
+    dist.all_gather_into_tensor(ta, x, group=braid_pg)
+    dist.all_gather_into_tensor(tb, x, group=gloo_pg)
+    same(ta, tb, "all_gather_into_tensor", exact=True)
+    # reduce_scatter: gloo's reduce_scatter_tensor exists in recent torch; compare with the
+    # all_reduce reference from gloo otherwise
+    big = data((n * 4,), torch.float32, r, salt=1)
+    out = torch.empty(4)
+    dist.reduce_scatter_tensor(out, big, group=braid_pg)
+    ref = big.clone()
+    dist.all_reduce(ref, group=gloo_pg)
+    same(out, ref[r * 4:(r + 1) * 4], "reduce_scatter_tensor")
+    out2 = torch.empty(4)
+    dist.reduce_scatter(out2, list(big.chunk(n)), group=braid_pg)
+    same(out2, ref[r * 4:(r + 1) * 4], "reduce_scatter (list)")
+    # all_to_all_single (alltoall_base) and all_to_all (lists)
+    xa = data((n * 6,), torch.float32, r, salt=2)
+    oa, ob = torch.empty(n * 6), torch.empty(n * 6)
+    dist.all_to_all_single(oa, xa, group=braid_pg)
+    dist.all_to_all_single(ob, xa, group=gloo_pg)
+    same(oa, ob, "all_to_all_single", exact=True)
+    ins = list(xa.chunk(n))
+    outs = [torch.empty(6) for _ in range(n)]
+    dist.all_to_all(outs, ins, group=braid_pg)
+    same(torch.cat(outs), ob, "all_to_all", exact=True)
+    # gather / scatter
+    gl = [torch.empty(3, 5) for _ in range(n)] if r == 0 else None
+    dist.gather(x, gl, dst=0, group=braid_pg)
+    if r == 0:
+        for i in range(n):
+            same(gl[i], lb[i], "gather", exact=True)
+    so = torch.empty(2)
+    dist.scatter(so, [torch.full((2,), float(i)) for i in range(n)] if r == 0 else None, src=0, group=braid_pg)
+    same(so, torch.full((2,), float(r)), "scatter", exact=True)
+    # send / recv around the ring; async ops with futures
+    right, left = (r + 1) % n, (r - 1) % n
+    s = torch.full((9,), float(r))
+    got = torch.empty(9)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, s, right, braid_pg),
+                                   dist.P2POp(dist.irecv, got, left, braid_pg)])
+    for q in reqs:
+        q.wait()
+    same(got, torch.full((9,), float(left)), "send/recv", exact=True)
+    if r == 0:
+        dist.send(torch.arange(4.0), dst=1, group=braid_pg)
+    elif r == 1:
+        t = torch.empty(4)
+        dist.recv(t, src=0, group=braid_pg)
+        same(t, torch.arange(4.0), "send/recv blocking", exact=True)
+    y = torch.ones(1000)
+    w = dist.all_reduce(y, group=braid_pg, async_op=True)
+    fut = w.get_future()
+    res = fut.then(lambda f: f.value()[0] * 2).wait()
+    same(res, torch.full((1000,), 2.0 * n), "async all_reduce future", exact=True)
+    assert w.is_completed()
+    dist.barrier(group=braid_pg)
+    # bfloat16 / float16 tensors through the braid group (gloo has no bf16 sum on CPU in every build)
+    h = torch.full((33,), 1.5, dtype=torch.bfloat16)
+    dist.all_reduce(h, group=braid_pg)
+    same(h, torch.full((33,), 1.5 * n, dtype=torch.bfloat16), "bf16 all_reduce", exact=True)
+    print(f"rank {r}: braid backend == gloo backend on every collective")
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
+
+
+def _train(pg, hook=None, steps=6):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r = dist.get_rank()
+    model = DDP(_model(), process_group=pg, bucket_cap_mb=0.004)  # several buckets
+    if hook is not None:
+        model.register_comm_hook(pg, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(7 + r)
+    for _ in range(steps):
+        x = torch.randn(32, 64, generator=g)
+        y = torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp(braid_pg, gloo_pg):
+    r = dist.get_rank()
+    ref = _train(gloo_pg)
+    for name, hook in (("default", None), ("compression_hook(codec=none)", bt.compression_hook("none"))):
+        got = _train(braid_pg, hook)
+        for i, (a, b) in enumerate(zip(got, ref)):
+            if not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+                raise AssertionError(f"DDP {name}: parameter {i} differs from gloo by {(a - b).abs().max()}")
+    # the parameters really moved (the comparison is not between two untouched models)
+    assert not torch.allclose(ref[0], _model()[0].weight.detach())
+    print(f"rank {r}: DDP on braid == DDP on gloo after 6 steps (default and hook)")
+
+
+def ddp_compressed(braid_pg, gloo_pg):
+    try:
+        bt.get_communicator(braid_pg).allreduce(torch.ones(8), codec="int8", ef_key="probe")
+    except braid.UnsupportedError as e:
+        print(f"SKIP: {e}")
+        sys.exit(3)
+    ref = _train(gloo_pg, steps=10)
+    got = _train(braid_pg, bt.compression_hook("int8"), steps=10)
+    err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, ref))
+    assert err < 0.05, f"int8 DDP drifted from gloo by {err}"
+    print(f"rank {dist.get_rank()}: int8-compressed DDP within {err:.4f} of gloo")
+
+
+def dead_peer(braid_pg, gloo_pg):
+    """A peer that dies fails the braid group's Work with the library's message, naming it."""
+    import os
+    dist.barrier(group=braid_pg)
+    if dist.get_rank() == 1:
+        os._exit(0)
+    w1 = dist.all_reduce(torch.ones(1 << 14), group=braid_pg, async_op=True)
+    w2 = dist.all_reduce(torch.ones(1 << 14), group=braid_pg, async_op=True)
+    try:
+        w1.wait()
+    except braid.RemoteError as e:
+        print(f"rank 0: RemoteError(peer={e.peer}): {e}")
+        assert e.peer == 1 and "braid RemoteError" in str(e), str(e)
+    else:
+        raise AssertionError("all_reduce with a dead peer succeeded")
+    # the future of the call queued behind it fails too (DDP reads futures)
+    try:
+        w2.get_future().wait()
+    except Exception as e:  # noqa: BLE001 — torch wraps callback errors in RuntimeError
+        assert "braid " in str(e), str(e)
+        print("rank 0: queued future failed: " + str(e).splitlines()[0][:120])
+    else:
+        raise AssertionError("a failed group completed a queued all_reduce")
+    try:  # and every later call fails fast
+        dist.all_reduce(torch.ones(4), group=braid_pg)
+    except braid.AbortedError:
+        print("rank 0: later call: AbortedError")
+    else:
+        raise AssertionError("a failed group accepted a new all_reduce")
+    os._exit(0)  # the gloo group would wait for rank 1 at shutdown
+
+
+def main():
+    bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
+    braid_pg = dist.new_group(backend="braid")
+    assert isinstance(braid_pg, bt.BraidProcessGroup), type(braid_pg)
+    assert braid_pg.getBackendName() == "braid"
+    gloo_pg = dist.group.WORLD
+    globals()[sys.argv[1]](braid_pg, gloo_pg)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The NumPy API across real processes (braidrun), against NumPy references, and
+failures (dead peer, mismatched sizes, deadlines) surfacing as braid exceptions."""
+import pytest
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_every_dtype_op_count(run_ranks, n):
+    p = run_ranks(n, "ranks_numpy.py", "allreduce")
+    assert p.stdout.count("allreduce") >= n and "cases ok" in p.stdout
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_other_collectives(run_ranks, n):
+    p = run_ranks(n, "ranks_numpy.py", "others")
+    assert p.stdout.count("send/recv ok") == n
+
+
+def test_async_work_and_split(run_ranks):
+    p = run_ranks(4, "ranks_numpy.py", "async_work")
+    assert p.stdout.count("GIL released while blocked ok") == 4
+
+
+def test_compressed_allreduce(run_ranks):
+    p = run_ranks(2, "ranks_numpy.py", "compressed", check=False)
+    if p.returncode != 0 and "SKIP:" in p.stdout:
+        pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("compressed allreduce ok") == 2
+
+
+def test_dead_peer_raises_remote_error(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "dead_peer", timeout=90)
+    assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
+    assert "next call fails fast" in p.stdout
+
+
+def test_mismatched_send_recv_sizes(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "size_mismatch", timeout=90)
+    assert p.stdout.count("Error: braid") == 2, p.stdout
+
+
+def test_per_call_timeout(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "timeout", timeout=90)
+    assert "rank 0: TimeoutError after" in p.stdout, p.stdout
+
+
+def test_ctrl_c_interrupts_a_blocking_wait(run_ranks):
+    p = run_ranks(2, "ranks_errors.py", "interrupt", timeout=60)
+    assert "rank 0: KeyboardInterrupt after 1." in p.stdout, p.stdout
+
+
+def test_torchrun_launch():
+    """braid.init() under torchrun: the store at MASTER_PORT is torch's, reached through torch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from conftest import HERE
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(HERE / "ranks_numpy.py"), "others"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "BRAID_TIMEOUT": "60s"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("send/recv ok") == 2, p.stdout

@@ -1,0 +1,30 @@
+"""The torch.distributed backend "braid" against torch's own gloo backend, and DDP."""
+import pytest
+
+pytest.importorskip("torch")
+
+ENV = {"GLOO_SOCKET_IFNAME": "lo"}  # gloo's traffic stays on loopback
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_backend_equals_gloo(run_ranks, n):
+    p = run_ranks(n, "ranks_torch.py", "vs_gloo", env=ENV, timeout=150)
+    assert p.stdout.count("braid backend == gloo backend") == n
+
+
+def test_ddp_matches_gloo(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "ddp", env=ENV, timeout=150)
+    assert p.stdout.count("DDP on braid == DDP on gloo") == 2
+
+
+def test_ddp_int8_hook(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "ddp_compressed", env=ENV, timeout=150, check=False)
+    if p.returncode != 0 and "SKIP:" in p.stdout:
+        pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_dead_peer_fails_the_work(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
+    assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
+    assert "queued future failed" in p.stdout and "later call: AbortedError" in p.stdout, p.stdout
