@@ -44,6 +44,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
+orig_args=("$@")
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 die() { echo "compare: $*" >&2; exit 1; }
 
@@ -210,7 +211,7 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
   echo "mode: $tag, ranks $ranks, repetitions $reps, systems ${entries[*]}"
   echo "bench args: ${bench_args[*]}"
   echo "mpirun: mpirun ${mpi_base[*]}"
-  echo "command: $0 ${BASH_ARGV[*]+}"
+  echo "command: $0 ${orig_args[*]+"${orig_args[*]}"}"
 } >"$out/info.txt"
 
 run_one() {  # LABEL REP
