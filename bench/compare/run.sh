@@ -39,7 +39,8 @@
 # this machine's cores, so when there are more ranks than cores braid is told not to
 # spin (BRAID_SPIN_US=0) and MPI to yield (mpi_yield_when_idle), each as it would on
 # its own host.
-# Environment: BUILD_DIR (default build), TIMEOUT (seconds per run, default 1200).
+# Environment: BUILD_DIR (default build), TIMEOUT (seconds per run, default 1200),
+# MPIRUN_ARGS (extra mpirun options for every mpirun here).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -194,6 +195,9 @@ s.shutdown(socket.SHUT_WR); s.recv(1); print(n/(time.time()-t)/1e9)'
     wait "$srv" 2>/dev/null || true
   fi
 }
+
+# shellcheck disable=SC2206  # split on purpose
+mpi_base+=(${MPIRUN_ARGS:-})
 
 # --- runs ----------------------------------------------------------------------------
 tag=$mode-$ranks
