@@ -107,7 +107,10 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 targets=(allreduce_bench braidrun mpi_allreduce_bench)
-grep -q "^Gloo_DIR:PATH=.*[^-]NOTFOUND" "$build/CMakeCache.txt" 2>/dev/null || targets+=(gloo_allreduce_bench)
+# Gloo's bench exists only when CMake found Gloo (libgloo-dev).
+if grep -q "^Gloo_DIR:PATH=" "$build/CMakeCache.txt" && ! grep -q "^Gloo_DIR:PATH=.*NOTFOUND" "$build/CMakeCache.txt"; then
+  targets+=(gloo_allreduce_bench)
+fi
 if ! blog=$(cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" --target "${targets[@]}" 2>&1); then
   if [ -x "$build/bench/allreduce_bench" ]; then
     echo "compare: warning: the build failed; measuring the binaries already in $build" >&2
