@@ -100,7 +100,11 @@ shape() {  # shape NETNS_OR_EMPTY DEV RATE BURST DELAY
   local ns=$1 dev=$2 rate=$3 burst=$4 delay=$5 pre=()
   [ -n "$ns" ] && pre=(ip netns exec "$ns")
   if [ -n "$delay" ]; then
-    "${pre[@]}" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" limit 100000
+    if ! "${pre[@]}" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" limit 100000 2>/dev/null; then
+      trap - ERR
+      cmd_down >/dev/null
+      die "--delay needs tc's netem qdisc (kernel module sch_netem), which this kernel does not offer; nothing was left up"
+    fi
     "${pre[@]}" tc qdisc add dev "$dev" parent 1:1 handle 10: tbf rate "$rate" burst "$burst" latency 20ms
   else
     "${pre[@]}" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 20ms

@@ -39,11 +39,13 @@
 # this machine's cores, so when there are more ranks than cores braid is told not to
 # spin (BRAID_SPIN_US=0) and MPI to yield (mpi_yield_when_idle), each as it would on
 # its own host.
-# Environment: BUILD_DIR (default build), TIMEOUT (seconds per run, default 1200).
+# Environment: BUILD_DIR (default build), TIMEOUT (seconds per run, default 1200),
+# MPIRUN_ARGS (extra mpirun options for every mpirun here).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
+orig_args=("$@")
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 die() { echo "compare: $*" >&2; exit 1; }
 
@@ -105,7 +107,10 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 targets=(allreduce_bench braidrun mpi_allreduce_bench)
-grep -q "^Gloo_DIR:PATH=.*[^-]NOTFOUND" "$build/CMakeCache.txt" 2>/dev/null || targets+=(gloo_allreduce_bench)
+# Gloo's bench exists only when CMake found Gloo (libgloo-dev).
+if grep -q "^Gloo_DIR:PATH=" "$build/CMakeCache.txt" && ! grep -q "^Gloo_DIR:PATH=.*NOTFOUND" "$build/CMakeCache.txt"; then
+  targets+=(gloo_allreduce_bench)
+fi
 if ! blog=$(cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" --target "${targets[@]}" 2>&1); then
   if [ -x "$build/bench/allreduce_bench" ]; then
     echo "compare: warning: the build failed; measuring the binaries already in $build" >&2
@@ -194,6 +199,9 @@ s.shutdown(socket.SHUT_WR); s.recv(1); print(n/(time.time()-t)/1e9)'
   fi
 }
 
+# shellcheck disable=SC2206  # split on purpose
+mpi_base+=(${MPIRUN_ARGS:-})
+
 # --- runs ----------------------------------------------------------------------------
 tag=$mode-$ranks
 [ "$mode" = vcluster ] && tag="vcluster-${hosts}x$ppn-$rate${delay:+-$delay}"
@@ -210,7 +218,7 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
   echo "mode: $tag, ranks $ranks, repetitions $reps, systems ${entries[*]}"
   echo "bench args: ${bench_args[*]}"
   echo "mpirun: mpirun ${mpi_base[*]}"
-  echo "command: $0 ${BASH_ARGV[*]+}"
+  echo "command: $0 ${orig_args[*]+"${orig_args[*]}"}"
 } >"$out/info.txt"
 
 run_one() {  # LABEL REP

@@ -30,7 +30,9 @@ std::map<std::string, std::unique_ptr<TcpStoreServer>>& uid_servers() {
 
 UniqueId Communicator::create_unique_id() {
   const auto& cfg = core::Config::global();
-  const std::string addr = transport::select_address(cfg.socket_ifname, cfg.master_addr);
+  // No master address under mpirun (the id replaces it): advertise an address other
+  // hosts can reach, as the header promises, not 127.0.0.1.
+  const std::string addr = transport::select_address(cfg.socket_ifname, cfg.master_addr, true);
   auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0);
   std::random_device rd;
   std::ostringstream nonce;
@@ -57,7 +59,8 @@ Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size
   const auto& cfg = core::Config::global();
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
   auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout);
-  auto impl = std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options);
+  // The store's address tells every rank which of its interfaces reaches the others.
+  auto impl = std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options, addr);
   std::lock_guard<std::mutex> lock(g_uid_mu);
   if (auto it = uid_servers().find(nonce); it != uid_servers().end()) {
     impl->hosted_server = std::move(it->second);

@@ -69,7 +69,8 @@ std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
 
 }  // namespace
 
-Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options)
+Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options,
+                         const std::string& address_hint)
     : cfg(core::Config::global()), rank(r), size(n), base_store(std::move(base)) {
   BRAID_CHECK(base_store != nullptr, InvalidUsage, "Communicator: store is null");
   BRAID_CHECK(n >= 1, InvalidUsage, "Communicator: size must be at least 1, got " << n);
@@ -136,7 +137,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   }
   eo.sockets_per_peer = cfg.sockets_per_peer;
   eo.ifname = cfg.socket_ifname;
-  eo.master_addr = cfg.master_addr;
+  eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
   eo.socket_buffer = cfg.socket_buffer;
   eo.auth_token = token;
   eo.comm_id = comm_id;

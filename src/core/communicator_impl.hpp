@@ -44,7 +44,11 @@ struct Communicator::Impl {
   std::deque<std::tuple<int, int, std::uint64_t, std::size_t, int>> plan_order;
   mutable std::optional<std::pair<int, int>> locality;  ///< (local_rank, local_size)
 
-  Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options);
+  /// `address_hint`: where the bootstrap store lives, used as the master address when
+  /// the configuration has none (from_unique_id), so TCP binds the interface that
+  /// reaches it.
+  Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
+       const std::string& address_hint = {});
   ~Impl();
 
   std::string host_id;  ///< this rank's host identity (CommOptions::host_id or BRAID_HOST_ID or hostname+boot id)

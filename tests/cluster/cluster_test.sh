@@ -43,6 +43,7 @@ case $case in
     exit 0 ;;
   down)
     [ -f "$owner" ] || exit 0
+    rm -f "$owner"
     "$vcl" down
     exit 0 ;;
 esac

@@ -1043,4 +1043,13 @@ TEST(TcpSelectAddress, RemoteMasterPicksAnInterfaceAddress) {
   EXPECT_EQ(::inet_pton(AF_INET, a.c_str(), &parsed), 1) << a;
 }
 
+// create_unique_id() under mpirun: no master address, yet other hosts must reach the
+// store, so the first non-loopback interface (as for an unknown remote master), and
+// 127.0.0.1 only on a machine that has nothing else.
+TEST(TcpSelectAddress, PreferExternalWithoutMasterPicksLikeARemoteMaster) {
+  EXPECT_EQ(bt::select_address("", "", true), bt::select_address("", "203.0.113.9"));
+  EXPECT_EQ(bt::select_address("", "127.0.0.1", true), "127.0.0.1");  // an explicit loopback master stays
+  EXPECT_EQ(bt::select_address("lo", "", true), "127.0.0.1");         // a named interface wins
+}
+
 }  // namespace

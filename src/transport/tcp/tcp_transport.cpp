@@ -1214,7 +1214,7 @@ bool is_loopback(in_addr a) { return (ntohl(a.s_addr) >> 24) == 127; }
 
 }  // namespace
 
-std::string select_address(const std::string& ifname, const std::string& master_addr) {
+std::string select_address(const std::string& ifname, const std::string& master_addr, bool prefer_external) {
   std::vector<IfAddr> list;
   ifaddrs* ifa = nullptr;
   if (::getifaddrs(&ifa) == 0) {
@@ -1242,7 +1242,8 @@ std::string select_address(const std::string& ifname, const std::string& master_
                                              "' (BRAID_SOCKET_IFNAME) has no IPv4 address; interfaces with one: " +
                                              (known.empty() ? "none" : known));
   }
-  if (master_addr.empty() || master_addr == "localhost" || master_addr == "::1") return "127.0.0.1";
+  if ((master_addr.empty() && !prefer_external) || master_addr == "localhost" || master_addr == "::1")
+    return "127.0.0.1";
   in_addr master{};
   if (resolve_v4(master_addr, &master)) {
     if (is_loopback(master)) return "127.0.0.1";

@@ -48,7 +48,10 @@ std::unique_ptr<Transport> make_tcp_transport(const TcpOptions& options, Poller&
 /// (Error(InvalidUsage) listing the interfaces when it has none); otherwise 127.0.0.1
 /// when `master_addr` is empty or a loopback address, else the address of the
 /// interface whose subnet contains `master_addr`, else the first non-loopback up
-/// interface, else 127.0.0.1.
-std::string select_address(const std::string& ifname, const std::string& master_addr);
+/// interface, else 127.0.0.1. `prefer_external`: with no `ifname` and no `master_addr`,
+/// the first non-loopback up interface rather than 127.0.0.1 (a unique id's store must
+/// be reachable from other hosts).
+std::string select_address(const std::string& ifname, const std::string& master_addr,
+                           bool prefer_external = false);
 
 }  // namespace braid::transport
