@@ -33,7 +33,7 @@ CODECS = [  # (label, codec, error feedback)
     ("fp16", "fp16", False),
     ("int8", "int8", False),
     ("sign1+EF", "sign1", True),
-    ("topk+EF", "topk", True),
+    ("topk+EF", "topk:0.01", True),
     ("powersgd", "powersgd", True),  # low-rank (rank 2) over plain braid all-reduces
 ]
 

@@ -54,7 +54,10 @@ __all__ = [
 
 #: Codec names accepted by ``allreduce(codec=...)`` (DESIGN.md §6). Whether a codec
 #: runs depends on the build: an unsupported one raises UnsupportedError.
-CODECS = ("none", "fp16", "bf16", "fp8", "int8", "int4", "sign1", "topk")
+#: Codec families, as braid's C++ API and allreduce_bench --codec name them; topk takes a
+#: ratio ("topk:0.01") and any codec may carry suffixes such as ":sr" or ":block=128"
+#: (docs/codecs.md). "auto" lets the cost model decide.
+CODECS = ("none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:RATIO", "auto")
 
 _NP_DTYPES = {
     np.dtype(np.float32): DataType.f32,
@@ -316,7 +319,7 @@ class Communicator:
                   ef_key: Optional[str] = None, deterministic: bool = False, timeout: Optional[float] = None):
         """Reduces `x` over ranks, in place by default (into `out` if given).
 
-        `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk", ...);
+        `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk:0.01", ...);
         biased codecs (sign1, topk) need an `ef_key`, the name of the error-feedback residual
         the library keeps for this buffer (one per gradient bucket)."""
         b = _buffer(x, "allreduce input", writable=out is None)

@@ -506,7 +506,7 @@ def compression_hook(codec: str = "int8", error_feedback: bool = True,
                      process_group: Optional[dist.ProcessGroup] = None):
     """A DDP communication hook that averages each gradient bucket with braid's all-reduce,
     compressed inside the collective with `codec` ("none", "fp16", "bf16", "int8", "sign1",
-    "topk", ...). With `error_feedback`, the library keeps a residual per bucket (keyed by
+    "topk:0.01", ...). With `error_feedback`, the library keeps a residual per bucket (keyed by
     the bucket index), so biased codecs (sign1, topk) converge.
 
         ddp.register_comm_hook(None, braid.torch.compression_hook("int8"))

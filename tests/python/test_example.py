@@ -19,7 +19,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_d
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
     cmd = [braidrun_path(), "-n", "4", "--timeout", "240", "--", sys.executable, str(EXAMPLE),
-           "--codecs", "none,int8,sign1+EF,powersgd", "--epochs", "20", "--json", str(out / "r.json"),
+           "--codecs", "none,int8,sign1+EF,powersgd", "--epochs", "25", "--json", str(out / "r.json"),
            "--plot", str(out / "loss.png")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
     assert p.returncode == 0, p.stdout + p.stderr
