@@ -112,8 +112,13 @@ TEST(Arguments, RejectedBeforeAnythingMoves) {
   neg.timeout = std::chrono::milliseconds(-1);
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, neg); }), ErrorCode::InvalidUsage);
   AllreduceOptions codec;
+  codec.codec = "int9";
+  EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, codec); }), ErrorCode::InvalidUsage);
   codec.codec = "int8";
-  EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, codec); }), ErrorCode::Unsupported);
+  double d[8] = {};
+  EXPECT_EQ(code_of([&] { c.allreduce(d, d, 8, DataType::f64, ReduceOp::sum, codec); }), ErrorCode::InvalidUsage);
+  codec.codec = "sign1";  // biased without error feedback
+  EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, codec); }), ErrorCode::InvalidUsage);
   AllreduceOptions bogus;
   bogus.algorithm = static_cast<Algorithm>(42);
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, ReduceOp::sum, bogus); }), ErrorCode::InvalidUsage);
