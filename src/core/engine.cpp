@@ -658,7 +658,9 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
     set_log_rank(opt_.rank);
-    const auto spin = std::chrono::microseconds(opt_.spin_us);
+    // A helper yields while it polls, so it may poll even where the engine thread must
+    // not spin (more local ranks than cores, BRAID_SPIN_US=auto -> 0).
+    const auto spin = std::chrono::microseconds(std::max(opt_.spin_us, opt_.help_spin_us));
     auto last_progress = Clock::now();
     while (!w.finished.load(std::memory_order_acquire)) {
       bool unrouted = false;
@@ -670,14 +672,17 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
         last_progress = now;
         continue;
       }
-      // Nothing moves: spin as the engine thread would, then leave the waiting to it
-      // (it sleeps in epoll instead of burning this thread's core).
+      // Nothing moves: poll for a while, yielding the core between polls (a peer rank
+      // may need it to answer; with nothing else runnable a yield costs well under a
+      // microsecond), then leave the waiting to the engine thread, which sleeps in
+      // epoll instead of burning this thread's core.
       if (now - last_progress >= spin) break;
       try {
         poller_->collect(0);
       } catch (const std::exception&) {
         break;
       }
+      std::this_thread::yield();
     }
     std::lock_guard<std::mutex> lock(mu_);
     more = !active_.empty() || !queue_.empty();

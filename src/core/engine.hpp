@@ -79,6 +79,7 @@ struct EngineOptions {
   std::string comm_name = "braid";
   int spin_us = 100;
   bool wait_helps = true;  ///< waiting threads drive progress (Engine::help)
+  int help_spin_us = 200;   ///< a helper polls (yielding) at least this long without progress
   // TCP transport settings.
   int sockets_per_peer = 1;
   std::string ifname;
