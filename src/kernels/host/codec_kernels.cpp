@@ -13,6 +13,7 @@
 // * Encoders stage (in + add) in a block-sized stack buffer only when there is an `add`,
 //   so the residual may alias either input.
 #include "kernels/host/codec_kernels.hpp"
+#include "kernels/host/bits.hpp"
 
 #include "kernels/host/reduce.hpp"
 #include "kernels/host/rng.hpp"
@@ -30,8 +31,6 @@
 #define BRAID_CODEC_X86 0
 #endif
 
-#define BRAID_INLINE inline __attribute__((always_inline))
-#define BRAID_NOINLINE __attribute__((noinline))
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "braid codecs write little-endian scales and indices with memcpy; port the stores for big-endian hosts"
@@ -40,16 +39,8 @@
 namespace braid::kernels {
 namespace {
 
-BRAID_INLINE std::uint32_t f2u(float f) noexcept {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-BRAID_INLINE float u2f(std::uint32_t u) noexcept {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using bits::f2u;
+using bits::u2f;
 BRAID_INLINE float load_f32(const std::uint8_t* p) noexcept {
   float f;
   std::memcpy(&f, p, 4);

@@ -31,6 +31,7 @@
 //   every path returns the same operand (signed zeros included). The quiet comparison
 //   builtins keep the expression if-convertible under -ftrapping-math.
 #include "kernels/host/reduce.hpp"
+#include "kernels/host/bits.hpp"
 
 #include <atomic>
 #include <cstring>
@@ -46,8 +47,6 @@
 #define BRAID_X86_DISPATCH 0
 #endif
 
-#define BRAID_INLINE inline __attribute__((always_inline))
-#define BRAID_NOINLINE __attribute__((noinline))
 #define BRAID_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace braid::kernels {
@@ -58,16 +57,8 @@ namespace {
 // vectoriser keeps everything in 32-bit lanes; always_inline so that they also inline
 // into the target("avx2") copies of the loops.
 
-BRAID_INLINE std::uint32_t f2u(float f) noexcept {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-BRAID_INLINE float u2f(std::uint32_t u) noexcept {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using bits::f2u;
+using bits::u2f;
 
 // Bitwise select, cond ? x : y. Used where an arm holds a float operation: under the
 // default -ftrapping-math GCC would sink that operation into a branch of a ?: and then
