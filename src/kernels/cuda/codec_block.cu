@@ -1,0 +1,239 @@
+// braid CUDA block-format encoders (int8, int4, fp8e4m3, fp8e5m2, sign1), plain and fused
+// with a decode + reduce in front (the compressed ring step).
+//
+// One warp per scale block (8 warps per thread block, grid-stride over scale blocks), so
+// the absmax is a warp reduction (__reduce_max_sync) and there are no atomics. Each lane
+// owns 8 consecutive elements of each 256-element chunk of the scale block (two 16-byte
+// loads where aligned). Pass 1 finds the |bits| max (and, for sign1, the eight ordered
+// lane sums of docs/codecs.md through a per-warp shared-memory staging of the chunk);
+// pass 2 re-reads the block (L1/L2 hits) and writes codes, scale and residual. The
+// per-element arithmetic is the host's, in the host's order.
+#include "kernels/cuda/codec_device.cuh"
+
+namespace braid::kernels::cuda::detail {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kChunk = 256;  // elements per warp iteration: 32 lanes x 8
+
+template <BlockFormat F, bool SR, bool FB, class Src>
+__global__ void __launch_bounds__(kWarps * 32)
+    block_encode_kernel(BlockCodecParams p, Src src, std::size_t n, std::size_t nb, std::uint8_t* out,
+                        float* residual, std::size_t payload_bytes) {
+  __shared__ float stage[F == BlockFormat::sign1 ? kWarps : 1][F == BlockFormat::sign1 ? kChunk : 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::uint32_t B = p.block;
+  std::uint8_t* codes = out + 4 * nb;
+  for (std::size_t b = static_cast<std::size_t>(blockIdx.x) * kWarps + warp; b < nb;
+       b += static_cast<std::size_t>(gridDim.x) * kWarps) {
+    const std::size_t start = b * B;
+    const int len = static_cast<int>(n - start < B ? n - start : B);
+    // Pass 1.
+    std::uint32_t m = 0;
+    float lane_sum = 0.0f;
+    for (int c = 0; c < len; c += kChunk) {
+      const int i0 = c + 8 * lane;
+      const int cnt = len - i0;
+      float y[8], acc[8];
+      if (cnt > 0) {
+        src.load8(start + i0, cnt, y, acc);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const std::uint32_t a = f2u(y[j]) & 0x7fffffffu;
+        m = a > m ? a : m;
+      }
+      if constexpr (F == BlockFormat::sign1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) stage[warp][8 * lane + j] = u2f(f2u(y[j]) & 0x7fffffffu);
+        __syncwarp();
+        if (lane < 8)
+          for (int t = 0; t < kChunk / 8 && c + 8 * t + lane < len; ++t)
+            lane_sum = __fadd_rn(lane_sum, stage[warp][8 * t + lane]);
+        __syncwarp();
+      }
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    int mode;  // 0: non-finite block, 1: tiny block (codes 0), 2: quantise
+    float scale = 0.0f, inv = 0.0f;
+    if constexpr (F == BlockFormat::sign1) {
+      float s[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s[k] = __shfl_sync(0xffffffffu, lane_sum, k);
+      if (m >= 0x7f800000u) {
+        mode = 0;
+      } else {
+        mode = 2;
+        const float total = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
+                                      __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
+        scale = __fdiv_rn(total, static_cast<float>(len));
+      }
+    } else {
+      if (m >= 0x7f800000u) {
+        mode = 0;
+      } else if (u2f(m) < kTinyAbsmax) {
+        mode = 1;
+      } else {
+        mode = 2;
+        const float absmax = u2f(m);
+        if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
+          scale = __fdiv_rn(absmax, kLevels<F>);
+          inv = __fdiv_rn(kLevels<F>, absmax);
+        } else {
+          scale = __fdiv_rn(absmax, Fp8<F>::kMax);
+          inv = __fdiv_rn(Fp8<F>::kMax, absmax);
+        }
+      }
+    }
+    if (mode == 0) scale = u2f(kNanBits);
+    if (lane == 0) store_u32(out + 4 * b, f2u(scale));
+    // Pass 2.
+    for (int c = 0; c < len; c += kChunk) {
+      const int i0 = c + 8 * lane;
+      const int cnt = len - i0;
+      if (cnt <= 0) continue;
+      const std::size_t e = start + i0;
+      float y[8], acc[8], r[8];
+      src.load8(e, cnt, y, acc);
+      if constexpr (Src::kFused) src.store_acc(e, cnt, acc);
+      std::uint32_t q[8];  // codes (int: two's complement low byte / nibble)
+      if (mode != 2) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          q[j] = 0;
+          r[j] = mode == 0 ? 0.0f : y[j];
+        }
+      } else if constexpr (F == BlockFormat::sign1) {
+        const std::uint32_t ms = f2u(scale);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const std::uint32_t neg = y[j] < 0.0f ? 1u : 0u;
+          q[j] = neg;
+          r[j] = __fsub_rn(y[j], u2f(ms | (neg << 31)));
+        }
+      } else if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
+        constexpr float L = kLevels<F>;
+        float u[8];
+        if constexpr (SR) {
+          const std::uint64_t g0 = p.offset + e;
+          switch (static_cast<int>(g0 & 3)) {
+            case 0: uniforms8<0>(p.seed, p.step, g0, u); break;
+            case 1: uniforms8<1>(p.seed, p.step, g0, u); break;
+            case 2: uniforms8<2>(p.seed, p.step, g0, u); break;
+            default: uniforms8<3>(p.seed, p.step, g0, u); break;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float qf;
+          if constexpr (SR) {
+            const float v = __fmul_rn(y[j], inv);
+            const float rr = rne(v);
+            const float f = rr > v ? __fsub_rn(rr, 1.0f) : rr;
+            qf = u[j] < __fsub_rn(v, f) ? __fadd_rn(f, 1.0f) : f;
+          } else {
+            qf = rne(__fmul_rn(y[j], inv));
+          }
+          qf = qf > L ? L : (qf < -L ? -L : qf);
+          q[j] = static_cast<std::uint32_t>(static_cast<std::int32_t>(qf));
+          r[j] = __fsub_rn(y[j], __fmul_rn(qf, scale));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          q[j] = Fp8<F>::encode(__fmul_rn(y[j], inv));
+          r[j] = __fsub_rn(y[j], __fmul_rn(Fp8<F>::decode(q[j]), scale));
+        }
+      }
+      // Codes of absent elements are 0 (int4's last high nibble, sign1's last bits).
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j >= cnt) q[j] = 0;
+      if constexpr (F == BlockFormat::sign1) {
+        std::uint32_t byte = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) byte |= q[j] << j;
+        codes[e / 8] = static_cast<std::uint8_t>(byte);
+      } else if constexpr (F == BlockFormat::int4) {
+        std::uint32_t w[1] = {0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[0] |= (q[j] & 0xfu) << (4 * j);
+        if (cnt >= 8)
+          store_bytes<4>(codes + e / 2, w);
+        else
+          store_partial(codes + e / 2, w, (cnt + 1) / 2);
+      } else {
+        std::uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j / 4] |= (q[j] & 0xffu) << (8 * (j % 4));
+        if (cnt >= 8)
+          store_bytes<8>(codes + e, w);
+        else
+          store_partial(codes + e, w, cnt);
+      }
+      if constexpr (FB) store8f(residual + e, cnt, r);
+    }
+    if (b == nb - 1 && lane == 0)
+      for (std::size_t k = 4 * nb + codes_bytes(F, n); k < payload_bytes; ++k) out[k] = 0;
+  }
+}
+
+// Dispatch on (format, stochastic, feedback) for a source built by make(format tag).
+template <BlockFormat F, class Src>
+Status by_flags(const BlockCodecParams& p, const Src& src, std::size_t n, std::uint8_t* out, float* residual,
+                Stream s) {
+  const std::size_t nb = (n + p.block - 1) / p.block;
+  const unsigned grid = grid_for(nb, kWarps, 16 * 32 / kWarps);
+  const std::size_t pb = block_payload_bytes(F, p.block, n);
+  constexpr bool kInt = F == BlockFormat::int8 || F == BlockFormat::int4;
+  if (kInt && p.stochastic) {
+    if (residual)
+      block_encode_kernel<F, kInt, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+    else
+      block_encode_kernel<F, kInt, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+  } else {
+    if (residual)
+      block_encode_kernel<F, false, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+    else
+      block_encode_kernel<F, false, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+  }
+  return last_status();
+}
+
+}  // namespace
+
+Status launch_block_encode(const EncodeArgs& a, Stream s) noexcept {
+  const PlainSrc src{a.in, a.add};
+  const BlockCodecParams& p = a.codec.block;
+  switch (p.format) {
+    case BlockFormat::int8: return by_flags<BlockFormat::int8>(p, src, a.n, a.out, a.residual, s);
+    case BlockFormat::int4: return by_flags<BlockFormat::int4>(p, src, a.n, a.out, a.residual, s);
+    case BlockFormat::fp8e4m3: return by_flags<BlockFormat::fp8e4m3>(p, src, a.n, a.out, a.residual, s);
+    case BlockFormat::fp8e5m2: return by_flags<BlockFormat::fp8e5m2>(p, src, a.n, a.out, a.residual, s);
+    case BlockFormat::sign1: return by_flags<BlockFormat::sign1>(p, src, a.n, a.out, a.residual, s);
+  }
+  return kInvalidValue;
+}
+
+Status launch_block_fused(const DecodeReduceEncodeArgs& a, Stream s) noexcept {
+  const BlockCodecParams& p = a.codec.block;
+  const std::size_t nb = (a.n + p.block - 1) / p.block;
+  auto run = [&](auto tag) {
+    constexpr BlockFormat F = decltype(tag)::value;
+    const FusedSrc<BlockDec<F>> src{BlockDec<F>{a.in_payload, nb, p.block}, a.local, a.residual, a.acc_out};
+    return by_flags<F>(p, src, a.n, a.out_payload, a.residual, s);
+  };
+  switch (p.format) {
+    case BlockFormat::int8: return run(std::integral_constant<BlockFormat, BlockFormat::int8>{});
+    case BlockFormat::int4: return run(std::integral_constant<BlockFormat, BlockFormat::int4>{});
+    case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
+    case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
+    case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
+  }
+  return kInvalidValue;
+}
+
+}  // namespace braid::kernels::cuda::detail
