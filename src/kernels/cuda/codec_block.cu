@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         __syncwarp();
         if (lane < 8)
           for (int t = 0; t < kChunk / 8 && c + 8 * t + lane < len; ++t)
-            lane_sum = __fadd_rn(lane_sum, stage[warp][8 * t + lane]);
+            lane_sum = fadd(lane_sum, stage[warp][8 * t + lane]);
         __syncwarp();
       }
     }
@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         mode = 0;
       } else {
         mode = 2;
-        const float total = __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
-                                      __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
-        scale = __fdiv_rn(total, static_cast<float>(len));
+        const float total = fadd(fadd(fadd(s[0], s[4]), fadd(s[2], s[6])),
+                                      fadd(fadd(s[1], s[5]), fadd(s[3], s[7])));
+        scale = fdiv(total, static_cast<float>(len));
       }
     } else {
       if (m >= 0x7f800000u) {
@@ -80,11 +80,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         mode = 2;
         const float absmax = u2f(m);
         if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
-          scale = __fdiv_rn(absmax, kLevels<F>);
-          inv = __fdiv_rn(kLevels<F>, absmax);
+          scale = fdiv(absmax, kLevels<F>);
+          inv = fdiv(kLevels<F>, absmax);
         } else {
-          scale = __fdiv_rn(absmax, Fp8<F>::kMax);
-          inv = __fdiv_rn(Fp8<F>::kMax, absmax);
+          scale = fdiv(absmax, Fp8<F>::kMax);
+          inv = fdiv(Fp8<F>::kMax, absmax);
         }
       }
     }
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int j = 0; j < 8; ++j) {
           const std::uint32_t neg = y[j] < 0.0f ? 1u : 0u;
           q[j] = neg;
-          r[j] = __fsub_rn(y[j], u2f(ms | (neg << 31)));
+          r[j] = fsub(y[j], u2f(ms | (neg << 31)));
         }
       } else if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
         constexpr float L = kLevels<F>;
@@ -130,22 +130,22 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int j = 0; j < 8; ++j) {
           float qf;
           if constexpr (SR) {
-            const float v = __fmul_rn(y[j], inv);
+            const float v = fmul(y[j], inv);
             const float rr = rne(v);
-            const float f = rr > v ? __fsub_rn(rr, 1.0f) : rr;
-            qf = u[j] < __fsub_rn(v, f) ? __fadd_rn(f, 1.0f) : f;
+            const float f = rr > v ? fsub(rr, 1.0f) : rr;
+            qf = u[j] < fsub(v, f) ? fadd(f, 1.0f) : f;
           } else {
-            qf = rne(__fmul_rn(y[j], inv));
+            qf = rne(fmul(y[j], inv));
           }
           qf = qf > L ? L : (qf < -L ? -L : qf);
           q[j] = static_cast<std::uint32_t>(static_cast<std::int32_t>(qf));
-          r[j] = __fsub_rn(y[j], __fmul_rn(qf, scale));
+          r[j] = fsub(y[j], fmul(qf, scale));
         }
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          q[j] = Fp8<F>::encode(__fmul_rn(y[j], inv));
-          r[j] = __fsub_rn(y[j], __fmul_rn(Fp8<F>::decode(q[j]), scale));
+          q[j] = Fp8<F>::encode(fmul(y[j], inv));
+          r[j] = fsub(y[j], fmul(Fp8<F>::decode(q[j]), scale));
         }
       }
       // Codes of absent elements are 0 (int4's last high nibble, sign1's last bits).

@@ -13,7 +13,7 @@ constexpr std::uint32_t kNanBits = 0x7fc00000u;
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
 constexpr float kTinyAbsmax = 0x1p-100f;
 
-BRAID_DEV float rne(float v) { return __fsub_rn(__fadd_rn(v, kMagic), kMagic); }
+BRAID_DEV float rne(float v) { return __fsub_rn(__fadd_rn(v, kMagic), kMagic); }  // |v| <= 2^22, finite
 
 // ---------------------------------------------------------------------------------------
 // Philox4x32-10 (rng.hpp), keyed as docs/codecs.md "RNG".
@@ -72,7 +72,7 @@ struct Fp8 {
         kShift;
     constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(127 + 1 - kBias) << 23;
     const float as = u2f(a < kMinNormalBits ? a : kMinNormalBits);
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(__fmul_rn(as, kSubScale))));
+    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(fmul(as, kSubScale))));
     std::uint32_t r = a < kMinNormalBits ? sub : normal;
     r = r < kMaxCode ? r : kMaxCode;
     return r | sign;
@@ -81,7 +81,7 @@ struct Fp8 {
     const std::uint32_t c = code & 0x7fu;
     const std::uint32_t sign = (code & 0x80u) << 24;
     const float normal = u2f((c << (23 - kMbits)) + (static_cast<std::uint32_t>(127 - kBias) << 23));
-    const float sub = __fmul_rn(static_cast<float>(static_cast<std::int32_t>(c)), kSubStep);
+    const float sub = fmul(static_cast<float>(static_cast<std::int32_t>(c)), kSubStep);
     std::uint32_t r = (c >> kMbits) == 0 ? f2u(sub) : f2u(normal);
     if constexpr (F == BlockFormat::fp8e4m3) {
       r = c == 0x7fu ? kNanBits : r;
@@ -127,7 +127,7 @@ struct BlockDec {
       for (int j = 0; j < 8; ++j) {
         const std::uint32_t nib = (w[0] >> (4 * j)) & 0xfu;
         const int q = static_cast<int>(nib << 28) >> 28;
-        v[j] = j < cnt ? __fmul_rn(static_cast<float>(q), s) : 0.0f;
+        v[j] = j < cnt ? fmul(static_cast<float>(q), s) : 0.0f;
       }
     } else {
       std::uint32_t w[2] = {0, 0};
@@ -143,7 +143,7 @@ struct BlockDec {
           x = static_cast<float>(static_cast<std::int8_t>(c));
         else
           x = Fp8<F>::decode(c);
-        v[j] = j < cnt ? __fmul_rn(x, s) : 0.0f;
+        v[j] = j < cnt ? fmul(x, s) : 0.0f;
       }
     }
   }
@@ -200,7 +200,7 @@ struct PlainSrc {
       float a[8];
       load8f(add + i, cnt, a);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) y[j] = __fadd_rn(y[j], a[j]);
+      for (int j = 0; j < 8; ++j) y[j] = fadd(y[j], a[j]);
     }
   }
   BRAID_DEV void store_acc(std::size_t, int, const float (&)[8]) const {}
@@ -218,12 +218,12 @@ struct FusedSrc {
     dec.load8(i, cnt, d);
     load8f(local + i, cnt, acc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], d[j]);  // local += decoded (decode_accumulate)
+    for (int j = 0; j < 8; ++j) acc[j] = fadd(acc[j], d[j]);  // local += decoded (decode_accumulate)
     if (residual) {
       float r[8];
       load8f(residual + i, cnt, r);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) y[j] = __fadd_rn(acc[j], r[j]);  // encode_add_feedback: x + residual
+      for (int j = 0; j < 8; ++j) y[j] = fadd(acc[j], r[j]);  // encode_add_feedback: x + residual
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[j] = acc[j];

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(256)
       else
         w[j / 2] |= (c & 0xffffu) << (16 * (j % 2));
       // none: the residual is 0 (the value travels exactly), as the host writes it.
-      r[j] = K == 4 ? 0.0f : __fsub_rn(y[j], Fmt::dec(c));
+      r[j] = K == 4 ? 0.0f : fsub(y[j], Fmt::dec(c));
     }
     if (cnt >= 8) {
       store_bytes<8 * K>(out + K * i, w);
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(256) decode_kernel(Dec dec, std::size_t n, flo
       float o[8];
       load8f(out + i, cnt, o);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __fadd_rn(o[j], v[j]);
+      for (int j = 0; j < 8; ++j) v[j] = fadd(o[j], v[j]);
     }
     store8f(out + i, cnt, v);
   }

@@ -53,6 +53,33 @@ BRAID_DEV std::uint32_t f2bf(float f) {
 BRAID_DEV float bf2f(std::uint32_t h) { return u2f(h << 16); }
 
 // ---------------------------------------------------------------------------------------
+// IEEE operations with x86 SSE/AVX NaN results, so that NaN bits match the host too: an
+// input NaN comes out quieted with its payload and sign (the first operand's when both are
+// NaN), and a NaN created from non-NaN inputs (inf - inf, 0 * inf) is the x86 "default
+// NaN" 0xffc00000. A GPU would return the canonical 0x7fffffff in every case. One compare
+// on the fast path.
+
+BRAID_DEV float x86_nan(float r, float a, float b) {
+  if (r == r) return r;
+  if (a != a) return u2f(f2u(a) | 0x00400000u);
+  if (b != b) return u2f(f2u(b) | 0x00400000u);
+  return u2f(0xffc00000u);
+}
+BRAID_DEV double x86_nan(double r, double a, double b) {
+  if (r == r) return r;
+  if (a != a) return __longlong_as_double(__double_as_longlong(a) | 0x0008000000000000ll);
+  if (b != b) return __longlong_as_double(__double_as_longlong(b) | 0x0008000000000000ll);
+  return __longlong_as_double(static_cast<long long>(0xfff8000000000000ull));
+}
+BRAID_DEV float fadd(float a, float b) { return x86_nan(__fadd_rn(a, b), a, b); }
+BRAID_DEV float fsub(float a, float b) { return x86_nan(__fsub_rn(a, b), a, b); }
+BRAID_DEV float fmul(float a, float b) { return x86_nan(__fmul_rn(a, b), a, b); }
+BRAID_DEV float fdiv(float a, float b) { return x86_nan(__fdiv_rn(a, b), a, b); }
+BRAID_DEV double fadd(double a, double b) { return x86_nan(__dadd_rn(a, b), a, b); }
+BRAID_DEV double fmul(double a, double b) { return x86_nan(__dmul_rn(a, b), a, b); }
+BRAID_DEV double fdiv(double a, double b) { return x86_nan(__ddiv_rn(a, b), a, b); }
+
+// ---------------------------------------------------------------------------------------
 // Loads and stores of byte ranges at any alignment (payloads have none in particular).
 
 BRAID_DEV bool aligned(const void* p, std::size_t a) { return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0; }

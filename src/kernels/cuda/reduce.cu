@@ -28,8 +28,8 @@ BRAID_DEV T apply_native(T a, T b) {
     if constexpr (O == Op::min) return b < a ? b : a;
     if constexpr (O == Op::max) return a < b ? b : a;
   } else {
-    if constexpr (O == Op::sum) return a + b;  // --fmad=false: never contracted
-    if constexpr (O == Op::prod) return a * b;
+    if constexpr (O == Op::sum) return fadd(a, b);  // x86 NaN rules, never contracted
+    if constexpr (O == Op::prod) return fmul(a, b);
     if constexpr (O == Op::min) return a != a ? a : (a < b ? a : b);
     if constexpr (O == Op::max) return a != a ? a : (a > b ? a : b);
   }
@@ -123,13 +123,13 @@ template <class T>
 __global__ void divide_float(T* p, std::size_t n, T q) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    p[i] = p[i] / q;
+    p[i] = fdiv(p[i], q);
 }
 template <bool Half>
 __global__ void divide_16(std::uint16_t* p, std::size_t n, float q) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    p[i] = static_cast<std::uint16_t>(Half ? f2h(__fdiv_rn(h2f(p[i]), q)) : f2bf(__fdiv_rn(bf2f(p[i]), q)));
+    p[i] = static_cast<std::uint16_t>(Half ? f2h(fdiv(h2f(p[i]), q)) : f2bf(fdiv(bf2f(p[i]), q)));
 }
 template <class T>
 __global__ void divide_int(T* p, std::size_t n, int divisor) {

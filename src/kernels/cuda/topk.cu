@@ -18,7 +18,7 @@ namespace {
 using namespace detail;
 
 BRAID_DEV float value_at(const float* in, const float* add, std::size_t i) {
-  return add ? __fadd_rn(in[i], add[i]) : in[i];
+  return add ? fadd(in[i], add[i]) : in[i];
 }
 
 __global__ void topk_keys(const float* in, const float* add, std::uint32_t n, std::uint32_t* keys,
@@ -62,7 +62,7 @@ __global__ void topk_scatter(const std::uint8_t* in, std::uint32_t k, float* out
   for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x) {
     const std::uint32_t i = load_u32(in + 4 * static_cast<std::size_t>(j));
     const float v = u2f(load_u32(in + 4 * static_cast<std::size_t>(k) + 4 * static_cast<std::size_t>(j)));
-    out[i] = ACC ? __fadd_rn(out[i], v) : v;  // indices are distinct: no two threads share i
+    out[i] = ACC ? fadd(out[i], v) : v;  // indices are distinct: no two threads share i
   }
 }
 
