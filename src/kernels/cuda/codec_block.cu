@@ -57,39 +57,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
     m = __reduce_max_sync(0xffffffffu, m);
-    int mode;  // 0: non-finite block, 1: tiny block (codes 0), 2: quantise
-    float scale = 0.0f, inv = 0.0f;
+    float sums[8] = {};
     if constexpr (F == BlockFormat::sign1) {
-      float s[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) s[k] = __shfl_sync(0xffffffffu, lane_sum, k);
-      if (m >= 0x7f800000u) {
-        mode = 0;
-      } else {
-        mode = 2;
-        const float total = fadd(fadd(fadd(s[0], s[4]), fadd(s[2], s[6])),
-                                      fadd(fadd(s[1], s[5]), fadd(s[3], s[7])));
-        scale = fdiv(total, static_cast<float>(len));
-      }
-    } else {
-      if (m >= 0x7f800000u) {
-        mode = 0;
-      } else if (u2f(m) < kTinyAbsmax) {
-        mode = 1;
-      } else {
-        mode = 2;
-        const float absmax = u2f(m);
-        if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
-          scale = fdiv(absmax, kLevels<F>);
-          inv = fdiv(kLevels<F>, absmax);
-        } else {
-          scale = fdiv(absmax, Fp8<F>::kMax);
-          inv = fdiv(Fp8<F>::kMax, absmax);
-        }
-      }
+      for (int k = 0; k < 8; ++k) sums[k] = __shfl_sync(0xffffffffu, lane_sum, k);
     }
-    if (mode == 0) scale = u2f(kNanBits);
-    if (lane == 0) store_u32(out + 4 * b, f2u(scale));
+    const BlockScale bs = block_scale<F>(m, sums, len);
+    if (lane == 0) store_u32(out + 4 * b, f2u(bs.scale));
     // Pass 2.
     for (int c = 0; c < len; c += kChunk) {
       const int i0 = c + 8 * lane;
@@ -99,76 +73,18 @@ __global__ void __launch_bounds__(kWarps * 32)
       float y[8], acc[8], r[8];
       src.load8(e, cnt, y, acc);
       if constexpr (Src::kFused) src.store_acc(e, cnt, acc);
-      std::uint32_t q[8];  // codes (int: two's complement low byte / nibble)
-      if (mode != 2) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          q[j] = 0;
-          r[j] = mode == 0 ? 0.0f : y[j];
-        }
-      } else if constexpr (F == BlockFormat::sign1) {
-        const std::uint32_t ms = f2u(scale);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const std::uint32_t neg = y[j] < 0.0f ? 1u : 0u;
-          q[j] = neg;
-          r[j] = fsub(y[j], u2f(ms | (neg << 31)));
-        }
-      } else if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
-        constexpr float L = kLevels<F>;
-        float u[8];
-        if constexpr (SR) {
-          const std::uint64_t g0 = p.offset + e;
-          switch (static_cast<int>(g0 & 3)) {
-            case 0: uniforms8<0>(p.seed, p.step, g0, u); break;
-            case 1: uniforms8<1>(p.seed, p.step, g0, u); break;
-            case 2: uniforms8<2>(p.seed, p.step, g0, u); break;
-            default: uniforms8<3>(p.seed, p.step, g0, u); break;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          float qf;
-          if constexpr (SR) {
-            const float v = fmul(y[j], inv);
-            const float rr = rne(v);
-            const float f = rr > v ? fsub(rr, 1.0f) : rr;
-            qf = u[j] < fsub(v, f) ? fadd(f, 1.0f) : f;
-          } else {
-            qf = rne(fmul(y[j], inv));
-          }
-          qf = qf > L ? L : (qf < -L ? -L : qf);
-          q[j] = static_cast<std::uint32_t>(static_cast<std::int32_t>(qf));
-          r[j] = fsub(y[j], fmul(qf, scale));
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          q[j] = Fp8<F>::encode(fmul(y[j], inv));
-          r[j] = fsub(y[j], fmul(Fp8<F>::decode(q[j]), scale));
-        }
-      }
-      // Codes of absent elements are 0 (int4's last high nibble, sign1's last bits).
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j >= cnt) q[j] = 0;
+      std::uint32_t q[8], w[2];
+      quantise8<F, SR>(y, cnt, bs, p, e, q, r);
+      pack8<F>(q, w);
       if constexpr (F == BlockFormat::sign1) {
-        std::uint32_t byte = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) byte |= q[j] << j;
-        codes[e / 8] = static_cast<std::uint8_t>(byte);
+        codes[e / 8] = static_cast<std::uint8_t>(w[0]);
       } else if constexpr (F == BlockFormat::int4) {
-        std::uint32_t w[1] = {0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[0] |= (q[j] & 0xfu) << (4 * j);
+        const std::uint32_t w1[1] = {w[0]};
         if (cnt >= 8)
-          store_bytes<4>(codes + e / 2, w);
+          store_bytes<4>(codes + e / 2, w1);
         else
-          store_partial(codes + e / 2, w, (cnt + 1) / 2);
+          store_partial(codes + e / 2, w1, (cnt + 1) / 2);
       } else {
-        std::uint32_t w[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j / 4] |= (q[j] & 0xffu) << (8 * (j % 4));
         if (cnt >= 8)
           store_bytes<8>(codes + e, w);
         else

@@ -13,7 +13,7 @@ constexpr std::uint32_t kNanBits = 0x7fc00000u;
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
 constexpr float kTinyAbsmax = 0x1p-100f;
 
-BRAID_DEV float rne(float v) { return __fsub_rn(__fadd_rn(v, kMagic), kMagic); }  // |v| <= 2^22, finite
+BRAID_DEV float rne(float v) { return sub_rn(add_rn(v, kMagic), kMagic); }  // |v| <= 2^22, finite
 
 // ---------------------------------------------------------------------------------------
 // Philox4x32-10 (rng.hpp), keyed as docs/codecs.md "RNG".
@@ -25,8 +25,8 @@ BRAID_DEV uint4 philox(uint4 c, std::uint32_t k0, std::uint32_t k1) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    const std::uint32_t hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-    const std::uint32_t hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    const std::uint32_t hi0 = umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const std::uint32_t hi1 = umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
     c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
   }
   return c;
@@ -233,6 +233,124 @@ struct FusedSrc {
     if (acc_out) store8f(acc_out + i, cnt, acc);
   }
 };
+
+// ---------------------------------------------------------------------------------------
+// Block quantisation, one group of 8 elements at a time (the encoder kernel's pass 2).
+
+struct BlockScale {
+  int mode;     // 0: non-finite block (scale NaN, codes 0, residual 0); 1: tiny (codes 0,
+                // residual = value); 2: quantise
+  float scale;  // stored
+  float inv;    // levels / absmax (int, fp8)
+};
+
+// The scale from the block's |bits| max `m` and (sign1) its eight ordered lane sums.
+template <BlockFormat F>
+BRAID_DEV BlockScale block_scale(std::uint32_t m, const float (&s)[8], int len) {
+  BlockScale b{2, 0.0f, 0.0f};
+  if (m >= 0x7f800000u) {
+    b.mode = 0;
+    b.scale = u2f(kNanBits);
+    return b;
+  }
+  if constexpr (F == BlockFormat::sign1) {
+    const float total = add_rn(add_rn(add_rn(s[0], s[4]), add_rn(s[2], s[6])),
+                               add_rn(add_rn(s[1], s[5]), add_rn(s[3], s[7])));
+    b.scale = div_rn(total, static_cast<float>(len));
+    return b;
+  } else {
+    const float absmax = u2f(m);
+    if (absmax < kTinyAbsmax) {
+      b.mode = 1;
+      return b;
+    }
+    if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
+      b.scale = div_rn(absmax, kLevels<F>);
+      b.inv = div_rn(kLevels<F>, absmax);
+    } else {
+      b.scale = div_rn(absmax, Fp8<F>::kMax);
+      b.inv = div_rn(Fp8<F>::kMax, absmax);
+    }
+    return b;
+  }
+}
+
+// Codes q (low byte/nibble/bit) and residuals r of y[0..cnt) at payload element e
+// (global RNG element p.offset + e); codes of absent elements are 0.
+template <BlockFormat F, bool SR>
+BRAID_DEV void quantise8(const float (&y)[8], int cnt, const BlockScale& bs, const BlockCodecParams& p,
+                         std::uint64_t e, std::uint32_t (&q)[8], float (&r)[8]) {
+  if (bs.mode != 2) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = 0;
+      r[j] = bs.mode == 0 ? 0.0f : y[j];
+    }
+    return;
+  }
+  if constexpr (F == BlockFormat::sign1) {
+    const std::uint32_t ms = f2u(bs.scale);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const std::uint32_t neg = y[j] < 0.0f ? 1u : 0u;
+      q[j] = neg;
+      r[j] = fsub(y[j], u2f(ms | (neg << 31)));
+    }
+  } else if constexpr (F == BlockFormat::int8 || F == BlockFormat::int4) {
+    constexpr float L = kLevels<F>;
+    float u[8] = {};
+    if constexpr (SR) {
+      const std::uint64_t g0 = p.offset + e;
+      switch (static_cast<int>(g0 & 3)) {
+        case 0: uniforms8<0>(p.seed, p.step, g0, u); break;
+        case 1: uniforms8<1>(p.seed, p.step, g0, u); break;
+        case 2: uniforms8<2>(p.seed, p.step, g0, u); break;
+        default: uniforms8<3>(p.seed, p.step, g0, u); break;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float qf;
+      if constexpr (SR) {
+        const float v = mul_rn(y[j], bs.inv);
+        const float rr = rne(v);
+        const float f = rr > v ? sub_rn(rr, 1.0f) : rr;  // floor(v)
+        qf = u[j] < sub_rn(v, f) ? add_rn(f, 1.0f) : f;
+      } else {
+        qf = rne(mul_rn(y[j], bs.inv));
+      }
+      qf = qf > L ? L : (qf < -L ? -L : qf);
+      q[j] = static_cast<std::uint32_t>(static_cast<std::int32_t>(qf));
+      r[j] = fsub(y[j], mul_rn(qf, bs.scale));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = Fp8<F>::encode(mul_rn(y[j], bs.inv));
+      r[j] = fsub(y[j], fmul(Fp8<F>::decode(q[j]), bs.scale));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j >= cnt) q[j] = 0;
+}
+
+// Packs 8 codes into little-endian payload bytes: sign1 1 byte, int4 4, int8/fp8 8.
+template <BlockFormat F>
+constexpr int kGroupBytes = F == BlockFormat::sign1 ? 1 : (F == BlockFormat::int4 ? 4 : 8);
+template <BlockFormat F>
+BRAID_DEV void pack8(const std::uint32_t (&q)[8], std::uint32_t (&w)[2]) {
+  w[0] = w[1] = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if constexpr (F == BlockFormat::sign1)
+      w[0] |= q[j] << j;
+    else if constexpr (F == BlockFormat::int4)
+      w[0] |= (q[j] & 0xfu) << (4 * j);
+    else
+      w[j / 4] |= (q[j] & 0xffu) << (8 * (j % 4));
+  }
+}
 
 // Launchers implemented in codec_block.cu.
 Status launch_block_encode(const EncodeArgs& a, Stream s) noexcept;

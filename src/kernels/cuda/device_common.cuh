@@ -9,13 +9,74 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace braid::kernels::cuda::detail {
 
-#define BRAID_DEV __device__ __forceinline__
+// The element recipes are __host__ __device__ so that tests/gpu/test_cuda_recipes.cu can
+// check them against the host kernels on a machine without a GPU; on the host the _rn
+// operations are plain IEEE operations (x86-64 without FMA).
+#define BRAID_DEV __host__ __device__ __forceinline__
 
-BRAID_DEV std::uint32_t f2u(float f) { return __float_as_uint(f); }
-BRAID_DEV float u2f(std::uint32_t u) { return __uint_as_float(u); }
+BRAID_DEV std::uint32_t f2u(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+BRAID_DEV float u2f(std::uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+BRAID_DEV std::uint64_t d2u(double d) {
+#ifdef __CUDA_ARCH__
+  return static_cast<std::uint64_t>(__double_as_longlong(d));
+#else
+  std::uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+#endif
+}
+BRAID_DEV double u2d(std::uint64_t u) {
+#ifdef __CUDA_ARCH__
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+#endif
+}
+
+// Correctly rounded (round-to-nearest-even) IEEE operations that nvcc never contracts.
+#ifdef __CUDA_ARCH__
+BRAID_DEV float add_rn(float a, float b) { return __fadd_rn(a, b); }
+BRAID_DEV float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+BRAID_DEV float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+BRAID_DEV float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+BRAID_DEV double add_rn(double a, double b) { return __dadd_rn(a, b); }
+BRAID_DEV double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+BRAID_DEV double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+BRAID_DEV std::uint32_t umulhi(std::uint32_t a, std::uint32_t b) { return __umulhi(a, b); }
+#else
+BRAID_DEV float add_rn(float a, float b) { return a + b; }
+BRAID_DEV float sub_rn(float a, float b) { return a - b; }
+BRAID_DEV float mul_rn(float a, float b) { return a * b; }
+BRAID_DEV float div_rn(float a, float b) { return a / b; }
+BRAID_DEV double add_rn(double a, double b) { return a + b; }
+BRAID_DEV double mul_rn(double a, double b) { return a * b; }
+BRAID_DEV double div_rn(double a, double b) { return a / b; }
+BRAID_DEV std::uint32_t umulhi(std::uint32_t a, std::uint32_t b) {
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(a) * b) >> 32);
+}
+#endif
 
 // binary16 -> binary32 (reduce.cpp h2f).
 BRAID_DEV float h2f(std::uint32_t h) {
@@ -24,7 +85,7 @@ BRAID_DEV float h2f(std::uint32_t h) {
   const std::uint32_t exp = em & 0x0f800000u;
   const std::uint32_t normal = em + ((127u - 15u) << 23);
   const std::uint32_t infnan = (em + ((255u - 31u) << 23)) | (em > 0x0f800000u ? 0x00400000u : 0u);
-  const std::uint32_t sub = f2u(__fsub_rn(u2f(em + (113u << 23)), u2f(113u << 23)));
+  const std::uint32_t sub = f2u(sub_rn(u2f(em + (113u << 23)), u2f(113u << 23)));
   const std::uint32_t r = exp == 0x0f800000u ? infnan : (exp == 0 ? sub : normal);
   return u2f(r | sign);
 }
@@ -36,7 +97,7 @@ BRAID_DEV std::uint32_t f2h(float f) {
   const std::uint32_t a = u & 0x7fffffffu;
   const std::uint32_t odd = (a >> 13) & 1u;
   const std::uint32_t normal = (a + ((15u - 127u) << 23) + 0xfffu + odd) >> 13;
-  const std::uint32_t sub = f2u(__fadd_rn(u2f(a), 0.5f)) - 0x3f000000u;
+  const std::uint32_t sub = f2u(add_rn(u2f(a), 0.5f)) - 0x3f000000u;
   const std::uint32_t infnan = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
   std::uint32_t r = a < (113u << 23) ? sub : normal;
   r = a >= ((127u + 16u) << 23) ? infnan : r;
@@ -67,17 +128,17 @@ BRAID_DEV float x86_nan(float r, float a, float b) {
 }
 BRAID_DEV double x86_nan(double r, double a, double b) {
   if (r == r) return r;
-  if (a != a) return __longlong_as_double(__double_as_longlong(a) | 0x0008000000000000ll);
-  if (b != b) return __longlong_as_double(__double_as_longlong(b) | 0x0008000000000000ll);
-  return __longlong_as_double(static_cast<long long>(0xfff8000000000000ull));
+  if (a != a) return u2d(d2u(a) | 0x0008000000000000ull);
+  if (b != b) return u2d(d2u(b) | 0x0008000000000000ull);
+  return u2d(0xfff8000000000000ull);
 }
-BRAID_DEV float fadd(float a, float b) { return x86_nan(__fadd_rn(a, b), a, b); }
-BRAID_DEV float fsub(float a, float b) { return x86_nan(__fsub_rn(a, b), a, b); }
-BRAID_DEV float fmul(float a, float b) { return x86_nan(__fmul_rn(a, b), a, b); }
-BRAID_DEV float fdiv(float a, float b) { return x86_nan(__fdiv_rn(a, b), a, b); }
-BRAID_DEV double fadd(double a, double b) { return x86_nan(__dadd_rn(a, b), a, b); }
-BRAID_DEV double fmul(double a, double b) { return x86_nan(__dmul_rn(a, b), a, b); }
-BRAID_DEV double fdiv(double a, double b) { return x86_nan(__ddiv_rn(a, b), a, b); }
+BRAID_DEV float fadd(float a, float b) { return x86_nan(add_rn(a, b), a, b); }
+BRAID_DEV float fsub(float a, float b) { return x86_nan(sub_rn(a, b), a, b); }
+BRAID_DEV float fmul(float a, float b) { return x86_nan(mul_rn(a, b), a, b); }
+BRAID_DEV float fdiv(float a, float b) { return x86_nan(div_rn(a, b), a, b); }
+BRAID_DEV double fadd(double a, double b) { return x86_nan(add_rn(a, b), a, b); }
+BRAID_DEV double fmul(double a, double b) { return x86_nan(mul_rn(a, b), a, b); }
+BRAID_DEV double fdiv(double a, double b) { return x86_nan(div_rn(a, b), a, b); }
 
 // ---------------------------------------------------------------------------------------
 // Loads and stores of byte ranges at any alignment (payloads have none in particular).
