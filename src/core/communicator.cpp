@@ -194,7 +194,8 @@ std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const Plan
 
 Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out,
                               DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
-                              const char* what, std::shared_ptr<void> keepalive) {
+                              const char* what, std::shared_ptr<void> keepalive,
+                              std::shared_ptr<detail::WorkState>* state) {
   BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
   if (cfg.check_args) check_same_call(*plan, dtype, op, what);
   BRAID_CHECK(!engine->failed(), Aborted,
@@ -216,6 +217,7 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
+  if (state) *state = o.work;
   engine->submit(std::move(o));
   return w;
 }

@@ -66,7 +66,8 @@ struct Communicator::Impl {
   std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
   std::shared_ptr<const std::vector<int>> host_map();
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
-            ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive);
+            ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive,
+            std::shared_ptr<detail::WorkState>* state = nullptr);
   std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what);
   std::atomic<std::uint64_t> next_check{0};
@@ -103,7 +104,8 @@ struct Communicator::Impl {
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
   /// Queues a host task (see core::Operation::task) and returns its Work.
-  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
+  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive,
+                 std::vector<std::shared_ptr<detail::WorkState>> after = {}, bool concurrent = false);
 };
 
 }  // namespace braid

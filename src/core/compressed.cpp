@@ -51,18 +51,27 @@ struct CompressedState {
   float* worker_residual = nullptr;  // whole bucket, or null
   float* owner_residual = nullptr;   // this rank's shard, or null
   std::size_t slot = 0;              // bytes per payload slot
+  std::size_t piece = 0, pieces = 1; // pipelining: elements per piece of a shard, pieces per shard
   std::vector<std::uint8_t> sendbuf, recvbuf, gathered;
   std::vector<float> acc;
 };
 
+// Pipelining of the two-phase algorithm: about kPieces pieces per shard, none smaller
+// than kMinPiece elements (so that per-operation costs stay small against transfers).
+constexpr std::size_t kPieces = 16;
+constexpr std::size_t kMinPiece = 64 * 1024;
+
 }  // namespace
 
-Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive) {
+Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive,
+                                   std::vector<std::shared_ptr<detail::WorkState>> after, bool concurrent) {
   BRAID_CHECK(!engine->failed(), Aborted,
               what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
   core::Operation o;
   o.seq = next_seq++;
   o.task = std::move(task);
+  o.after = std::move(after);
+  o.concurrent = concurrent;
   o.timeout = timeout;
   o.work = std::make_shared<detail::WorkState>();
   o.keepalive = std::move(keepalive);
@@ -182,7 +191,8 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
     std::lock_guard<std::mutex> lock(mu);
     st->step = codec_steps[options.ef_key]++;
   }
-  auto post_bytes = [&](Collective c, const void* in, void* out, std::size_t bytes, const char* step_name) {
+  auto post_bytes = [&](Collective c, const void* in, void* out, std::size_t bytes, const char* step_name,
+                        std::shared_ptr<detail::WorkState>* state = nullptr) {
     collectives::PlanRequest req;
     req.collective = c;
     req.rank = rank;
@@ -194,7 +204,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
     req.algorithm = Algorithm::automatic;
     if (size > 1) req.host_of = host_map();
     const std::string op_name = what + " " + step_name;
-    return post(plan_for(req), in, out, DataType::u8, ReduceOp::sum, options.timeout, op_name.c_str(), st);
+    return post(plan_for(req), in, out, DataType::u8, ReduceOp::sum, options.timeout, op_name.c_str(), st, state);
   };
 
   if (spec.kind == CodecKind::topk) {
@@ -223,57 +233,102 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
         what + " sum", st);
   }
 
-  for (int s = 0; s < size; ++s)
-    st->slot = std::max(st->slot, compression::encoded_bytes(spec, compression::shard_range(count, size, s).size()));
-  const std::size_t all = st->slot * static_cast<std::size_t>(size);
-  st->sendbuf.resize(all);
-  st->recvbuf.resize(all);
-  st->gathered.resize(all);
-  st->acc.resize(mine.size());
+  // Pipelined in pieces: piece c of shard s is [b_s + c*P, min(b_s + (c+1)*P, e_s)),
+  // P a multiple of the block, so the payloads decode to exactly what whole-shard
+  // payloads would (blocks start at the shard's start; the RNG is keyed on the global
+  // offset). Piece c's stages: E (encode, task), A (all-to-all), O (owner sum and
+  // re-encode, task, after A), G (all-gather), D (decode, task, after G). Issued as
+  //   E0 A0 | E1 A1 O0 G0 | E2 A2 O1 G1 D0 | ... | O(C-1) G(C-1) D(C-2) | D(C-1)
+  // so that every task runs while a transfer is in flight (collectives run one at a
+  // time in issue order, tasks beside them).
+  std::size_t max_shard = 0;
+  for (int s = 0; s < size; ++s) max_shard = std::max(max_shard, compression::shard_range(count, size, s).size());
+  const std::size_t unit = static_cast<std::size_t>(std::max(8, spec.block));
+  std::size_t piece = std::max<std::size_t>(kMinPiece, (max_shard + kPieces - 1) / kPieces);
+  piece = (piece + unit - 1) / unit * unit;
+  const std::size_t pieces = std::max<std::size_t>(1, (max_shard + piece - 1) / piece);
+  st->piece = piece;
+  st->pieces = pieces;
+  st->slot = compression::encoded_bytes(spec, std::min(piece, max_shard));
+  const std::size_t per_piece = st->slot * static_cast<std::size_t>(size);
+  st->sendbuf.resize(per_piece * pieces);
+  st->recvbuf.resize(per_piece * pieces);
+  st->gathered.resize(per_piece * pieces);
+  st->acc.resize(std::min(piece, mine.size()));
 
-  post_task(
-      [st] {
-        const CodecSpec ws = compression::stream_spec(st->spec, st->rank, compression::Phase::worker);
-        for (int s = 0; s < st->world; ++s) {
-          const auto sr = compression::shard_range(st->count, st->world, s);
-          std::uint8_t* dst = st->sendbuf.data() + st->slot * static_cast<std::size_t>(s);
-          if (st->worker_residual)
-            compression::encode_add_feedback(ws, st->in + sr.begin, st->worker_residual + sr.begin, sr.size(), dst,
-                                             st->step, sr.begin);
-          else
-            compression::encode(ws, st->in + sr.begin, sr.size(), dst, st->step, sr.begin);
-        }
-      },
-      what + " encode", st);
-  post_bytes(Collective::alltoall, st->sendbuf.data(), st->recvbuf.data(), st->slot, "all-to-all");
-  post_task(
-      [st] {
-        const auto sr = compression::shard_range(st->count, st->world, st->rank);
-        std::fill(st->acc.begin(), st->acc.end(), 0.0f);
-        for (int r = 0; r < st->world; ++r)
-          compression::decode_accumulate(st->spec, st->recvbuf.data() + st->slot * static_cast<std::size_t>(r),
-                                         sr.size(), st->acc.data());
-        if (st->average)
-          for (float& v : st->acc) v = v / static_cast<float>(st->world);
-        const CodecSpec os = compression::stream_spec(st->spec, st->rank, compression::Phase::owner);
-        std::uint8_t* dst = st->gathered.data() + st->slot * static_cast<std::size_t>(st->rank);
-        if (st->owner_residual)
-          compression::encode_add_feedback(os, st->acc.data(), st->owner_residual, sr.size(), dst, st->step, sr.begin);
-        else
-          compression::encode(os, st->acc.data(), sr.size(), dst, st->step, sr.begin);
-      },
-      what + " owner sum", st);
-  std::uint8_t* g = st->gathered.data();
-  post_bytes(Collective::allgather, g + st->slot * static_cast<std::size_t>(rank), g, st->slot, "all-gather");
-  return post_task(
-      [st] {
-        for (int s = 0; s < st->world; ++s) {
-          const auto sr = compression::shard_range(st->count, st->world, s);
-          compression::decode(st->spec, st->gathered.data() + st->slot * static_cast<std::size_t>(s), sr.size(),
-                              st->out + sr.begin);
-        }
-      },
-      what + " decode", st);
+  // Elements [begin, end) of piece c of shard s.
+  auto piece_of = [](const CompressedState& x, int s, std::size_t c) {
+    const auto sr = compression::shard_range(x.count, x.world, s);
+    const std::size_t b = std::min(sr.end, sr.begin + c * x.piece);
+    return compression::ShardRange{b, std::min(sr.end, b + x.piece)};
+  };
+  auto payload = [](std::vector<std::uint8_t>& buf, const CompressedState& x, std::size_t c, int s) {
+    return buf.data() + (c * static_cast<std::size_t>(x.world) + static_cast<std::size_t>(s)) * x.slot;
+  };
+  auto encode_piece = [st, piece_of, payload](std::size_t c) {
+    const CodecSpec ws = compression::stream_spec(st->spec, st->rank, compression::Phase::worker);
+    for (int s = 0; s < st->world; ++s) {
+      const auto pr = piece_of(*st, s, c);
+      std::uint8_t* dst = payload(st->sendbuf, *st, c, s);
+      if (st->worker_residual)
+        compression::encode_add_feedback(ws, st->in + pr.begin, st->worker_residual + pr.begin, pr.size(), dst,
+                                         st->step, pr.begin);
+      else
+        compression::encode(ws, st->in + pr.begin, pr.size(), dst, st->step, pr.begin);
+    }
+  };
+  auto owner_piece = [st, piece_of, payload](std::size_t c) {
+    const auto pr = piece_of(*st, st->rank, c);
+    const std::size_t n = pr.size();
+    std::fill(st->acc.begin(), st->acc.begin() + static_cast<std::ptrdiff_t>(n), 0.0f);
+    for (int r = 0; r < st->world; ++r)
+      compression::decode_accumulate(st->spec, payload(st->recvbuf, *st, c, r), n, st->acc.data());
+    if (st->average)
+      for (std::size_t i = 0; i < n; ++i) st->acc[i] = st->acc[i] / static_cast<float>(st->world);
+    const CodecSpec os = compression::stream_spec(st->spec, st->rank, compression::Phase::owner);
+    const auto shard = compression::shard_range(st->count, st->world, st->rank);
+    std::uint8_t* dst = payload(st->gathered, *st, c, st->rank);
+    if (st->owner_residual)
+      compression::encode_add_feedback(os, st->acc.data(), st->owner_residual + (pr.begin - shard.begin), n, dst,
+                                       st->step, pr.begin);
+    else
+      compression::encode(os, st->acc.data(), n, dst, st->step, pr.begin);
+  };
+  auto decode_piece = [st, piece_of, payload](std::size_t c) {
+    for (int s = 0; s < st->world; ++s) {
+      const auto pr = piece_of(*st, s, c);
+      compression::decode(st->spec, payload(st->gathered, *st, c, s), pr.size(), st->out + pr.begin);
+    }
+  };
+
+  using State = std::shared_ptr<detail::WorkState>;
+  std::vector<State> a_done(pieces), g_done(pieces);
+  Work last;
+  const std::string n_of = " " + std::to_string(pieces);
+  for (std::size_t c = 0; c <= pieces + 1; ++c) {
+    if (c < pieces) {
+      const std::string k = " " + std::to_string(c + 1) + "/" + std::to_string(pieces);
+      // The first encode waits for everything issued before (it reads the input);
+      // later ones overlap the previous piece's transfers.
+      post_task([encode_piece, c] { encode_piece(c); }, what + " encode" + k, st, {}, c > 0);
+      post_bytes(Collective::alltoall, payload(st->sendbuf, *st, c, 0), payload(st->recvbuf, *st, c, 0), st->slot,
+                 ("all-to-all" + k).c_str(), &a_done[c]);
+    }
+    if (c >= 1 && c <= pieces) {
+      const std::size_t p = c - 1;
+      const std::string k = " " + std::to_string(p + 1) + "/" + std::to_string(pieces);
+      post_task([owner_piece, p] { owner_piece(p); }, what + " owner sum" + k, st, {a_done[p]}, true);
+      std::uint8_t* g = payload(st->gathered, *st, p, 0);
+      post_bytes(Collective::allgather, g + st->slot * static_cast<std::size_t>(rank), g, st->slot,
+                 ("all-gather" + k).c_str(), &g_done[p]);
+    }
+    if (c >= 2) {
+      const std::size_t p = c - 2;
+      const std::string k = " " + std::to_string(p + 1) + "/" + std::to_string(pieces);
+      last = post_task([decode_piece, p] { decode_piece(p); }, what + " decode" + k, st, {g_done[p]}, true);
+    }
+  }
+  return last;
 }
 
 std::shared_ptr<Communicator::Impl::Hierarchy> Communicator::Impl::hierarchy_for_compression() {

@@ -237,18 +237,31 @@ bool Engine::admit() {
       }
       return any;
     }
-    // A collective runs alone; point-to-point operations run together with the
-    // point-to-point operations next to them (as in an NCCL group).
-    if (!active_.empty() && !(queue_.front().p2p && active_.back()->op.p2p)) return any;
+    Operation& front = queue_.front();
+    if (front.task) {
+      // A host task runs once everything issued before it is done, or, when marked
+      // concurrent, once the operations it names are done, beside a running
+      // collective (so encoding overlaps transfers). Nothing after it
+      // is admitted before it has run: what follows may read what it writes.
+      if (!front.concurrent && !active_.empty()) return any;  // after everything before it
+      for (const auto& dep : front.after)
+        if (!dep->finished.load(std::memory_order_acquire)) return any;
+      for (const auto& ex : active_)
+        if (ex->op.task) return any;  // admitted, not run yet
+      auto ex = std::make_unique<Exec>();
+      ex->op = std::move(front);
+      queue_.pop_front();
+      ex->deadline = Clock::time_point::max();
+      active_.push_back(std::move(ex));
+      return true;
+    }
+    // A collective runs alone (beside host tasks); point-to-point operations run
+    // together with the point-to-point operations next to them (as in an NCCL group).
+    for (const auto& ex : active_)
+      if (ex->op.task || !(front.p2p && ex->op.p2p)) return any;
     auto ex = std::make_unique<Exec>();
     ex->op = std::move(queue_.front());
     queue_.pop_front();
-    if (ex->op.task) {  // runs in step(), alone
-      ex->deadline = Clock::time_point::max();
-      active_.push_back(std::move(ex));
-      any = true;
-      continue;
-    }
     ex->plan = ex->op.plan.get();
     ex->elem = dtype_size(ex->op.dtype);
     const auto now = Clock::now();
@@ -683,6 +696,13 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
         break;
       }
       std::this_thread::yield();
+    }
+    // Settle the idle state (drain() waits for it) and admit what was queued
+    // meanwhile: the engine thread may be asleep, its wake-up consumed by this
+    // helper's polls, and must be woken if anything is left.
+    try {
+      admit();
+    } catch (...) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     more = !active_.empty() || !queue_.empty();

@@ -65,11 +65,17 @@ struct Operation {
   /// messages carry `tag_base` instead of the collective sequence number.
   bool p2p = false;
   std::uint64_t tag_base = 0;
-  /// A host step between collectives (no plan): runs on the engine (or a helping
-  /// waiter) in issue order, alone, once everything before it has completed, e.g.
-  /// the encode and decode passes of a compressed all-reduce. An exception from it
-  /// fails the communicator like a failed transfer.
+  /// A host step (no plan): runs on the engine (or a helping waiter) in issue order,
+  /// once everything issued before it has completed, and before anything issued after
+  /// it starts; e.g. the encode and decode passes of a compressed all-reduce. An
+  /// exception from it fails the communicator like a failed transfer.
   std::function<void()> task;
+  /// Tasks only: run as soon as the operations in `after` have completed, beside a
+  /// running collective (so that host work overlaps transfers). The task must then
+  /// touch no buffer that an unfinished operation uses, except those in `after`.
+  bool concurrent = false;
+  /// Tasks only, with `concurrent`: operations (their works) to wait for.
+  std::vector<std::shared_ptr<detail::WorkState>> after;
 };
 
 /// Settings the engine needs, resolved by the communicator.
