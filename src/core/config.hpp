@@ -31,7 +31,7 @@ struct Config {
   std::string transport = "auto";
   std::size_t chunk_bytes = 512 * 1024;
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
-  bool wait_helps = true;  ///< BRAID_WAIT_HELPS
+  bool wait_helps = false;  ///< BRAID_WAIT_HELPS
   std::size_t plan_cache = 64;
   bool check_args = false;
   bool deterministic = false;

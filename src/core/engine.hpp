@@ -7,7 +7,8 @@
 // overlap. When nothing moves the thread spins for BRAID_SPIN_US, then sleeps in
 // epoll until a socket is ready or a new operation is posted.
 //
-// Waiting threads help: Work::wait() on a submitted operation takes the engine's
+// Waiting threads may help (BRAID_WAIT_HELPS=1; off by default, see
+// docs/performance.md): Work::wait() on a submitted operation takes the engine's
 // drive lock (the engine thread steps aside while a helper is there) and runs the
 // same progress loop on the caller's thread until its work completes or nothing has
 // moved for BRAID_SPIN_US; then it hands back to the engine thread and sleeps. A
@@ -84,7 +85,7 @@ struct EngineOptions {
   int size = 1;
   std::string comm_name = "braid";
   int spin_us = 100;
-  bool wait_helps = true;  ///< waiting threads drive progress (Engine::help)
+  bool wait_helps = false;  ///< waiting threads drive progress (Engine::help; BRAID_WAIT_HELPS)
   int help_spin_us = 200;   ///< a helper polls (yielding) at least this long without progress
   // TCP transport settings.
   int sockets_per_peer = 1;
