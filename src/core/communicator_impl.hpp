@@ -76,7 +76,9 @@ struct Communicator::Impl {
 
   // --- compression (compressed.cpp) ---
   compression::ErrorFeedbackStore error_feedback;
-  std::map<std::string, std::uint64_t> codec_steps;  ///< per ef_key: calls so far (the RNG's step), under mu
+  std::map<std::string, std::uint64_t> codec_steps;
+  /// Buffers of recent compressed all-reduces, reused when no operation holds them (under mu).
+  std::vector<std::shared_ptr<struct CompressedState>> compressed_pool;  ///< per ef_key: calls so far (the RNG's step), under mu
   /// Compressed all-reduce (docs/codecs.md): validates everything, then queues the
   /// encode task, the all-to-all, the owner's decode-sum-encode task, the all-gather and
   /// the decode task; returns the last one's Work.

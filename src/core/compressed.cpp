@@ -36,9 +36,9 @@ using compression::CodecKind;
 using compression::CodecSpec;
 using compression::ResidualRole;
 
-namespace {
-
-/// Everything one compressed all-reduce needs until its last task has run.
+/// Everything one compressed all-reduce needs until its last task has run. Kept in a
+/// small per-communicator pool and reused once its operations are gone: the payload
+/// buffers are then neither allocated nor page-faulted in again on every call.
 struct CompressedState {
   CodecSpec spec;
   int rank = 0;
@@ -56,10 +56,13 @@ struct CompressedState {
   std::vector<float> acc;
 };
 
+namespace {
+
 // Pipelining of the two-phase algorithm: about kPieces pieces per shard, none smaller
 // than kMinPiece elements (so that per-operation costs stay small against transfers).
 constexpr std::size_t kPieces = 16;
 constexpr std::size_t kMinPiece = 64 * 1024;
+constexpr std::size_t kPoolSize = 4;  // states kept for reuse (in flight at once, typically 1)
 
 }  // namespace
 
@@ -171,7 +174,21 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
     if (auto h = hierarchy_for_compression()) return hierarchical_compressed(h, send, recv, count, op, spec, options);
   }
 
-  auto st = std::make_shared<CompressedState>();
+  std::shared_ptr<CompressedState> st;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& p : compressed_pool)
+      if (p.use_count() == 1) {  // no operation holds it any more
+        st = p;
+        break;
+      }
+    if (!st) {
+      st = std::make_shared<CompressedState>();
+      if (compressed_pool.size() < kPoolSize) compressed_pool.push_back(st);
+    }
+  }
+  st->slot = 0;
+  st->worker_residual = st->owner_residual = nullptr;
   st->spec = spec;
   st->rank = rank;
   st->world = size;
