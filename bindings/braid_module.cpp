@@ -127,6 +127,17 @@ class PyStore : public braid::Store {
   template <class F>
   void call(const char* name, braid::ErrorCode code, F&& body) {
     std::string failure;
+    // A braid thread (the progress engine) must not take the GIL once the interpreter
+    // is finalizing: CPython ends such a thread with pthread_exit, whose forced unwind
+    // would abort the process ("terminate called without an active exception").
+#if PY_VERSION_HEX >= 0x030D0000
+    const bool finalizing = Py_IsFinalizing();
+#else
+    const bool finalizing = _Py_IsFinalizing();
+#endif
+    if (finalizing)
+      throw braid::Error(braid::ErrorCode::Aborted,
+                         std::string("Python store ") + name + "(): the Python interpreter is shutting down");
     {
       py::gil_scoped_acquire gil;
       py::function f = py::get_override(static_cast<const braid::Store*>(this), name);

@@ -543,7 +543,7 @@ std::string Engine::deadline_error(Exec& ex) {
   return os.str();
 }
 
-bool Engine::step(bool& unrouted) noexcept {
+bool Engine::step(bool& unrouted) {
   bool progressed = false;
   Exec* running = nullptr;  // for blame when something throws
   try {
@@ -601,7 +601,7 @@ bool Engine::step(bool& unrouted) noexcept {
   return true;
 }
 
-void Engine::run() noexcept {
+void Engine::run() {
   set_log_rank(opt_.rank);
   const auto spin = std::chrono::microseconds(opt_.spin_us);
   auto last_progress = Clock::now();

@@ -133,11 +133,13 @@ class Engine {
  private:
   struct Exec;
   class Gate;
-  void run() noexcept;
+  // Not noexcept: a store callback into foreign code (a Python store) may end the
+  // thread with a forced unwind (pthread_exit), which must pass through, not abort.
+  void run();
   /// One pass: abort requests, admission, transports, every active operation.
   /// Call with drive_mu_ held. Returns whether anything moved; sets `unrouted` when
   /// an operation waits for a peer that has not joined.
-  bool step(bool& unrouted) noexcept;
+  bool step(bool& unrouted);
   void finish_step(Exec& ex, std::uint32_t i);
   bool post_ready(Exec& ex);
   bool reap(Exec& ex);
