@@ -173,6 +173,18 @@ Communicator::Impl::~Impl() {
   engine.reset();  // stops the progress thread, closes connections
 }
 
+PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::size_t elem_size, ReduceOp op) const {
+  PlanRequest req;
+  req.collective = c;
+  req.rank = rank;
+  req.world = size;
+  req.count = count;
+  req.elem_size = elem_size;
+  req.op = op;
+  req.slice_bytes = cfg.chunk_bytes;
+  return req;
+}
+
 std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
   const auto key = std::make_tuple(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count,
                                    req.elem_size,
@@ -351,16 +363,9 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
     BRAID_CHECK(root >= 0 && root < size, InvalidUsage,
                 what << ": root " << root << " is outside [0, " << size << ")");
   BRAID_CHECK(algo <= Algorithm::hierarchical, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
-  PlanRequest req;
-  req.collective = c;
-  req.rank = rank;
-  req.world = size;
-  req.count = count;
-  req.elem_size = dtype_size(dtype);
-  req.op = reduces ? op : ReduceOp::sum;
+  PlanRequest req = request(c, count, dtype_size(dtype), reduces ? op : ReduceOp::sum);
   req.root = root;
   req.deterministic = reduces && (deterministic || cfg.deterministic);
-  req.slice_bytes = cfg.chunk_bytes;
   const auto counts = collectives::buffer_counts(req);
   // Broadcast reads send only on the root; reduce writes recv only on the root.
   const bool need_send = !(c == Collective::broadcast && rank != root);
@@ -485,15 +490,8 @@ Work Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
 
 Work Communicator::barrier(const BarrierOptions& options) {
   auto buf = std::make_shared<std::array<std::int32_t, 2>>();
-  PlanRequest req;
-  req.collective = Collective::allreduce;
+  PlanRequest req = impl_->request(Collective::allreduce, 1, 4, ReduceOp::sum);
   req.algorithm = Algorithm::ring;
-  req.rank = impl_->rank;
-  req.world = impl_->size;
-  req.count = 1;
-  req.elem_size = 4;
-  req.op = ReduceOp::sum;
-  req.slice_bytes = impl_->cfg.chunk_bytes;
   return impl_->post(impl_->plan_for(req), &(*buf)[0], &(*buf)[1], DataType::i32, ReduceOp::sum, options.timeout,
                      "barrier", buf);
 }

@@ -56,6 +56,10 @@ struct Communicator::Impl {
   std::atomic<std::uint64_t> next_p2p{1};
   std::atomic<std::uint64_t> next_split{0};
 
+  /// The request every plan of this communicator starts from: this rank and world, the
+  /// pipeline slice of the configuration, and the given collective, count, size and op.
+  collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
+                                   ReduceOp op) const;
   std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
   Work collective(collectives::Collective c, const void* send, void* recv, std::size_t count, DataType dtype,
                   ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,

@@ -210,14 +210,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
   }
   auto post_bytes = [&](Collective c, const void* in, void* out, std::size_t bytes, const char* step_name,
                         std::shared_ptr<detail::WorkState>* state = nullptr) {
-    collectives::PlanRequest req;
-    req.collective = c;
-    req.rank = rank;
-    req.world = size;
-    req.count = bytes;
-    req.elem_size = 1;
-    req.op = ReduceOp::sum;
-    req.slice_bytes = cfg.chunk_bytes;
+    collectives::PlanRequest req = request(c, bytes, 1, ReduceOp::sum);
     req.algorithm = Algorithm::automatic;
     if (size > 1) req.host_of = host_map();
     const std::string op_name = what + " " + step_name;
