@@ -34,6 +34,8 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,6 +233,118 @@ int main(int argc, char** argv) {
 
 namespace {
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// --algo a,b,...: every size runs each algorithm `rounds` times, interleaved (in a new
+// random order each round, the same on every rank), so that all of them see the same machine. Each round is
+// `iters` timed iterations (after `warmup` untimed ones the first time an algorithm
+// meets a size, one afterwards); its time is the slowest rank's mean per iteration.
+// The table gives the median over rounds per algorithm, the best forced one, auto's
+// ratio to it, the algorithm auto runs at that size and its forced median's ratio to the
+// best (auto/best also carries the noise between two runs of the same plan; pick/best
+// isolates the choice), and the tuner's explanation.
+int side_by_side(braid::Communicator& comm, const std::vector<std::string>& names,
+                 const std::vector<braid::Algorithm>& algos, std::size_t lo, std::size_t hi, double factor, int iters,
+                 int warmup, int rounds, int check, bool blocking, DataType dtype, ReduceOp op, const std::string& oname,
+                 const std::string& csv) {
+  const int rank = comm.rank(), world = comm.size();
+  const std::size_t es = braid::dtype_size(dtype);
+  const std::size_t na = algos.size();
+  std::ofstream csvf;
+  if (rank == 0) {
+    std::printf("# braid %s allreduce_bench side by side: %d ranks, type %s, op %s, iters %d, warmup %d, rounds %d%s\n",
+                braid::version().c_str(), world, nccl_type_name(dtype), oname.c_str(), iters, warmup, rounds,
+                blocking ? ", blocking" : "");
+    std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; "
+                "algorithms interleaved, in a fresh random order each round\n");
+    std::printf("#%12s", "size(B)");
+    for (const auto& n : names) std::printf(" %10s", n.c_str());
+    std::printf(" %8s %9s %7s %9s  %s\n", "best", "auto/best", "picked", "pick/best", "tuner (model; measured)");
+    if (!csv.empty()) {
+      csvf.open(csv);
+      if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
+      csvf << "size,count,algo,round,time_us\n";
+    }
+  }
+  std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
+  long long total_wrong = 0;
+  for (double size_d = static_cast<double>(lo);; size_d *= factor) {
+    const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
+    const std::size_t count = size / es;
+    for (std::size_t i = 0; i < count; ++i) store_value(dtype, send.data(), i, input_value(op, rank, i, dtype));
+    std::vector<std::vector<double>> times(na);
+    std::vector<std::size_t> order(na);
+    for (std::size_t k = 0; k < na; ++k) order[k] = k;
+    std::mt19937 shuffle_rng(static_cast<unsigned>(count));  // the same order on every rank
+    for (int round = 0; round < rounds; ++round) {
+      if (round > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
+      for (std::size_t k = 0; k < na; ++k) {
+        const std::size_t a = order[k];
+        braid::AllreduceOptions opts;
+        opts.algorithm = algos[a];
+        const int w = round == 0 ? warmup : 1;
+        for (int i = 0; i < w; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op, opts).wait();
+        comm.barrier().wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        braid::Work last;
+        for (int it = 0; it < iters; ++it) {
+          last = comm.allreduce(send.data(), recv.data(), count, dtype, op, opts);
+          if (blocking) last.wait();
+        }
+        last.wait();
+        double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+        comm.allreduce(&us, &us, 1, DataType::f64, ReduceOp::max).wait();
+        times[a].push_back(us);
+        if (csvf) csvf << count * es << ',' << count << ',' << names[a] << ',' << round << ',' << us << '\n';
+        if (check && round == 0) {
+          long long wrong = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            expected_value(dtype, op, world, i, expect.data());
+            if (std::memcmp(expect.data(), recv.data() + i * es, es) != 0) ++wrong;
+          }
+          comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
+          if (wrong && rank == 0)
+            std::printf("# %zu bytes, %s: %lld wrong elements\n", count * es, names[a].c_str(), wrong);
+          total_wrong += wrong;
+        }
+      }
+    }
+    if (rank == 0) {
+      std::vector<double> med(na);
+      std::printf(" %12zu", count * es);
+      for (std::size_t a = 0; a < na; ++a) std::printf(" %10.1f", med[a] = median(times[a]));
+      std::size_t best = na, autoi = na;
+      for (std::size_t a = 0; a < na; ++a) {
+        if (algos[a] == braid::Algorithm::automatic) autoi = a;
+        else if (best == na || med[a] < med[best]) best = a;
+      }
+      std::printf(" %8s", best < na ? names[best].c_str() : "-");
+      if (best < na && autoi < na && med[best] > 0) std::printf(" %9.2f", med[autoi] / med[best]);
+      else std::printf(" %9s", "-");
+      // What auto ran (the verdict after "-> "), and that algorithm's forced time over the best.
+      const std::string why = comm.explain_allreduce(count, dtype, op);
+      const auto to = why.rfind("-> ");
+      const std::string picked = to == std::string::npos ? "-" : why.substr(to + 3, why.find_first_of(" (", to + 3) - to - 3);
+      std::size_t pi = na;
+      for (std::size_t a = 0; a < na; ++a)
+        if (algos[a] != braid::Algorithm::automatic && braid::parse_algorithm(picked) == algos[a]) pi = a;
+      std::printf(" %7s", picked.c_str());
+      if (pi < na && best < na && med[best] > 0) std::printf(" %9.2f", med[pi] / med[best]);
+      else std::printf(" %9s", "-");
+      const auto colon = why.find(": ");
+      std::printf("  %s\n", colon == std::string::npos ? why.c_str() : why.c_str() + colon + 2);
+      std::fflush(stdout);
+    }
+    if (size >= hi) break;
+  }
+  if (rank == 0) std::printf("# Out of bounds values : %lld %s\n#\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  return total_wrong ? 1 : 0;
+}
+
 int run(int argc, char** argv, const MpiBootstrap& mpi) {
   CLI::App app{"allreduce_bench: all-reduce bandwidth and correctness, nccl-tests style. Run under braidrun, "
                "mpirun, torchrun or srun."};
@@ -243,9 +357,22 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
+  bool blocking = false;
+  app.add_option("-z,--blocking", blocking,
+                 "1: wait for each all-reduce before posting the next (a training step's pattern; the time is then "
+                 "the latency of one call); 0: post all iterations, then wait (nccl-tests' default)")
+      ->capture_default_str();
   app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64")->capture_default_str();
   app.add_option("-o,--op", oname, "sum, prod, min, max, avg")->capture_default_str();
-  app.add_option("--algo", aname, "auto, ring, tree, rhd, hier")->capture_default_str();
+  app.add_option("--algo", aname,
+                 "auto, ring, tree, rhd, hier; or a comma-separated list (auto,ring,tree,rhd) to run them side by "
+                 "side: every size runs each algorithm --rounds times, interleaved, and the table gives the median "
+                 "of each and auto's ratio to the best forced one")
+      ->capture_default_str();
+  int rounds = 7;
+  app.add_option("--rounds", rounds, "with a list of --algo: interleaved rounds per size and algorithm")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
   double idle_seconds = 0;
   app.add_option("--idle-seconds", idle_seconds,
@@ -265,7 +392,22 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
 
   const auto dtype = braid::parse_dtype(dname);
   const auto op = braid::parse_op(oname);
-  const auto algo = braid::parse_algorithm(aname);
+  // --algo a,b,c: side-by-side mode.
+  std::vector<std::string> anames;
+  for (std::size_t p = 0;;) {
+    const auto q = aname.find(',', p);
+    anames.push_back(aname.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  std::vector<braid::Algorithm> algos;
+  bool algos_ok = true;
+  for (const auto& a : anames) {
+    const auto x = braid::parse_algorithm(a);
+    if (!x) algos_ok = false;
+    else algos.push_back(*x);
+  }
+  const bool algo = algos_ok && !algos.empty();
   std::size_t lo = 0, hi = 0;
   try {
     lo = parse_size(minb);
@@ -286,8 +428,16 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     const int rank = comm.rank(), world = comm.size();
     const std::size_t es = braid::dtype_size(*dtype);
     braid::AllreduceOptions opts;
-    opts.algorithm = *algo;
+    opts.algorithm = algos[0];
     const bool compressed = codec != "none" && !codec.empty();
+    if (algos.size() > 1) {
+      if (compressed || idle_seconds > 0)
+        throw braid::Error(braid::ErrorCode::InvalidUsage,
+                           "a list of --algo runs uncompressed sweeps only; drop --codec / --idle-seconds or give "
+                           "one algorithm");
+      return side_by_side(comm, anames, algos, lo, hi, factor, iters, warmup, rounds, check, blocking, *dtype, *op, oname,
+                          csv);
+    }
     if (compressed) {
       opts.codec = codec;
       if (no_ef) opts.allow_biased = true;
@@ -317,9 +467,9 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
 
     std::ofstream csvf;
     if (rank == 0) {
-      std::printf("# braid %s allreduce_bench: %d ranks, type %s, op %s, algo %s, iters %d, warmup %d, check %d\n",
+      std::printf("# braid %s allreduce_bench: %d ranks, type %s, op %s, algo %s, iters %d, warmup %d, check %d%s\n",
                   braid::version().c_str(), world, nccl_type_name(*dtype), oname.c_str(), aname.c_str(), iters,
-                  warmup, check);
+                  warmup, check, blocking ? ", blocking" : "");
       if (compressed)
         std::printf("# codec %s%s: busbw is effective (uncompressed bytes / time); #wrong shows the relative L2 "
                     "error against the exact all-reduce\n",
@@ -371,7 +521,10 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         comm.barrier().wait();
         const auto t0 = std::chrono::steady_clock::now();
         braid::Work last;
-        for (int it = 0; it < iters; ++it) last = comm.allreduce(in, out, count, *dtype, *op, opts);
+        for (int it = 0; it < iters; ++it) {
+          last = comm.allreduce(in, out, count, *dtype, *op, opts);
+          if (blocking) last.wait();
+        }
         last.wait();
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;

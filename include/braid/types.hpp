@@ -44,13 +44,13 @@ enum class ReduceOp : std::uint8_t {
 /// Number of reduction operations; valid ReduceOp values are [0, kNumReduceOps).
 inline constexpr int kNumReduceOps = 5;
 
-/// All-reduce algorithm choice. `automatic` lets the tuner decide (today: ring).
+/// All-reduce algorithm choice. `automatic` lets the tuner decide (docs/cost-model.md).
 enum class Algorithm : std::uint8_t {
   automatic = 0,  ///< Let braid choose.
   ring,           ///< Reduce-scatter + all-gather around a ring (bandwidth-optimal).
-  tree,           ///< Double binary tree (not yet implemented).
-  rhd,            ///< Recursive halving-doubling (not yet implemented).
-  hierarchical,   ///< Intra-host / inter-host composition (not yet implemented).
+  tree,           ///< Double binary tree: two complementary trees, each carrying half the data.
+  rhd,            ///< Recursive halving-doubling (Rabenseifner), any world size.
+  hierarchical,   ///< Intra-host reduce-scatter, inter-host all-reduce per shard, intra-host all-gather.
 };
 
 /// Size in bytes of one element of `t`; 0 for a value outside the enum.

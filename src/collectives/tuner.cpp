@@ -3,6 +3,7 @@
 
 #include <braid/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -82,6 +83,50 @@ Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size,
   choice.explanation =
       explain(collective, size_bytes(collective, count, elem_size, world), world, topo.num_hosts(), choice);
   return choice;
+}
+
+Experiment Experiment::plan(const Choice& model, int rounds, double within) {
+  Experiment e;
+  for (const auto& c : model.candidates)
+    if (c.seconds <= model.seconds * within) e.candidates.push_back(c.algorithm);
+  if (e.candidates.size() < 2 || rounds < 1) {
+    e.candidates.assign(1, model.algorithm);
+    return e;
+  }
+  const std::size_t n = e.candidates.size();
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t k = 0; k < n; ++k) e.schedule.push_back(e.candidates[(k + static_cast<std::size_t>(r)) % n]);
+  return e;
+}
+
+std::vector<double> Experiment::medians(const std::vector<double>& seconds) const {
+  if (seconds.size() != schedule.size())
+    throw Error(ErrorCode::Internal, "Experiment::medians: " + std::to_string(seconds.size()) + " times for " +
+                                         std::to_string(schedule.size()) + " scheduled calls");
+  std::vector<double> out;
+  for (const Algorithm a : candidates) {
+    std::vector<double> v;
+    for (std::size_t i = 0; i < schedule.size(); ++i)
+      if (schedule[i] == a) v.push_back(seconds[i]);
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    out.push_back(n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])));
+  }
+  return out;
+}
+
+Algorithm Experiment::verdict(const std::vector<double>& agreed) const {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < candidates.size() && i < agreed.size(); ++i)
+    if (agreed[i] < agreed[best]) best = i;
+  return candidates[best];
+}
+
+std::string Experiment::explain(const std::vector<double>& agreed) const {
+  std::string s = "measured";
+  for (std::size_t i = 0; i < candidates.size() && i < agreed.size(); ++i)
+    s += (i ? ", " : " ") + std::string(braid::to_string(candidates[i])) + " " + format_seconds(agreed[i]);
+  return s + " -> " + std::string(braid::to_string(verdict(agreed)));
 }
 
 Tuner::Tuner(int world, Topology topo, CostModel model, TuneOptions options)

@@ -63,6 +63,32 @@ std::string format_bytes(double bytes);
 /// "1.23 ms", "45.6 us", "2.00 s".
 std::string format_seconds(double seconds);
 
+/// Measured tuning of one size bucket (BRAID_TUNE=measure): the model narrows the
+/// algorithms down to the plausible ones, the first calls of the bucket run each of
+/// them in turn, and the ranks then agree on the fastest measured one. The model alone
+/// ranks algorithms well across orders of magnitude but not between close candidates
+/// on a loaded or oversubscribed host (docs/cost-model.md, "Measured tuning"). This is
+/// the pure part: the schedule and the verdict; the communicator times the calls and
+/// exchanges the times.
+struct Experiment {
+  /// Algorithms tried, in enum order: those predicted within `within` times the best.
+  std::vector<Algorithm> candidates;
+  /// Call i of the bucket runs schedule[i]: `rounds` rounds, every candidate once per
+  /// round, each round's order rotated by one so no candidate always follows the same.
+  std::vector<Algorithm> schedule;
+
+  /// Empty schedule when one candidate remains (nothing to measure).
+  static Experiment plan(const Choice& model, int rounds, double within);
+  /// Median time of each candidate (index as `candidates`) from the time of every
+  /// scheduled call (`seconds[i]` for schedule[i]; size must match).
+  std::vector<double> medians(const std::vector<double>& seconds) const;
+  /// The fastest candidate by `agreed` (one time per candidate, identical on every
+  /// rank); ties go to the earlier candidate.
+  Algorithm verdict(const std::vector<double>& agreed) const;
+  /// "measured ring 5.1 ms, tree 4.02 ms, rhd 3.69 ms -> rhd".
+  std::string explain(const std::vector<double>& agreed) const;
+};
+
 /// A tuner for one communicator: fixed world, topology and model, and a cache of
 /// choices per (collective, elem_size, op, deterministic, size bucket), since training
 /// repeats the same sizes. A bucket is a quarter of an octave of bytes (sizes below

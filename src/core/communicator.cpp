@@ -372,14 +372,27 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   const bool need_recv = !(c == Collective::reduce && rank != root);
   check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
-  req.algorithm = algo == Algorithm::automatic ? choose_algorithm(req) : algo;
+  TrialSlot slot;
+  req.algorithm = algo == Algorithm::automatic ? choose_algorithm(req, &slot) : algo;
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = host_map();
-  return post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
-              nullptr);
+  std::shared_ptr<detail::WorkState> state;
+  Work w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout,
+                what, nullptr, &state);
+  if (slot.tuning) {
+    std::lock_guard<std::mutex> lock(tune_mu);
+    slot.tuning->trials[slot.index] = std::move(state);
+  }
+  return w;
 }
 
-Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
+Communicator::Impl::TuneKey Communicator::Impl::tune_key(const PlanRequest& req) const {
+  const int bucket = collectives::Tuner::size_bucket(collectives::size_bytes(req.collective, req.count, req.elem_size, size));
+  return {static_cast<int>(req.collective), req.elem_size, static_cast<int>(req.op), req.deterministic, bucket,
+          req.collective == Collective::allreduce ? 0 : req.root};
+}
+
+Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req, TrialSlot* slot) {
   // Collectives with a single plan need no tuning.
   if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
       req.collective != Collective::reduce)
@@ -387,14 +400,78 @@ Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req) {
   if (size == 1) return Algorithm::ring;
   collectives::Tuner* t = &tuner_ref();
   bool first = false;
+  std::shared_ptr<const collectives::Choice> model;
   try {
-    const auto choice = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
-    if (first) BRAID_LOG(info, "tuner: " << choice->explanation);
-    return choice->algorithm;
+    model = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
   } catch (const Error& e) {
     BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
     return Algorithm::automatic;
   }
+  if (!cfg.tune_measure) {
+    if (first) BRAID_LOG(info, "tuner: " << model->explanation);
+    return model->algorithm;
+  }
+  std::unique_lock<std::mutex> lock(tune_mu);
+  auto [it, inserted] = tunings.try_emplace(tune_key(req));
+  Tuning& tu = it->second;
+  if (inserted) {
+    tu.model = model;
+    // Enough rounds that a candidate's trials take about 4 ms by the model (timer and
+    // scheduling noise dominate single small calls), 7 to 31.
+    const double want = model->seconds > 0 ? 4e-3 / model->seconds : 31;
+    const int rounds = static_cast<int>(std::clamp(std::ceil(want), 7.0, 31.0));
+    tu.experiment = collectives::Experiment::plan(*model, rounds, 4.0);
+    if (tu.experiment.schedule.empty()) {
+      tu.verdict = model->algorithm;
+      tu.explanation = model->explanation;
+      BRAID_LOG(info, "tuner: " << tu.explanation);
+    }
+  }
+  if (tu.verdict) return *tu.verdict;
+  if (tu.trials.size() < tu.experiment.schedule.size()) {
+    slot->tuning = &tu;
+    slot->index = tu.trials.size();
+    tu.trials.emplace_back();
+    return tu.experiment.schedule[slot->index];
+  }
+  lock.unlock();
+  return decide(tu);
+}
+
+Algorithm Communicator::Impl::decide(Tuning& tu) {
+  std::vector<std::shared_ptr<detail::WorkState>> works;
+  {
+    std::lock_guard<std::mutex> lock(tune_mu);
+    works = tu.trials;
+  }
+  // Every rank reaches this at the same call (calls are issued in the same order on
+  // every rank), so the exchange below lines up. A failed trial means the
+  // communicator has failed: the caller's post reports it, nothing is exchanged.
+  std::vector<double> seconds;
+  for (const auto& w : works) {
+    if (!w) return tu.model->algorithm;  // its post threw: the communicator has failed
+    try {
+      Work(w).wait();
+    } catch (const Error&) {
+      return tu.model->algorithm;
+    }
+    // A call that never ran a step (nothing to move) has no start: it costs nothing.
+    const bool ran = w->started != std::chrono::steady_clock::time_point{};
+    seconds.push_back(ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0);
+  }
+  // Per call, the shortest time over ranks: the rank that started last waited for no
+  // one, so its time is the algorithm's own; the others include arrival skew.
+  collective(Collective::allreduce, seconds.data(), seconds.data(), seconds.size(), DataType::f64, ReduceOp::min, 0,
+             Algorithm::ring, false, std::chrono::milliseconds(0), "allreduce (tuner's exchange of trial times)")
+      .wait();
+  const std::vector<double> agreed = tu.experiment.medians(seconds);
+  std::lock_guard<std::mutex> lock(tune_mu);
+  if (!tu.verdict) {
+    tu.verdict = tu.experiment.verdict(agreed);
+    tu.explanation = tu.model->explanation + "; " + tu.experiment.explain(agreed);
+    BRAID_LOG(info, "tuner: " << tu.explanation);
+  }
+  return *tu.verdict;
 }
 
 collectives::Tuner& Communicator::Impl::tuner_ref() {
@@ -580,6 +657,27 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   opt.host_id = im.host_id;
   return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
                       static_cast<int>(members.size()), opt);
+}
+
+std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, ReduceOp op, bool deterministic) const {
+  Impl& im = *impl_;
+  check_dtype_op(dtype, op, "explain_allreduce");
+  PlanRequest req = im.request(Collective::allreduce, count, dtype_size(dtype), op);
+  req.deterministic = deterministic || im.cfg.deterministic;
+  const std::string bytes = collectives::format_bytes(static_cast<double>(count * req.elem_size));
+  if (im.cfg.algo != "auto")
+    return "allreduce " + bytes + ": BRAID_ALGO=" + im.cfg.algo + " forces " +
+           std::string(to_string(*parse_algorithm(im.cfg.algo)));
+  if (im.size == 1) return "allreduce " + bytes + " x 1 rank: ring (a local copy)";
+  const auto choice =
+      im.tuner_ref().choose(Collective::allreduce, req.count, req.elem_size, req.op, nullptr, 0, req.deterministic);
+  if (!im.cfg.tune_measure) return choice->explanation;
+  std::lock_guard<std::mutex> lock(im.tune_mu);
+  const auto it = im.tunings.find(im.tune_key(req));
+  if (it == im.tunings.end()) return choice->explanation + " (BRAID_TUNE=measure: not measured yet)";
+  if (it->second.verdict) return it->second.explanation;
+  return choice->explanation + " (measuring: " + std::to_string(it->second.trials.size()) + " of " +
+         std::to_string(it->second.experiment.schedule.size()) + " trial calls issued)";
 }
 
 std::string Communicator::describe_topology() const {

@@ -65,7 +65,32 @@ struct Communicator::Impl {
                   ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,
                   const char* what);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
-  Algorithm choose_algorithm(const collectives::PlanRequest& req);
+  /// Measured tuning (BRAID_TUNE=measure) of one tuner bucket: the model's verdict,
+  /// the experiment, the works of its trial calls so far, and once decided the verdict
+  /// every rank agreed on.
+  struct Tuning {
+    std::shared_ptr<const collectives::Choice> model;
+    collectives::Experiment experiment;
+    std::vector<std::shared_ptr<detail::WorkState>> trials;  ///< one per scheduled call issued
+    std::optional<Algorithm> verdict;
+    std::string explanation;
+  };
+  /// A trial call's place in its experiment: collective() records the call's work there.
+  struct TrialSlot {
+    Tuning* tuning = nullptr;
+    std::size_t index = 0;
+  };
+  using TuneKey = std::tuple<int, std::size_t, int, bool, int, int>;
+  std::mutex tune_mu;                 ///< guards `tunings`
+  std::map<TuneKey, Tuning> tunings;  ///< node-based: Tuning pointers stay valid
+  TuneKey tune_key(const collectives::PlanRequest& req) const;
+  /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first calls of a
+  /// bucket are trials (`*slot` says where to record the work); the call after the last
+  /// trial waits for them, exchanges the times (an all-reduce of the medians, max over
+  /// ranks) and fixes the bucket's verdict.
+  Algorithm choose_algorithm(const collectives::PlanRequest& req, TrialSlot* slot);
+  /// Waits for an experiment's trials and agrees with the other ranks on the fastest.
+  Algorithm decide(Tuning& t);
   collectives::CostModel cost_model() const;
   std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
   std::shared_ptr<const std::vector<int>> host_map();

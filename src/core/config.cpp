@@ -23,6 +23,11 @@ const std::vector<ConfigVar> kTable = {
     {"BRAID_ALGO", "enum", "auto",
      "All-reduce algorithm: auto (the tuner prices every plan with the cost model), ring, tree, rhd or hier.",
      true},
+    {"BRAID_TUNE", "enum", "measure",
+     "How auto chooses among the algorithms the cost model finds plausible (within 4x of its best): "
+     "measure (the first calls of each size try each in turn, then all ranks take the fastest "
+     "measured) or model (the model's cheapest, no trials). docs/cost-model.md.",
+     true},
     {"BRAID_COST_MODEL", "string", "",
      "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
      "calibration; default: constants measured on the development machine (docs/cost-model.md).",
@@ -245,6 +250,12 @@ Config Config::parse(const Lookup& lookup) {
   }
   r.duration("BRAID_TIMEOUT", c.timeout);
   if (auto v = r.raw("BRAID_ALGO")) c.algo = lower(*v);
+  if (auto v = r.raw("BRAID_TUNE")) {
+    const std::string t = lower(*v);
+    if (t == "measure") c.tune_measure = true;
+    else if (t == "model") c.tune_measure = false;
+    else bad("BRAID_TUNE", *v, "measure or model");
+  }
   if (auto v = r.raw("BRAID_CODEC")) c.codec = lower(*v);
   r.real("BRAID_CODEC_MAX_ERROR", c.codec_max_error, 0.0, 1.0);
   if (auto v = r.raw("BRAID_TRANSPORT")) {

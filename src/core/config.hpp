@@ -26,6 +26,7 @@ struct Config {
   LogLevel log_level = LogLevel::warn;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::string algo = "auto";
+  bool tune_measure = true;  ///< BRAID_TUNE=measure (false: model)
   std::string codec = "none";
   double codec_max_error = 0.004;  ///< BRAID_CODEC_MAX_ERROR
   std::string transport = "auto";

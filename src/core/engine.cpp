@@ -265,6 +265,7 @@ bool Engine::admit() {
     ex->plan = ex->op.plan.get();
     ex->elem = dtype_size(ex->op.dtype);
     const auto now = Clock::now();
+    if (ex->op.work) ex->op.work->started = now;
     ex->deadline = ex->op.timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
                        ? Clock::time_point::max()
                        : now + ex->op.timeout;

@@ -31,6 +31,11 @@ struct WorkState {
   std::atomic<bool> finished{false};  ///< `done` readable without the lock
   std::exception_ptr error;
   std::shared_ptr<WorkHelper> helper;  ///< set by the engine when the work is submitted
+  /// When the engine started the operation (collectives: admitted to run), and when it
+  /// completed; their difference is what the measured tuner compares. Read `started`
+  /// only after `finished`.
+  std::chrono::steady_clock::time_point started{};
+  std::chrono::steady_clock::time_point ended{};
 
   /// Marks the work complete (with `e` on failure) and wakes every waiter. Idempotent:
   /// the first completion wins.
@@ -39,6 +44,7 @@ struct WorkState {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
       done = true;
+      ended = std::chrono::steady_clock::now();
       error = std::move(e);
       finished.store(true, std::memory_order_release);
     }

@@ -13,6 +13,9 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
+#include <cstdlib>
+#include <thread>
 
 using namespace braid;
 using namespace std::chrono_literals;
@@ -276,6 +279,42 @@ TEST(PointToPoint, MismatchedSizeFailsBothSidesNamingThePeer) {
       }
     }
   });
+}
+
+// The measuring tuner (BRAID_TUNE=measure, the default): every call of a size's trials
+// and after them is correct and bitwise identical on every rank, every rank reaches
+// the same verdict although their clocks see different times (one rank is made slow
+// to arrive), and explain_allreduce reports it.
+TEST(Tuner, MeasuredChoiceIsAgreedByEveryRankAndEveryCallIsCorrect) {
+  const int n = 4;
+  Group g(n, 0, 512 * 1024);
+  const std::size_t count = 3000;
+  std::vector<std::string> why(n);
+  std::vector<std::vector<float>> out(n);
+  for (int call = 0; call < 120; ++call) {
+    run_threads(n, [&](int r) {
+      auto& o = out[static_cast<std::size_t>(r)];
+      o.assign(count, 0.0f);
+      for (std::size_t k = 0; k < count; ++k) o[k] = static_cast<float>(value(r, k + static_cast<std::size_t>(call)));
+      if (r == 2 && call % 3 == 0) std::this_thread::sleep_for(200us);
+      g[r].allreduce(o.data(), o.data(), count, DataType::f32, ReduceOp::sum).wait();
+    });
+    for (std::size_t k = 0; k < count; ++k) {
+      std::int64_t want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, k + static_cast<std::size_t>(call));
+      ASSERT_EQ(out[0][k], static_cast<float>(want)) << "call " << call << " element " << k;
+    }
+    for (int r = 1; r < n; ++r) ASSERT_EQ(out[static_cast<std::size_t>(r)], out[0]) << "call " << call;
+  }
+  run_threads(n, [&](int r) { why[static_cast<std::size_t>(r)] = g[r].explain_allreduce(count, DataType::f32); });
+  const char* env = std::getenv("BRAID_TUNE");
+  if (env && std::string(env) == "model") {
+    EXPECT_EQ(why[0].find("measured"), std::string::npos) << why[0];
+  } else {
+    EXPECT_NE(why[0].find("; measured "), std::string::npos) << why[0];
+  }
+  EXPECT_EQ(why[0].rfind("allreduce 11.7 KiB x 4 ranks on 1 host: ", 0), 0u) << why[0];
+  for (int r = 1; r < n; ++r) EXPECT_EQ(why[static_cast<std::size_t>(r)], why[0]) << "rank " << r;
 }
 
 TEST(Topology, DescribesHostsAndTransports) {

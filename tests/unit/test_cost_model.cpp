@@ -11,6 +11,8 @@
 #include <braid/error.hpp>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <sys/resource.h>
 
 #include <cmath>
@@ -443,6 +445,54 @@ TEST(Tuner, PicksALogDepthAlgorithmForSmallMessagesOnABigWorld) {
       EXPECT_GT(k.seconds, 4 * c.seconds) << c.explanation;
     }
   }
+}
+
+// Measured tuning: the model narrows the field, the schedule interleaves the
+// candidates, the verdict follows the agreed times.
+TEST(Experiment, TriesThePlausibleCandidatesInterleavedAndTakesTheFastest) {
+  Choice model;
+  model.candidates = {{Algorithm::ring, 10e-6}, {Algorithm::tree, 30e-6}, {Algorithm::rhd, 8e-6},
+                      {Algorithm::hierarchical, 40e-6}};
+  model.algorithm = Algorithm::rhd;
+  model.seconds = 8e-6;
+  const Experiment e = Experiment::plan(model, 3, 4.0);  // hierarchical: 5x the best, out
+  ASSERT_EQ(e.candidates, (std::vector<Algorithm>{Algorithm::ring, Algorithm::tree, Algorithm::rhd}));
+  ASSERT_EQ(e.schedule.size(), 9u);
+  // Every round has each candidate once; consecutive rounds start with different ones.
+  for (int r = 0; r < 3; ++r) {
+    std::vector<Algorithm> round(e.schedule.begin() + 3 * r, e.schedule.begin() + 3 * r + 3);
+    std::sort(round.begin(), round.end());
+    EXPECT_EQ(round, e.candidates);
+  }
+  EXPECT_NE(e.schedule[0], e.schedule[3]);
+  // Times per scheduled call: tree is fastest in two of three rounds; one outlier.
+  std::vector<double> secs;
+  for (Algorithm a : e.schedule) secs.push_back(a == Algorithm::tree ? 5e-6 : 9e-6);
+  for (std::size_t i = 0; i < secs.size(); ++i)
+    if (e.schedule[i] == Algorithm::tree) {
+      secs[i] = 1.0;  // one slow outlier: the median ignores it
+      break;
+    }
+  const auto med = e.medians(secs);
+  ASSERT_EQ(med.size(), 3u);
+  EXPECT_DOUBLE_EQ(med[1], 5e-6);
+  EXPECT_DOUBLE_EQ(med[0], 9e-6);
+  EXPECT_EQ(e.verdict(med), Algorithm::tree);
+  EXPECT_EQ(e.explain(med), "measured ring 9 us, tree 5 us, rhd 9 us -> tree");
+  // Ties go to the earlier candidate.
+  EXPECT_EQ(e.verdict({2e-6, 2e-6, 2e-6}), Algorithm::ring);
+  EXPECT_THROW(e.medians({1.0}), Error);
+}
+
+TEST(Experiment, NothingToMeasureWhenOneCandidateIsLeft) {
+  Choice model;
+  model.candidates = {{Algorithm::ring, 1e-3}, {Algorithm::tree, 9e-3}};
+  model.algorithm = Algorithm::ring;
+  model.seconds = 1e-3;
+  const Experiment e = Experiment::plan(model, 5, 4.0);
+  EXPECT_TRUE(e.schedule.empty());
+  EXPECT_EQ(e.candidates, std::vector<Algorithm>{Algorithm::ring});
+  EXPECT_TRUE(Experiment::plan(model, 0, 100.0).schedule.empty());
 }
 
 TEST(Tuner, CachesPerCollectiveAndSizeBucket) {
