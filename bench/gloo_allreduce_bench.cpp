@@ -323,6 +323,10 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", a.oname, "sum, prod, min, max")->capture_default_str();
   app.add_option("--algo", a.algo, "ring, ring_chunked, halving_doubling, bcube, allreduce_ring, allreduce_bcube")
       ->capture_default_str();
+  int blocking = 1;
+  app.add_option("-z,--blocking", blocking,
+                 "accepted for compatibility with allreduce_bench: Gloo's all-reduce always blocks (as -z 1)")
+      ->capture_default_str();
   app.add_option("--csv", a.csv, "also write the table as CSV to this file (rank 0)");
   app.add_option("--store", a.store, "rendezvous directory shared by all ranks (default: a fresh one under /tmp)");
   app.add_option("--iface", a.iface, "network interface whose address Gloo binds (default: see --hostname)");

@@ -105,6 +105,10 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", dname, "float, double, int8, uint8, int32, int64 (no half/bfloat16 in MPI)")->capture_default_str();
   app.add_option("-o,--op", oname, "sum, prod, min, max (no avg in MPI)")->capture_default_str();
   app.add_option("--algo", aname, "accepted for compatibility and ignored: MPI picks its own algorithm")->capture_default_str();
+  int blocking = 1;
+  app.add_option("-z,--blocking", blocking,
+                 "accepted for compatibility with allreduce_bench: MPI_Allreduce always blocks (as -z 1)")
+      ->capture_default_str();
   app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress lines on stderr (shown only when stderr is a terminal)");

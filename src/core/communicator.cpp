@@ -126,6 +126,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.comm_name = name;
   eo.spin_us = cfg.spin_us;
   eo.wait_helps = cfg.wait_helps;
+  eo.inline_bytes = cfg.inline_bytes;
   if (eo.spin_us < 0) {
     // Spinning pays when every rank of this host can have a core for its progress
     // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB

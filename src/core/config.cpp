@@ -61,6 +61,12 @@ const std::vector<ConfigVar> kTable = {
      "default: with 2 ranks on 2 cores a 4 KiB all-reduce took 4.2-9.5 us with it against 3.1 us "
      "without (docs/performance.md); no difference at 64 MiB or with more ranks than cores.",
      true},
+    {"BRAID_INLINE_BYTES", "bytes", "64K",
+     "Collectives of at most this many bytes that find the progress engine idle run on the calling "
+     "thread (until done, or until nothing has moved for the spin time, when the engine thread takes "
+     "over), saving the two thread hand-offs that dominate small-message latency. 0: always the "
+     "engine thread.",
+     true},
     {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
     {"BRAID_CHECK_ARGS", "bool", "0",
      "Debug mode: before each collective, check that every rank called the same collective with "
@@ -267,6 +273,7 @@ Config Config::parse(const Lookup& lookup) {
   if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
   if (auto v = r.raw("BRAID_SPIN_US"); v && lower(*v) != "auto") r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
   r.boolean("BRAID_WAIT_HELPS", c.wait_helps);
+  r.bytes("BRAID_INLINE_BYTES", c.inline_bytes);
   int cache = static_cast<int>(c.plan_cache);
   r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
   c.plan_cache = static_cast<std::size_t>(cache);

@@ -33,6 +33,7 @@ struct Config {
   std::size_t chunk_bytes = 512 * 1024;
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   bool wait_helps = false;  ///< BRAID_WAIT_HELPS
+  std::size_t inline_bytes = 64 * 1024;  ///< BRAID_INLINE_BYTES
   std::size_t plan_cache = 64;
   bool check_args = false;
   bool deterministic = false;

@@ -193,12 +193,26 @@ Engine::~Engine() {
 
 void Engine::submit(Operation op) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!failed_.load() && !stop_) {
       if (opt_.wait_helps) op.work->helper = gate_;
+      // Inline: a small collective, the engine idle (nothing queued or running, no
+      // helper inside), and not the engine's own thread (which must not wait on itself).
+      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan && !busy_ &&
+                            op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
+                            helpers_.load(std::memory_order_acquire) == 0 &&
+                            std::this_thread::get_id() != thread_.get_id();
+      auto work = op.work;
       queue_.push_back(std::move(op));
       busy_ = true;
-      poller_->wake();
+      if (!run_here) {
+        poller_->wake();
+        return;
+      }
+      lock.unlock();
+      // help() leaves once the work is done or stalls, and wakes the engine thread
+      // when anything is left.
+      help(*work, Clock::time_point::max());
       return;
     }
   }

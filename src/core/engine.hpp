@@ -86,6 +86,9 @@ struct EngineOptions {
   std::string comm_name = "braid";
   int spin_us = 100;
   bool wait_helps = false;  ///< waiting threads drive progress (Engine::help; BRAID_WAIT_HELPS)
+  /// Collectives of at most this many bytes that find the engine idle run on the
+  /// submitting thread (BRAID_INLINE_BYTES; 0: never).
+  std::size_t inline_bytes = 0;
   int help_spin_us = 200;   ///< a helper polls (yielding) at least this long without progress
   // TCP transport settings.
   int sockets_per_peer = 1;
@@ -114,8 +117,13 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Queues `op` and makes its work helpable (see the file comment). Thread-safe. If the engine has failed, completes op.work with
-  /// Aborted at once.
+  /// Queues `op` and makes its work helpable (see the file comment). Thread-safe. If
+  /// the engine has failed, completes op.work with Aborted at once. A small collective
+  /// (EngineOptions::inline_bytes) submitted while the engine is idle runs on the
+  /// calling thread before submit returns, as a helper would run it (help()): until
+  /// it completes, or nothing has moved for the spin time, when the engine thread
+  /// is woken to finish it. The engine thread is not woken otherwise, so a blocking
+  /// small collective costs no thread hand-off at all.
   void submit(Operation op);
   /// Fails everything with Aborted and closes connections. Thread-safe, idempotent.
   void abort(const std::string& reason) noexcept;
