@@ -22,7 +22,8 @@
 #   --title TEXT             plot title
 #   --keep                   leave the vcluster up afterwards
 #   -- ARGS                  bench arguments (allreduce_bench flags); defaults -b 4K
-#                            -e 64M -f 4 -d float -o sum, and -n 20 -w 5 locally,
+#                            -e 64M -f 4 -d float -o sum -z 1 (every call waits, as
+#                            MPI's and Gloo's do), and -n 20 -w 5 locally,
 #                            -n 5 -w 2 on a vcluster
 #
 # Each repetition runs every system once, in rotated order; before each repetition on a
@@ -93,6 +94,9 @@ has -e --maxbytes || bench_args+=(-e 64M)
 has -f --stepfactor || bench_args+=(-f 4)
 has -d --datatype || bench_args+=(-d float)
 has -o --op || bench_args+=(-o sum)
+# MPI_Allreduce and Gloo's run() block; braid's bench posts its iterations without
+# waiting unless -z 1. Time them alike: each call waits.
+has -z --blocking || bench_args+=(-z 1)
 if [ "$mode" = vcluster ]; then
   has -n --iters || bench_args+=(-n 5)
   has -w --warmup_iters || bench_args+=(-w 2)

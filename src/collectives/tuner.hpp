@@ -64,8 +64,8 @@ std::string format_bytes(double bytes);
 std::string format_seconds(double seconds);
 
 /// Measured tuning of one size bucket (BRAID_TUNE=measure): the model narrows the
-/// algorithms down to the plausible ones, the first calls of the bucket run each of
-/// them in turn, and the ranks then agree on the fastest measured one. The model alone
+/// algorithms down to the plausible ones, trial calls at the bucket's first call run
+/// each of them in turn, and the ranks then agree on the fastest measured one. The model alone
 /// ranks algorithms well across orders of magnitude but not between close candidates
 /// on a loaded or oversubscribed host (docs/cost-model.md, "Measured tuning"). This is
 /// the pure part: the schedule and the verdict; the communicator times the calls and
@@ -73,8 +73,8 @@ std::string format_seconds(double seconds);
 struct Experiment {
   /// Algorithms tried, in enum order: those predicted within `within` times the best.
   std::vector<Algorithm> candidates;
-  /// Call i of the bucket runs schedule[i]: `rounds` rounds, every candidate once per
-  /// round, each round's order rotated by one so no candidate always follows the same.
+  /// Trial i runs schedule[i]: `rounds` rounds, every candidate once per round, each
+  /// round's order rotated by one so no candidate always follows the same.
   std::vector<Algorithm> schedule;
 
   /// Empty schedule when one candidate remains (nothing to measure).

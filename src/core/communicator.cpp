@@ -208,7 +208,7 @@ std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const Plan
 Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out,
                               DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
                               const char* what, std::shared_ptr<void> keepalive,
-                              std::shared_ptr<detail::WorkState>* state) {
+                              std::shared_ptr<detail::WorkState>* state, DeferredPlan deferred) {
   BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
   if (cfg.check_args) check_same_call(*plan, dtype, op, what);
   BRAID_CHECK(!engine->failed(), Aborted,
@@ -226,7 +226,10 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   // Plain concatenation: this runs on every call, and a stream costs a microsecond.
   o.name.reserve(96);
   o.name.append(what).append(" #").append(std::to_string(o.seq)).append(" (");
-  o.name.append(to_string(o.plan->request.algorithm)).append(", ").append(std::to_string(o.plan->request.count));
+  o.name.append(deferred ? "auto" : to_string(o.plan->request.algorithm))
+      .append(", ")
+      .append(std::to_string(o.plan->request.count));
+  o.deferred = std::move(deferred);
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
@@ -373,17 +376,14 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   const bool need_recv = !(c == Collective::reduce && rank != root);
   check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
-  TrialSlot slot;
-  req.algorithm = algo == Algorithm::automatic ? choose_algorithm(req, &slot) : algo;
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = host_map();
-  std::shared_ptr<detail::WorkState> state;
+  Pick pick;
+  if (algo == Algorithm::automatic) pick = choose_algorithm(req);
+  req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
   Work w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout,
-                what, nullptr, &state);
-  if (slot.tuning) {
-    std::lock_guard<std::mutex> lock(tune_mu);
-    slot.tuning->trials[slot.index] = std::move(state);
-  }
+                what, nullptr, nullptr, std::move(pick.deferred));
+  if (pick.then_measure) measure(req, dtype, *pick.then_measure, *pick.tuning, call_timeout);
   return w;
 }
 
@@ -393,12 +393,14 @@ Communicator::Impl::TuneKey Communicator::Impl::tune_key(const PlanRequest& req)
           req.collective == Collective::allreduce ? 0 : req.root};
 }
 
-Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req, TrialSlot* slot) {
+Communicator::Impl::Pick Communicator::Impl::choose_algorithm(const PlanRequest& req) {
+  Pick pick;
   // Collectives with a single plan need no tuning.
   if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
       req.collective != Collective::reduce)
-    return Algorithm::automatic;
-  if (size == 1) return Algorithm::ring;
+    return pick;
+  pick.algorithm = Algorithm::ring;
+  if (size == 1) return pick;
   collectives::Tuner* t = &tuner_ref();
   bool first = false;
   std::shared_ptr<const collectives::Choice> model;
@@ -406,11 +408,13 @@ Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req, TrialSlot
     model = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
   } catch (const Error& e) {
     BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
-    return Algorithm::automatic;
+    pick.algorithm = Algorithm::automatic;
+    return pick;
   }
+  pick.algorithm = model->algorithm;
   if (!cfg.tune_measure) {
     if (first) BRAID_LOG(info, "tuner: " << model->explanation);
-    return model->algorithm;
+    return pick;
   }
   std::unique_lock<std::mutex> lock(tune_mu);
   auto [it, inserted] = tunings.try_emplace(tune_key(req));
@@ -418,61 +422,100 @@ Algorithm Communicator::Impl::choose_algorithm(const PlanRequest& req, TrialSlot
   if (inserted) {
     tu.model = model;
     // Enough rounds that a candidate's trials take about 4 ms by the model (timer and
-    // scheduling noise dominate single small calls), 7 to 31.
+    // scheduling noise dominate single small calls), 3 to 31. Above kMaxTrialBytes the
+    // scratch buffer would cost too much memory and the trials too much time; there
+    // bandwidth decides and the model ranks well.
+    constexpr double kMaxTrialBytes = 64.0 * 1024 * 1024;
+    const double bytes = static_cast<double>(req.count) * static_cast<double>(req.elem_size);
     const double want = model->seconds > 0 ? 4e-3 / model->seconds : 31;
-    const int rounds = static_cast<int>(std::clamp(std::ceil(want), 7.0, 31.0));
-    tu.experiment = collectives::Experiment::plan(*model, rounds, 4.0);
-    if (tu.experiment.schedule.empty()) {
+    const int rounds = static_cast<int>(std::clamp(std::ceil(want), 3.0, 31.0));
+    const auto experiment = collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0);
+    if (experiment.schedule.empty()) {
       tu.verdict = model->algorithm;
       tu.explanation = model->explanation;
       BRAID_LOG(info, "tuner: " << tu.explanation);
+    } else {
+      // This call runs the model's choice, as without measuring (so it fails, if it
+      // fails, with its own error); the trials follow it.
+      pick.then_measure = experiment;
+      pick.tuning = &tu;
+      return pick;
     }
   }
-  if (tu.verdict) return *tu.verdict;
-  if (tu.trials.size() < tu.experiment.schedule.size()) {
-    slot->tuning = &tu;
-    slot->index = tu.trials.size();
-    tu.trials.emplace_back();
-    return tu.experiment.schedule[slot->index];
+  if (tu.verdict) {
+    pick.algorithm = *tu.verdict;
+    return pick;
   }
-  lock.unlock();
-  return decide(tu);
+  // The verdict comes from operations already issued: this call's plan is filled in
+  // then (before it can start, since operations start in issue order). Its placeholder
+  // plan, the model's, only names the call.
+  pick.deferred = std::make_shared<std::shared_ptr<const collectives::Plan>>();
+  tu.waiting.emplace_back(req, pick.deferred);
+  return pick;
 }
 
-Algorithm Communicator::Impl::decide(Tuning& tu) {
-  std::vector<std::shared_ptr<detail::WorkState>> works;
-  {
-    std::lock_guard<std::mutex> lock(tune_mu);
-    works = tu.trials;
+void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& tu,
+                                 std::chrono::milliseconds call_timeout) {
+  // The trials are calls of their own, in place on a zeroed scratch buffer of the
+  // call's size: every rank issues them at the same point (the first call of this
+  // bucket, which every rank issues in the same order), and the caller's data only
+  // ever sees the chosen algorithm. Nothing here waits: the times are read, exchanged
+  // and judged by operations that run after the trials, in issue order.
+  struct Run {
+    std::vector<std::byte> scratch;
+    std::vector<std::shared_ptr<detail::WorkState>> works;
+    std::vector<double> seconds;
+  };
+  auto run = std::make_shared<Run>();
+  const auto counts = collectives::buffer_counts(req);
+  run->scratch.assign(std::max(counts.input, counts.output) * req.elem_size, std::byte{0});
+  const char* what = req.collective == Collective::allreduce   ? "allreduce (tuner trial)"
+                     : req.collective == Collective::broadcast ? "broadcast (tuner trial)"
+                                                               : "reduce (tuner trial)";
+  for (const Algorithm a : e.schedule) {
+    PlanRequest r = req;
+    r.algorithm = a;
+    std::shared_ptr<detail::WorkState> state;
+    post(plan_for(r), run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state);
+    run->works.push_back(std::move(state));
   }
-  // Every rank reaches this at the same call (calls are issued in the same order on
-  // every rank), so the exchange below lines up. A failed trial means the
-  // communicator has failed: the caller's post reports it, nothing is exchanged.
-  std::vector<double> seconds;
-  for (const auto& w : works) {
-    if (!w) return tu.model->algorithm;  // its post threw: the communicator has failed
-    try {
-      Work(w).wait();
-    } catch (const Error&) {
-      return tu.model->algorithm;
-    }
-    // A call that never ran a step (nothing to move) has no start: it costs nothing.
-    const bool ran = w->started != std::chrono::steady_clock::time_point{};
-    seconds.push_back(ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0);
-  }
+  // Runs once every trial has completed (a non-concurrent task waits for everything
+  // issued before it).
+  post_task(
+      [run] {
+        run->seconds.clear();
+        for (const auto& w : run->works) {
+          // A call that never ran a step (nothing to move) has no start: it cost nothing.
+          const bool ran = w->started != std::chrono::steady_clock::time_point{};
+          run->seconds.push_back(ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0);
+        }
+      },
+      "tuner: read trial times", run);
   // Per call, the shortest time over ranks: the rank that started last waited for no
   // one, so its time is the algorithm's own; the others include arrival skew.
-  collective(Collective::allreduce, seconds.data(), seconds.data(), seconds.size(), DataType::f64, ReduceOp::min, 0,
-             Algorithm::ring, false, std::chrono::milliseconds(0), "allreduce (tuner's exchange of trial times)")
-      .wait();
-  const std::vector<double> agreed = tu.experiment.medians(seconds);
-  std::lock_guard<std::mutex> lock(tune_mu);
-  if (!tu.verdict) {
-    tu.verdict = tu.experiment.verdict(agreed);
-    tu.explanation = tu.model->explanation + "; " + tu.experiment.explain(agreed);
-    BRAID_LOG(info, "tuner: " << tu.explanation);
-  }
-  return *tu.verdict;
+  run->seconds.assign(e.schedule.size(), 0.0);
+  PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::min);
+  x.algorithm = Algorithm::ring;
+  x.host_of = host_map();
+  post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::min, call_timeout,
+       "allreduce (tuner's exchange of trial times)", run);
+  post_task(
+      [this, run, e, &tu] {
+        const std::vector<double> agreed = e.medians(run->seconds);
+        std::vector<std::pair<PlanRequest, DeferredPlan>> waiting;
+        {
+          std::lock_guard<std::mutex> lock(tune_mu);
+          tu.verdict = e.verdict(agreed);
+          tu.explanation = tu.model->explanation + "; " + e.explain(agreed);
+          waiting.swap(tu.waiting);
+        }
+        BRAID_LOG(info, "tuner: " << tu.explanation);
+        for (auto& [r, slot] : waiting) {
+          r.algorithm = *tu.verdict;
+          *slot = plan_for(r);
+        }
+      },
+      "tuner: verdict", run);
 }
 
 collectives::Tuner& Communicator::Impl::tuner_ref() {
@@ -675,10 +718,9 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
   if (!im.cfg.tune_measure) return choice->explanation;
   std::lock_guard<std::mutex> lock(im.tune_mu);
   const auto it = im.tunings.find(im.tune_key(req));
-  if (it == im.tunings.end()) return choice->explanation + " (BRAID_TUNE=measure: not measured yet)";
-  if (it->second.verdict) return it->second.explanation;
-  return choice->explanation + " (measuring: " + std::to_string(it->second.trials.size()) + " of " +
-         std::to_string(it->second.experiment.schedule.size()) + " trial calls issued)";
+  if (it == im.tunings.end() || !it->second.verdict)
+    return choice->explanation + " (BRAID_TUNE=measure: no call of this size yet)";
+  return it->second.explanation;
 }
 
 std::string Communicator::describe_topology() const {

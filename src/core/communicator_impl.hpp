@@ -66,37 +66,41 @@ struct Communicator::Impl {
                   const char* what);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Measured tuning (BRAID_TUNE=measure) of one tuner bucket: the model's verdict,
-  /// the experiment, the works of its trial calls so far, and once decided the verdict
-  /// every rank agreed on.
+  /// and once the trials have run, the verdict every rank agreed on; meanwhile the
+  /// calls of the bucket waiting for it (their plans are filled in with the verdict).
+  using DeferredPlan = std::shared_ptr<std::shared_ptr<const collectives::Plan>>;
   struct Tuning {
     std::shared_ptr<const collectives::Choice> model;
-    collectives::Experiment experiment;
-    std::vector<std::shared_ptr<detail::WorkState>> trials;  ///< one per scheduled call issued
     std::optional<Algorithm> verdict;
     std::string explanation;
-  };
-  /// A trial call's place in its experiment: collective() records the call's work there.
-  struct TrialSlot {
-    Tuning* tuning = nullptr;
-    std::size_t index = 0;
+    std::vector<std::pair<collectives::PlanRequest, DeferredPlan>> waiting;
   };
   using TuneKey = std::tuple<int, std::size_t, int, bool, int, int>;
   std::mutex tune_mu;                 ///< guards `tunings`
-  std::map<TuneKey, Tuning> tunings;  ///< node-based: Tuning pointers stay valid
+  std::map<TuneKey, Tuning> tunings;  ///< node-based: Tuning references stay valid
   TuneKey tune_key(const collectives::PlanRequest& req) const;
-  /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first calls of a
-  /// bucket are trials (`*slot` says where to record the work); the call after the last
-  /// trial waits for them, exchanges the times (an all-reduce of the medians, max over
-  /// ranks) and fixes the bucket's verdict.
-  Algorithm choose_algorithm(const collectives::PlanRequest& req, TrialSlot* slot);
-  /// Waits for an experiment's trials and agrees with the other ranks on the fastest.
-  Algorithm decide(Tuning& t);
+  /// What an automatic call runs, and what to do after issuing it.
+  struct Pick {
+    Algorithm algorithm = Algorithm::automatic;
+    DeferredPlan deferred;  ///< set: post with it; the verdict decides the plan
+    std::optional<collectives::Experiment> then_measure;  ///< set: call measure() after posting
+    Tuning* tuning = nullptr;
+  };
+  /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first call of a
+  /// size bucket runs the model's choice and is followed by the trials (measure());
+  /// until their verdict is in, the bucket's calls are deferred.
+  Pick choose_algorithm(const collectives::PlanRequest& req);
+  /// Issues an experiment's trial calls on a scratch buffer, then an operation that
+  /// reads their times, an all-reduce that exchanges them and one that takes the
+  /// verdict and fills the waiting calls' plans; returns without waiting for any.
+  void measure(const collectives::PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& t,
+               std::chrono::milliseconds call_timeout);
   collectives::CostModel cost_model() const;
   std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
   std::shared_ptr<const std::vector<int>> host_map();
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive,
-            std::shared_ptr<detail::WorkState>* state = nullptr);
+            std::shared_ptr<detail::WorkState>* state = nullptr, DeferredPlan deferred = nullptr);
   std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what);
   std::atomic<std::uint64_t> next_check{0};

@@ -198,7 +198,7 @@ void Engine::submit(Operation op) {
       if (opt_.wait_helps) op.work->helper = gate_;
       // Inline: a small collective, the engine idle (nothing queued or running, no
       // helper inside), and not the engine's own thread (which must not wait on itself).
-      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan && !busy_ &&
+      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan && !op.deferred && !busy_ &&
                             op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                             helpers_.load(std::memory_order_acquire) == 0 &&
                             std::this_thread::get_id() != thread_.get_id();
@@ -273,6 +273,18 @@ bool Engine::admit() {
     // together with the point-to-point operations next to them (as in an NCCL group).
     for (const auto& ex : active_)
       if (ex->op.task || !(front.p2p && ex->op.p2p)) return any;
+    if (front.deferred) {
+      if (!*front.deferred) {
+        // Nothing filled the slot although everything issued before has run: a bug.
+        Operation lost = std::move(front);
+        queue_.pop_front();
+        lost.work->complete(std::make_exception_ptr(
+            Error(ErrorCode::Internal, lost.name + ": its deferred plan was never decided")));
+        any = true;
+        continue;
+      }
+      front.plan = *front.deferred;
+    }
     auto ex = std::make_unique<Exec>();
     ex->op = std::move(queue_.front());
     queue_.pop_front();
@@ -373,6 +385,28 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
   return std::make_exception_ptr(RemoteError(blame, msg));
 }
 
+namespace {
+
+// The error of an operation that could not run because of `cause`: of the same kind
+// (a peer's failure stays a RemoteError naming that peer, a deadline a TimeoutError),
+// so that a caller sees why whichever of its operations it waits for; Aborted when
+// the cause was something else (abort(), a local error).
+std::exception_ptr same_kind(const std::exception_ptr& cause, const std::string& message) {
+  if (cause) {
+    try {
+      std::rethrow_exception(cause);
+    } catch (const RemoteError& e) {
+      return std::make_exception_ptr(RemoteError(e.peer(), message));
+    } catch (const TimeoutError&) {
+      return std::make_exception_ptr(TimeoutError(message));
+    } catch (...) {
+    }
+  }
+  return std::make_exception_ptr(Error(ErrorCode::Aborted, message));
+}
+
+}  // namespace
+
 void Engine::fail_current(std::exception_ptr error, const std::string& reason, Exec* culprit) {
   int blame = timeout_blame_;
   try {
@@ -399,22 +433,19 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
     if (ex.get() == culprit || (culprit == nullptr && ex == active_.front()))
       ex->op.work->complete(error);
     else
-      ex->op.work->complete(std::make_exception_ptr(
-          Error(ErrorCode::Aborted, ex->op.name + " aborted: the communicator failed: " + reason)));
+      ex->op.work->complete(same_kind(error, ex->op.name + " aborted: the communicator failed: " + reason));
   }
   active_.clear();
-  fail_all(reason);
+  fail_all(reason, error);
 }
 
-void Engine::fail_all(const std::string& why) {
+void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
   std::deque<Operation> q;
   {
     std::lock_guard<std::mutex> lock(mu_);
     q.swap(queue_);
   }
-  for (auto& op : q)
-    op.work->complete(std::make_exception_ptr(
-        Error(ErrorCode::Aborted, op.name + " not run: the communicator failed earlier: " + why)));
+  for (auto& op : q) op.work->complete(same_kind(cause, op.name + " not run: the communicator failed earlier: " + why));
 }
 
 namespace {

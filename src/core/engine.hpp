@@ -77,6 +77,10 @@ struct Operation {
   bool concurrent = false;
   /// Tasks only, with `concurrent`: operations (their works) to wait for.
   std::vector<std::shared_ptr<detail::WorkState>> after;
+  /// A collective whose plan is decided after it was issued (the measuring tuner's
+  /// verdict): an operation issued earlier fills the slot, and admission takes the
+  /// plan from it in place of `plan` (which then only names the call).
+  std::shared_ptr<std::shared_ptr<const collectives::Plan>> deferred;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -157,7 +161,9 @@ class Engine {
   bool route(Exec& ex);
   int transport_for(int peer);
   void fail_current(std::exception_ptr error, const std::string& reason, Exec* culprit = nullptr);
-  void fail_all(const std::string& reason);
+  /// Fails every queued operation, with an error of the same kind as `cause` (a
+  /// peer's failure: RemoteError naming it; a deadline: TimeoutError; else Aborted).
+  void fail_all(const std::string& reason, const std::exception_ptr& cause = nullptr);
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
 
   EngineOptions opt_;
