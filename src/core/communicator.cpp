@@ -467,6 +467,9 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
     std::vector<double> seconds;
   };
   auto run = std::make_shared<Run>();
+  // Sized once, before anything is queued: the exchange below holds its data pointer,
+  // and the read task may run (on the engine thread) before this function returns.
+  run->seconds.assign(e.schedule.size(), 0.0);
   const auto counts = collectives::buffer_counts(req);
   run->scratch.assign(std::max(counts.input, counts.output) * req.elem_size, std::byte{0});
   const char* what = req.collective == Collective::allreduce   ? "allreduce (tuner trial)"
@@ -483,17 +486,16 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   // issued before it).
   post_task(
       [run] {
-        run->seconds.clear();
-        for (const auto& w : run->works) {
+        for (std::size_t i = 0; i < run->works.size(); ++i) {
+          const auto& w = run->works[i];
           // A call that never ran a step (nothing to move) has no start: it cost nothing.
           const bool ran = w->started != std::chrono::steady_clock::time_point{};
-          run->seconds.push_back(ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0);
+          run->seconds[i] = ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0;
         }
       },
       "tuner: read trial times", run);
   // Per call, the shortest time over ranks: the rank that started last waited for no
   // one, so its time is the algorithm's own; the others include arrival skew.
-  run->seconds.assign(e.schedule.size(), 0.0);
   PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::min);
   x.algorithm = Algorithm::ring;
   x.host_of = host_map();

@@ -312,9 +312,36 @@ TEST(Tuner, MeasuredChoiceIsAgreedByEveryRankAndEveryCallIsCorrect) {
     EXPECT_EQ(why[0].find("measured"), std::string::npos) << why[0];
   } else {
     EXPECT_NE(why[0].find("; measured "), std::string::npos) << why[0];
+    // Every trial ran and was timed: no candidate's median is zero.
+    EXPECT_EQ(why[0].find(" 0 us"), std::string::npos) << why[0];
   }
   EXPECT_EQ(why[0].rfind("allreduce 11.7 KiB x 4 ranks on 1 host: ", 0), 0u) << why[0];
   for (int r = 1; r < n; ++r) EXPECT_EQ(why[static_cast<std::size_t>(r)], why[0]) << "rank " << r;
+}
+
+// Small collectives may run on the calling thread (BRAID_INLINE_BYTES), but a call
+// stays asynchronous: with the peer 300 ms late, allreduce() returns at once (the
+// engine thread takes over once nothing moves) and the work completes when the peer
+// comes. Also for the first call of a size under the measuring tuner, which queues
+// its trials behind the call.
+TEST(Inline, ACallWhosePeerIsLateReturnsAtOnceAndCompletesLater) {
+  Group g(2);
+  for (int round = 0; round < 2; ++round) {
+    std::chrono::steady_clock::duration returned{};
+    run_threads(2, [&](int r) {
+      std::vector<float> x(256, static_cast<float>(r + 1));
+      if (r == 1) std::this_thread::sleep_for(300ms);
+      const auto t0 = std::chrono::steady_clock::now();
+      Work w = g[r].allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum);
+      if (r == 0) {
+        returned = std::chrono::steady_clock::now() - t0;
+        EXPECT_FALSE(w.test()) << "completed without its peer";
+      }
+      w.wait();
+      for (float v : x) ASSERT_EQ(v, 3.0f);
+    });
+    EXPECT_LT(returned, 100ms) << "round " << round << ": allreduce() blocked waiting for its peer";
+  }
 }
 
 TEST(Topology, DescribesHostsAndTransports) {
