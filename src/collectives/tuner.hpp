@@ -76,6 +76,10 @@ struct Experiment {
   /// Trial i runs schedule[i]: `rounds` rounds, every candidate once per round, each
   /// round's order rotated by one so no candidate always follows the same.
   std::vector<Algorithm> schedule;
+  /// Calls per trial: a trial's time is that of `block` consecutive calls (issued
+  /// together, as a training step issues its buckets) divided by `block`, so that
+  /// small calls are timed over a span long enough to average out wake-ups and skew.
+  int block = 1;
 
   /// Empty schedule when one candidate remains (nothing to measure).
   static Experiment plan(const Choice& model, int rounds, double within);

@@ -421,15 +421,18 @@ Communicator::Impl::Pick Communicator::Impl::choose_algorithm(const PlanRequest&
   Tuning& tu = it->second;
   if (inserted) {
     tu.model = model;
-    // Enough rounds that a candidate's trials take about 4 ms by the model (timer and
-    // scheduling noise dominate single small calls), 3 to 31. Above kMaxTrialBytes the
+    // A trial is a block of calls spanning about 100 us by the model (1 to 16 calls):
+    // single small calls are dominated by wake-ups and arrival skew. Rounds: enough for
+    // about 8 ms of predicted time per candidate, 3 to 31. Above kMaxTrialBytes the
     // scratch buffer would cost too much memory and the trials too much time; there
     // bandwidth decides and the model ranks well.
     constexpr double kMaxTrialBytes = 64.0 * 1024 * 1024;
     const double bytes = static_cast<double>(req.count) * static_cast<double>(req.elem_size);
-    const double want = model->seconds > 0 ? 4e-3 / model->seconds : 31;
-    const int rounds = static_cast<int>(std::clamp(std::ceil(want), 3.0, 31.0));
-    const auto experiment = collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0);
+    const double predicted = std::max(model->seconds, 1e-7);
+    const int block = static_cast<int>(std::clamp(std::ceil(100e-6 / predicted), 1.0, 16.0));
+    const int rounds = static_cast<int>(std::clamp(std::ceil(8e-3 / (block * predicted)), 3.0, 31.0));
+    auto experiment = collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0);
+    experiment.block = block;
     if (experiment.schedule.empty()) {
       tu.verdict = model->algorithm;
       tu.explanation = model->explanation;
@@ -475,31 +478,37 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   const char* what = req.collective == Collective::allreduce   ? "allreduce (tuner trial)"
                      : req.collective == Collective::broadcast ? "broadcast (tuner trial)"
                                                                : "reduce (tuner trial)";
+  // works[2i], works[2i+1]: the first and last call of trial i.
   for (const Algorithm a : e.schedule) {
     PlanRequest r = req;
     r.algorithm = a;
-    std::shared_ptr<detail::WorkState> state;
-    post(plan_for(r), run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state);
-    run->works.push_back(std::move(state));
+    const auto plan = plan_for(r);
+    for (int k = 0; k < e.block; ++k) {
+      std::shared_ptr<detail::WorkState> state;
+      post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state);
+      if (k == 0) run->works.push_back(state);
+      if (k == e.block - 1) run->works.push_back(std::move(state));
+    }
   }
   // Runs once every trial has completed (a non-concurrent task waits for everything
   // issued before it).
   post_task(
-      [run] {
-        for (std::size_t i = 0; i < run->works.size(); ++i) {
-          const auto& w = run->works[i];
+      [run, block = e.block] {
+        for (std::size_t i = 0; i < run->seconds.size(); ++i) {
+          const auto& first = run->works[2 * i];
+          const auto& last = run->works[2 * i + 1];
           // A call that never ran a step (nothing to move) has no start: it cost nothing.
-          const bool ran = w->started != std::chrono::steady_clock::time_point{};
-          run->seconds[i] = ran ? std::chrono::duration<double>(w->ended - w->started).count() : 0.0;
+          const bool ran = first->started != std::chrono::steady_clock::time_point{};
+          run->seconds[i] = ran ? std::chrono::duration<double>(last->ended - first->started).count() / block : 0.0;
         }
       },
       "tuner: read trial times", run);
-  // Per call, the shortest time over ranks: the rank that started last waited for no
-  // one, so its time is the algorithm's own; the others include arrival skew.
-  PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::min);
+  // Per trial, the longest time over ranks, as a benchmark reports the slowest rank
+  // (a block's span makes the arrival skew of its first call small).
+  PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
   x.algorithm = Algorithm::ring;
   x.host_of = host_map();
-  post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::min, call_timeout,
+  post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
        "allreduce (tuner's exchange of trial times)", run);
   post_task(
       [this, run, e, &tu] {
