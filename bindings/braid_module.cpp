@@ -474,6 +474,9 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)
       .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
+      .def("explain_allreduce", &braid::Communicator::explain_allreduce, py::arg("count"), py::arg("dtype"),
+           py::arg("op") = braid::ReduceOp::sum, py::arg("deterministic") = false,
+           py::call_guard<py::gil_scoped_release>())
       .def("close", [](braid::Communicator& c) {
         // Destroys the communicator's state now (waits for outstanding work, up to its
         // deadlines) without the GIL; the Python wrapper drops this object afterwards.

@@ -5,14 +5,19 @@
 //   process, that run collectives together. Membership never changes; `split`
 //   makes new, smaller communicators.
 // - Every collective is asynchronous: it validates its arguments, queues the
-//   operation and returns a Work at once. The communicator's progress engine (one
-//   thread per communicator) runs operations in the order they were issued, which
-//   must be the same order on every rank, as with NCCL and MPI.
+//   operation and returns a Work without waiting for peers. The communicator's
+//   progress engine (one thread per communicator) runs operations in the order they
+//   were issued, which must be the same order on every rank, as with NCCL and MPI.
+//   A small call (BRAID_INLINE_BYTES) that finds the engine idle is run by the
+//   engine's loop on the calling thread instead, until it completes or stops moving
+//   (then the progress thread takes over and the call returns).
 // - Buffers belong to the caller and must stay valid and untouched until the Work
 //   completes. In-place operation (send == recv) is allowed where noted.
 // - Any failure (a peer dies, a deadline passes, abort()) fails the Work in flight
-//   with a braid::Error naming collective, sequence number, peer and step, and puts
-//   the communicator in a failed state: every later call fails fast with Aborted.
+//   with a braid::Error naming collective, sequence number, peer and step, fails the
+//   operations queued behind it with an error of the same kind (RemoteError naming
+//   the peer, TimeoutError), and puts the communicator in a failed state: every later
+//   call fails fast with Aborted.
 //   There is no recovery; create a new communicator.
 // - Arguments are checked before any byte moves; bad ones throw
 //   Error(InvalidUsage) from the call itself.

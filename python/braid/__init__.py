@@ -297,6 +297,12 @@ class Communicator:
     def describe_topology(self) -> str:
         return self._impl.describe_topology()
 
+    def explain_allreduce(self, x: Any, op: Union[str, ReduceOp] = "sum", *, deterministic: bool = False) -> str:
+        """The algorithm an all-reduce of `x`'s size and type runs, and why: the cost model's
+        prices and, once a call of this size has run, the measured trial times and verdict."""
+        b = _buffer(x, "explain_allreduce input", writable=False)
+        return self._impl.explain_allreduce(b.count, b.dtype, _op(op), deterministic)
+
     def __repr__(self) -> str:
         if self._c is None:
             return "<braid.Communicator closed>"

@@ -208,9 +208,9 @@ std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const Plan
 Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out,
                               DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
                               const char* what, std::shared_ptr<void> keepalive,
-                              std::shared_ptr<detail::WorkState>* state, DeferredPlan deferred) {
+                              std::shared_ptr<detail::WorkState>* state, PostHints hints) {
   BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
-  if (cfg.check_args) check_same_call(*plan, dtype, op, what);
+  if (cfg.check_args && !hints.internal) check_same_call(*plan, dtype, op, what, hints.automatic);
   BRAID_CHECK(!engine->failed(), Aborted,
               what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
   core::Operation o;
@@ -226,10 +226,11 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   // Plain concatenation: this runs on every call, and a stream costs a microsecond.
   o.name.reserve(96);
   o.name.append(what).append(" #").append(std::to_string(o.seq)).append(" (");
-  o.name.append(deferred ? "auto" : to_string(o.plan->request.algorithm))
+  o.name.append(hints.deferred ? "auto" : to_string(o.plan->request.algorithm))
       .append(", ")
       .append(std::to_string(o.plan->request.count));
-  o.deferred = std::move(deferred);
+  o.deferred = std::move(hints.deferred);
+  o.may_inline = !hints.internal;
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
@@ -239,14 +240,14 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
 }
 
 void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op,
-                                         const char* what) {
+                                         const char* what, bool automatic) {
   // Debug mode (BRAID_CHECK_ARGS): rank 0 compares every rank's call with its own and
   // publishes a verdict that all ranks act on, so that all fail together, naming the
   // rank that differs, instead of hanging in mismatched collectives.
   const std::uint64_t k = next_check++;
   std::ostringstream sig;
   sig << what << "(count=" << plan.request.count << ", type=" << to_string(dtype) << ", op=" << to_string(op)
-      << ", algo=" << to_string(plan.request.algorithm) << ")";
+      << ", algo=" << (automatic ? std::string_view("auto") : to_string(plan.request.algorithm)) << ")";
   const std::string base = "check/" + std::to_string(k) + "/";
   if (engine->failed()) {
     // Tell rank 0 instead of leaving it waiting for this rank's signature.
@@ -381,10 +382,43 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   Pick pick;
   if (algo == Algorithm::automatic) pick = choose_algorithm(req);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
-  Work w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout,
-                what, nullptr, nullptr, std::move(pick.deferred));
-  if (pick.then_measure) measure(req, dtype, *pick.then_measure, *pick.tuning, call_timeout);
+  PostHints hints;
+  hints.deferred = std::move(pick.deferred);
+  hints.automatic = algo == Algorithm::automatic;
+  Work w;
+  try {
+    w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
+             nullptr, nullptr, std::move(hints));
+  } catch (const Error& e) {
+    // The bucket's first call did not go out: neither will its trials.
+    if (pick.then_measure) abandon_tuning(*pick.tuning, e.what());
+    throw;
+  }
+  if (pick.then_measure) {
+    try {
+      measure(req, dtype, *pick.then_measure, *pick.tuning, call_timeout);
+    } catch (const Error& e) {
+      // Only when the communicator has failed meanwhile (post refuses then): the call
+      // itself is out and its Work reports what happened.
+      abandon_tuning(*pick.tuning, e.what());
+    }
+  }
   return w;
+}
+
+void Communicator::Impl::abandon_tuning(Tuning& tu, const std::string& why) {
+  std::vector<std::pair<PlanRequest, DeferredPlan>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(tune_mu);
+    if (tu.verdict) return;
+    tu.verdict = tu.model->algorithm;
+    tu.explanation = tu.model->explanation + " (not measured: " + why + ")";
+    waiting.swap(tu.waiting);
+  }
+  for (auto& [r, slot] : waiting) {
+    r.algorithm = *tu.verdict;
+    *slot = plan_for(r);
+  }
 }
 
 Communicator::Impl::TuneKey Communicator::Impl::tune_key(const PlanRequest& req) const {
@@ -485,7 +519,9 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
     const auto plan = plan_for(r);
     for (int k = 0; k < e.block; ++k) {
       std::shared_ptr<detail::WorkState> state;
-      post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state);
+      PostHints internal;
+      internal.internal = true;
+      post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state, internal);
       if (k == 0) run->works.push_back(state);
       if (k == e.block - 1) run->works.push_back(std::move(state));
     }
@@ -494,12 +530,11 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   // issued before it).
   post_task(
       [run, block = e.block] {
+        // Every collective is stamped when admitted (engine.cpp), so `started` is set.
         for (std::size_t i = 0; i < run->seconds.size(); ++i) {
           const auto& first = run->works[2 * i];
           const auto& last = run->works[2 * i + 1];
-          // A call that never ran a step (nothing to move) has no start: it cost nothing.
-          const bool ran = first->started != std::chrono::steady_clock::time_point{};
-          run->seconds[i] = ran ? std::chrono::duration<double>(last->ended - first->started).count() / block : 0.0;
+          run->seconds[i] = std::chrono::duration<double>(last->ended - first->started).count() / block;
         }
       },
       "tuner: read trial times", run);
@@ -508,8 +543,10 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
   x.algorithm = Algorithm::ring;
   x.host_of = host_map();
+  PostHints internal;
+  internal.internal = true;
   post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
-       "allreduce (tuner's exchange of trial times)", run);
+       "allreduce (tuner's exchange of trial times)", run, nullptr, internal);
   post_task(
       [this, run, e, &tu] {
         const std::vector<double> agreed = e.medians(run->seconds);
@@ -724,14 +761,26 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
     return "allreduce " + bytes + ": BRAID_ALGO=" + im.cfg.algo + " forces " +
            std::string(to_string(*parse_algorithm(im.cfg.algo)));
   if (im.size == 1) return "allreduce " + bytes + " x 1 rank: ring (a local copy)";
-  const auto choice =
-      im.tuner_ref().choose(Collective::allreduce, req.count, req.elem_size, req.op, nullptr, 0, req.deterministic);
-  if (!im.cfg.tune_measure) return choice->explanation;
-  std::lock_guard<std::mutex> lock(im.tune_mu);
-  const auto it = im.tunings.find(im.tune_key(req));
-  if (it == im.tunings.end() || !it->second.verdict)
-    return choice->explanation + " (BRAID_TUNE=measure: no call of this size yet)";
-  return it->second.explanation;
+  // What calls of this bucket run: the bucket's recorded verdict when there is one;
+  // else a fresh pricing that leaves the tuner's cache alone (the cache decides for a
+  // whole bucket at its first call, which must be the same call on every rank, while
+  // this may be called on one rank only).
+  {
+    std::lock_guard<std::mutex> lock(im.tune_mu);
+    const auto it = im.tunings.find(im.tune_key(req));
+    if (it != im.tunings.end()) {
+      if (it->second.verdict) return it->second.explanation;
+      return it->second.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
+    }
+  }
+  const auto& tuner = im.tuner_ref();
+  collectives::TuneOptions to;
+  to.slice_bytes = im.cfg.chunk_bytes;
+  to.deterministic = req.deterministic;
+  const auto choice = collectives::choose(Collective::allreduce, req.count, req.elem_size, req.op, im.size,
+                                          tuner.topology(), tuner.model(), to);
+  if (!im.cfg.tune_measure) return choice.explanation;
+  return choice.explanation + " (BRAID_TUNE=measure: no call of this size yet)";
 }
 
 std::string Communicator::describe_topology() const {

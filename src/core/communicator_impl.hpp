@@ -23,6 +23,17 @@
 
 namespace braid {
 
+namespace core {
+/// A plan slot filled after the operation was issued (the measuring tuner's verdict).
+using DeferredPlan = std::shared_ptr<std::shared_ptr<const collectives::Plan>>;
+/// How Communicator::Impl::post() treats an operation beyond its plan and buffers.
+struct PostHints {
+  DeferredPlan deferred;   ///< plan decided later (the measuring tuner's verdict)
+  bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
+  bool internal = false;   ///< the library's own call (tuner trials, exchange): never inline, not checked
+};
+}  // namespace core
+
 struct Communicator::Impl {
   core::Config cfg;
   std::string name;
@@ -68,7 +79,7 @@ struct Communicator::Impl {
   /// Measured tuning (BRAID_TUNE=measure) of one tuner bucket: the model's verdict,
   /// and once the trials have run, the verdict every rank agreed on; meanwhile the
   /// calls of the bucket waiting for it (their plans are filled in with the verdict).
-  using DeferredPlan = std::shared_ptr<std::shared_ptr<const collectives::Plan>>;
+  using DeferredPlan = core::DeferredPlan;
   struct Tuning {
     std::shared_ptr<const collectives::Choice> model;
     std::optional<Algorithm> verdict;
@@ -98,11 +109,15 @@ struct Communicator::Impl {
   collectives::CostModel cost_model() const;
   std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
   std::shared_ptr<const std::vector<int>> host_map();
+  using PostHints = core::PostHints;
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive,
-            std::shared_ptr<detail::WorkState>* state = nullptr, DeferredPlan deferred = nullptr);
+            std::shared_ptr<detail::WorkState>* state = nullptr, PostHints hints = {});
+  /// Gives up measuring a bucket (its first call or the trials could not be issued):
+  /// the model's choice becomes the verdict and calls waiting for it get that plan.
+  void abandon_tuning(Tuning& t, const std::string& why);
   std::pair<int, int> compute_locality() const;
-  void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what);
+  void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
   std::atomic<std::uint64_t> next_check{0};
   /// The tuner, made on first use (every rank prices with the same topology and model).
   collectives::Tuner& tuner_ref();

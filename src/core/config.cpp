@@ -26,11 +26,13 @@ const std::vector<ConfigVar> kTable = {
     {"BRAID_TUNE", "enum", "measure",
      "How auto chooses among the algorithms the cost model finds plausible (within 4x of its best): "
      "measure (the first calls of each size try each in turn, then all ranks take the fastest "
-     "measured) or model (the model's cheapest, no trials). docs/cost-model.md.",
+     "measured) or model (the model's cheapest, no trials). Must be the same on every rank. "
+     "docs/cost-model.md.",
      true},
     {"BRAID_COST_MODEL", "string", "",
      "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
-     "calibration; default: constants measured on the development machine (docs/cost-model.md).",
+     "calibration; default: constants measured on the development machine (docs/cost-model.md). "
+     "Must be the same on every rank.",
      true},
     {"BRAID_CODEC", "string", "none",
      "Compression codec of all-reduces that do not name one: none, fp16, bf16, fp8e4m3, fp8e5m2, "
@@ -62,7 +64,8 @@ const std::vector<ConfigVar> kTable = {
      "without (docs/performance.md); no difference at 64 MiB or with more ranks than cores.",
      true},
     {"BRAID_INLINE_BYTES", "bytes", "64K",
-     "Collectives of at most this many bytes that find the progress engine idle run on the calling "
+     "Collectives of at most this many bytes (count x element size) that find the progress engine "
+     "idle run on the calling "
      "thread (until done, or until nothing has moved for the spin time, when the engine thread takes "
      "over), saving the two thread hand-offs that dominate small-message latency. 0: always the "
      "engine thread.",

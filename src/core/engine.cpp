@@ -198,7 +198,8 @@ void Engine::submit(Operation op) {
       if (opt_.wait_helps) op.work->helper = gate_;
       // Inline: a small collective, the engine idle (nothing queued or running, no
       // helper inside), and not the engine's own thread (which must not wait on itself).
-      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan && !op.deferred && !busy_ &&
+      const bool run_here = opt_.inline_bytes > 0 && op.may_inline && !op.task && !op.p2p && op.plan &&
+                            !op.deferred && !busy_ &&
                             op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                             helpers_.load(std::memory_order_acquire) == 0 &&
                             std::this_thread::get_id() != thread_.get_id();
@@ -284,6 +285,10 @@ bool Engine::admit() {
         continue;
       }
       front.plan = *front.deferred;
+      // Name the algorithm the verdict chose in the call's messages from now on.
+      const auto at = front.name.find("(auto, ");
+      if (at != std::string::npos)
+        front.name.replace(at, 7, "(auto: " + std::string(to_string(front.plan->request.algorithm)) + ", ");
     }
     auto ex = std::make_unique<Exec>();
     ex->op = std::move(queue_.front());

@@ -20,7 +20,9 @@
 // abort()) fails the running operation with an Error naming collective, sequence
 // number, step and peer, records the reason in the store under "abort/<rank>" so
 // that other ranks can say why, closes every connection (which is how neighbours
-// learn of it quickly), and fails every queued and later operation with Aborted.
+// learn of it quickly), fails every queued operation with an error of the same kind
+// (RemoteError naming the peer, TimeoutError; Aborted after abort()), and every later
+// one with Aborted.
 #pragma once
 
 #include "collectives/plan.hpp"
@@ -81,6 +83,9 @@ struct Operation {
   /// verdict): an operation issued earlier fills the slot, and admission takes the
   /// plan from it in place of `plan` (which then only names the call).
   std::shared_ptr<std::shared_ptr<const collectives::Plan>> deferred;
+  /// False for the library's own calls (the tuner's trials): never run on the
+  /// submitting thread, which must not block on them.
+  bool may_inline = true;
 };
 
 /// Settings the engine needs, resolved by the communicator.

@@ -291,6 +291,9 @@ TEST(Tuner, MeasuredChoiceIsAgreedByEveryRankAndEveryCallIsCorrect) {
   const std::size_t count = 3000;
   std::vector<std::string> why(n);
   std::vector<std::vector<float>> out(n);
+  // Asked on one rank only, for another count of the same size bucket, before any call:
+  // must not decide anything for the bucket (the ranks would then disagree on the trials).
+  EXPECT_NE(g[0].explain_allreduce(count + 100, DataType::f32).find("no call of this size yet"), std::string::npos);
   for (int call = 0; call < 120; ++call) {
     run_threads(n, [&](int r) {
       auto& o = out[static_cast<std::size_t>(r)];

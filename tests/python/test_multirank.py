@@ -20,6 +20,11 @@ def test_async_work_and_split(run_ranks):
     assert p.stdout.count("GIL released while blocked ok") == 4
 
 
+def test_tuner_explains_an_agreed_verdict(run_ranks):
+    p = run_ranks(3, "ranks_numpy.py", "tuner")
+    assert p.stdout.count("tuner ok") == 3, p.stdout
+
+
 def test_compressed_allreduce(run_ranks):
     p = run_ranks(2, "ranks_numpy.py", "compressed", check=False)
     if p.returncode != 0 and "SKIP:" in p.stdout:
