@@ -230,7 +230,6 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
       .append(", ")
       .append(std::to_string(o.plan->request.count));
   o.deferred = std::move(hints.deferred);
-  o.may_inline = !hints.internal;
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
@@ -496,8 +495,10 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   // The trials are calls of their own, in place on a zeroed scratch buffer of the
   // call's size: every rank issues them at the same point (the first call of this
   // bucket, which every rank issues in the same order), and the caller's data only
-  // ever sees the chosen algorithm. Nothing here waits: the times are read, exchanged
-  // and judged by operations that run after the trials, in issue order.
+  // ever sees the chosen algorithm. Nothing here waits for peers: the times are read,
+  // exchanged and judged by operations that run after the trials, in issue order.
+  // Small trials run on this thread while peers keep pace, as the caller's own calls
+  // of their size do (Engine::submit), so that they are timed on the same path.
   struct Run {
     std::vector<std::byte> scratch;
     std::vector<std::shared_ptr<detail::WorkState>> works;

@@ -30,7 +30,7 @@ using DeferredPlan = std::shared_ptr<std::shared_ptr<const collectives::Plan>>;
 struct PostHints {
   DeferredPlan deferred;   ///< plan decided later (the measuring tuner's verdict)
   bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
-  bool internal = false;   ///< the library's own call (tuner trials, exchange): never inline, not checked
+  bool internal = false;   ///< the library's own call (tuner trials, exchange): not argument-checked
 };
 }  // namespace core
 

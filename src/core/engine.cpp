@@ -198,7 +198,7 @@ void Engine::submit(Operation op) {
       if (opt_.wait_helps) op.work->helper = gate_;
       // Inline: a small collective, the engine idle (nothing queued or running, no
       // helper inside), and not the engine's own thread (which must not wait on itself).
-      const bool run_here = opt_.inline_bytes > 0 && op.may_inline && !op.task && !op.p2p && op.plan &&
+      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan &&
                             !op.deferred && !busy_ &&
                             op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                             helpers_.load(std::memory_order_acquire) == 0 &&

@@ -83,9 +83,6 @@ struct Operation {
   /// verdict): an operation issued earlier fills the slot, and admission takes the
   /// plan from it in place of `plan` (which then only names the call).
   std::shared_ptr<std::shared_ptr<const collectives::Plan>> deferred;
-  /// False for the library's own calls (the tuner's trials): never run on the
-  /// submitting thread, which must not block on them.
-  bool may_inline = true;
 };
 
 /// Settings the engine needs, resolved by the communicator.
