@@ -85,8 +85,9 @@ Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size,
   return choice;
 }
 
-Experiment Experiment::plan(const Choice& model, int rounds, double within) {
+Experiment Experiment::plan(const Choice& model, int rounds, double within, int block) {
   Experiment e;
+  e.block = std::max(block, 1);
   for (const auto& c : model.candidates)
     if (c.seconds <= model.seconds * within) e.candidates.push_back(c.algorithm);
   if (e.candidates.size() < 2 || rounds < 1) {
@@ -150,14 +151,18 @@ std::shared_ptr<const Choice> Tuner::choose(Collective collective, std::uint64_t
   if (first) *first = false;
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
-  TuneOptions o = options_;
-  o.root = root;
-  o.deterministic = deterministic;
-  auto c = std::make_shared<const Choice>(
-      collectives::choose(collective, count, elem_size, op, world_, topo_, model_, o));
+  auto c = std::make_shared<const Choice>(price(collective, count, elem_size, op, root, deterministic));
   cache_.emplace(key, c);
   if (first) *first = true;
   return c;
+}
+
+Choice Tuner::price(Collective collective, std::uint64_t count, std::size_t elem_size, ReduceOp op, int root,
+                    bool deterministic) const {
+  TuneOptions o = options_;
+  o.root = root;
+  o.deterministic = deterministic;
+  return collectives::choose(collective, count, elem_size, op, world_, topo_, model_, o);
 }
 
 std::size_t Tuner::cached() const {

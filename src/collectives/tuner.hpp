@@ -82,7 +82,7 @@ struct Experiment {
   int block = 1;
 
   /// Empty schedule when one candidate remains (nothing to measure).
-  static Experiment plan(const Choice& model, int rounds, double within);
+  static Experiment plan(const Choice& model, int rounds, double within, int block = 1);
   /// Median time of each candidate (index as `candidates`) from the time of every
   /// scheduled call (`seconds[i]` for schedule[i]; size must match).
   std::vector<double> medians(const std::vector<double>& seconds) const;
@@ -108,6 +108,11 @@ class Tuner {
   /// `choice->explanation` once then (BRAID_DEBUG=INFO).
   std::shared_ptr<const Choice> choose(Collective collective, std::uint64_t count, std::size_t elem_size, ReduceOp op,
                                        bool* first = nullptr, int root = 0, bool deterministic = false);
+
+  /// What choose() prices on a miss, without consulting or filling the cache (to
+  /// explain a size without deciding its bucket).
+  Choice price(Collective collective, std::uint64_t count, std::size_t elem_size, ReduceOp op, int root = 0,
+               bool deterministic = false) const;
 
   /// Bucket of a size in bytes (see the class comment).
   static int size_bucket(double bytes) noexcept;

@@ -406,16 +406,21 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
 }
 
 void Communicator::Impl::abandon_tuning(Tuning& tu, const std::string& why) {
+  settle(tu, tu.model->algorithm, tu.model->explanation + " (not measured: " + why + ")");
+}
+
+void Communicator::Impl::settle(Tuning& tu, Algorithm verdict, std::string explanation) {
   std::vector<std::pair<PlanRequest, DeferredPlan>> waiting;
   {
     std::lock_guard<std::mutex> lock(tune_mu);
     if (tu.verdict) return;
-    tu.verdict = tu.model->algorithm;
-    tu.explanation = tu.model->explanation + " (not measured: " + why + ")";
+    tu.verdict = verdict;
+    tu.explanation = std::move(explanation);
     waiting.swap(tu.waiting);
   }
+  BRAID_LOG(info, "tuner: " << tu.explanation);
   for (auto& [r, slot] : waiting) {
-    r.algorithm = *tu.verdict;
+    r.algorithm = verdict;
     *slot = plan_for(r);
   }
 }
@@ -464,8 +469,8 @@ Communicator::Impl::Pick Communicator::Impl::choose_algorithm(const PlanRequest&
     const double predicted = std::max(model->seconds, 1e-7);
     const int block = static_cast<int>(std::clamp(std::ceil(100e-6 / predicted), 1.0, 16.0));
     const int rounds = static_cast<int>(std::clamp(std::ceil(8e-3 / (block * predicted)), 3.0, 31.0));
-    auto experiment = collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0);
-    experiment.block = block;
+    const auto experiment =
+        collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0, block);
     if (experiment.schedule.empty()) {
       tu.verdict = model->algorithm;
       tu.explanation = model->explanation;
@@ -510,6 +515,8 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   run->seconds.assign(e.schedule.size(), 0.0);
   const auto counts = collectives::buffer_counts(req);
   run->scratch.assign(std::max(counts.input, counts.output) * req.elem_size, std::byte{0});
+  PostHints internal;
+  internal.internal = true;
   const char* what = req.collective == Collective::allreduce   ? "allreduce (tuner trial)"
                      : req.collective == Collective::broadcast ? "broadcast (tuner trial)"
                                                                : "reduce (tuner trial)";
@@ -520,8 +527,6 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
     const auto plan = plan_for(r);
     for (int k = 0; k < e.block; ++k) {
       std::shared_ptr<detail::WorkState> state;
-      PostHints internal;
-      internal.internal = true;
       post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state, internal);
       if (k == 0) run->works.push_back(state);
       if (k == e.block - 1) run->works.push_back(std::move(state));
@@ -544,25 +549,12 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
   x.algorithm = Algorithm::ring;
   x.host_of = host_map();
-  PostHints internal;
-  internal.internal = true;
   post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
        "allreduce (tuner's exchange of trial times)", run, nullptr, internal);
   post_task(
       [this, run, e, &tu] {
         const std::vector<double> agreed = e.medians(run->seconds);
-        std::vector<std::pair<PlanRequest, DeferredPlan>> waiting;
-        {
-          std::lock_guard<std::mutex> lock(tune_mu);
-          tu.verdict = e.verdict(agreed);
-          tu.explanation = tu.model->explanation + "; " + e.explain(agreed);
-          waiting.swap(tu.waiting);
-        }
-        BRAID_LOG(info, "tuner: " << tu.explanation);
-        for (auto& [r, slot] : waiting) {
-          r.algorithm = *tu.verdict;
-          *slot = plan_for(r);
-        }
+        settle(tu, e.verdict(agreed), tu.model->explanation + "; " + e.explain(agreed));
       },
       "tuner: verdict", run);
 }
@@ -774,12 +766,8 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
       return it->second.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
     }
   }
-  const auto& tuner = im.tuner_ref();
-  collectives::TuneOptions to;
-  to.slice_bytes = im.cfg.chunk_bytes;
-  to.deterministic = req.deterministic;
-  const auto choice = collectives::choose(Collective::allreduce, req.count, req.elem_size, req.op, im.size,
-                                          tuner.topology(), tuner.model(), to);
+  const auto choice =
+      im.tuner_ref().price(Collective::allreduce, req.count, req.elem_size, req.op, 0, req.deterministic);
   if (!im.cfg.tune_measure) return choice.explanation;
   return choice.explanation + " (BRAID_TUNE=measure: no call of this size yet)";
 }

@@ -116,6 +116,9 @@ struct Communicator::Impl {
   /// Gives up measuring a bucket (its first call or the trials could not be issued):
   /// the model's choice becomes the verdict and calls waiting for it get that plan.
   void abandon_tuning(Tuning& t, const std::string& why);
+  /// Fixes a bucket's verdict (unless one is set), logs it and gives the calls waiting
+  /// for it their plans.
+  void settle(Tuning& t, Algorithm verdict, std::string explanation);
   std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
   std::atomic<std::uint64_t> next_check{0};
