@@ -438,6 +438,103 @@ BRAID_NOINLINE BRAID_TARGET_AVX2_F16C void fp16_decode_f16c(const std::uint8_t* 
 }
 #endif
 
+#if BRAID_CODEC_X86
+// sign1 in two passes over each block (the portable loops take five): (1) value = in + add
+// into a stack block, the |bits| max and the lane sums of |value| together; (2) the sign
+// bits straight from a compare mask and the residual. Lane k of the sum takes elements
+// i % 8 == k in increasing i, and the lanes are combined in abs_sum8's order, so the
+// bytes are those of the portable loops. Blocks whose length is not a multiple of 8 (a
+// short last block) take the portable per-block code.
+template <bool FB>
+BRAID_INLINE BRAID_TARGET_AVX2 void sign1_encode_avx2_impl(std::uint32_t block, const float* in, const float* add,
+                                                           std::size_t n, std::uint8_t* out,
+                                                           float* residual) noexcept {
+  const std::size_t B = block;
+  const std::size_t nb = (n + B - 1) / B;
+  std::uint8_t* codes = out + 4 * nb;
+  alignas(64) float tmp[kMaxCodecBlock];
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256 sign_bit = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b) {
+    const std::size_t start = b * B;
+    const auto len = static_cast<std::uint32_t>(std::min(B, n - start));
+    float* res = FB ? residual + start : nullptr;
+    std::uint8_t* c = codes + start / 8;
+    const float* y = in + start;
+    float scale;
+    if (len % 8 != 0) {  // a short last block: the portable code
+      if (add) {
+        const float* a = add + start;
+        for (std::uint32_t i = 0; i < len; ++i) tmp[i] = y[i] + a[i];
+        y = tmp;
+      }
+      if (abs_bits_max(y, len) >= 0x7f800000u) {
+        scale = u2f(kNanBits);
+        std::memset(c, 0, codes_bytes(BlockFormat::sign1, len));
+        if constexpr (FB) std::memset(res, 0, sizeof(float) * len);
+      } else {
+        scale = abs_sum8(y, len) / static_cast<float>(len);
+        encode_sign_block<FB>(y, len, scale, c, res);
+      }
+      store_f32(out + 4 * b, scale);
+      continue;
+    }
+    __m256i mx = _mm256_setzero_si256();
+    __m256 sum = _mm256_setzero_ps();
+    if (add) {
+      const float* a = add + start;
+      for (std::uint32_t i = 0; i < len; i += 8) {
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(a + i));
+        _mm256_store_ps(tmp + i, v);
+        const __m256i bits = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
+        mx = _mm256_max_epu32(mx, bits);
+        sum = _mm256_add_ps(sum, _mm256_castsi256_ps(bits));
+      }
+      y = tmp;
+    } else {
+      for (std::uint32_t i = 0; i < len; i += 8) {
+        const __m256i bits = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(y + i)), abs_mask);
+        mx = _mm256_max_epu32(mx, bits);
+        sum = _mm256_add_ps(sum, _mm256_castsi256_ps(bits));
+      }
+    }
+    alignas(32) std::uint32_t m8[8];
+    alignas(32) float s8[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(m8), mx);
+    _mm256_store_ps(s8, sum);
+    std::uint32_t m = 0;
+    for (const std::uint32_t v : m8) m = v > m ? v : m;
+    if (m >= 0x7f800000u) {  // inf or NaN: the whole block decodes to NaN; residual dropped
+      scale = u2f(kNanBits);
+      std::memset(c, 0, len / 8);
+      if constexpr (FB) std::memset(res, 0, sizeof(float) * len);
+      store_f32(out + 4 * b, scale);
+      continue;
+    }
+    scale = (((s8[0] + s8[4]) + (s8[2] + s8[6])) + ((s8[1] + s8[5]) + (s8[3] + s8[7]))) / static_cast<float>(len);
+    const __m256 mean = _mm256_set1_ps(scale);
+    for (std::uint32_t i = 0; i < len; i += 8) {
+      const __m256 v = _mm256_loadu_ps(y + i);
+      const __m256 neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ);
+      c[i / 8] = static_cast<std::uint8_t>(_mm256_movemask_ps(neg));
+      if constexpr (FB) _mm256_storeu_ps(res + i, _mm256_sub_ps(v, _mm256_or_ps(mean, _mm256_and_ps(neg, sign_bit))));
+    }
+    store_f32(out + 4 * b, scale);
+  }
+  const std::size_t used = 4 * nb + codes_bytes(BlockFormat::sign1, n);
+  std::memset(out + used, 0, block_payload_bytes(BlockFormat::sign1, block, n) - used);
+}
+
+BRAID_NOINLINE BRAID_TARGET_AVX2 void sign1_encode_avx2(std::uint32_t block, const float* in, const float* add,
+                                                        std::size_t n, std::uint8_t* out, float* residual) noexcept {
+  if (residual)
+    sign1_encode_avx2_impl<true>(block, in, add, n, out, residual);
+  else
+    sign1_encode_avx2_impl<false>(block, in, add, n, out, nullptr);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // ISA dispatch.
 
@@ -500,6 +597,7 @@ std::size_t block_payload_bytes(BlockFormat format, std::uint32_t block, std::si
 void block_encode(const BlockCodecParams& p, const float* in, const float* add, std::size_t n, std::uint8_t* out,
                   float* residual) noexcept {
 #if BRAID_CODEC_X86
+  if (use_avx2() && p.format == BlockFormat::sign1) return sign1_encode_avx2(p.block, in, add, n, out, residual);
   if (use_avx2()) return avx2_block_encode(p, in, add, n, out, residual);
 #endif
   base_block_encode(p, in, add, n, out, residual);
