@@ -230,6 +230,7 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
       .append(", ")
       .append(std::to_string(o.plan->request.count));
   o.deferred = std::move(hints.deferred);
+  o.overlap = hints.overlap;
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);

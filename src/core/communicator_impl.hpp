@@ -31,6 +31,7 @@ struct PostHints {
   DeferredPlan deferred;   ///< plan decided later (the measuring tuner's verdict)
   bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
   bool internal = false;   ///< the library's own call (tuner trials, exchange): not argument-checked
+  bool overlap = false;    ///< may run beside the collectives before it (core::Operation::overlap)
 };
 }  // namespace core
 

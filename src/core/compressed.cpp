@@ -214,7 +214,14 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
     req.algorithm = Algorithm::automatic;
     if (size > 1) req.host_of = host_map();
     const std::string op_name = what + " " + step_name;
-    return post(plan_for(req), in, out, DataType::u8, ReduceOp::sum, options.timeout, op_name.c_str(), st, state);
+    // Each byte collective has buffers of its own (its piece's slots), and the tasks
+    // that fill or read them are ordered by the engine, so consecutive ones may overlap:
+    // the all-gather of piece c runs beside the all-to-all of piece c+1, and the links
+    // stay busy across the boundary where one ends and the next starts.
+    PostHints hints;
+    hints.overlap = true;
+    return post(plan_for(req), in, out, DataType::u8, ReduceOp::sum, options.timeout, op_name.c_str(), st, state,
+                std::move(hints));
   };
 
   if (spec.kind == CodecKind::topk) {

@@ -175,6 +175,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
 #endif
   }
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
+  order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
   gate_ = std::make_shared<Gate>(this);
   thread_ = std::thread([this] { run(); });
 }
@@ -270,10 +271,17 @@ bool Engine::admit() {
       active_.push_back(std::move(ex));
       return true;
     }
-    // A collective runs alone (beside host tasks); point-to-point operations run
-    // together with the point-to-point operations next to them (as in an NCCL group).
-    for (const auto& ex : active_)
-      if (ex->op.task || !(front.p2p && ex->op.p2p)) return any;
+    // A collective runs alone (beside host tasks), or beside at most kMaxOverlap - 1
+    // others when it is marked overlap; point-to-point operations run together with
+    // the point-to-point operations next to them (as in an NCCL group).
+    std::size_t collectives = 0;
+    for (const auto& ex : active_) {
+      if (ex->op.task) return any;
+      if (front.p2p && ex->op.p2p) continue;
+      if (front.p2p || ex->op.p2p || !front.overlap) return any;
+      ++collectives;
+    }
+    if (collectives >= kMaxOverlap) return any;
     if (front.deferred) {
       if (!*front.deferred) {
         // Nothing filled the slot although everything issued before has run: a bug.
@@ -482,7 +490,8 @@ bool Engine::post_ready(Exec& ex) {
   bool any = false;
   const Plan& p = *ex.plan;
   for (std::size_t q = 0; q < p.peers.size(); ++q) {
-    while (ex.send_head[q] < ex.sendq[q].size()) {
+    const auto peer2 = 2 * static_cast<std::size_t>(p.peers[q]);
+    while (order_mark_[peer2] != order_gen_ && ex.send_head[q] < ex.sendq[q].size()) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
@@ -492,7 +501,7 @@ bool Engine::post_ready(Exec& ex) {
       ++ex.send_head[q];
       any = true;
     }
-    while (ex.recv_head[q] < ex.recvq[q].size()) {
+    while (order_mark_[peer2 + 1] != order_gen_ && ex.recv_head[q] < ex.recvq[q].size()) {
       const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
@@ -531,6 +540,15 @@ bool Engine::post_ready(Exec& ex) {
     any = true;
   }
   return any;
+}
+
+void Engine::mark_unposted(const Exec& ex) {
+  const Plan& p = *ex.plan;
+  for (std::size_t q = 0; q < p.peers.size(); ++q) {
+    const auto peer2 = 2 * static_cast<std::size_t>(p.peers[q]);
+    if (!ex.routed || ex.send_head[q] < ex.sendq[q].size()) order_mark_[peer2] = order_gen_;
+    if (!ex.routed || ex.recv_head[q] < ex.recvq[q].size()) order_mark_[peer2 + 1] = order_gen_;
+  }
 }
 
 // Completes finished transfers; returns whether any completed, or throws the
@@ -610,11 +628,14 @@ bool Engine::step(bool& unrouted) {
       if (poller_->dispatch() > 0) progressed = true;
       for (auto& t : transports_) progressed |= t->progress();
     }
+    ++order_gen_;  // no connection is held back yet in this pass
     for (std::size_t k = 0; k < active_.size();) {
       Exec& ex = *active_[k];
       running = &ex;
       if (ex.op.task) {
+        BRAID_LOG(trace, "run " << ex.op.name);
         ex.op.task();
+        BRAID_LOG(trace, "done " << ex.op.name);
         ex.op.work->complete();
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
         progressed = true;
@@ -632,6 +653,7 @@ bool Engine::step(bool& unrouted) {
         progressed = true;
         continue;
       }
+      mark_unposted(ex);
       if (ex.routed && !progressed) check_peers(ex);
       if (Clock::now() > ex.deadline) {
         const std::string msg = deadline_error(ex);

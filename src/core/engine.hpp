@@ -83,6 +83,13 @@ struct Operation {
   /// verdict): an operation issued earlier fills the slot, and admission takes the
   /// plan from it in place of `plan` (which then only names the call).
   std::shared_ptr<std::shared_ptr<const collectives::Plan>> deferred;
+  /// Collectives only: the issuer guarantees that this collective and the collectives
+  /// running when it is admitted touch no common buffer that either writes (e.g. the
+  /// byte collectives of different pieces of a compressed all-reduce), so it may start
+  /// while they run, up to Engine::kMaxOverlap collectives at once. Messages still go
+  /// on each connection in issue order (see Engine::post_ready), so peers match them
+  /// the same way whatever runs beside what.
+  bool overlap = false;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -115,6 +122,9 @@ struct EngineOptions {
 
 class Engine {
  public:
+  /// Most collectives running at once (only with Operation::overlap).
+  static constexpr std::size_t kMaxOverlap = 2;
+
   /// Starts the transport (publishing this rank's address in `store`) and the
   /// progress thread. `store` is the communicator's (prefixed) store.
   Engine(const EngineOptions& options, std::shared_ptr<Store> store);
@@ -155,7 +165,13 @@ class Engine {
   /// an operation waits for a peer that has not joined.
   bool step(bool& unrouted);
   void finish_step(Exec& ex, std::uint32_t i);
+  /// Posts what is ready of `ex`, but nothing on a connection an operation admitted
+  /// before it still has unposted messages of the same direction on (per-connection
+  /// issue order; see order_mark_).
   bool post_ready(Exec& ex);
+  /// Records the connections on which `ex` still has messages to post (call after
+  /// post_ready(ex), in admission order).
+  void mark_unposted(const Exec& ex);
   bool reap(Exec& ex);
   void check_peers(Exec& ex);
   std::string deadline_error(Exec& ex);
@@ -191,7 +207,13 @@ class Engine {
   std::atomic<bool> failed_{false};
   std::atomic<bool> abort_requested_{false};
 
-  std::deque<std::unique_ptr<Exec>> active_;  ///< running: one collective, or several p2p ops
+  std::deque<std::unique_ptr<Exec>> active_;  ///< running, in admission order: collectives (one,
+                                              ///< or kMaxOverlap with overlap), or p2p ops
+  /// Per peer (2r: sends, 2r+1: receives): equal to order_gen_ when an operation
+  /// earlier in active_ still has messages of that direction to post to that peer in the
+  /// current pass, so later operations must not post there yet.
+  std::vector<std::uint64_t> order_mark_;
+  std::uint64_t order_gen_ = 0;
   int timeout_blame_ = -1;  ///< peer blamed in the abort record of a timeout
   std::thread thread_;
 };

@@ -34,12 +34,21 @@ bool log_enabled(LogLevel level) noexcept {
 }
 
 void log_line(LogLevel level, const std::string& message) noexcept {
-  char prefix[96];
+  char prefix[128];
+  // TRACE lines carry a steady-clock time in ms (same clock on every process of a host),
+  // so the lines of several ranks can be merged into one timeline.
+  char when[32] = "";
+  if (level == LogLevel::trace) {
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch());
+    std::snprintf(when, sizeof when, "%.3f ", static_cast<double>(us.count()) / 1000.0);
+  }
   if (t_rank >= 0)
-    std::snprintf(prefix, sizeof prefix, "braid %s [pid %d rank %d] ", level_name(level),
+    std::snprintf(prefix, sizeof prefix, "braid %s %s[pid %d rank %d] ", level_name(level), when,
                   static_cast<int>(getpid()), t_rank);
   else
-    std::snprintf(prefix, sizeof prefix, "braid %s [pid %d] ", level_name(level), static_cast<int>(getpid()));
+    std::snprintf(prefix, sizeof prefix, "braid %s %s[pid %d] ", level_name(level), when,
+                  static_cast<int>(getpid()));
   std::string line = prefix + message + "\n";
   // One write(2) per line so lines from several threads or processes never interleave.
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());

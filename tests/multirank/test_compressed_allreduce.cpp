@@ -333,7 +333,10 @@ TEST(Compressed, HierarchicalAcrossEmulatedHostsIsIdenticalOnEveryRankAndAccurat
 
 // Large buckets run the two-phase algorithm in pieces of each shard (pipelined: encode,
 // all-to-all, owner sum, all-gather and decode of different pieces overlap); the result
-// must still be the whole-shard reference, bit for bit.
+// must still be the whole-shard reference, bit for bit. The byte collectives of
+// neighbouring pieces run at the same time (Operation::overlap), the all-gather's ring
+// sends waiting on its receives while the next all-to-all could send at once: without
+// the engine's per-connection issue order this fails with a tag mismatch.
 TEST(Compressed, PipelinedPiecesMatchTheWholeShardReference) {
   constexpr int n = 3;
   constexpr std::size_t count = 1000003;  // shards of ~333K values: several pieces each
