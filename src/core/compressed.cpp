@@ -52,6 +52,8 @@ struct CompressedState {
   float* owner_residual = nullptr;   // this rank's shard, or null
   std::size_t slot = 0;              // bytes per payload slot
   std::size_t piece = 0, pieces = 1; // pipelining: elements per piece of a shard, pieces per shard
+  std::size_t sub = 0;               // elements per sub-payload of a piece (a multiple of the block)
+  std::size_t sub_bytes = 0;         // encoded bytes of a whole sub-payload
   std::vector<std::uint8_t> sendbuf, recvbuf, gathered;
   std::vector<float> acc;
 };
@@ -63,6 +65,10 @@ namespace {
 constexpr std::size_t kPieces = 16;
 constexpr std::size_t kMinPiece = 64 * 1024;
 constexpr std::size_t kPoolSize = 4;  // states kept for reuse (in flight at once, typically 1)
+// A piece's payload is a run of sub-payloads of kSub elements (the last may be shorter),
+// so that the owner decodes, sums and re-encodes one cache-sized run at a time (its
+// accumulator stays in L1/L2) instead of making W + 2 passes over a whole piece.
+constexpr std::size_t kSub = 8 * 1024;
 
 }  // namespace
 
@@ -266,12 +272,18 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
   const std::size_t pieces = std::max<std::size_t>(1, (max_shard + piece - 1) / piece);
   st->piece = piece;
   st->pieces = pieces;
-  st->slot = compression::encoded_bytes(spec, std::min(piece, max_shard));
+  st->sub = (kSub + unit - 1) / unit * unit;
+  st->sub_bytes = compression::encoded_bytes(spec, st->sub);
+  // Bytes of the sub-payloads of n elements (whole ones and a shorter last one).
+  auto framed_bytes = [st](std::size_t n) {
+    return n / st->sub * st->sub_bytes + (n % st->sub ? compression::encoded_bytes(st->spec, n % st->sub) : 0);
+  };
+  st->slot = framed_bytes(std::min(piece, max_shard));
   const std::size_t per_piece = st->slot * static_cast<std::size_t>(size);
   st->sendbuf.resize(per_piece * pieces);
   st->recvbuf.resize(per_piece * pieces);
   st->gathered.resize(per_piece * pieces);
-  st->acc.resize(std::min(piece, mine.size()));
+  st->acc.resize(std::min(st->sub, mine.size()));
 
   // Elements [begin, end) of piece c of shard s.
   auto piece_of = [](const CompressedState& x, int s, std::size_t c) {
@@ -282,39 +294,48 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
   auto payload = [](std::vector<std::uint8_t>& buf, const CompressedState& x, std::size_t c, int s) {
     return buf.data() + (c * static_cast<std::size_t>(x.world) + static_cast<std::size_t>(s)) * x.slot;
   };
+  // Sub-payload k of a piece starting at element b holds elements [b + k*sub, ...) at
+  // byte k*sub_bytes of the piece's slot; blocks start at every sub-payload's start and
+  // the RNG is keyed on global offsets, so the values are those of one whole payload.
   auto encode_piece = [st, piece_of, payload](std::size_t c) {
     const CodecSpec ws = compression::stream_spec(st->spec, st->rank, compression::Phase::worker);
     for (int s = 0; s < st->world; ++s) {
       const auto pr = piece_of(*st, s, c);
       std::uint8_t* dst = payload(st->sendbuf, *st, c, s);
-      if (st->worker_residual)
-        compression::encode_add_feedback(ws, st->in + pr.begin, st->worker_residual + pr.begin, pr.size(), dst,
-                                         st->step, pr.begin);
-      else
-        compression::encode(ws, st->in + pr.begin, pr.size(), dst, st->step, pr.begin);
+      for (std::size_t b = pr.begin; b < pr.end; b += st->sub, dst += st->sub_bytes) {
+        const std::size_t n = std::min(st->sub, pr.end - b);
+        if (st->worker_residual)
+          compression::encode_add_feedback(ws, st->in + b, st->worker_residual + b, n, dst, st->step, b);
+        else
+          compression::encode(ws, st->in + b, n, dst, st->step, b);
+      }
     }
   };
   auto owner_piece = [st, piece_of, payload](std::size_t c) {
     const auto pr = piece_of(*st, st->rank, c);
-    const std::size_t n = pr.size();
-    std::fill(st->acc.begin(), st->acc.begin() + static_cast<std::ptrdiff_t>(n), 0.0f);
-    for (int r = 0; r < st->world; ++r)
-      compression::decode_accumulate(st->spec, payload(st->recvbuf, *st, c, r), n, st->acc.data());
-    if (st->average)
-      for (std::size_t i = 0; i < n; ++i) st->acc[i] = st->acc[i] / static_cast<float>(st->world);
     const CodecSpec os = compression::stream_spec(st->spec, st->rank, compression::Phase::owner);
     const auto shard = compression::shard_range(st->count, st->world, st->rank);
-    std::uint8_t* dst = payload(st->gathered, *st, c, st->rank);
-    if (st->owner_residual)
-      compression::encode_add_feedback(os, st->acc.data(), st->owner_residual + (pr.begin - shard.begin), n, dst,
-                                       st->step, pr.begin);
-    else
-      compression::encode(os, st->acc.data(), n, dst, st->step, pr.begin);
+    float* acc = st->acc.data();
+    for (std::size_t b = pr.begin, at = 0; b < pr.end; b += st->sub, at += st->sub_bytes) {
+      const std::size_t n = std::min(st->sub, pr.end - b);
+      std::fill(acc, acc + n, 0.0f);
+      for (int r = 0; r < st->world; ++r)
+        compression::decode_accumulate(st->spec, payload(st->recvbuf, *st, c, r) + at, n, acc);
+      if (st->average)
+        for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / static_cast<float>(st->world);
+      std::uint8_t* dst = payload(st->gathered, *st, c, st->rank) + at;
+      if (st->owner_residual)
+        compression::encode_add_feedback(os, acc, st->owner_residual + (b - shard.begin), n, dst, st->step, b);
+      else
+        compression::encode(os, acc, n, dst, st->step, b);
+    }
   };
   auto decode_piece = [st, piece_of, payload](std::size_t c) {
     for (int s = 0; s < st->world; ++s) {
       const auto pr = piece_of(*st, s, c);
-      compression::decode(st->spec, payload(st->gathered, *st, c, s), pr.size(), st->out + pr.begin);
+      const std::uint8_t* src = payload(st->gathered, *st, c, s);
+      for (std::size_t b = pr.begin; b < pr.end; b += st->sub, src += st->sub_bytes)
+        compression::decode(st->spec, src, std::min(st->sub, pr.end - b), st->out + b);
     }
   };
 
