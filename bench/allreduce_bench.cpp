@@ -239,6 +239,112 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+// One round of a side-by-side run: `warmup` untimed calls, a barrier, `iters` timed ones;
+// returns the slowest rank's mean time per call in microseconds.
+double time_round(braid::Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
+                  ReduceOp op, const braid::AllreduceOptions& opts, int warmup, int iters, bool blocking) {
+  for (int i = 0; i < warmup; ++i) comm.allreduce(send, recv, count, dtype, op, opts).wait();
+  comm.barrier().wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  braid::Work last;
+  for (int it = 0; it < iters; ++it) {
+    last = comm.allreduce(send, recv, count, dtype, op, opts);
+    if (blocking) last.wait();
+  }
+  last.wait();
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+  comm.allreduce(&us, &us, 1, DataType::f64, ReduceOp::max).wait();
+  return us;
+}
+
+// --codec a,b,...: every size runs each codec `rounds` times, interleaved in a fresh
+// random order each round (the same on every rank), out of place on gradient-like f32
+// inputs, with error feedback (keyed per codec and size) unless --no-ef. The table has a
+// row per codec: the median over rounds, its ratio to the median of `none` (when
+// listed), the effective busbw of the median, and the relative L2 error of one fresh
+// step (residuals reset) against the exact all-reduce.
+int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>& codecs, std::size_t lo,
+                       std::size_t hi, double factor, int iters, int warmup, int rounds, int check, bool blocking,
+                       bool no_ef, ReduceOp op, const std::string& oname, const std::string& csv) {
+  const int rank = comm.rank(), world = comm.size();
+  const std::size_t nc = codecs.size();
+  std::ofstream csvf;
+  if (rank == 0) {
+    std::printf("# braid %s allreduce_bench codecs side by side: %d ranks, float, op %s, iters %d, warmup %d, "
+                "rounds %d%s, %s\n",
+                braid::version().c_str(), world, oname.c_str(), iters, warmup, rounds, blocking ? ", blocking" : "",
+                no_ef ? "no error feedback" : "error feedback");
+    std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; codecs "
+                "interleaved, in a fresh random order each round; busbw effective (uncompressed bytes / time)\n");
+    std::printf("#%12s %12s %12s %8s %8s %10s\n", "size(B)", "codec", "time(us)", "vs none", "busbw", "rel.L2 err");
+    if (!csv.empty()) {
+      csvf.open(csv);
+      if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
+      csvf << "size,count,codec,round,time_us\n";
+    }
+  }
+  std::vector<float> send(hi / 4 + 16), recv(hi / 4 + 16);
+  long long total_wrong = 0;
+  for (double size_d = static_cast<double>(lo);; size_d *= factor) {
+    const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
+    const std::size_t count = size / 4;
+    for (std::size_t i = 0; i < count; ++i) send[i] = gradient_value(rank, i);
+    std::vector<braid::AllreduceOptions> opts(nc);
+    for (std::size_t c = 0; c < nc; ++c) {
+      opts[c].codec = codecs[c];
+      if (no_ef) opts[c].allow_biased = true;
+      else opts[c].ef_key = "bench-" + codecs[c] + "-" + std::to_string(count);
+    }
+    std::vector<std::vector<double>> times(nc);
+    std::vector<std::size_t> order(nc);
+    for (std::size_t k = 0; k < nc; ++k) order[k] = k;
+    std::mt19937 shuffle_rng(static_cast<unsigned>(count));  // the same order on every rank
+    for (int round = 0; round < rounds; ++round) {
+      if (round > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
+      for (const std::size_t c : order) {
+        times[c].push_back(time_round(comm, send.data(), recv.data(), count, DataType::f32, op, opts[c],
+                                      round == 0 ? warmup : 1, iters, blocking));
+        if (csvf) csvf << count * 4 << ',' << count << ',' << codecs[c] << ',' << round << ',' << times[c].back() << '\n';
+      }
+    }
+    std::size_t none = nc;
+    for (std::size_t c = 0; c < nc; ++c)
+      if (codecs[c] == "none") none = c;
+    const double none_med = none < nc ? median(times[none]) : 0.0;
+    for (std::size_t c = 0; c < nc; ++c) {
+      double relerr = -1;
+      if (check) {
+        if (!opts[c].ef_key.empty()) comm.reset_error_feedback(opts[c].ef_key);
+        comm.allreduce(send.data(), recv.data(), count, DataType::f32, op, opts[c]).wait();
+        double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
+        for (std::size_t i = 0; i < count; ++i) {
+          double exact = 0;
+          for (int k = 0; k < world; ++k) exact += gradient_value(k, i);
+          if (op == ReduceOp::avg) exact /= world;
+          const double d = recv[i] - exact;
+          sq[0] += d * d;
+          sq[1] += exact * exact;
+        }
+        comm.allreduce(sq, sq, 2, DataType::f64, ReduceOp::sum).wait();
+        relerr = sq[1] > 0 ? std::sqrt(sq[0] / sq[1]) : std::sqrt(sq[0]);
+        if (!std::isfinite(relerr)) ++total_wrong;
+      }
+      if (rank == 0) {
+        const double med = median(times[c]);
+        const double busbw = static_cast<double>(count * 4) / (med * 1e3) * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
+        char ratio[16] = "-", err[16] = "-";
+        if (none_med > 0) std::snprintf(ratio, sizeof ratio, "%.3f", med / none_med);
+        if (relerr >= 0) std::snprintf(err, sizeof err, "%.1e", relerr);
+        std::printf(" %12zu %12s %12.1f %8s %8.3f %10s\n", count * 4, codecs[c].c_str(), med, ratio, busbw, err);
+      }
+    }
+    if (rank == 0) std::fflush(stdout);
+    if (size >= hi) break;
+  }
+  if (rank == 0) std::printf("# Out of bounds values : %lld %s\n#\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  return total_wrong ? 1 : 0;
+}
+
 // --algo a,b,...: every size runs each algorithm `rounds` times, interleaved (in a new
 // random order each round, the same on every rank), so that all of them see the same machine. Each round is
 // `iters` timed iterations (after `warmup` untimed ones the first time an algorithm
@@ -286,18 +392,8 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
         const std::size_t a = order[k];
         braid::AllreduceOptions opts;
         opts.algorithm = algos[a];
-        const int w = round == 0 ? warmup : 1;
-        for (int i = 0; i < w; ++i) comm.allreduce(send.data(), recv.data(), count, dtype, op, opts).wait();
-        comm.barrier().wait();
-        const auto t0 = std::chrono::steady_clock::now();
-        braid::Work last;
-        for (int it = 0; it < iters; ++it) {
-          last = comm.allreduce(send.data(), recv.data(), count, dtype, op, opts);
-          if (blocking) last.wait();
-        }
-        last.wait();
-        double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
-        comm.allreduce(&us, &us, 1, DataType::f64, ReduceOp::max).wait();
+        const double us = time_round(comm, send.data(), recv.data(), count, dtype, op, opts, round == 0 ? warmup : 1,
+                                     iters, blocking);
         times[a].push_back(us);
         if (csvf) csvf << count * es << ',' << count << ',' << names[a] << ',' << round << ',' << us << '\n';
         if (check && round == 0) {
@@ -370,7 +466,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                  "of each and auto's ratio to the best forced one")
       ->capture_default_str();
   int rounds = 7;
-  app.add_option("--rounds", rounds, "with a list of --algo: interleaved rounds per size and algorithm")
+  app.add_option("--rounds", rounds, "with a list of --algo or --codec: interleaved rounds per size and entry")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
@@ -382,7 +478,9 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   app.add_option("--codec", codec,
                  "compression inside the all-reduce: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, "
                  "topk:RATIO, auto (f32, sum/avg). busbw is then effective (uncompressed bytes / time) and the "
-                 "#wrong column shows the relative L2 error against the exact all-reduce")
+                 "#wrong column shows the relative L2 error against the exact all-reduce; or a comma-separated "
+                 "list (none,fp16,int8,sign1) to run them side by side: every size runs each codec --rounds times, "
+                 "interleaved, and the table gives the median of each, its ratio to none and its error")
       ->capture_default_str();
   bool no_ef = false;
   app.add_flag("--no-ef", no_ef, "with --codec: no error feedback (sign1/topk are then allowed as biased)");
@@ -437,6 +535,22 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                            "one algorithm");
       return side_by_side(comm, anames, algos, lo, hi, factor, iters, warmup, rounds, check, blocking, *dtype, *op, oname,
                           csv);
+    }
+    if (codec.find(',') != std::string::npos) {
+      if (algos.size() > 1 || idle_seconds > 0 || *dtype != DataType::f32 ||
+          (*op != ReduceOp::sum && *op != ReduceOp::avg))
+        throw braid::Error(braid::ErrorCode::InvalidUsage,
+                           "a list of --codec runs f32 sum/avg sweeps with one --algo; drop --idle-seconds, -d or the "
+                           "--algo list");
+      std::vector<std::string> codecs;
+      for (std::size_t p = 0;;) {
+        const auto q = codec.find(',', p);
+        codecs.push_back(codec.substr(p, q == std::string::npos ? std::string::npos : q - p));
+        if (q == std::string::npos) break;
+        p = q + 1;
+      }
+      return codec_side_by_side(comm, codecs, lo, hi, factor, iters, warmup, rounds, check, blocking, no_ef, *op,
+                                oname, csv);
     }
     if (compressed) {
       opts.codec = codec;
