@@ -40,25 +40,26 @@ std::vector<CodecRates> measure_codec_rates(std::size_t count, int reps) {
   return out;
 }
 
-double predicted_seconds_uncompressed(std::size_t count, int world, double link_Bps) {
+double predicted_seconds_uncompressed(std::size_t count, int world, const LinkModel& link) {
   if (world <= 1) return 0.0;
-  return 2.0 * (world - 1) / world * 4.0 * static_cast<double>(count) / link_Bps;
+  return 2.0 * (world - 1) * link.alpha_s + 2.0 * (world - 1) / world * 4.0 * static_cast<double>(count) / link.Bps;
 }
 
-double predicted_seconds(const CodecRates& r, std::size_t count, int world, double link_Bps) {
+double predicted_seconds(const CodecRates& r, std::size_t count, int world, const LinkModel& link) {
   const double n = static_cast<double>(count);
   const double wire = static_cast<double>(wire_bytes_per_rank(r.spec, count, world, 0));
-  return wire / link_Bps + (n + n / world) * 4.0 / r.encode_Bps + 2.0 * n * 4.0 / r.decode_Bps;
+  return 2.0 * (world - 1) * link.alpha_s + wire / link.Bps + (n + n / world) * 4.0 / r.encode_Bps +
+         2.0 * n * 4.0 / r.decode_Bps;
 }
 
-CodecSpec choose_auto(const std::vector<CodecRates>& rates, std::size_t count, int world, double link_Bps,
+CodecSpec choose_auto(const std::vector<CodecRates>& rates, std::size_t count, int world, const LinkModel& link,
                       double error_budget, double margin) {
   CodecSpec best;  // none
   if (world <= 1 || count == 0) return best;
-  double best_t = predicted_seconds_uncompressed(count, world, link_Bps) * (1.0 - margin);
+  double best_t = predicted_seconds_uncompressed(count, world, link) * (1.0 - margin);
   for (const CodecRates& r : rates) {
     if (requires_error_feedback(r.spec) || error_bound(r.spec) > error_budget) continue;
-    const double t = predicted_seconds(r, count, world, link_Bps);
+    const double t = predicted_seconds(r, count, world, link);
     if (t < best_t) {
       best_t = t;
       best = r.spec;

@@ -144,6 +144,9 @@ struct Communicator::Impl {
   std::mutex codec_rates_mu;
   std::vector<compression::CodecRates> rates;
   std::set<int> logged_auto;  ///< size buckets whose auto choice was logged
+  /// Codec auto: 1 when every rank is on one host (auto never compresses), 0 when not,
+  /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
+  std::atomic<int> auto_one_host{-1};
   /// Hierarchical compressed all-reduce: sub-communicators of this host's ranks and of
   /// the ranks with the same local index on every host (made on first use), or null
   /// when the layout is not hosts x equal local sizes with both > 1.

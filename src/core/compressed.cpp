@@ -125,22 +125,32 @@ CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std
   const std::string& codec_name = options.codec.empty() ? cfg.codec : options.codec;
   CodecSpec spec = compression::parse_codec(codec_name);
   if (spec.kind != CodecKind::automatic) return spec;
-  // auto compresses only what it can (f32 sum/avg across ranks), with the model of
-  // docs/codecs.md: the slowest link's bandwidth against the codecs' measured rates.
+  // auto compresses only what it can (f32 sum/avg across ranks), and only between
+  // hosts: inside a host the "link" is memory (shared memory or loopback copies), and
+  // the host codec passes cost more memory traffic than the bytes they save. Across
+  // hosts, the model of docs/codecs.md: the slowest link's latency and bandwidth against
+  // the codecs' measured rates.
   if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count == 0) return {};
+  if (auto_one_host.load(std::memory_order_relaxed) == 1) return {};
   collectives::Tuner& t = tuner_ref();
   const auto& topo = t.topology();
-  const collectives::LinkClass link = topo.num_hosts() > 1 ? topo.inter : topo.intra;
-  const double link_Bps = 1.0 / t.model()[link].beta;
-  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, size, link_Bps, cfg.codec_max_error);
-  {
+  if (topo.num_hosts() <= 1) {
+    auto_one_host.store(1, std::memory_order_relaxed);
+    BRAID_LOG(info, "codec auto: all " << size << " ranks on one host -> none (inside a host the codec passes cost "
+                                          "more memory traffic than the bytes they save)");
+    return {};
+  }
+  const collectives::LinkClass link = topo.inter;
+  const compression::LinkModel lm{1.0 / t.model()[link].beta, t.model()[link].alpha};
+  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, size, lm, cfg.codec_max_error);
+  if (core::log_enabled(core::LogLevel::info)) {
     std::lock_guard<std::mutex> lock(codec_rates_mu);
     const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4);
     if (logged_auto.insert(bucket).second)
       BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << size << " ranks over "
-                                                 << collectives::to_string(link) << " (" << link_Bps / 1e9
-                                                 << " GB/s in the cost model), error budget " << cfg.codec_max_error
-                                                 << " -> " << compression::name(chosen));
+                                                 << collectives::to_string(link) << " (" << lm.Bps / 1e9 << " GB/s, "
+                                                 << lm.alpha_s * 1e6 << " us in the cost model), error budget "
+                                                 << cfg.codec_max_error << " -> " << compression::name(chosen));
   }
   return chosen;
 }

@@ -913,18 +913,23 @@ TEST(CodecAuto, CompressesOnlyWhenFasterAndWithinBudget) {
   std::vector<CodecRates> rates;
   for (const CodecSpec& s : auto_candidates()) rates.push_back(CodecRates{s, 8e9, 10e9});
   const std::size_t n = 16u << 20;
+  const LinkModel gbit{125e6, 50e-6};
   // 1 Gbit/s links: compression wins; the budget decides how far.
-  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 1.0 / 254).kind, CodecKind::int8);
-  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 0.1).kind, CodecKind::int4);
-  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 1e-3).kind, CodecKind::fp16);
-  EXPECT_EQ(choose_auto(rates, n, 4, 125e6, 0.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 1.0 / 254).kind, CodecKind::int8);
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 0.1).kind, CodecKind::int4);
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 1e-3).kind, CodecKind::fp16);
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 0.0).kind, CodecKind::none);
   // Shared memory at 20 GB/s: the kernels cost more than the bytes they save.
-  EXPECT_EQ(choose_auto(rates, n, 4, 20e9, 1.0).kind, CodecKind::none);
-  EXPECT_EQ(choose_auto(rates, n, 1, 125e6, 1.0).kind, CodecKind::none);
-  EXPECT_EQ(choose_auto(rates, 0, 4, 125e6, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, n, 4, LinkModel{20e9, 1e-6}, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, n, 1, gbit, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, 0, 4, gbit, 1.0).kind, CodecKind::none);
+  // Latency-bound sizes stay uncompressed even on a slow link: compression cannot
+  // shorten the per-message latency, and the margin is taken of the whole time.
+  EXPECT_EQ(choose_auto(rates, 256, 4, gbit, 1.0).kind, CodecKind::none);
+  EXPECT_EQ(choose_auto(rates, 256, 4, LinkModel{125e6, 0}, 1.0).kind, CodecKind::int4);  // without α it would
   // The model: int8 moves about a quarter of the bytes.
-  const double t0 = predicted_seconds_uncompressed(n, 4, 125e6);
-  const double t8 = predicted_seconds(rates[3], n, 4, 125e6);
+  const double t0 = predicted_seconds_uncompressed(n, 4, gbit);
+  const double t8 = predicted_seconds(rates[3], n, 4, gbit);
   EXPECT_LT(t8, 0.3 * t0);
   // Measured rates are positive and finite.
   for (const auto& r : measure_codec_rates(1 << 16, 1)) {
