@@ -217,6 +217,9 @@ PYBIND11_MODULE(_C, m) {
       .value("hierarchical", braid::Algorithm::hierarchical);
   m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); });
   m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); });
+  m.def("gpu_status", &braid::gpu_status,
+        "What this process can do with GPUs, in one line: 'not built with CUDA', 'no GPU: <why>' or "
+        "'N CUDA devices'. Never fails on a host without a GPU or driver.");
 
   // --- Work -----------------------------------------------------------------------
   py::class_<braid::Work>(m, "Work")

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     std::cout << braid::config_markdown();
     return 0;
   }
-  std::cout << "braid " << braid::version() << "\nbuild features:\n" << braid::build_features();
+  std::cout << "braid " << braid::version() << "\nbuild features:\n" << braid::build_features()
+            << "gpu: " << braid::gpu_status() << "\n";
   if (config) std::cout << "\nconfiguration:\n" << braid::config_report();
   return 0;
 }

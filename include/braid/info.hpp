@@ -13,6 +13,12 @@ BRAID_API std::string version();
 /// One line per optional feature with "yes"/"no" (cuda, ucx, ibverbs, mpi, shm...).
 BRAID_API std::string build_features();
 
+/// What this process can do with GPUs, in one line, without failing on a host without
+/// a GPU or driver: "not built with CUDA", "no GPU: <why>" (e.g. no driver, no device),
+/// or "N CUDA device(s)". The CUDA runtime is linked statically and loads the driver
+/// itself on first use, so the library loads and runs on any host. Thread-safe.
+BRAID_API std::string gpu_status();
+
 /// Every BRAID_* configuration variable as a table: name, type, default, current
 /// value (from this process's environment) and help.
 BRAID_API std::string config_report();

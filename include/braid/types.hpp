@@ -13,7 +13,8 @@ namespace braid {
 /// Element type of a buffer handed to a collective.
 ///
 /// f16 and bf16 are reduced in f32 and rounded back to nearest-even after every
-/// arithmetic step. fp8 formats arrive with the CUDA path (see docs/codecs.md).
+/// arithmetic step. fp8 (e4m3, e5m2) exists as a compression codec of f32 all-reduces
+/// (docs/codecs.md), not as an element type: there is no fp8 reduction.
 enum class DataType : std::uint8_t {
   f32 = 0,  ///< IEEE-754 binary32.
   f64,      ///< IEEE-754 binary64.

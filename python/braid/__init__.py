@@ -41,6 +41,7 @@ from ._C import (  # noqa: F401  (re-exported)
     TcpStoreServer,
     TimeoutError,
     UnsupportedError,
+    gpu_status,
 )
 
 __version__ = "0.1.0"
@@ -49,7 +50,7 @@ __all__ = [
     "init", "Communicator", "Work", "Store", "TcpStore", "FileStore", "PrefixStore",
     "TcpStoreServer", "DataType", "ReduceOp", "Algorithm", "Error", "InvalidUsageError",
     "UnsupportedError", "TimeoutError", "AbortedError", "RemoteError", "NetworkError",
-    "CODECS",
+    "CODECS", "gpu_status",
 ]
 
 #: Codec names accepted by ``allreduce(codec=...)`` (DESIGN.md §6). Whether a codec

@@ -3,6 +3,9 @@
 #include <braid/info.hpp>
 
 #include "core/config.hpp"
+#if BRAID_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.hpp"
+#endif
 
 #include <iomanip>
 #include <sstream>
@@ -13,6 +16,17 @@ std::string version() { return BRAID_VERSION_STRING; }
 
 std::string launcher() { return core::Config::global().launcher; }
 
+std::string gpu_status() {
+#if BRAID_HAVE_CUDA
+  std::string why;
+  const int n = kernels::cuda::device_count(&why);
+  if (n <= 0) return "no GPU: " + why;
+  return std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s");
+#else
+  return "not built with CUDA (BRAID_WITH_CUDA=OFF, or no nvcc at configure time)";
+#endif
+}
+
 std::string build_features() {
   std::ostringstream os;
   auto line = [&](const char* name, int have, const char* what) {
@@ -20,7 +34,7 @@ std::string build_features() {
   };
   line("tcp", 1, "TCP sockets between any hosts");
   line("shm", BRAID_HAVE_SHM, "shared-memory rings between ranks of one host");
-  line("cuda", BRAID_HAVE_CUDA, "CUDA device buffers and kernels");
+  line("cuda", BRAID_HAVE_CUDA, "CUDA kernels (reduce, every codec); device buffers in collectives: not yet");
   line("ucx", BRAID_HAVE_UCX, "UCX transport");
   line("ibverbs", BRAID_HAVE_IBVERBS, "RDMA verbs transport");
   line("mpi", BRAID_HAVE_MPI, "Open MPI comparisons in allreduce_bench");

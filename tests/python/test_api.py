@@ -21,6 +21,12 @@ def test_one_rank_job(comm):
     comm.barrier()
 
 
+def test_gpu_status_answers_on_any_host():
+    s = braid.gpu_status()
+    assert isinstance(s, str) and s
+    assert s.startswith(("not built with CUDA", "no GPU: ")) or s.endswith(("CUDA device", "CUDA devices"))
+
+
 def test_exception_hierarchy():
     assert issubclass(braid.InvalidUsageError, braid.Error) and issubclass(braid.InvalidUsageError, ValueError)
     assert issubclass(braid.TimeoutError, braid.Error) and issubclass(braid.TimeoutError, TimeoutError)

@@ -1,6 +1,7 @@
 // The configuration table: parsing, errors, and docs/configuration.md kept current.
 #include "core/config.hpp"
 
+#include <braid/config.hpp>
 #include <braid/error.hpp>
 #include <braid/info.hpp>
 #include <gtest/gtest.h>
@@ -117,4 +118,22 @@ TEST(Config, DocsAreCurrent) {
   ss << f.rdbuf();
   EXPECT_EQ(ss.str(), config_markdown())
       << "docs/configuration.md is stale: run build/tools/braid_info --config-markdown > docs/configuration.md";
+}
+
+// The library answers "what about GPUs?" on any host without failing: built without
+// CUDA it says so; without a driver or device it says why; otherwise it counts devices.
+TEST(Info, GpuStatusSaysWhyThereIsNoGpu) {
+  const std::string s = braid::gpu_status();
+  ASSERT_FALSE(s.empty());
+#if BRAID_HAVE_CUDA
+  const bool none = s.rfind("no GPU: ", 0) == 0;
+  const bool some = s.find(" CUDA device") != std::string::npos;
+  EXPECT_TRUE(none != some) << s;
+  if (none) {
+    EXPECT_GT(s.size(), std::string("no GPU: ").size()) << "the reason is missing: " << s;
+  }
+#else
+  EXPECT_EQ(s.rfind("not built with CUDA", 0), 0u) << s;
+#endif
+  EXPECT_NE(braid::build_features().find("cuda"), std::string::npos);
 }

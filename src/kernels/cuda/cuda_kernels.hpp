@@ -49,8 +49,10 @@ std::string status_string(Status s);
 
 /// Number of usable CUDA devices. 0 when there is no driver, no device or the runtime
 /// cannot start; then *reason (if given) says why, e.g. "CUDA driver not found (this host
-/// has no GPU driver): cudaErrorInsufficientDriver". Never throws, never aborts.
-int device_count(std::string* reason = nullptr) noexcept;
+/// has no GPU driver): cudaErrorInsufficientDriver", and *absent (if given) is true when
+/// the host simply has no GPU (no driver, or no device) and false when a GPU stack is
+/// there but failed (which tests must report, not skip). Never throws, never aborts.
+int device_count(std::string* reason = nullptr, bool* absent = nullptr) noexcept;
 
 /// Element-wise reduction dst[i] = a[i] (op) b[i], as kernels::reduce (avg reduces as sum).
 struct ReduceArgs {

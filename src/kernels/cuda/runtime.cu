@@ -12,15 +12,18 @@ std::string status_string(Status s) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-int device_count(std::string* reason) noexcept {
+int device_count(std::string* reason, bool* absent) noexcept {
   try {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
+    if (absent) *absent = false;
     if (e == cudaSuccess && n > 0) {
       if (reason) reason->clear();
       return n;
     }
     cudaGetLastError();  // the error is sticky for the runtime's last-error slot only
+    if (absent)
+      *absent = e == cudaSuccess || e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice;
     if (reason) {
       switch (e) {
         case cudaSuccess: *reason = "the CUDA driver reports no devices"; break;
