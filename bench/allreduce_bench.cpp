@@ -239,6 +239,29 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+// Opens --csv FILE (when given) and writes its header line.
+void open_csv(std::ofstream& f, const std::string& path, const char* header) {
+  if (path.empty()) return;
+  f.open(path);
+  if (!f) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + path);
+  f << header << '\n';
+}
+
+// The order in which a side-by-side run visits its n entries in each round: as listed in
+// round 0, then a fresh shuffle per round from a generator seeded with `seed` (the same
+// on every rank, so that all ranks issue the same calls).
+std::vector<std::vector<std::size_t>> round_orders(std::size_t n, int rounds, unsigned seed) {
+  std::vector<std::size_t> order(n);
+  for (std::size_t k = 0; k < n; ++k) order[k] = k;
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::size_t>> out;
+  for (int round = 0; round < rounds; ++round) {
+    if (round > 0) std::shuffle(order.begin(), order.end(), rng);
+    out.push_back(order);
+  }
+  return out;
+}
+
 // One round of a side-by-side run: `warmup` untimed calls, a barrier, `iters` timed ones;
 // returns the slowest rank's mean time per call in microseconds.
 double time_round(braid::Communicator& comm, const void* send, void* recv, std::size_t count, DataType dtype,
@@ -277,11 +300,7 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
     std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; codecs "
                 "interleaved, in a fresh random order each round; busbw effective (uncompressed bytes / time)\n");
     std::printf("#%12s %12s %12s %8s %8s %10s\n", "size(B)", "codec", "time(us)", "vs none", "busbw", "rel.L2 err");
-    if (!csv.empty()) {
-      csvf.open(csv);
-      if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
-      csvf << "size,count,codec,round,time_us\n";
-    }
+    open_csv(csvf, csv, "size,count,codec,round,time_us");
   }
   std::vector<float> send(hi / 4 + 16), recv(hi / 4 + 16);
   long long total_wrong = 0;
@@ -296,12 +315,9 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
       else opts[c].ef_key = "bench-" + codecs[c] + "-" + std::to_string(count);
     }
     std::vector<std::vector<double>> times(nc);
-    std::vector<std::size_t> order(nc);
-    for (std::size_t k = 0; k < nc; ++k) order[k] = k;
-    std::mt19937 shuffle_rng(static_cast<unsigned>(count));  // the same order on every rank
+    const auto orders = round_orders(nc, rounds, static_cast<unsigned>(count));
     for (int round = 0; round < rounds; ++round) {
-      if (round > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
-      for (const std::size_t c : order) {
+      for (const std::size_t c : orders[static_cast<std::size_t>(round)]) {
         times[c].push_back(time_round(comm, send.data(), recv.data(), count, DataType::f32, op, opts[c],
                                       round == 0 ? warmup : 1, iters, blocking));
         if (csvf) csvf << count * 4 << ',' << count << ',' << codecs[c] << ',' << round << ',' << times[c].back() << '\n';
@@ -370,11 +386,7 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
     std::printf("#%12s", "size(B)");
     for (const auto& n : names) std::printf(" %10s", n.c_str());
     std::printf(" %8s %9s %7s %9s  %s\n", "best", "auto/best", "picked", "pick/best", "tuner (model; measured)");
-    if (!csv.empty()) {
-      csvf.open(csv);
-      if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
-      csvf << "size,count,algo,round,time_us\n";
-    }
+    open_csv(csvf, csv, "size,count,algo,round,time_us");
   }
   std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
   long long total_wrong = 0;
@@ -383,13 +395,9 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
     const std::size_t count = size / es;
     for (std::size_t i = 0; i < count; ++i) store_value(dtype, send.data(), i, input_value(op, rank, i, dtype));
     std::vector<std::vector<double>> times(na);
-    std::vector<std::size_t> order(na);
-    for (std::size_t k = 0; k < na; ++k) order[k] = k;
-    std::mt19937 shuffle_rng(static_cast<unsigned>(count));  // the same order on every rank
+    const auto orders = round_orders(na, rounds, static_cast<unsigned>(count));
     for (int round = 0; round < rounds; ++round) {
-      if (round > 0) std::shuffle(order.begin(), order.end(), shuffle_rng);
-      for (std::size_t k = 0; k < na; ++k) {
-        const std::size_t a = order[k];
+      for (const std::size_t a : orders[static_cast<std::size_t>(round)]) {
         braid::AllreduceOptions opts;
         opts.algorithm = algos[a];
         const double us = time_round(comm, send.data(), recv.data(), count, dtype, op, opts, round == 0 ? warmup : 1,
@@ -593,12 +601,9 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                   "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
       std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
                   "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-      if (!csv.empty()) {
-        csvf.open(csv);
-        if (!csvf) throw braid::Error(braid::ErrorCode::System, "cannot write --csv file " + csv);
-        csvf << "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,"
-                "inplace_time_us,inplace_algbw_GBps,inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr\n";
-      }
+      open_csv(csvf, csv,
+               "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,inplace_time_us,inplace_algbw_GBps,"
+               "inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr");
     }
 
     const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
