@@ -239,6 +239,17 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+// "a,b,c" -> {"a", "b", "c"} (the --algo and --codec lists).
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t p = 0;;) {
+    const auto q = text.find(',', p);
+    out.push_back(text.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) return out;
+    p = q + 1;
+  }
+}
+
 // Opens --csv FILE (when given) and writes its header line.
 void open_csv(std::ofstream& f, const std::string& path, const char* header) {
   if (path.empty()) return;
@@ -499,13 +510,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   const auto dtype = braid::parse_dtype(dname);
   const auto op = braid::parse_op(oname);
   // --algo a,b,c: side-by-side mode.
-  std::vector<std::string> anames;
-  for (std::size_t p = 0;;) {
-    const auto q = aname.find(',', p);
-    anames.push_back(aname.substr(p, q == std::string::npos ? std::string::npos : q - p));
-    if (q == std::string::npos) break;
-    p = q + 1;
-  }
+  const std::vector<std::string> anames = split_commas(aname);
   std::vector<braid::Algorithm> algos;
   bool algos_ok = true;
   for (const auto& a : anames) {
@@ -550,14 +555,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         throw braid::Error(braid::ErrorCode::InvalidUsage,
                            "a list of --codec runs f32 sum/avg sweeps with one --algo; drop --idle-seconds, -d or the "
                            "--algo list");
-      std::vector<std::string> codecs;
-      for (std::size_t p = 0;;) {
-        const auto q = codec.find(',', p);
-        codecs.push_back(codec.substr(p, q == std::string::npos ? std::string::npos : q - p));
-        if (q == std::string::npos) break;
-        p = q + 1;
-      }
-      return codec_side_by_side(comm, codecs, lo, hi, factor, iters, warmup, rounds, check, blocking, no_ef, *op,
+      return codec_side_by_side(comm, split_commas(codec), lo, hi, factor, iters, warmup, rounds, check, blocking, no_ef, *op,
                                 oname, csv);
     }
     if (compressed) {
