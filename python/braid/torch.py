@@ -24,6 +24,7 @@ import atexit
 import os
 import queue
 import threading
+import time
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
@@ -93,7 +94,7 @@ class _Completer:
         self._ready: "queue.SimpleQueue" = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
-        self._helpers = 0
+        self._helpers: "list[threading.Thread]" = []
         self._t = threading.Thread(target=self._run, name=f"braid-waiter-{name}", daemon=True)
         self._t.start()
 
@@ -105,12 +106,24 @@ class _Completer:
         return src, out
 
     def stop(self) -> None:
+        """Ends the waiter and the helpers and waits for them. They must be gone before
+        the interpreter finalizes: a thread that drops its last reference to a torch
+        future or tensor then (Thread.run deletes its target's arguments on the way
+        out) has its GIL request answered with pthread_exit, whose unwind through
+        torch's noexcept destructors aborts the process ("terminate called without an
+        active exception", seen at exit of the digits example one run in ten)."""
         self._q.put(None)
-        if self._t is not threading.current_thread():
+        me = threading.current_thread()
+        deadline = time.monotonic() + 60
+        if self._t is not me:
             self._t.join(timeout=60)
         with self._lock:
-            for _ in range(self._helpers):
-                self._ready.put(None)
+            helpers = list(self._helpers)
+        for _ in helpers:
+            self._ready.put(None)
+        for t in helpers:
+            if t is not me:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self) -> None:
         while True:
@@ -133,10 +146,10 @@ class _Completer:
                 self._idle -= 1
                 self._ready.put((src, done))
                 return
-            self._helpers += 1
-            n = self._helpers
-        threading.Thread(target=self._helper, args=((src, done),), name=f"braid-done-{self._name}-{n}",
-                         daemon=True).start()
+            t = threading.Thread(target=self._helper, args=((src, done),),
+                                 name=f"braid-done-{self._name}-{len(self._helpers) + 1}", daemon=True)
+            self._helpers.append(t)
+            t.start()  # under the lock: stop() never sees a helper it cannot join
 
     def _helper(self, item) -> None:
         while item is not None:

@@ -28,3 +28,24 @@ def test_dead_peer_fails_the_work(run_ranks):
     p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
     assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
     assert "queued future failed" in p.stdout and "later call: AbortedError" in p.stdout, p.stdout
+
+
+def test_completer_stop_waits_for_its_helper_threads():
+    # A helper still running a future's callbacks when the interpreter finalizes drops its
+    # last torch references then, and the process aborts ("terminate called without an
+    # active exception", one run in ten of the digits example). stop() must wait for it.
+    import threading
+    import time
+
+    import braid.torch as bt
+
+    c = bt._Completer("test")
+    release = threading.Event()
+    src, out = c.submit([], lambda: (release.wait(10), 1)[1])  # the waiter holds until released
+    ran = []
+    out.then(lambda f: (time.sleep(0.5), ran.append(f.value())))  # runs on a helper thread
+    release.set()
+    c.stop()
+    left = [t.name for t in threading.enumerate() if t.name.startswith("braid-done-test")]
+    assert not left, f"helper threads still running after stop(): {left}"
+    assert ran == [1]
