@@ -26,3 +26,24 @@ execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer failed: ${rc}")
 endif()
+
+# The installed tools run from the prefix with no LD_LIBRARY_PATH: braid_info, and
+# braidrun starting two ranks of the installed allreduce_bench (a real 2-rank job).
+foreach(tool braid_info braidrun allreduce_bench)
+  if(NOT EXISTS ${prefix}/bin/${tool})
+    message(FATAL_ERROR "${prefix}/bin/${tool} was not installed")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/braid_info
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "installed braid_info failed (${rc}): ${out}${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+                        ${prefix}/bin/braidrun -n 2 --timeout 120 -- ${prefix}/bin/allreduce_bench
+                        -b 1K -e 64K -f 8 -n 2 -w 1 -c 1
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "installed braidrun + allreduce_bench failed (${rc}): ${out}${err}")
+endif()
+message(STATUS "installed tools ran from ${prefix}:\n${out}")
