@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -480,6 +481,28 @@ PYBIND11_MODULE(_C, m) {
       .def("explain_allreduce", &braid::Communicator::explain_allreduce, py::arg("count"), py::arg("dtype"),
            py::arg("op") = braid::ReduceOp::sum, py::arg("deterministic") = false,
            py::call_guard<py::gil_scoped_release>())
+      .def(
+          "save_error_feedback",
+          [](const braid::Communicator& c, const std::string& key_prefix) {
+            std::ostringstream os;
+            {
+              py::gil_scoped_release nogil;
+              c.save_error_feedback(os, key_prefix);
+            }
+            return py::bytes(os.str());
+          },
+          py::arg("key_prefix") = "")
+      .def(
+          "restore_error_feedback",
+          [](braid::Communicator& c, const std::string& data, const std::string& key_prefix) {
+            std::istringstream is(data);
+            py::gil_scoped_release nogil;
+            c.restore_error_feedback(is, key_prefix);
+          },
+          py::arg("data"), py::arg("key_prefix") = "")
+      .def("reset_error_feedback", &braid::Communicator::reset_error_feedback, py::arg("ef_key") = "",
+           py::call_guard<py::gil_scoped_release>())
+      .def("error_feedback_bytes", &braid::Communicator::error_feedback_bytes)
       .def("close", [](braid::Communicator& c) {
         // Destroys the communicator's state now (waits for outstanding work, up to its
         // deadlines) without the GIL; the Python wrapper drops this object afterwards.

@@ -179,6 +179,16 @@ class BRAID_API Communicator {
   /// throws Error(InvalidUsage) and changes nothing if the data is damaged. Call
   /// between collectives.
   void restore_error_feedback(std::istream& is);
+  /// Like save_error_feedback(os), for the ef_keys that start with `key_prefix` only,
+  /// each written without the prefix: the checkpoint of one owner's residuals (one DDP
+  /// compression hook, say), restorable under another prefix. Throws Error(InvalidUsage)
+  /// when a key equals the prefix. Call between collectives.
+  void save_error_feedback(std::ostream& os, const std::string& key_prefix) const;
+  /// Like restore_error_feedback(is), for one prefix: the residuals whose ef_keys start
+  /// with `key_prefix` are replaced by the checkpoint's, each put back under the prefix;
+  /// other keys are kept. Throws Error(InvalidUsage) and changes nothing if the data is
+  /// damaged. Call between collectives.
+  void restore_error_feedback(std::istream& is, const std::string& key_prefix);
   /// Forgets the residuals of `ef_key` (all keys when empty); the next call starts from
   /// zero. Call between collectives.
   void reset_error_feedback(const std::string& ef_key = {});

@@ -20,7 +20,7 @@ import atexit
 import sys
 import threading
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, BinaryIO, Optional, Sequence, Union
 
 import numpy as np
 
@@ -424,6 +424,40 @@ class Communicator:
     def split(self, color: int, key: int = 0) -> "Communicator":
         """Sub-communicators by `color`, ranks ordered by `key` (collective: every rank calls it)."""
         return Communicator(self._store, 0, 0, _impl=self._impl.split(color, key))
+
+    # --- error feedback (docs/codecs.md) ----------------------------------------
+    def save_error_feedback(self, file: Optional[BinaryIO] = None, *, key_prefix: str = "") -> Optional[bytes]:
+        """This rank's error-feedback residuals as a checkpoint (docs/codecs.md format).
+
+        Every ef_key, or with `key_prefix` only the keys that start with it, written
+        without the prefix. Returns the bytes, or writes them to the binary `file` and
+        returns None. Call between collectives (not while a compressed all-reduce runs).
+        """
+        data = self._impl.save_error_feedback(key_prefix)
+        if file is None:
+            return data
+        file.write(data)
+        return None
+
+    def restore_error_feedback(self, data: Union[bytes, bytearray, memoryview, BinaryIO], *,
+                               key_prefix: str = "") -> None:
+        """Replaces this rank's residuals with a checkpoint from save_error_feedback().
+
+        `data` is the bytes or a binary file to read them from. With `key_prefix`, only the
+        keys under the prefix are replaced (the checkpoint's keys are put under it). A
+        damaged checkpoint raises InvalidUsageError and changes nothing.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            data = data.read()
+        self._impl.restore_error_feedback(bytes(data), key_prefix)
+
+    def reset_error_feedback(self, ef_key: str = "") -> None:
+        """Forgets the residuals of `ef_key` (all of them when empty): its next call starts from zero."""
+        self._impl.reset_error_feedback(ef_key)
+
+    def error_feedback_bytes(self) -> int:
+        """Bytes of error-feedback residuals this rank holds."""
+        return self._impl.error_feedback_bytes()
 
     # --- teardown ---------------------------------------------------------------
     def abort(self) -> None:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <istream>
 #include <ostream>
 
@@ -18,6 +19,8 @@ namespace {
 constexpr char kMagic[8] = {'B', 'R', 'A', 'I', 'D', 'E', 'F', '\0'};
 constexpr std::uint32_t kVersion = 1;
 constexpr std::uint64_t kMaxKeyBytes = 1 << 16;
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 const char* role_name(ResidualRole r) { return r == ResidualRole::worker ? "worker" : "owner"; }
 
@@ -103,18 +106,28 @@ std::size_t ErrorFeedbackStore::size() const {
   return buffers_.size();
 }
 
-void ErrorFeedbackStore::save(std::ostream& os) const {
+void ErrorFeedbackStore::save(std::ostream& os, const std::string& prefix) const {
   std::lock_guard<std::mutex> lock(mu_);
+  std::vector<const std::map<Key, std::vector<float>>::value_type*> chosen;
+  for (const auto& kv : buffers_) {
+    if (!starts_with(kv.first.first, prefix)) continue;
+    if (kv.first.first.size() == prefix.size())
+      throw Error(ErrorCode::InvalidUsage, "error-feedback key '" + prefix +
+                                               "' equals the checkpoint prefix; give the prefix a separator "
+                                               "('" + prefix + "/') or save without a prefix");
+    chosen.push_back(&kv);
+  }
   Writer w{os};
   w.bytes(kMagic, sizeof kMagic);
   w.le<std::uint32_t>(kVersion);
-  w.le<std::uint32_t>(static_cast<std::uint32_t>(buffers_.size()));
-  for (const auto& kv : buffers_) {
-    w.le<std::uint32_t>(static_cast<std::uint32_t>(kv.first.first.size()));
-    w.bytes(kv.first.first.data(), kv.first.first.size());
-    w.le<std::uint8_t>(static_cast<std::uint8_t>(kv.first.second));
-    w.le<std::uint64_t>(kv.second.size());
-    for (float f : kv.second) {
+  w.le<std::uint32_t>(static_cast<std::uint32_t>(chosen.size()));
+  for (const auto* kv : chosen) {
+    const std::string key = kv->first.first.substr(prefix.size());
+    w.le<std::uint32_t>(static_cast<std::uint32_t>(key.size()));
+    w.bytes(key.data(), key.size());
+    w.le<std::uint8_t>(static_cast<std::uint8_t>(kv->first.second));
+    w.le<std::uint64_t>(kv->second.size());
+    for (float f : kv->second) {
       std::uint32_t u;
       std::memcpy(&u, &f, 4);
       w.le<std::uint32_t>(u);
@@ -125,7 +138,7 @@ void ErrorFeedbackStore::save(std::ostream& os) const {
   if (!os) throw Error(ErrorCode::System, "writing the error-feedback checkpoint failed (stream error)");
 }
 
-void ErrorFeedbackStore::restore(std::istream& is) {
+void ErrorFeedbackStore::restore(std::istream& is, const std::string& prefix) {
   Reader r{is};
   char magic[8];
   r.bytes(magic, sizeof magic);
@@ -157,14 +170,16 @@ void ErrorFeedbackStore::restore(std::istream& is) {
       r.bytes(data.data() + old, m * 4);
       done += m;
     }
-    if (!fresh.emplace(Key{key, static_cast<ResidualRole>(role)}, std::move(data)).second)
+    if (!fresh.emplace(Key{prefix + key, static_cast<ResidualRole>(role)}, std::move(data)).second)
       throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: key '" + key + "' appears twice");
   }
   const std::uint64_t expect = r.h;
   const auto sum = r.le<std::uint64_t>();
   if (sum != expect) throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: checksum mismatch (corrupt)");
   std::lock_guard<std::mutex> lock(mu_);
-  buffers_.swap(fresh);
+  for (auto it = buffers_.begin(); it != buffers_.end();)
+    it = starts_with(it->first.first, prefix) ? buffers_.erase(it) : std::next(it);
+  buffers_.merge(fresh);
 }
 
 }  // namespace braid::compression

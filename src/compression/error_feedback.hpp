@@ -56,13 +56,19 @@ class ErrorFeedbackStore {
   /// Number of (key, role) buffers held.
   std::size_t size() const;
 
-  /// Writes every residual in the versioned binary format of docs/codecs.md.
-  void save(std::ostream& os) const;
+  /// Writes the residuals whose keys start with `prefix` (every residual when empty) in
+  /// the versioned binary format of docs/codecs.md, each key with the prefix removed, so
+  /// the checkpoint can be restored under another prefix. Throws
+  /// braid::Error(InvalidUsage) when a key equals a non-empty prefix (nothing would be
+  /// left to name it by).
+  void save(std::ostream& os, const std::string& prefix = {}) const;
 
-  /// Replaces the contents with a checkpoint written by save(). On any error (bad magic,
-  /// unknown version, truncation, checksum mismatch) throws braid::Error(InvalidUsage)
-  /// and leaves the store unchanged.
-  void restore(std::istream& is);
+  /// Replaces the residuals whose keys start with `prefix` (all of them when empty) with
+  /// a checkpoint written by save(), each of its keys put back under `prefix`; keys
+  /// outside the prefix are left as they are. On any error (bad magic, unknown version,
+  /// truncation, checksum mismatch) throws braid::Error(InvalidUsage) and leaves the
+  /// store unchanged.
+  void restore(std::istream& is, const std::string& prefix = {});
 
  private:
   using Key = std::pair<std::string, ResidualRole>;

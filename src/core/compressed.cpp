@@ -469,6 +469,12 @@ Work Communicator::Impl::hierarchical_compressed(const std::shared_ptr<Hierarchy
 
 void Communicator::save_error_feedback(std::ostream& os) const { impl_->error_feedback.save(os); }
 void Communicator::restore_error_feedback(std::istream& is) { impl_->error_feedback.restore(is); }
+void Communicator::save_error_feedback(std::ostream& os, const std::string& key_prefix) const {
+  impl_->error_feedback.save(os, key_prefix);
+}
+void Communicator::restore_error_feedback(std::istream& is, const std::string& key_prefix) {
+  impl_->error_feedback.restore(is, key_prefix);
+}
 void Communicator::reset_error_feedback(const std::string& ef_key) {
   if (ef_key.empty())
     impl_->error_feedback.reset_all();

@@ -206,6 +206,49 @@ def compressed(comm):
     gathered = comm.allgather(x)
     assert all(np.array_equal(gathered[0], g) for g in gathered), "ranks disagree on the compressed result"
     print(f"rank {r}: int8 compressed allreduce ok, rel err {err:.4f}")
+    error_feedback_checkpoint(comm, xs)
+
+
+def error_feedback_checkpoint(comm, xs):
+    """save/restore/reset_error_feedback and error_feedback_bytes from Python: a step
+    after restoring a checkpoint (from bytes or from a file) equals the step after saving
+    it; after a reset it does not; damaged data is refused and changes nothing."""
+    import io
+
+    n, r = comm.size, comm.rank
+    shard = (4096 * (r + 1)) // n - (4096 * r) // n
+    assert comm.error_feedback_bytes() == 4 * (4096 + shard)  # bucket0's worker + owner residuals
+    for _ in range(3):
+        comm.allreduce(xs[r].copy(), codec="sign1", ef_key="g/a")
+    saved = comm.save_error_feedback(key_prefix="g/")
+    f = io.BytesIO()
+    assert comm.save_error_feedback(f) is None and f.getvalue() != saved  # every key, to a file
+    a = xs[r].copy()
+    comm.allreduce(a, codec="sign1", ef_key="g/a")
+    comm.restore_error_feedback(saved, key_prefix="h/")  # the same residuals under another prefix
+    b = xs[r].copy()
+    comm.allreduce(b, codec="sign1", ef_key="h/a")
+    assert np.array_equal(a, b), "a step from the restored residuals differs from the step after saving"
+    f.seek(0)
+    comm.restore_error_feedback(f)  # from the file: everything as it was before step a (h/ is gone)
+    c = xs[r].copy()
+    comm.allreduce(c, codec="sign1", ef_key="g/a")
+    assert np.array_equal(a, c), "restoring from a file did not bring the residuals back"
+    comm.reset_error_feedback("g/a")
+    d = xs[r].copy()
+    comm.allreduce(d, codec="sign1", ef_key="g/a")
+    assert not np.array_equal(a, d), "reset_error_feedback left the residuals in place"
+    held = comm.error_feedback_bytes()
+    try:
+        comm.restore_error_feedback(saved[:-3])
+    except braid.InvalidUsageError as e:
+        assert "truncated" in str(e), e
+    else:
+        raise AssertionError("a truncated checkpoint was accepted")
+    assert comm.error_feedback_bytes() == held, "a refused checkpoint changed the residuals"
+    comm.reset_error_feedback()
+    assert comm.error_feedback_bytes() == 0
+    print(f"rank {r}: error feedback save/restore/reset from Python ok")
 
 
 def tuner(comm):

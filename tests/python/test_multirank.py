@@ -31,6 +31,7 @@ def test_compressed_allreduce(run_ranks):
         pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("compressed allreduce ok") == 2
+    assert p.stdout.count("error feedback save/restore/reset from Python ok") == 2, p.stdout
 
 
 def test_dead_peer_raises_remote_error(run_ranks):

@@ -86,6 +86,40 @@ TEST(ErrorFeedbackStore, SaveRestoreRoundTrip) {
   EXPECT_EQ(again.str(), blob) << "save(restore(x)) == x";
 }
 
+TEST(ErrorFeedbackStore, PrefixCheckpointHoldsOneOwnersKeysAndMovesToAnotherPrefix) {
+  ErrorFeedbackStore a;
+  a.residual("hookA/bucket-0", ResidualRole::worker, 5)[4] = 1.5f;
+  a.residual("hookA/bucket-1", ResidualRole::owner, 3)[0] = -2.0f;
+  a.residual("hookB/bucket-0", ResidualRole::worker, 5)[0] = 7.0f;
+  std::stringstream ss;
+  a.save(ss, "hookA/");
+
+  ErrorFeedbackStore b;
+  b.residual("other", ResidualRole::worker, 2)[1] = 9.0f;
+  b.residual("hookC/stale", ResidualRole::worker, 4);
+  std::istringstream in(ss.str());
+  b.restore(in, "hookC/");
+  EXPECT_EQ(b.size(), 3u) << "hookA's two residuals under hookC/, 'other' kept, hookC/stale replaced";
+  EXPECT_FALSE(b.contains("hookC/stale", ResidualRole::worker));
+  EXPECT_FALSE(b.contains("hookB/bucket-0", ResidualRole::worker)) << "only the prefix's keys were saved";
+  EXPECT_EQ(b.residual("hookC/bucket-0", ResidualRole::worker, 5)[4], 1.5f);
+  EXPECT_EQ(b.residual("hookC/bucket-1", ResidualRole::owner, 3)[0], -2.0f);
+  EXPECT_EQ(b.residual("other", ResidualRole::worker, 2)[1], 9.0f);
+
+  // Saved without a prefix, the keys come back as they were.
+  std::stringstream all;
+  b.save(all);
+  ErrorFeedbackStore c;
+  std::istringstream in2(all.str());
+  c.restore(in2);
+  EXPECT_TRUE(c.contains("hookC/bucket-0", ResidualRole::worker));
+
+  ErrorFeedbackStore d;
+  d.residual("p", ResidualRole::worker, 1);
+  std::stringstream bad;
+  EXPECT_THROW(d.save(bad, "p"), braid::Error) << "a key equal to the prefix has no name left";
+}
+
 TEST(ErrorFeedbackStore, DamagedCheckpointsAreRefusedAndLeaveTheStoreAlone) {
   ErrorFeedbackStore a;
   a.residual("k", ResidualRole::worker, 16)[5] = 3.0f;
