@@ -6,7 +6,9 @@ once per gradient codec, over the braid torch.distributed backend.
 
 Every rank trains on its shard of the training set; DistributedDataParallel averages
 the gradients with braid's all-reduce, compressed inside the collective by the DDP
-hook braid.torch.compression_hook(codec, error_feedback); the last row is PowerSGD
+hook braid.torch.compression_hook(codec, error_feedback) (with --bucket-cap-mb 0.004
+in buckets that change at DDP's rebuild after the first iteration, as a real model's
+do, which error feedback follows); the last row is PowerSGD
 (rank-2 low-rank factors, braid.torch.powersgd_hook) after two uncompressed warm-up
 epochs. Rank 0 prints a table
 (final test accuracy, final training loss, bytes this rank sent over TCP, wall time)
@@ -62,11 +64,18 @@ def tcp_bytes_sent() -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--epochs", type=int, default=25)
+    ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16, help="per-rank batch size")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--codecs", default=",".join(c[0] for c in CODECS),
                     help="comma-separated subset of: " + ", ".join(c[0] for c in CODECS))
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                    help="DDP bucket_cap_mb (25, DDP's default: one bucket for this model); 0.004 gives the "
+                         "model's 9610 gradients one bucket in the first iteration and two after DDP rebuilds "
+                         "them, as a real model's are")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="training runs per codec (model seeds 0..N-1); the table gives their means, which "
+                         "tell a codec's effect from the run-to-run spread of a 360-image test set")
     ap.add_argument("--transport", default="tcp", help="BRAID_TRANSPORT for the run (tcp: bytes are measurable)")
     ap.add_argument("--plot", default="train_digits_loss.png", help="PNG of the loss curves ('' for none)")
     ap.add_argument("--json", default="", help="also write the results to this JSON file (rank 0)")
@@ -97,25 +106,17 @@ def main() -> int:
     x_te, y_te = torch.from_numpy(x_te), torch.from_numpy(y_te)
     steps = len(x_tr) // args.batch
 
-    wanted = [c for c in CODECS if c[0] in args.codecs.split(",")]
-    results = []
-    for label, codec, ef in wanted:
-        try:  # every rank gets the same answer: the library checks the codec before sending
-            if codec != "powersgd":
-                comm.allreduce(torch.zeros(64), codec="" if codec == "none" else codec,
-                               ef_key=f"probe-{codec}" if ef else None)
-        except braid.UnsupportedError as e:
-            results.append((label, None, None, None, None, None, str(e)))
-            continue
-        torch.manual_seed(0)
+    def train_once(codec, ef, seed):
+        """One training run: (test accuracy, loss curve, bytes this rank sent, seconds)."""
+        torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-        ddp = DDP(model)
+        ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
         if codec == "powersgd":
             ddp.register_comm_hook(*bt.powersgd_hook(rank=2, start_iter=2 * steps))
         elif codec != "none":
             ddp.register_comm_hook(None, bt.compression_hook(codec, error_feedback=ef))
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-        gen = torch.Generator().manual_seed(1 + rank)
+        gen = torch.Generator().manual_seed(1 + rank + 1000 * seed)
         dist.barrier()
         b0, t0 = tcp_bytes_sent(), time.perf_counter()
         curve = []
@@ -135,10 +136,25 @@ def main() -> int:
         seconds, sent = time.perf_counter() - t0, tcp_bytes_sent() - b0
         with torch.no_grad():
             acc = (model(x_te).argmax(1) == y_te).float().mean().item()
-        results.append((label, acc, curve[-1], sent, seconds, curve, None))
+        return acc, curve, sent, seconds
+
+    wanted = [c for c in CODECS if c[0] in args.codecs.split(",")]
+    results = []
+    for label, codec, ef in wanted:
+        try:  # every rank gets the same answer: the library checks the codec before sending
+            if codec != "powersgd":
+                comm.allreduce(torch.zeros(64), codec="" if codec == "none" else codec,
+                               ef_key=f"probe-{codec}" if ef else None)
+        except braid.UnsupportedError as e:
+            results.append((label, None, None, None, None, None, str(e)))
+            continue
+        runs = [train_once(codec, ef, seed) for seed in range(args.seeds)]
+        curve = [sum(c) / len(runs) for c in zip(*(r[1] for r in runs))]
+        results.append((label, sum(r[0] for r in runs) / len(runs), curve[-1], sum(r[2] for r in runs) // len(runs),
+                        sum(r[3] for r in runs) / len(runs), curve, None))
 
     if rank == 0:
-        print(f"\ntorch {torch.__version__}, {world} ranks, {args.epochs} epochs, "
+        print(f"\ntorch {torch.__version__}, {world} ranks, {args.epochs} epochs, {args.seeds} seed(s), "
               f"BRAID_TRANSPORT={os.environ.get('BRAID_TRANSPORT', 'auto')}")
         print(f"{'codec':<10} {'test acc':>9} {'loss':>8} {'bytes sent/rank':>16} {'vs none':>8} {'time s':>7}")
         base = next((r[3] for r in results if r[0] == "none" and r[3]), None)
@@ -167,7 +183,7 @@ def main() -> int:
         if args.json:
             import json
             with open(args.json, "w") as f:
-                json.dump({"torch": torch.__version__, "world": world, "epochs": args.epochs,
+                json.dump({"torch": torch.__version__, "world": world, "epochs": args.epochs, "seeds": args.seeds,
                            "results": [dict(codec=r[0], accuracy=r[1], loss=r[2], bytes_sent=r[3], seconds=r[4],
                                             curve=r[5], unsupported=r[6]) for r in results]}, f, indent=1)
         sys.stdout.flush()

@@ -36,7 +36,7 @@ from torch.futures import Future
 import braid as _braid
 from braid import _C
 
-__all__ = ["BraidProcessGroup", "compression_hook", "powersgd_hook", "init_process_group", "get_communicator"]
+__all__ = ["BraidProcessGroup", "CompressionHookState", "compression_hook", "powersgd_hook", "init_process_group", "get_communicator"]
 
 _RED = (  # torch hands a ReduceOp object that compares equal to these, but hashes apart
     (dist.ReduceOp.SUM, _C.ReduceOp.sum),
@@ -515,31 +515,156 @@ def get_communicator(group: Optional[dist.ProcessGroup] = None) -> "_braid.Commu
     return pg.communicator
 
 
-def compression_hook(codec: str = "int8", error_feedback: bool = True,
-                     process_group: Optional[dist.ProcessGroup] = None):
-    """A DDP communication hook that averages each gradient bucket with braid's all-reduce,
-    compressed inside the collective with `codec` ("none", "fp16", "bf16", "int8", "sign1",
-    "topk:0.01", ...). With `error_feedback`, the library keeps a residual per bucket (keyed by
-    the bucket index), so biased codecs (sign1, topk) converge.
+class CompressionHookState:
+    """The state of one compression hook: its codec, the error-feedback keys it owns and
+    the layout (parameters, in order) each of its buckets had when last seen.
 
-        ddp.register_comm_hook(None, braid.torch.compression_hook("int8"))
+    Residuals live in the library under ``<name>/bucket-<index>``. A bucket's residuals
+    start from zero the first time the hook sees that bucket and again whenever its
+    layout changes: DDP rebuilds its buckets once after the first iteration (in the order
+    gradients became ready, so sizes and membership change), and a residual describes
+    the values of one layout, element by element. What is dropped is one step's
+    compression error of the rebuilt buckets. When the state is garbage collected, its
+    residuals are freed.
 
-    The hook's state, when a BraidProcessGroup, names the group; else `process_group`;
-    else the default group. That group must use the braid backend."""
-    codec_name = "" if codec in (None, "none") else str(codec)
+    ``state_dict()`` / ``load_state_dict()`` checkpoint it with the model (the residuals
+    as the library's checkpoint bytes, the layouts as parameter shapes); a restored bucket
+    keeps its residuals if its layout matches, else starts from zero as above.
+    """
 
-    def hook(state, bucket) -> Future:
-        pg = state if isinstance(state, BraidProcessGroup) else process_group
+    _names = 0
+
+    def __init__(self, codec: str, error_feedback: bool, process_group: Optional[dist.ProcessGroup],
+                 name: Optional[str]):
+        self.codec = "" if codec in (None, "none") else str(codec)
+        self.error_feedback = bool(error_feedback) and bool(self.codec)
+        self.process_group = process_group
+        if name is None:
+            name = f"ddp{CompressionHookState._names}"
+            CompressionHookState._names += 1
+        if not name or "/" in name:
+            raise _braid._usage(f"compression hook name {name!r}: give a non-empty name without '/'")
+        self.prefix = f"{name}/"
+        self._layouts: dict = {}     # bucket index -> tuple of id(parameter), this process
+        self._shapes: dict = {}      # bucket index -> tuple of parameter shapes (portable)
+        self._restored: dict = {}    # bucket index -> shapes of a loaded state, until first seen
+        self._pending: Optional[bytes] = None  # residuals loaded before the group was known
+        self._comm: Optional[_braid.Communicator] = None
+        self._finalizer: Optional[weakref.finalize] = None
+
+    def key(self, index: int) -> str:
+        return f"{self.prefix}bucket-{index}"
+
+    def _group(self, state) -> "BraidProcessGroup":
+        pg = state if isinstance(state, BraidProcessGroup) else self.process_group
         if pg is None:
             pg = dist.distributed_c10d._get_default_group()
         if not isinstance(pg, BraidProcessGroup):
             raise _braid._usage("compression_hook needs a braid process group (backend 'braid')")
-        key = f"ddp-bucket-{bucket.index()}" if error_feedback and codec_name else ""
-        return pg._allreduce_future(bucket.buffer(), _C.ReduceOp.sum, codec_name, key, divide=pg.size())
+        return pg
+
+    def _bind(self, comm: "_braid.Communicator") -> None:
+        if self._comm is comm:
+            return
+        if self._comm is not None:
+            raise _braid._usage(f"compression hook {self.prefix[:-1]!r} is used with two process groups; "
+                                "create one hook per DDP model")
+        self._comm = comm
+        self._finalizer = weakref.finalize(self, CompressionHookState._forget, weakref.ref(comm), self.prefix,
+                                           self._layouts)
+        self._finalizer.atexit = False  # at exit the communicators go anyway
+        if self._pending is not None:
+            comm.restore_error_feedback(self._pending, key_prefix=self.prefix)
+            self._pending = None
+
+    @staticmethod
+    def _forget(comm_ref, prefix: str, layouts: dict) -> None:
+        comm = comm_ref()
+        if comm is None or comm.failed():
+            return
+        for index in list(layouts):
+            try:
+                comm.reset_error_feedback(f"{prefix}bucket-{index}")
+            except _braid.Error:
+                pass
+
+    def ef_key(self, comm: "_braid.Communicator", bucket: "dist.GradBucket") -> str:
+        """The bucket's error-feedback key, its residuals reset if its layout changed."""
+        if not self.error_feedback:
+            return ""
+        self._bind(comm)
+        index = bucket.index()
+        params = bucket.parameters()
+        layout = tuple(id(p) for p in params)
+        if self._layouts.get(index) != layout:
+            shapes = tuple(tuple(p.shape) for p in params)
+            restored = self._restored.pop(index, None)
+            if restored is None or restored != shapes:
+                comm.reset_error_feedback(self.key(index))
+            self._layouts[index] = layout
+            self._shapes[index] = shapes
+        return self.key(index)
+
+    def state_dict(self) -> dict:
+        """Codec, bucket layouts and this hook's residuals (bytes), for torch.save."""
+        residuals = b""
+        if self._comm is not None:
+            residuals = self._comm.save_error_feedback(key_prefix=self.prefix)
+        elif self._pending is not None:
+            residuals = self._pending
+        shapes = dict(self._restored)
+        shapes.update(self._shapes)
+        return {"version": 1, "codec": self.codec, "error_feedback": self.error_feedback,
+                "layouts": {i: [list(s) for s in v] for i, v in shapes.items()}, "residuals": residuals}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restores a state_dict(); call before the first step of the resumed run."""
+        if sd.get("version") != 1:
+            raise _braid._usage(f"compression hook state version {sd.get('version')!r} is not supported "
+                                "(this braid reads version 1)")
+        if sd.get("codec") != self.codec or bool(sd.get("error_feedback")) != self.error_feedback:
+            raise _braid._usage(f"compression hook state is for codec {sd.get('codec')!r} "
+                                f"(error_feedback={sd.get('error_feedback')}), this hook runs {self.codec!r} "
+                                f"(error_feedback={self.error_feedback})")
+        self._restored = {int(i): tuple(tuple(s) for s in v) for i, v in sd["layouts"].items()}
+        self._layouts.clear()
+        self._shapes.clear()
+        data = bytes(sd["residuals"])
+        if self._comm is not None:
+            self._comm.restore_error_feedback(data, key_prefix=self.prefix)
+        elif data:
+            self._pending = data
+
+
+def compression_hook(codec: str = "int8", error_feedback: bool = True,
+                     process_group: Optional[dist.ProcessGroup] = None, name: Optional[str] = None):
+    """A DDP communication hook that averages each gradient bucket with braid's all-reduce,
+    compressed inside the collective with `codec` ("none", "fp16", "bf16", "int8", "sign1",
+    "topk:0.01", ...). With `error_feedback`, the library keeps a residual per bucket, so
+    biased codecs (sign1, topk) converge.
+
+        hook = braid.torch.compression_hook("int8")
+        ddp.register_comm_hook(None, hook)
+        torch.save({"model": ddp.state_dict(), "hook": hook.state_dict()}, path)
+
+    The hook's state, when a BraidProcessGroup, names the group; else `process_group`;
+    else the default group. That group must use the braid backend. Residuals are keyed
+    ``<name>/bucket-<index>`` (name: "ddp0", "ddp1"... in creation order unless given)
+    and follow DDP's bucket rebuild by the rule of CompressionHookState. ``hook.state``,
+    ``hook.state_dict()`` and ``hook.load_state_dict()`` give its state."""
+    st = CompressionHookState(codec, error_feedback, process_group, name)
+
+    def hook(state, bucket) -> Future:
+        pg = st._group(state)
+        key = st.ef_key(pg.communicator, bucket)
+        return pg._allreduce_future(bucket.buffer(), _C.ReduceOp.sum, st.codec, key, divide=pg.size())
 
     # DDP checks the annotations; this module's are strings (postponed evaluation).
     hook.__annotations__ = {"bucket": dist.GradBucket, "return": Future[torch.Tensor]}
     hook.__name__ = f"braid_compression_hook_{codec or 'none'}"
+    hook.state = st
+    hook.state_dict = st.state_dict
+    hook.load_state_dict = st.load_state_dict
     return hook
 
 

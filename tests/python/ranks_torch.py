@@ -171,6 +171,145 @@ def ddp_compressed(braid_pg, gloo_pg):
     print(f"rank {dist.get_rank()}: int8-compressed DDP within {err:.4f} of gloo")
 
 
+class _UsedOutOfOrder(torch.nn.Module):
+    """Layers registered in another order than the forward uses them, so that DDP's
+    rebuild after the first iteration (buckets in gradient-ready order) changes the
+    buckets' number, sizes and membership."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.out = torch.nn.Linear(32, 10)
+        self.mid = torch.nn.Linear(48, 32)
+        self.inp = torch.nn.Linear(64, 48)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.mid(torch.relu(self.inp(x)))))
+
+
+def _batches(steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(steps)]
+
+
+def _steps(model, opt, batches):
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def ddp_rebuild(braid_pg, gloo_pg):
+    """Error-feedback hooks across DDP's bucket rebuild: the buckets of iteration 0 differ
+    from the later ones in number and size; every codec that takes error feedback trains
+    on, the residuals held afterwards are exactly those of the rebuilt buckets, and they
+    are freed with the hook."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    comm = bt.get_communicator(braid_pg)
+    batches = _batches(8, 11 + r)
+    ref = _UsedOutOfOrder()
+    ref_ddp = DDP(ref, process_group=gloo_pg, bucket_cap_mb=0.004)
+    _steps(ref_ddp, torch.optim.SGD(ref_ddp.parameters(), lr=0.05), batches)
+    before = comm.error_feedback_bytes()
+    for codec in ("sign1", "topk:0.1", "int8"):
+        model = _UsedOutOfOrder()
+        ddp = DDP(model, process_group=braid_pg, bucket_cap_mb=0.004)
+        hook = bt.compression_hook(codec, error_feedback=True)
+        sizes = []  # per step, the bucket sizes the hook was given
+
+        def spy(state, bucket, hook=hook, sizes=sizes):
+            sizes[-1].append(bucket.buffer().numel())
+            return hook(state, bucket)
+
+        spy.__annotations__ = hook.__annotations__
+        ddp.register_comm_hook(braid_pg, spy)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for b in batches:
+            sizes.append([])
+            _steps(ddp, opt, [b])
+        first, later = sorted(sizes[0]), sorted(sizes[-1])
+        assert first != later, f"the test model's buckets did not change at DDP's rebuild: {first} vs {later}"
+        # What the library holds now: per rebuilt bucket, the worker residual (its whole
+        # count) and, except for topk, the owner residual (this rank's shard of it).
+        shard = 0 if codec.startswith("topk") else 1
+        want = 4 * sum(c + shard * ((c * (r + 1)) // n - (c * r) // n) for c in later)
+        held = comm.error_feedback_bytes() - before
+        assert held == want, f"{codec}: {held} bytes of residuals held, the rebuilt buckets need {want}"
+        err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(model.parameters(), ref.parameters()))
+        assert err < 0.5, f"{codec}: trained {err:.3f} away from uncompressed gloo"
+        print(f"rank {r}: {codec}+EF across the bucket rebuild {first} -> {later}: {err:.4f} from gloo")
+        del ddp, hook, spy, opt
+        gc.collect()
+        assert comm.error_feedback_bytes() == before, f"{codec}: the hook's residuals outlived it"
+    print(f"rank {r}: error feedback follows DDP's bucket rebuild")
+
+
+class _StableBuckets(torch.nn.Module):
+    """An MLP whose parameters are registered in gradient-ready order (output bias first),
+    so DDP's buckets are the same before and after its rebuild: a resumed run then sees
+    the buckets the uninterrupted run had, and can match it bit for bit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        hid, out = torch.nn.Linear(64, 48), torch.nn.Linear(48, 10)
+        self.out_b, self.out_w = torch.nn.Parameter(out.bias.detach()), torch.nn.Parameter(out.weight.detach())
+        self.hid_b, self.hid_w = torch.nn.Parameter(hid.bias.detach()), torch.nn.Parameter(hid.weight.detach())
+
+    def forward(self, x):
+        return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, self.hid_w, self.hid_b)),
+                                          self.out_w, self.out_b)
+
+
+def ddp_checkpoint(braid_pg, gloo_pg):
+    """A run stopped after 5 steps and resumed from torch.save'd model, optimizer and hook
+    state matches the uninterrupted 10-step run bit for bit; resumed without the hook's
+    state it does not (so the residuals are what the checkpoint carries)."""
+    import io
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r = dist.get_rank()
+    batches = _batches(10, 23 + r)
+
+    def fresh(codec):
+        ddp = DDP(_StableBuckets(), process_group=braid_pg)
+        hook = bt.compression_hook(codec)
+        ddp.register_comm_hook(braid_pg, hook)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), hook
+
+    for codec in ("sign1", "int8"):
+        ddp, opt, _ = fresh(codec)
+        _steps(ddp, opt, batches)
+        straight = [p.detach().clone() for p in ddp.parameters()]
+        del ddp, opt
+
+        ddp, opt, hook = fresh(codec)
+        _steps(ddp, opt, batches[:5])
+        buf = io.BytesIO()
+        torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(), "hook": hook.state_dict()}, buf)
+        del ddp, opt, hook  # the first run's residuals go with its hook
+        results = {}
+        for with_hook in (True, False):
+            buf.seek(0)
+            ckpt = torch.load(buf)
+            ddp, opt, hook = fresh(codec)
+            ddp.module.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["opt"])
+            if with_hook:
+                hook.load_state_dict(ckpt["hook"])
+            _steps(ddp, opt, batches[5:])
+            results[with_hook] = all(torch.equal(a, b) for a, b in zip(ddp.parameters(), straight))
+            del ddp, opt, hook
+        assert results[True], f"{codec}: the resumed run differs from the uninterrupted one"
+        assert not results[False], f"{codec}: resuming without the hook's residuals changed nothing"
+        print(f"rank {r}: {codec}+EF resumed from a checkpoint == uninterrupted, bit for bit")
+
+
 def dead_peer(braid_pg, gloo_pg):
     """A peer that dies fails the braid group's Work with the library's message, naming it."""
     import os

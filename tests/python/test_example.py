@@ -1,6 +1,11 @@
 """examples/python/train_digits.py end to end on 4 ranks: the uncompressed run learns
 digits, and each compressed run lands within 1 percentage point of it (codecs inside
-braid's all-reduce are skipped, with the library's reason, while the build refuses them)."""
+braid's all-reduce are skipped, with the library's reason, while the build refuses them).
+The gradients travel in several DDP buckets that DDP rebuilds after the first iteration,
+so the error-feedback rows (sign1, topk) also prove the hook's rebuild rule. Accuracies are
+means over 3 model seeds (one test image is 0.28 points, and single runs swing by more than
+a point); 40 epochs, because 1-bit sign1 converges more slowly (at 25 it is ~2 points
+behind, at 40 within 0.2)."""
 import json
 import subprocess
 import sys
@@ -15,18 +20,31 @@ pytest.importorskip("sklearn")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_digits.py"
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("digits")
+def _run(out, codecs, *extra):
     cmd = [braidrun_path(), "-n", "4", "--timeout", "240", "--", sys.executable, str(EXAMPLE),
-           "--codecs", "none,int8,sign1+EF,powersgd", "--epochs", "25", "--json", str(out / "r.json"),
-           "--plot", str(out / "loss.png")]
+           "--codecs", codecs, "--epochs", "40", "--seeds", "3", "--json", str(out / "r.json"),
+           "--plot", str(out / "loss.png"), *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads((out / "r.json").read_text())
     r["png"] = out / "loss.png"
     r["stdout"] = p.stdout
     return r
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """The codecs inside braid's all-reduce, with buckets that change at DDP's rebuild
+    (one bucket of 9610 gradients in the first iteration, 1290 + 8320 after)."""
+    return _run(tmp_path_factory.mktemp("digits"), "none,int8,sign1+EF,topk+EF", "--bucket-cap-mb", "0.004")
+
+
+@pytest.fixture(scope="module")
+def powersgd_results(tmp_path_factory):
+    """PowerSGD in DDP's default single bucket: with several buckets, torch's PowerSGD
+    callbacks can post their second all-reduces in different orders on different ranks
+    over this backend (docs/python.md, Limits)."""
+    return _run(tmp_path_factory.mktemp("digits-powersgd"), "none,powersgd")
 
 
 def _row(results, codec):
@@ -44,15 +62,15 @@ def test_uncompressed_learns_digits(results):
     assert "test acc" in results["stdout"]
 
 
-def test_powersgd_within_one_point_at_a_fraction_of_the_bytes(results):
+def test_powersgd_within_one_point_at_a_fraction_of_the_bytes(powersgd_results):
     """PowerSGD (rank 2) runs on plain braid all-reduces, so it works in every build."""
-    row, none = _row(results, "powersgd"), _row(results, "none")
+    row, none = _row(powersgd_results, "powersgd"), _row(powersgd_results, "none")
     assert row["unsupported"] is None
     assert abs(row["accuracy"] - none["accuracy"]) <= 0.01, (row["accuracy"], none["accuracy"])
     assert row["bytes_sent"] < 0.5 * none["bytes_sent"], (row["bytes_sent"], none["bytes_sent"])
 
 
-@pytest.mark.parametrize("codec", ["int8", "sign1+EF"])
+@pytest.mark.parametrize("codec", ["int8", "sign1+EF", "topk+EF"])
 def test_compressed_within_one_point(results, codec):
     row = _row(results, codec)
     if row["unsupported"]:

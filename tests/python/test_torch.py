@@ -24,6 +24,16 @@ def test_ddp_int8_hook(run_ranks):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def test_error_feedback_hook_follows_ddp_bucket_rebuild(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "ddp_rebuild", env=ENV, timeout=200)
+    assert p.stdout.count("error feedback follows DDP's bucket rebuild") == 2, p.stdout
+
+
+def test_error_feedback_hook_checkpoint_resumes_bit_for_bit(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "ddp_checkpoint", env=ENV, timeout=200)
+    assert p.stdout.count("resumed from a checkpoint == uninterrupted, bit for bit") == 4, p.stdout
+
+
 def test_dead_peer_fails_the_work(run_ranks):
     p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
     assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
