@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fails when a source file includes a layer above its own (DESIGN.md §1):
-# kernels <- collectives; transport is separate; core may include everything below it.
+# base <- every layer; kernels <- collectives; transport is separate; core may include
+# everything below it.
 set -euo pipefail
 cd "$1/src"
 bad=0
@@ -9,6 +10,7 @@ check() {  # dir, forbidden-regex
   hits=$(grep -rnE "#include\s*[<\"](braid/)?(\.\./)*($2)/" "$1" || true)
   if [ -n "$hits" ]; then echo "layering violation in src/$1:"; echo "$hits"; bad=1; fi
 }
+check base 'collectives|compression|core|transport|kernels|gpu'
 check kernels 'collectives|compression|core|transport'
 check transport 'collectives|compression|core|kernels'
 check collectives 'core|transport'

@@ -1,8 +1,8 @@
 // Creating communicators from the environment (braidrun, torchrun, mpirun, srun)
 // and from NCCL-style unique ids.
-#include "core/check.hpp"
+#include "base/check.hpp"
 #include "core/communicator_impl.hpp"
-#include "core/logging.hpp"
+#include "base/logging.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 #include <braid/error.hpp>

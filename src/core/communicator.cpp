@@ -2,8 +2,9 @@
 // to the engine. Bootstrapping from the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
 
-#include "core/check.hpp"
-#include "core/logging.hpp"
+#include "base/check.hpp"
+#include "base/logging.hpp"
+#include "base/text.hpp"
 #include "collectives/tuner.hpp"
 
 #include <braid/error.hpp>
@@ -34,11 +35,7 @@ std::uint64_t random_u64() {
   return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
 }
 
-std::string hex(std::uint64_t v) {
-  std::ostringstream os;
-  os << std::hex << v;
-  return os.str();
-}
+using base::hex;
 
 /// Host identity: BRAID_HOST_ID, else hostname + boot id (two containers on one
 /// machine share a boot id but not a hostname; two machines never share both).

@@ -16,9 +16,9 @@
 // the same bytes in the same order, so outputs are bitwise identical across ranks.
 // Payloads of different shards differ in size by at most a block; each is sent in a
 // slot of the largest size so that one all-to-all and one all-gather carry them.
-#include "core/check.hpp"
+#include "base/check.hpp"
 #include "core/communicator_impl.hpp"
-#include "core/logging.hpp"
+#include "base/logging.hpp"
 #include "compression/reference.hpp"
 #include "compression/choose.hpp"
 
@@ -143,7 +143,7 @@ CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std
   const collectives::LinkClass link = topo.inter;
   const compression::LinkModel lm{1.0 / t.model()[link].beta, t.model()[link].alpha};
   const CodecSpec chosen = compression::choose_auto(codec_rates(), count, size, lm, cfg.codec_max_error);
-  if (core::log_enabled(core::LogLevel::info)) {
+  if (base::log_enabled(base::LogLevel::info)) {
     std::lock_guard<std::mutex> lock(codec_rates_mu);
     const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4);
     if (logged_auto.insert(bucket).second)

@@ -2,7 +2,7 @@
 // reads the environment.
 #include "core/config.hpp"
 
-#include "core/check.hpp"
+#include "base/check.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -319,6 +319,18 @@ Config Config::parse(const Lookup& lookup) {
   if (!c.master_port) c.master_port = r.opt_int("MASTER_PORT", 1, 65535);
   return c;
 }
+
+namespace {
+base::LogLevel level_from_config() noexcept {
+  try {
+    return Config::global().log_level;
+  } catch (...) {
+    return base::LogLevel::warn;  // a bad BRAID_DEBUG is reported where the config is used
+  }
+}
+// base's logging asks this for the level at its first message (base reads no variable).
+[[maybe_unused]] const bool g_log_level_source = (base::set_log_level_source(&level_from_config), true);
+}  // namespace
 
 const Config& Config::global() {
   static const Config config = parse([](const char* name) { return env_value(name); });

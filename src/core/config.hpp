@@ -7,6 +7,8 @@
 // generated from the same table.
 #pragma once
 
+#include "base/logging.hpp"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -17,8 +19,8 @@
 
 namespace braid::core {
 
-/// Log verbosity (BRAID_DEBUG).
-enum class LogLevel { error = 0, warn, info, trace };
+/// Log verbosity (BRAID_DEBUG); logging itself lives in base.
+using LogLevel = base::LogLevel;
 
 /// Parsed configuration. Plain data; copy freely.
 struct Config {

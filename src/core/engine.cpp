@@ -3,7 +3,7 @@
 
 #include <braid/config.hpp>
 
-#include "core/logging.hpp"
+#include "base/logging.hpp"
 #include "kernels/host/reduce.hpp"
 #include "transport/poller.hpp"
 #include "transport/tcp/tcp_transport.hpp"
@@ -675,7 +675,7 @@ bool Engine::step(bool& unrouted) {
 }
 
 void Engine::run() {
-  set_log_rank(opt_.rank);
+  base::set_log_rank(opt_.rank);
   const auto spin = std::chrono::microseconds(opt_.spin_us);
   auto last_progress = Clock::now();
   auto route_backoff = std::chrono::milliseconds(1);
@@ -743,7 +743,7 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
   bool more = false;
   {
     std::lock_guard<std::mutex> drive(drive_mu_);
-    set_log_rank(opt_.rank);
+    base::set_log_rank(opt_.rank);
     // A helper yields while it polls, so it may poll even where the engine thread must
     // not spin (more local ranks than cores, BRAID_SPIN_US=auto -> 0).
     const auto spin = std::chrono::microseconds(std::max(opt_.spin_us, opt_.help_spin_us));

@@ -18,6 +18,9 @@
 #include <braid/error.hpp>
 #include <braid/store.hpp>
 
+#include "base/fd.hpp"
+#include "base/text.hpp"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -49,62 +52,16 @@ constexpr std::size_t kMaxValue = std::size_t{64} << 20;
 constexpr std::int64_t kMaxTimeoutMs = 10ll * 365 * 24 * 3600 * 1000;
 constexpr milliseconds kFirstPoll{1}, kMaxPoll{50};
 
-inline const char* pick_strerror(int r, const char* buf) { return r == 0 ? buf : "unknown error"; }
-inline const char* pick_strerror(const char* r, const char*) { return r; }
-
-std::string errno_text(int err) {
-  char buf[256];
-  return pick_strerror(strerror_r(err, buf, sizeof buf), buf);
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);  // also releases the flock
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::string quote(const std::string& key) {
-  static const char* hex = "0123456789abcdef";
-  std::string out = "'";
-  for (std::size_t i = 0; i < key.size() && i < 200; ++i) {
-    auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (key.size() > 200) out += "...";
-  return out + "'";
-}
-
-std::string quote_keys(const std::vector<std::string>& keys) {
-  std::string out;
-  for (std::size_t i = 0; i < keys.size() && i < 10; ++i) out += (i ? ", " : "") + quote(keys[i]);
-  if (keys.size() > 10) out += ", ... (" + std::to_string(keys.size()) + " in all)";
-  return out;
-}
+using base::errno_text;
+using base::quote;
+using base::quote_keys;
+using Fd = base::UniqueFd;
 
 Clock::time_point deadline_after(milliseconds timeout) {
   return Clock::now() + milliseconds(std::clamp<std::int64_t>(timeout.count(), 0, kMaxTimeoutMs));
 }
 
-bool parse_int64(const std::string& s, std::int64_t* out) {
-  if (s.empty()) return false;
-  const char* end = s.data() + s.size();
-  auto r = std::from_chars(s.data(), end, *out);
-  return r.ec == std::errc() && r.ptr == end;
-}
+using base::parse_int64;
 
 std::uint32_t load_u32(const char* p) {
   std::uint32_t v = 0;

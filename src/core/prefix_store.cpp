@@ -2,7 +2,7 @@
 // out-of-line destructor of the Store interface.
 #include <braid/store.hpp>
 
-#include "core/check.hpp"
+#include "base/check.hpp"
 
 #include <utility>
 

@@ -26,7 +26,9 @@
 #include <braid/error.hpp>
 #include <braid/store.hpp>
 
-#include "core/logging.hpp"
+#include "base/fd.hpp"
+#include "base/logging.hpp"
+#include "base/text.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -77,62 +79,10 @@ enum Status : std::uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
 // ---------------------------------------------------------------------------
 // Small helpers.
 
-inline const char* pick_strerror(int r, const char* buf) { return r == 0 ? buf : "unknown error"; }
-inline const char* pick_strerror(const char* r, const char*) { return r; }
-
-std::string errno_text(int err) {
-  char buf[256];
-  return pick_strerror(strerror_r(err, buf, sizeof buf), buf);
-}
-
-/// Owns a file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-/// Quotes a key for a message: printable ASCII kept, the rest as \xNN, long keys cut.
-std::string quote(const std::string& key) {
-  static const char* hex = "0123456789abcdef";
-  std::string out = "'";
-  for (std::size_t i = 0; i < key.size() && i < 200; ++i) {
-    auto c = static_cast<unsigned char>(key[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (key.size() > 200) out += "...";
-  return out + "'";
-}
-
-std::string quote_keys(const std::vector<std::string>& keys) {
-  std::string out;
-  for (std::size_t i = 0; i < keys.size() && i < 10; ++i) out += (i ? ", " : "") + quote(keys[i]);
-  if (keys.size() > 10) out += ", ... (" + std::to_string(keys.size()) + " in all)";
-  return out;
-}
+using base::errno_text;
+using base::quote;
+using base::quote_keys;
+using Fd = base::UniqueFd;
 
 std::uint64_t clamp_timeout(milliseconds t) {
   if (t.count() <= 0) return 0;
@@ -146,13 +96,7 @@ int ms_until(Clock::time_point deadline) {
   return static_cast<int>(std::min<long long>(ms, std::numeric_limits<int>::max()));
 }
 
-/// Strict decimal int64 (the whole string, optional '-').
-bool parse_int64(const std::string& s, std::int64_t* out) {
-  if (s.empty()) return false;
-  const char* end = s.data() + s.size();
-  auto r = std::from_chars(s.data(), end, *out);
-  return r.ec == std::errc() && r.ptr == end;
-}
+using base::parse_int64;
 
 /// Builds one frame: u32 length placeholder, then the body.
 class Encoder {

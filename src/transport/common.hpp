@@ -3,6 +3,7 @@
 // Header-only; depends only on the public headers and transport.hpp.
 #pragma once
 
+#include "base/text.hpp"
 #include "transport/transport.hpp"
 
 #include <braid/error.hpp>
@@ -15,8 +16,7 @@
 
 namespace braid::transport {
 
-/// strerror as a std::string.
-inline std::string errno_text(int err) { return std::strerror(err); }
+using base::errno_text;
 
 /// Marks a request as posted.
 inline void start_request(Request* req) {

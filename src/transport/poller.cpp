@@ -14,6 +14,8 @@
 // whichever thread dispatches next, so none is lost with edge-triggered fds.
 #include "transport/poller.hpp"
 
+#include "base/text.hpp"
+
 #include <braid/error.hpp>
 
 #include <sys/epoll.h>
@@ -35,7 +37,7 @@ constexpr std::uint64_t kWakeKey = ~std::uint64_t{0};
 constexpr int kMaxEvents = 64;
 
 std::string errno_text(const char* what, int fd, int err) {
-  return std::string(what) + " (fd " + std::to_string(fd) + "): " + std::strerror(err);
+  return std::string(what) + " (fd " + std::to_string(fd) + "): " + base::errno_text(err);
 }
 
 }  // namespace

@@ -32,6 +32,8 @@
 //   with "shm connection to rank N ... closed by peer" (peer_closed = true).
 #include "transport/shm/shm_transport.hpp"
 
+#include "base/fd.hpp"
+#include "base/text.hpp"
 #include "transport/common.hpp"
 #include "transport/shm/shm_wire.hpp"
 
@@ -72,11 +74,7 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxPendingAccepts = 64;
 constexpr milliseconds kMaxLookupBackoff{50};
 
-std::string hex16(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+using base::hex16;
 
 std::string mib(std::uint64_t bytes) {
   char buf[32];
@@ -84,30 +82,7 @@ std::string mib(std::uint64_t bytes) {
   return buf;
 }
 
-/// An owned file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using base::UniqueFd;
 
 /// An owned shared mapping.
 class Mapping {

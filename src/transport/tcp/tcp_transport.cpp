@@ -27,6 +27,7 @@
 // only while a socket has data it could not write.
 #include "transport/tcp/tcp_transport.hpp"
 
+#include "base/text.hpp"
 #include "transport/common.hpp"
 #include "transport/tcp/wire.hpp"
 
@@ -73,11 +74,7 @@ constexpr milliseconds kFirstRetry{10};
 constexpr milliseconds kMaxRetry{500};
 constexpr std::uint32_t kDataEvents = EPOLLIN | EPOLLRDHUP | EPOLLET;
 
-std::string hex(std::uint64_t v) {
-  std::ostringstream os;
-  os << "0x" << std::hex << v;
-  return os.str();
-}
+std::string hex(std::uint64_t v) { return "0x" + base::hex(v); }
 
 struct SendPart {
   std::uint64_t seq = 0;

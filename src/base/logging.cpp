@@ -1,12 +1,13 @@
 // Rank-prefixed, line-atomic logging to stderr.
-#include "core/logging.hpp"
+#include "base/logging.hpp"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 
-namespace braid::core {
+namespace braid::base {
 
 namespace {
 thread_local int t_rank = -1;
@@ -19,17 +20,16 @@ const char* level_name(LogLevel l) {
   }
   return "?";
 }
-LogLevel configured_level() noexcept {
-  try {
-    return Config::global().log_level;
-  } catch (...) {
-    return LogLevel::warn;  // a bad BRAID_DEBUG is reported where the config is used
-  }
-}
+std::atomic<LogLevel (*)() noexcept> g_source{nullptr};
 }  // namespace
 
+void set_log_level_source(LogLevel (*source)() noexcept) noexcept { g_source.store(source); }
+
 bool log_enabled(LogLevel level) noexcept {
-  static const LogLevel configured = configured_level();
+  static const LogLevel configured = [] {
+    auto* source = g_source.load();
+    return source != nullptr ? source() : LogLevel::warn;
+  }();
   return level <= configured;
 }
 
@@ -57,4 +57,4 @@ void log_line(LogLevel level, const std::string& message) noexcept {
 
 void set_log_rank(int rank) noexcept { t_rank = rank; }
 
-}  // namespace braid::core
+}  // namespace braid::base

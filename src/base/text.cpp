@@ -1,0 +1,63 @@
+#include "base/text.hpp"
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <system_error>
+
+namespace braid::base {
+namespace {
+// strerror_r is the XSI (int) or the GNU (char*) variant depending on the C library.
+inline const char* pick_strerror(int r, const char* buf) { return r == 0 ? buf : "unknown error"; }
+inline const char* pick_strerror(const char* r, const char*) { return r; }
+}  // namespace
+
+std::string errno_text(int err) {
+  char buf[256];
+  return pick_strerror(strerror_r(err, buf, sizeof buf), buf);
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string hex16(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string quote(const std::string& key) {
+  static const char* digits = "0123456789abcdef";
+  std::string out = "'";
+  for (std::size_t i = 0; i < key.size() && i < 200; ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    }
+  }
+  if (key.size() > 200) out += "...";
+  return out + "'";
+}
+
+std::string quote_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (std::size_t i = 0; i < keys.size() && i < 10; ++i) out += (i ? ", " : "") + quote(keys[i]);
+  if (keys.size() > 10) out += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return out;
+}
+
+bool parse_int64(const std::string& s, std::int64_t* out) {
+  if (s.empty()) return false;
+  const char* end = s.data() + s.size();
+  auto r = std::from_chars(s.data(), end, *out);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+}  // namespace braid::base

@@ -1,0 +1,30 @@
+// Text helpers for messages and strict parsing, used by every layer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace braid::base {
+
+/// strerror(err) as a std::string, thread-safe.
+std::string errno_text(int err);
+
+/// `v` in lowercase hexadecimal, no prefix, no padding ("1f").
+std::string hex(std::uint64_t v);
+
+/// `v` as 16 lowercase hexadecimal digits, zero-padded ("000000000000001f").
+std::string hex16(std::uint64_t v);
+
+/// Quotes a key for a message: printable ASCII kept, the rest as \xNN, keys longer than
+/// 200 bytes cut with "...".
+std::string quote(const std::string& key);
+
+/// Up to 10 quoted keys, comma-separated, then "... (N in all)".
+std::string quote_keys(const std::vector<std::string>& keys);
+
+/// Strict decimal int64: the whole string, optional '-'. False (and *out unspecified)
+/// on anything else.
+bool parse_int64(const std::string& s, std::int64_t* out);
+
+}  // namespace braid::base
