@@ -5,7 +5,7 @@
 
 #include "base/logging.hpp"
 #include "kernels/host/reduce.hpp"
-#include "transport/poller.hpp"
+#include "base/poller.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 #if BRAID_HAVE_SHM
 #include "transport/shm/shm_transport.hpp"
@@ -144,7 +144,7 @@ class Engine::Gate final : public detail::WorkHelper {
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     : opt_(options), store_(std::move(store)) {
-  poller_ = std::make_unique<transport::Poller>();
+  poller_ = std::make_unique<base::Poller>();
   directory_ = std::make_unique<StoreDirectory>(store_, opt_.rank);
   if (opt_.size > 1) {
     transport::TcpOptions t;

@@ -44,8 +44,11 @@
 #include <thread>
 #include <vector>
 
-namespace braid::transport {
+namespace braid::base {
 class Poller;
+}  // namespace braid::base
+
+namespace braid::transport {
 class Transport;
 }  // namespace braid::transport
 
@@ -186,7 +189,7 @@ class Engine {
 
   EngineOptions opt_;
   std::shared_ptr<Store> store_;
-  std::unique_ptr<transport::Poller> poller_;
+  std::unique_ptr<base::Poller> poller_;
   std::unique_ptr<class StoreDirectory> directory_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< [0] tcp, [1] shm (if built)
   std::vector<int> route_;  ///< per peer: index into transports_, -1 = not decided yet

@@ -12,7 +12,7 @@
 //            GET value | ADD i64 | CHECK, REMOVE u8 | WAIT on TIMEOUT: u32 n, missing keys |
 //            ERROR: message.
 //
-// The server is one thread around epoll. GET and WAIT never block it: a request
+// The server is one thread around a base::Poller (epoll). GET and WAIT never block it: a request
 // whose keys are missing is parked on each key and answered when a SET/ADD
 // completes it, or with TIMEOUT when its deadline (kept by the server) passes. So
 // replies may come out of request order; the id pairs them up. A connection that
@@ -28,6 +28,7 @@
 
 #include "base/fd.hpp"
 #include "base/logging.hpp"
+#include "base/poller.hpp"
 #include "base/text.hpp"
 
 #include <arpa/inet.h>
@@ -37,11 +38,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
+
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
@@ -220,7 +222,9 @@ struct TcpStoreServer::Impl {
 
   std::string addr;  // "bind_addr:port" for messages
   std::uint16_t port = 0;
-  Fd listen_fd, epoll_fd, wake_fd;
+  Fd listen_fd;
+  base::Poller poller;
+  std::atomic<bool> stopping{false};
   std::thread thread;
 
   // --- Everything below belongs to the server thread. ---
@@ -242,8 +246,7 @@ struct TcpStoreServer::Impl {
     std::vector<std::string> keys;
     Clock::time_point deadline;
   };
-  static constexpr std::uint64_t kListenId = 0, kWakeId = 1;
-  std::uint64_t next_conn = 2, next_waiter = 1;
+  std::uint64_t next_conn = 1, next_waiter = 1;
   std::unordered_map<std::uint64_t, Conn> conns;
   std::vector<std::uint64_t> closing;
   std::unordered_map<std::string, std::string> data;
@@ -302,54 +305,27 @@ TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port
   port = ntohs(sa.sin_port);
   addr = bind_addr + ":" + std::to_string(port);
 
-  epoll_fd.reset(::epoll_create1(EPOLL_CLOEXEC));
-  wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (epoll_fd.get() < 0 || wake_fd.get() < 0)
-    throw Error(ErrorCode::System, "TcpStoreServer: epoll/eventfd failed: " + errno_text(errno));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kListenId;
-  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, listen_fd.get(), &ev) != 0)
-    throw Error(ErrorCode::System, "TcpStoreServer: epoll_ctl failed: " + errno_text(errno));
-  ev.data.u64 = kWakeId;
-  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0)
-    throw Error(ErrorCode::System, "TcpStoreServer: epoll_ctl failed: " + errno_text(errno));
+  set_accepting(true);
   thread = std::thread([this] { run(); });
 }
 
 TcpStoreServer::Impl::~Impl() {
-  std::uint64_t one = 1;
-  if (::write(wake_fd.get(), &one, sizeof one) < 0) {
-    BRAID_LOG(error, "TcpStoreServer " << addr
-                                       << ": cannot wake the server thread: " << errno_text(errno));
-  }
+  stopping = true;
+  poller.wake();
   if (thread.joinable()) thread.join();
   // conns (and their sockets) close as the members are destroyed.
 }
 
 void TcpStoreServer::Impl::run() noexcept {
   try {
-    std::vector<epoll_event> events(64);
-    for (;;) {
+    while (!stopping) {
       int timeout = deadlines.empty() ? -1 : ms_until(deadlines.begin()->first);
       if (accept_paused) {
         int resume = ms_until(accept_resume);
         timeout = timeout < 0 ? resume : std::min(timeout, resume);
       }
-      int n = ::epoll_wait(epoll_fd.get(), events.data(), static_cast<int>(events.size()), timeout);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw Error(ErrorCode::System, "epoll_wait failed: " + errno_text(errno));
-      }
-      for (int i = 0; i < n; ++i) {
-        std::uint64_t id = events[i].data.u64;
-        if (id == kWakeId) return;
-        if (id == kListenId) {
-          accept_all();
-        } else {
-          on_conn(id, events[i].events);
-        }
-      }
+      poller.wait(timeout);  // runs accept_all() and on_conn() for what is ready
+      if (stopping) break;
       expire();
       for (std::uint64_t id : closing) close_conn(id);
       closing.clear();
@@ -382,23 +358,19 @@ void TcpStoreServer::Impl::accept_all() {
     std::uint64_t id = next_conn++;
     Conn& c = conns[id];
     c.fd.reset(fd);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = id;
-    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      BRAID_LOG(warn, "TcpStoreServer " << addr << ": epoll_ctl failed: " << errno_text(errno));
+    try {
+      poller.watch(fd, EPOLLIN, [this, id](std::uint32_t events) { on_conn(id, events); });
+    } catch (const Error& e) {
+      BRAID_LOG(warn, "TcpStoreServer " << addr << ": " << e.what());
       conns.erase(id);
     }
   }
 }
 
 void TcpStoreServer::Impl::set_accepting(bool on) {
-  epoll_event ev{};
-  ev.events = on ? std::uint32_t{EPOLLIN} : 0u;
-  ev.data.u64 = kListenId;
-  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, listen_fd.get(), &ev) != 0)
-    throw Error(ErrorCode::System,
-                "epoll_ctl on the listening socket failed: " + errno_text(errno));
+  // Paused, the listener stays registered with no events (it stays readable while
+  // descriptors are short, and would wake the loop at once).
+  poller.watch(listen_fd.get(), on ? std::uint32_t{EPOLLIN} : 0u, [this](std::uint32_t) { accept_all(); });
   accept_paused = !on;
 }
 
@@ -651,11 +623,12 @@ void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
     c.out_off = 0;
   }
   if (pending != c.want_write) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u);
-    ev.data.u64 = id;
-    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0)
-      return drop(id, c, "epoll_ctl failed: " + errno_text(errno));
+    try {
+      poller.watch(c.fd.get(), EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u),
+                   [this, id](std::uint32_t events) { on_conn(id, events); });
+    } catch (const Error& e) {
+      return drop(id, c, e.what());
+    }
     c.want_write = pending;
   }
 }
@@ -672,7 +645,7 @@ void TcpStoreServer::Impl::close_conn(std::uint64_t id) {
   if (it == conns.end()) return;
   std::vector<std::uint64_t> parked(it->second.parked.begin(), it->second.parked.end());
   for (std::uint64_t wid : parked) finish_waiter(wid, kTimeout);  // dead: nothing is sent
-  ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, it->second.fd.get(), nullptr);
+  poller.unwatch(it->second.fd.get());
   conns.erase(it);
 }
 

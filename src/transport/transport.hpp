@@ -18,7 +18,7 @@
 //   connection with an error string naming the peer.
 #pragma once
 
-#include "transport/poller.hpp"
+#include "base/poller.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -28,6 +28,9 @@
 #include <string>
 
 namespace braid::transport {
+
+/// The event loop transports register their file descriptors with (base/poller.hpp).
+using base::Poller;
 
 /// One posted send or receive. Owned by the caller, who must keep it alive (at a
 /// stable address) until it is no longer pending. Completed by the transport.

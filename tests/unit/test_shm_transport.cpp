@@ -4,7 +4,7 @@
 // wait has a deadline. Each test uses a fresh random communicator id, so that tests
 // running in parallel never share names, and checks /dev/shm for leftovers.
 #include "test_support.hpp"
-#include "transport/poller.hpp"
+#include "base/poller.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/shm/shm_wire.hpp"
 

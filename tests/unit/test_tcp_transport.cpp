@@ -1,7 +1,7 @@
 // Tests of the Poller and the TCP transport. Ranks run as threads in one process,
 // each with its own Poller and transport, over an in-memory PeerDirectory; raw
 // sockets play misbehaving peers. Every wait has a deadline.
-#include "transport/poller.hpp"
+#include "base/poller.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 #include "transport/tcp/wire.hpp"
 

@@ -1,15 +1,16 @@
-// braid — the engine's blocking point: an epoll set plus an eventfd to wake it.
+// braid's one event loop primitive: an epoll set plus an eventfd to wake it.
 //
-// Transports register their file descriptors here so that the progress thread can
-// sleep in one epoll_wait when nothing is moving, and user threads wake it with
-// wake() when they post work. Not thread-safe except wake().
+// Transports register their file descriptors here so that the engine's progress thread
+// can sleep in one epoll_wait when nothing is moving, and user threads wake it with
+// wake() when they post work; the TCP store server runs its thread on one too. Not
+// thread-safe except wake().
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 
-namespace braid::transport {
+namespace braid::base {
 
 class Poller {
  public:
@@ -46,4 +47,4 @@ class Poller {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace braid::transport
+}  // namespace braid::base

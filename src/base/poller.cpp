@@ -12,7 +12,7 @@
 // sleep in collect() without holding the lock that guards the transports, while
 // another thread that holds it runs dispatch(): events fetched by one are run by
 // whichever thread dispatches next, so none is lost with edge-triggered fds.
-#include "transport/poller.hpp"
+#include "base/poller.hpp"
 
 #include "base/text.hpp"
 
@@ -29,15 +29,15 @@
 #include <string>
 #include <vector>
 
-namespace braid::transport {
+namespace braid::base {
 
 namespace {
 
 constexpr std::uint64_t kWakeKey = ~std::uint64_t{0};
 constexpr int kMaxEvents = 64;
 
-std::string errno_text(const char* what, int fd, int err) {
-  return std::string(what) + " (fd " + std::to_string(fd) + "): " + base::errno_text(err);
+std::string fd_error(const char* what, int fd, int err) {
+  return std::string(what) + " (fd " + std::to_string(fd) + "): " + errno_text(err);
 }
 
 }  // namespace
@@ -61,13 +61,13 @@ struct Poller::Impl {
 Poller::Poller() : impl_(std::make_unique<Impl>()) {
   impl_->epfd = ::epoll_create1(EPOLL_CLOEXEC);
   if (impl_->epfd < 0) {
-    throw Error(ErrorCode::System, std::string("epoll_create1: ") + std::strerror(errno));
+    throw Error(ErrorCode::System, std::string("epoll_create1: ") + errno_text(errno));
   }
   impl_->wakefd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->wakefd < 0) {
     int err = errno;
     ::close(impl_->epfd);
-    throw Error(ErrorCode::System, std::string("eventfd: ") + std::strerror(err));
+    throw Error(ErrorCode::System, std::string("eventfd: ") + errno_text(err));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -76,7 +76,7 @@ Poller::Poller() : impl_(std::make_unique<Impl>()) {
     int err = errno;
     ::close(impl_->wakefd);
     ::close(impl_->epfd);
-    throw Error(ErrorCode::System, errno_text("epoll_ctl(ADD) of the wake-up eventfd", impl_->wakefd, err));
+    throw Error(ErrorCode::System, fd_error("epoll_ctl(ADD) of the wake-up eventfd", impl_->wakefd, err));
   }
 }
 
@@ -100,7 +100,7 @@ void Poller::watch(int fd, std::uint32_t events, Handler handler) {
   ev.data.u64 = (std::uint64_t{generation} << 32) | static_cast<std::uint32_t>(fd);
   if (::epoll_ctl(impl_->epfd, existing ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) != 0) {
     throw Error(ErrorCode::System,
-                errno_text(existing ? "epoll_ctl(MOD)" : "epoll_ctl(ADD)", fd, errno));
+                fd_error(existing ? "epoll_ctl(MOD)" : "epoll_ctl(ADD)", fd, errno));
   }
   if (!existing) {
     ++impl_->next_generation;
@@ -129,7 +129,7 @@ int Poller::collect_counting(int timeout_ms, int* wakes) {
   const int n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
   if (n < 0) {
     if (errno == EINTR) return 0;
-    throw Error(ErrorCode::System, std::string("epoll_wait: ") + std::strerror(errno));
+    throw Error(ErrorCode::System, std::string("epoll_wait: ") + errno_text(errno));
   }
   int fetched = 0;
   std::lock_guard<std::mutex> lock(impl_->pending_mu);
@@ -189,4 +189,4 @@ void Poller::wake() noexcept {
   (void)r;
 }
 
-}  // namespace braid::transport
+}  // namespace braid::base
