@@ -87,6 +87,12 @@ def _usage(message: str) -> InvalidUsageError:
     return e
 
 
+def _timeout(message: str) -> TimeoutError:
+    e = TimeoutError("braid Timeout: " + message)
+    e.code, e.peer = "Timeout", -1
+    return e
+
+
 def _unsupported(message: str) -> UnsupportedError:
     e = UnsupportedError("braid Unsupported: " + message)
     e.code, e.peer = "Unsupported", -1

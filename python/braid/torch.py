@@ -168,8 +168,18 @@ class _Work(dist.Work):
         super().__init__()
         self._src, self._fut = src, fut
 
-    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (braid has deadlines)
-        err, _ = self._src.wait()  # raises the braid exception itself (RemoteError.peer, ...)
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        """Blocks until done; raises the braid exception itself (RemoteError.peer, ...).
+        With a `timeout` (as c10d's Work.wait), raises braid.TimeoutError if the work is
+        still running then; the work keeps running (the communicator's deadline is what
+        fails it), so a later wait() can still collect it."""
+        if timeout is not None and timeout.total_seconds() > 0 and not self._src.done():
+            finished = threading.Event()
+            self._src.add_done_callback(lambda _: finished.set())
+            if not finished.wait(timeout.total_seconds()):
+                raise _braid._timeout(f"work did not complete within {timeout.total_seconds():g} s; it keeps "
+                                      "running (call wait() again, or abort the group)")
+        err, _ = self._src.wait()
         if err is not None:
             raise err
         return True

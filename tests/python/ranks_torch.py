@@ -310,6 +310,33 @@ def ddp_checkpoint(braid_pg, gloo_pg):
         print(f"rank {r}: {codec}+EF resumed from a checkpoint == uninterrupted, bit for bit")
 
 
+def wait_timeout(braid_pg, gloo_pg):
+    """Work.wait(timeout) as c10d's: braid.TimeoutError while the peer is late, then the
+    same work still completes with the right result."""
+    import time
+    from datetime import timedelta
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    if r == 1:
+        time.sleep(1.5)  # late to the all-reduce
+    x = torch.full((1000,), float(r + 1))
+    w = dist.all_reduce(x, group=braid_pg, async_op=True)
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            w.wait(timeout=timedelta(seconds=0.3))
+        except braid.TimeoutError as e:
+            took = time.monotonic() - t0
+            assert 0.25 < took < 1.2, took
+            assert "did not complete within 0.3 s" in str(e), str(e)
+        else:
+            raise AssertionError("wait(timeout) returned although the peer was 1.5 s late")
+    assert w.wait()
+    same(x, torch.full((1000,), float(n * (n + 1) // 2)), "all_reduce after a timed-out wait", exact=True)
+    assert w.wait(timeout=timedelta(seconds=1))  # done: returns at once
+    print(f"rank {r}: Work.wait(timeout) ok")
+
+
 def dead_peer(braid_pg, gloo_pg):
     """A peer that dies fails the braid group's Work with the library's message, naming it."""
     import os

@@ -34,6 +34,11 @@ def test_error_feedback_hook_checkpoint_resumes_bit_for_bit(run_ranks):
     assert p.stdout.count("resumed from a checkpoint == uninterrupted, bit for bit") == 4, p.stdout
 
 
+def test_work_wait_honors_its_timeout(run_ranks):
+    p = run_ranks(2, "ranks_torch.py", "wait_timeout", env=ENV, timeout=120)
+    assert p.stdout.count("Work.wait(timeout) ok") == 2, p.stdout
+
+
 def test_dead_peer_fails_the_work(run_ranks):
     p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
     assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
