@@ -556,6 +556,7 @@ class CompressionHookState:
             raise _braid._usage(f"compression hook name {name!r}: give a non-empty name without '/'")
         self.prefix = f"{name}/"
         self._layouts: dict = {}     # bucket index -> tuple of id(parameter), this process
+        self._indices: set = set()   # every bucket index whose residuals this hook may hold
         self._shapes: dict = {}      # bucket index -> tuple of parameter shapes (portable)
         self._restored: dict = {}    # bucket index -> shapes of a loaded state, until first seen
         self._pending: Optional[bytes] = None  # residuals loaded before the group was known
@@ -581,18 +582,18 @@ class CompressionHookState:
                                 "create one hook per DDP model")
         self._comm = comm
         self._finalizer = weakref.finalize(self, CompressionHookState._forget, weakref.ref(comm), self.prefix,
-                                           self._layouts)
+                                           self._indices)
         self._finalizer.atexit = False  # at exit the communicators go anyway
         if self._pending is not None:
             comm.restore_error_feedback(self._pending, key_prefix=self.prefix)
             self._pending = None
 
     @staticmethod
-    def _forget(comm_ref, prefix: str, layouts: dict) -> None:
+    def _forget(comm_ref, prefix: str, indices: set) -> None:
         comm = comm_ref()
         if comm is None or comm.failed():
             return
-        for index in list(layouts):
+        for index in list(indices):
             try:
                 comm.reset_error_feedback(f"{prefix}bucket-{index}")
             except _braid.Error:
@@ -613,6 +614,7 @@ class CompressionHookState:
                 comm.reset_error_feedback(self.key(index))
             self._layouts[index] = layout
             self._shapes[index] = shapes
+            self._indices.add(index)
         return self.key(index)
 
     def state_dict(self) -> dict:
@@ -639,11 +641,15 @@ class CompressionHookState:
         self._restored = {int(i): tuple(tuple(s) for s in v) for i, v in sd["layouts"].items()}
         self._layouts.clear()
         self._shapes.clear()
-        data = bytes(sd["residuals"])
+        data = bytes(sd["residuals"])  # empty: saved before the hook's first step
         if self._comm is not None:
-            self._comm.restore_error_feedback(data, key_prefix=self.prefix)
-        elif data:
-            self._pending = data
+            for index in list(self._indices):
+                self._comm.reset_error_feedback(self.key(index))
+            if data:
+                self._comm.restore_error_feedback(data, key_prefix=self.prefix)
+        else:
+            self._pending = data or None
+        self._indices.update(self._restored)
 
 
 def compression_hook(codec: str = "int8", error_feedback: bool = True,
