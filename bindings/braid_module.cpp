@@ -218,6 +218,20 @@ PYBIND11_MODULE(_C, m) {
       .value("hierarchical", braid::Algorithm::hierarchical);
   m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); });
   m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); });
+  m.def("launch_environment", [] {
+    const braid::LaunchEnvironment e = braid::launch_environment();
+    py::dict d;
+    d["launcher"] = e.launcher;
+    d["rank"] = e.rank;
+    d["world_size"] = e.world_size;
+    d["local_rank"] = e.local_rank;
+    d["local_size"] = e.local_size;
+    d["master_addr"] = e.master_addr;
+    d["master_port"] = e.master_port;
+    d["store_external"] = e.store_external;
+    d["torch_agent_store"] = e.torch_agent_store;
+    return d;
+  });
   m.def("gpu_status", &braid::gpu_status,
         "What this process can do with GPUs, in one line: 'not built with CUDA', 'no GPU: <why>' or "
         "'N CUDA devices'. Never fails on a host without a GPU or driver.");

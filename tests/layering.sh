@@ -18,5 +18,9 @@ check compression 'core|transport'
 # getenv lives only in src/core/config.cpp.
 g=$(grep -rnlE '\b(std::)?(secure_)?getenv\s*\(' . ../bench ../tools ../bindings 2>/dev/null | grep -v '^\./core/config\.cpp$' || true)
 if [ -n "$g" ]; then echo "getenv outside src/core/config.cpp: $g"; bad=1; fi
+# The Python package reads no variable either: it asks the library (braid._C.launch_environment),
+# so C++ and Python apply one precedence. Setting one for a child process is fine.
+py=$(grep -rnE 'os\.environ\.get|os\.environ\[[^]]*\][[:space:]]*([^=[:space:]]|==|$)|in os\.environ|os\.getenv|getenv\(|= *os\.environ *$' ../python 2>/dev/null || true)
+if [ -n "$py" ]; then echo "environment read in python/ (ask braid._C.launch_environment()):"; echo "$py"; bad=1; fi
 [ $bad -eq 0 ] && echo "layering ok"
 exit $bad

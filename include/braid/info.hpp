@@ -33,4 +33,25 @@ BRAID_API std::string config_markdown();
 /// does) use it to decide whether to call MPI_Init. Thread-safe.
 BRAID_API std::string launcher();
 
+/// The launch variables as Communicator::from_env() reads them, parsed once per process.
+struct LaunchEnvironment {
+  /// As launcher(): "braid", "torchrun", "mpirun", "slurm", or empty.
+  std::string launcher;
+  /// From the launcher's family of variables; -1 when it does not give them.
+  int rank = -1, world_size = -1, local_rank = -1, local_size = -1;
+  /// The bootstrap store: BRAID_MASTER_ADDR/PORT, else MASTER_ADDR/PORT; empty and 0 when unset.
+  std::string master_addr;
+  int master_port = 0;
+  /// BRAID_STORE_EXTERNAL: someone else (braidrun) serves the store; rank 0 starts none.
+  bool store_external = false;
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's elastic agent serves its own store
+  /// (torch's protocol, not braid's) at MASTER_ADDR:MASTER_PORT.
+  bool torch_agent_store = false;
+};
+
+/// This process's launch variables (the Python package asks here instead of reading
+/// the environment itself, so both sides apply the same precedence). Throws
+/// Error(InvalidUsage) naming a malformed variable. Thread-safe.
+BRAID_API LaunchEnvironment launch_environment();
+
 }  // namespace braid

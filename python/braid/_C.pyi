@@ -5,7 +5,7 @@ Buffers are passed as raw addresses with an element count and a DataType; use th
 Timeouts are in seconds (None: the communicator's default)."""
 
 import builtins
-from typing import ClassVar, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 class Error(RuntimeError):
     code: str
@@ -52,6 +52,8 @@ class Algorithm:
 
 def parse_algorithm(name: str) -> Optional[Algorithm]: ...
 def dtype_size(t: DataType) -> int: ...
+def gpu_status() -> str: ...
+def launch_environment() -> Dict[str, Any]: ...
 
 class Work:
     def __init__(self) -> None: ...

@@ -523,17 +523,17 @@ class _TorchStore(Store):
 
 def _torchrun_store(timeout: Optional[float]):
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's own store (the elastic agent's),
-    which braid's store protocol cannot use; talk to it through torch instead."""
-    import os
-    env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "BRAID_RANK" in env:
+    which braid's store protocol cannot use; talk to it through torch instead. Returns
+    (store, rank, world size), or None when not under torchrun's agent."""
+    env = _C.launch_environment()  # the library's reading of the variables, same precedence
+    if not env["torch_agent_store"] or env["launcher"] == "braid":
         return None
     from datetime import timedelta
 
     import torch.distributed as dist
-    t = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), False,
+    t = dist.TCPStore(env["master_addr"], env["master_port"], env["world_size"], False,
                       timeout=timedelta(seconds=timeout or 300))
-    return dist.PrefixStore("braid", t)
+    return dist.PrefixStore("braid", t), env["rank"], env["world_size"]
 
 
 def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0) -> Communicator:
@@ -541,11 +541,10 @@ def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's OMPI_COMM_WORLD_*,
     or Slurm's SLURM_*. A process started without a launcher (none of them set) is a job of
     one rank with a private store, so scripts also run stand-alone."""
-    ts = _torchrun_store(timeout)
-    if ts is not None:
-        import os
-        return Communicator(_TorchStore(ts), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                            timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+    torchrun = _torchrun_store(timeout)
+    if torchrun is not None:
+        ts, rank, size = torchrun
+        return Communicator(_TorchStore(ts), rank, size, timeout=timeout, name=name, chunk_bytes=chunk_bytes)
     try:
         return Communicator.from_env(timeout=timeout, name=name, chunk_bytes=chunk_bytes)
     except InvalidUsageError as e:

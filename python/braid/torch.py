@@ -21,7 +21,6 @@ on a free port and announces it through braid's store.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import time
@@ -481,10 +480,9 @@ def _create(store, rank, size, timeout):
 
 def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwargs):
     """braid://: a torch TCPStore on a free port, announced through braid's launcher store."""
-    rank = int(os.environ.get("RANK", os.environ.get("BRAID_RANK", "0")))
-    size = int(os.environ.get("WORLD_SIZE", os.environ.get("BRAID_WORLD_SIZE", "1")))
-    addr = os.environ.get("BRAID_MASTER_ADDR", os.environ.get("MASTER_ADDR", "127.0.0.1"))
-    port = int(os.environ.get("BRAID_MASTER_PORT", os.environ.get("MASTER_PORT", "0")))
+    env = _C.launch_environment()  # the library's reading of the variables (one precedence)
+    rank, size = max(env["rank"], 0), max(env["world_size"], 1)
+    addr, port = env["master_addr"] or "127.0.0.1", env["master_port"]
     if size > 1 and not port:
         raise _braid._usage("braid:// rendezvous needs BRAID_MASTER_ADDR/BRAID_MASTER_PORT (run under braidrun)")
     generation = _rendezvous_count[0]
@@ -512,7 +510,7 @@ dist.register_rendezvous_handler("braid", _braid_rendezvous)
 def init_process_group(backend: str = "braid", **kwargs) -> None:
     """dist.init_process_group with the right rendezvous: braid:// under braidrun (which
     serves braid's store, not torch's), env:// otherwise (torchrun)."""
-    if "init_method" not in kwargs and "store" not in kwargs and os.environ.get("BRAID_STORE_EXTERNAL") == "1":
+    if "init_method" not in kwargs and "store" not in kwargs and _C.launch_environment()["store_external"]:
         kwargs["init_method"] = "braid://"
     dist.init_process_group(backend, **kwargs)
 

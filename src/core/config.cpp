@@ -107,6 +107,10 @@ const std::vector<ConfigVar> kTable = {
     {"LOCAL_WORLD_SIZE", "int", "", "torchrun: local world size.", false},
     {"MASTER_ADDR", "string", "", "torchrun: store address (used when BRAID_MASTER_ADDR is unset).", false},
     {"MASTER_PORT", "int", "", "torchrun: store port.", false},
+    {"TORCHELASTIC_USE_AGENT_STORE", "string", "",
+     "torchrun: True when its elastic agent serves a torch store at MASTER_ADDR:MASTER_PORT; the Python "
+     "package then bootstraps through torch's store.",
+     false},
     {"OMPI_COMM_WORLD_RANK", "int", "", "Open MPI (mpirun): rank.", false},
     {"OMPI_COMM_WORLD_SIZE", "int", "", "Open MPI (mpirun): world size.", false},
     {"OMPI_COMM_WORLD_LOCAL_RANK", "int", "", "Open MPI (mpirun): local rank.", false},
@@ -317,6 +321,7 @@ Config Config::parse(const Lookup& lookup) {
   else if (auto m = r.raw("MASTER_ADDR")) c.master_addr = *m;
   c.master_port = r.opt_int("BRAID_MASTER_PORT", 1, 65535);
   if (!c.master_port) c.master_port = r.opt_int("MASTER_PORT", 1, 65535);
+  if (auto v = r.raw("TORCHELASTIC_USE_AGENT_STORE")) c.torch_agent_store = *v == "True";
   return c;
 }
 

@@ -16,6 +16,21 @@ std::string version() { return BRAID_VERSION_STRING; }
 
 std::string launcher() { return core::Config::global().launcher; }
 
+LaunchEnvironment launch_environment() {
+  const core::Config& c = core::Config::global();
+  LaunchEnvironment e;
+  e.launcher = c.launcher;
+  e.rank = c.rank.value_or(-1);
+  e.world_size = c.world_size.value_or(-1);
+  e.local_rank = c.local_rank.value_or(-1);
+  e.local_size = c.local_size.value_or(-1);
+  e.master_addr = c.master_addr;
+  e.master_port = c.master_port.value_or(0);
+  e.store_external = c.store_external;
+  e.torch_agent_store = c.torch_agent_store;
+  return e;
+}
+
 std::string gpu_status() {
 #if BRAID_HAVE_CUDA
   std::string why;

@@ -75,6 +75,11 @@ TEST(Config, LauncherFamiliesInOrder) {
   EXPECT_EQ(*c.local_rank, 1);
   EXPECT_EQ(c.master_addr, "10.0.0.1");
   EXPECT_EQ(*c.master_port, 29500);
+  EXPECT_FALSE(c.torch_agent_store);
+  EXPECT_TRUE(parse({{"RANK", "0"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}).torch_agent_store);
+  EXPECT_FALSE(parse({{"RANK", "0"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}).torch_agent_store);
+  // BRAID_* wins over torchrun's variables; the Python package reads these through
+  // braid::launch_environment() (it used to read RANK first itself).
   c = parse({{"BRAID_RANK", "1"}, {"BRAID_WORLD_SIZE", "2"}, {"RANK", "5"}, {"BRAID_MASTER_ADDR", "h1"},
              {"MASTER_ADDR", "h2"}});
   EXPECT_EQ(c.launcher, "braid");
