@@ -64,6 +64,7 @@ def _check(t: torch.Tensor, what: str) -> torch.Tensor:
 
 
 _TorchStore = _braid._TorchStore
+_ALLTOALLV_TAG = 0x7a11  # point-to-point tag of all_to_all with split sizes
 
 
 def _unwrap(src: Future) -> Any:
@@ -275,8 +276,33 @@ class BraidProcessGroup(dist.ProcessGroup):
                                            "", "", False))
         return self._work(works, lambda: list(tensors))
 
+    def _flat(self, tensors, what: str) -> torch.Tensor:
+        """The tensors' elements in one new buffer (one collective instead of one per tensor)."""
+        if not tensors:
+            raise _braid._usage(f"{what}: no tensors")
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            raise _braid._usage(f"{what}: tensors of several dtypes {sorted(str(d) for d in dtypes)}; coalesced "
+                                "collectives take one dtype (as gloo's)")
+        for k, t in enumerate(tensors):
+            _check(t, f"{what} tensor {k}")
+        return torch.cat([t.reshape(-1) for t in tensors])
+
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        """One all-reduce over the flattened tensors (one dtype), results copied back."""
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        flat = self._flat(tensors, "allreduce_coalesced")
+        b = self._buf(flat, "allreduce_coalesced staging")
+        w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, "", "", False)
+
+        def finish():
+            off = 0
+            for t in tensors:
+                t.copy_(flat[off:off + t.numel()].view_as(t))
+                off += t.numel()
+            return list(tensors)
+
+        return self._work([w], finish)
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
@@ -308,6 +334,34 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         return self._allgather_base(output, input, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """One all-gather for several (output, input) pairs: output k is the group's
+        inputs k, rank after rank."""
+        n = self.size()
+        if len(outputs) != len(inputs):
+            raise _braid._usage(f"allgather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        for k, (o, i) in enumerate(zip(outputs, inputs)):
+            if o.numel() != n * i.numel() or o.dtype != i.dtype:
+                raise _braid._usage(f"allgather_into_tensor_coalesced: output {k} is {o.numel()} x {o.dtype}, "
+                                    f"needs {n}*{i.numel()} x {i.dtype}")
+        flat_in = self._flat(inputs, "allgather_into_tensor_coalesced")
+        flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
+        i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
+        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
+        total = flat_in.numel()
+
+        def finish():
+            _ = flat_in  # alive until done
+            blocks = flat_out.view(n, total)
+            off = 0
+            for out, inp in zip(outputs, inputs):
+                m = inp.numel()
+                out.copy_(blocks[:, off:off + m].reshape(out.shape))
+                off += m
+            return list(outputs)
+
+        return self._work([w], finish)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         works, finishers = [], []
@@ -345,6 +399,34 @@ class BraidProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         return self._reduce_scatter_base(output, input, opts)
 
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """One reduce-scatter for several (output, input) pairs: output k is this rank's
+        block of the reduced input k."""
+        n = self.size()
+        op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(outputs) != len(inputs):
+            raise _braid._usage(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+        for k, (o, i) in enumerate(zip(outputs, inputs)):
+            if i.numel() != n * o.numel() or o.dtype != i.dtype:
+                raise _braid._usage(f"reduce_scatter_tensor_coalesced: input {k} is {i.numel()} x {i.dtype}, "
+                                    f"needs {n}*{o.numel()} x {o.dtype}")
+        self._flat(outputs, "reduce_scatter_tensor_coalesced")  # one dtype, CPU, contiguous
+        # Rank j's block of the flat input holds block j of every input, in order.
+        flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
+        flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype)
+        i, o = self._buf(flat_in, "reduce_scatter staging"), self._buf(flat_out, "reduce_scatter staging")
+        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False)
+
+        def finish():
+            _ = flat_in  # alive until done
+            off = 0
+            for out in outputs:
+                out.copy_(flat_out[off:off + out.numel()].view_as(out))
+                off += out.numel()
+            return list(outputs)
+
+        return self._work([w], finish)
+
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         works, keep = [], []
@@ -367,15 +449,56 @@ class BraidProcessGroup(dist.ProcessGroup):
         i = self._buf(input, "alltoall input")
         o = self._buf(output, "alltoall output")
         rows = input.shape[0] if input.dim() > 0 else 0
-        for name, splits in (("output", output_split_sizes), ("input", input_split_sizes)):
-            if splits and any(s != splits[0] for s in splits):
-                raise _braid._unsupported(f"alltoall with uneven {name} splits {list(splits)}; braid's all-to-all "
-                                          "moves equal blocks (pad the blocks to one size)")
+        if output_split_sizes or input_split_sizes:
+            return self._alltoallv(output, input, list(output_split_sizes or []), list(input_split_sizes or []))
         if i.count != o.count or i.count % n or (rows and rows % n) or o.dtype != i.dtype:
             raise _braid._usage(f"alltoall: input ({i.count} x {i.dtype.name}) and output ({o.count} x "
                                 f"{o.dtype.name}) must match and split into {n} equal blocks")
         w = self._c.alltoall(i.ptr, o.ptr, i.count // n, i.dtype, self._timeout)
         return self._work([w], lambda: [output])
+
+    def _alltoallv(self, output, input, out_splits, in_splits, finish=None):  # noqa: A002
+        """all_to_all_single with split sizes (rows of dim 0), as gloo's: block j of the
+        input goes to rank j; block j of the output comes from rank j. Empty splits mean
+        equal blocks. Runs as one send and one receive per peer (braid runs point-to-point
+        operations beside each other) plus a local copy of this rank's own block."""
+        n, r = self.size(), self.rank()
+        o = self._buf(output, "alltoall output")
+        self._buf(input, "alltoall input")
+        if output.dtype != input.dtype:
+            raise _braid._usage(f"alltoall: input is {input.dtype}, output is {output.dtype}")
+
+        def splits(t, given, what):
+            rows = t.shape[0] if t.dim() > 0 else 0
+            if not given:
+                if rows % n:
+                    raise _braid._usage(f"alltoall: {what} has {rows} rows, not divisible by {n} (give split sizes)")
+                return [rows // n] * n
+            if len(given) != n or any(s < 0 for s in given) or sum(given) != rows:
+                raise _braid._usage(f"alltoall: {what} split sizes {given} must be {n} non-negative numbers summing "
+                                    f"to its {rows} rows")
+            return given
+
+        ins, outs = splits(input, in_splits, "input"), splits(output, out_splits, "output")
+        row_in = input[0].numel() if input.dim() > 0 and input.shape[0] else 0
+        row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
+        src, dst = input.reshape(-1), output.reshape(-1)
+        in_off = [sum(ins[:j]) * row_in for j in range(n)]
+        out_off = [sum(outs[:j]) * row_out for j in range(n)]
+        works = []
+        for k in range(1, n):  # pairwise order: every rank sends to r+k while receiving from r-k
+            to, frm = (r + k) % n, (r - k) % n
+            s = self._buf(src[in_off[to]:in_off[to] + ins[to] * row_in], "alltoall block")
+            d = self._buf(dst[out_off[frm]:out_off[frm] + outs[frm] * row_out], "alltoall block")
+            works.append(self._c.send(s.ptr, s.count, s.dtype, to, _ALLTOALLV_TAG, self._timeout))
+            works.append(self._c.recv(d.ptr, d.count, d.dtype, frm, _ALLTOALLV_TAG, self._timeout))
+        if ins[r] * row_in != outs[r] * row_out:
+            raise _braid._usage(f"alltoall: this rank's own block is {ins[r]} input rows but {outs[r]} output rows")
+        dst[out_off[r]:out_off[r] + outs[r] * row_out].copy_(src[in_off[r]:in_off[r] + ins[r] * row_in])
+        del o
+        done = finish or (lambda: [output])
+        keep = (input, output, src, dst)  # the blocks stay alive until every send and receive is done
+        return self._work(works, lambda: (keep, done())[1])
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
@@ -385,8 +508,19 @@ class BraidProcessGroup(dist.ProcessGroup):
         if len(input_tensors) != n or len(output_tensors) != n:
             raise _braid._usage(f"alltoall: needs {n} input and {n} output tensors")
         sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
-        if len(sizes) != 1:
-            raise _braid._unsupported("alltoall with tensors of different sizes; braid moves equal blocks")
+        if len(sizes) != 1:  # uneven: point-to-point, as all_to_all_single with split sizes
+            flat_in = self._flat(input_tensors, "alltoall")
+            flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+
+            def unpack():
+                off = 0
+                for t in output_tensors:
+                    t.copy_(flat_out[off:off + t.numel()].view_as(t))
+                    off += t.numel()
+                return output_tensors
+
+            return self._alltoallv(flat_out, flat_in, [t.numel() for t in output_tensors],
+                                   [t.numel() for t in input_tensors], unpack)
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         flat_out = torch.empty_like(flat_in)
         i, o = self._buf(flat_in, "alltoall staging"), self._buf(flat_out, "alltoall staging")

@@ -337,6 +337,56 @@ def wait_timeout(braid_pg, gloo_pg):
     print(f"rank {r}: Work.wait(timeout) ok")
 
 
+def coalesced_and_uneven(braid_pg, gloo_pg):
+    """allreduce_coalesced (one collective), allgather_into_tensor_coalesced,
+    reduce_scatter_tensor_coalesced, and all_to_all with uneven splits (single and list
+    forms, including empty blocks), each equal to gloo on the same inputs."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    xs = [data((5, 3), torch.float32, r, 1), data((7,), torch.float32, r, 2), data((1,), torch.float32, r, 3)]
+    a, b = [x.clone() for x in xs], [x.clone() for x in xs]
+    braid_pg.allreduce_coalesced(a).wait()
+    for t in b:
+        dist.all_reduce(t, group=gloo_pg)
+    for k in range(3):
+        same(a[k], b[k], f"allreduce_coalesced tensor {k}")
+    outs = [torch.empty(n * x.numel(), dtype=x.dtype) for x in xs]
+    braid_pg.allgather_into_tensor_coalesced(outs, [x.reshape(-1) for x in xs]).wait()
+    for k, x in enumerate(xs):
+        ref = torch.empty(n * x.numel())
+        dist.all_gather_into_tensor(ref, x.reshape(-1).contiguous(), group=gloo_pg)
+        same(outs[k], ref, f"allgather_into_tensor_coalesced {k}", exact=True)
+    ins = [data((n * 4,), torch.float32, r, 4), data((n * 2,), torch.float32, r, 5)]
+    rs = [torch.empty(4), torch.empty(2)]
+    braid_pg.reduce_scatter_tensor_coalesced(rs, ins).wait()
+    for k, x in enumerate(ins):
+        ref = torch.empty(x.numel() // n)
+        dist.reduce_scatter_tensor(ref, x.clone(), group=gloo_pg)
+        same(rs[k], ref, f"reduce_scatter_tensor_coalesced {k}")
+    # Uneven splits: rank r sends (r + j) % 3 rows of 2 to rank j (0 rows included).
+    in_splits = [(r + j) % 3 for j in range(n)]
+    out_splits = [(j + r) % 3 for j in range(n)]
+    x = data((sum(in_splits), 2), torch.float32, r, 6)
+    oa, ob = torch.empty(sum(out_splits), 2), torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(oa, x, out_splits, in_splits, group=braid_pg)
+    dist.all_to_all_single(ob, x, out_splits, in_splits, group=gloo_pg)
+    same(oa, ob, "all_to_all_single with uneven splits", exact=True)
+    ins_l = [data((in_splits[j] + 1,), torch.float32, r, 7 + j) for j in range(n)]
+    outs_a = [torch.empty(out_splits[j] + 1) for j in range(n)]
+    dist.all_to_all(outs_a, ins_l, group=braid_pg)
+    # gloo's list form takes equal tensors only: its single form with splits is the reference
+    ref = torch.empty(sum(out_splits) + n)
+    dist.all_to_all_single(ref, torch.cat(ins_l), [s + 1 for s in out_splits], [s + 1 for s in in_splits],
+                           group=gloo_pg)
+    same(torch.cat(outs_a), ref, "all_to_all of uneven tensors", exact=True)
+    try:
+        braid_pg.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)])
+    except braid.InvalidUsageError as e:
+        assert "several dtypes" in str(e), e
+    else:
+        raise AssertionError("allreduce_coalesced took tensors of two dtypes")
+    print(f"rank {r}: coalesced and uneven collectives == gloo")
+
+
 def dead_peer(braid_pg, gloo_pg):
     """A peer that dies fails the braid group's Work with the library's message, naming it."""
     import os

@@ -34,6 +34,12 @@ def test_error_feedback_hook_checkpoint_resumes_bit_for_bit(run_ranks):
     assert p.stdout.count("resumed from a checkpoint == uninterrupted, bit for bit") == 4, p.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_coalesced_and_uneven_collectives_equal_gloo(run_ranks, n):
+    p = run_ranks(n, "ranks_torch.py", "coalesced_and_uneven", env=ENV, timeout=150)
+    assert p.stdout.count("coalesced and uneven collectives == gloo") == n, p.stdout
+
+
 def test_work_wait_honors_its_timeout(run_ranks):
     p = run_ranks(2, "ranks_torch.py", "wait_timeout", env=ENV, timeout=120)
     assert p.stdout.count("Work.wait(timeout) ok") == 2, p.stdout
