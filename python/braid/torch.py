@@ -67,6 +67,16 @@ _TorchStore = _braid._TorchStore
 _ALLTOALLV_TAG = 0x7a11  # point-to-point tag of all_to_all with split sizes
 
 
+def _unflatten(flat: torch.Tensor, tensors) -> list:
+    """Copies consecutive runs of `flat` back into `tensors` (the inverse of the flattening
+    a coalesced collective does); returns them."""
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off:off + t.numel()].view_as(t))
+        off += t.numel()
+    return list(tensors)
+
+
 def _unwrap(src: Future) -> Any:
     err, value = src.value()
     if err is not None:
@@ -288,6 +298,16 @@ class BraidProcessGroup(dist.ProcessGroup):
             _check(t, f"{what} tensor {k}")
         return torch.cat([t.reshape(-1) for t in tensors])
 
+    def _check_pairs(self, what: str, big, big_name: str, small, small_name: str) -> None:
+        """Coalesced pairs: each of `big` holds group-size times its partner in `small`."""
+        n = self.size()
+        if len(big) != len(small):
+            raise _braid._usage(f"{what}: {len(big)} {big_name}s for {len(small)} {small_name}s")
+        for k, (b, t) in enumerate(zip(big, small)):
+            if b.numel() != n * t.numel() or b.dtype != t.dtype:
+                raise _braid._usage(f"{what}: {big_name} {k} is {b.numel()} x {b.dtype}, needs {n}*{t.numel()} x "
+                                    f"{t.dtype}")
+
     def allreduce_coalesced(self, tensors, opts=None):
         """One all-reduce over the flattened tensors (one dtype), results copied back."""
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -295,14 +315,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         b = self._buf(flat, "allreduce_coalesced staging")
         w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, "", "", False)
 
-        def finish():
-            off = 0
-            for t in tensors:
-                t.copy_(flat[off:off + t.numel()].view_as(t))
-                off += t.numel()
-            return list(tensors)
-
-        return self._work([w], finish)
+        return self._work([w], lambda: _unflatten(flat, tensors))
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
@@ -339,12 +352,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         """One all-gather for several (output, input) pairs: output k is the group's
         inputs k, rank after rank."""
         n = self.size()
-        if len(outputs) != len(inputs):
-            raise _braid._usage(f"allgather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
-        for k, (o, i) in enumerate(zip(outputs, inputs)):
-            if o.numel() != n * i.numel() or o.dtype != i.dtype:
-                raise _braid._usage(f"allgather_into_tensor_coalesced: output {k} is {o.numel()} x {o.dtype}, "
-                                    f"needs {n}*{i.numel()} x {i.dtype}")
+        self._check_pairs("allgather_into_tensor_coalesced", outputs, "output", inputs, "input")
         flat_in = self._flat(inputs, "allgather_into_tensor_coalesced")
         flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
         i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
@@ -404,12 +412,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         block of the reduced input k."""
         n = self.size()
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        if len(outputs) != len(inputs):
-            raise _braid._usage(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
-        for k, (o, i) in enumerate(zip(outputs, inputs)):
-            if i.numel() != n * o.numel() or o.dtype != i.dtype:
-                raise _braid._usage(f"reduce_scatter_tensor_coalesced: input {k} is {i.numel()} x {i.dtype}, "
-                                    f"needs {n}*{o.numel()} x {o.dtype}")
+        self._check_pairs("reduce_scatter_tensor_coalesced", inputs, "input", outputs, "output")
         self._flat(outputs, "reduce_scatter_tensor_coalesced")  # one dtype, CPU, contiguous
         # Rank j's block of the flat input holds block j of every input, in order.
         flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
@@ -417,15 +420,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         i, o = self._buf(flat_in, "reduce_scatter staging"), self._buf(flat_out, "reduce_scatter staging")
         w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False)
 
-        def finish():
-            _ = flat_in  # alive until done
-            off = 0
-            for out in outputs:
-                out.copy_(flat_out[off:off + out.numel()].view_as(out))
-                off += out.numel()
-            return list(outputs)
-
-        return self._work([w], finish)
+        return self._work([w], lambda: (flat_in, _unflatten(flat_out, outputs))[1])  # flat_in alive until done
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -512,15 +507,8 @@ class BraidProcessGroup(dist.ProcessGroup):
             flat_in = self._flat(input_tensors, "alltoall")
             flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
 
-            def unpack():
-                off = 0
-                for t in output_tensors:
-                    t.copy_(flat_out[off:off + t.numel()].view_as(t))
-                    off += t.numel()
-                return output_tensors
-
             return self._alltoallv(flat_out, flat_in, [t.numel() for t in output_tensors],
-                                   [t.numel() for t in input_tensors], unpack)
+                                   [t.numel() for t in input_tensors], lambda: _unflatten(flat_out, output_tensors))
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         flat_out = torch.empty_like(flat_in)
         i, o = self._buf(flat_in, "alltoall staging"), self._buf(flat_out, "alltoall staging")
