@@ -216,8 +216,8 @@ PYBIND11_MODULE(_C, m) {
       .value("tree", braid::Algorithm::tree)
       .value("rhd", braid::Algorithm::rhd)
       .value("hierarchical", braid::Algorithm::hierarchical);
-  m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); });
-  m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); });
+  m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); }, py::arg("name"));
+  m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); }, py::arg("t"));
   m.def("launch_environment", [] {
     const braid::LaunchEnvironment e = braid::launch_environment();
     py::dict d;
@@ -269,10 +269,12 @@ PYBIND11_MODULE(_C, m) {
   py::class_<braid::Store, PyStore, std::shared_ptr<braid::Store>>(m, "Store")
       .def(py::init<>())
       .def(
-          "set", [](braid::Store& s, const std::string& k, const std::string& v) {
+          "set",
+          [](braid::Store& s, const std::string& k, const std::string& v) {
             py::gil_scoped_release nogil;
             s.set(k, v);
-          })
+          },
+          py::arg("key"), py::arg("value"))
       .def(
           "get",
           [](braid::Store& s, const std::string& k, double timeout) {
@@ -288,12 +290,14 @@ PYBIND11_MODULE(_C, m) {
            [](braid::Store& s, const std::string& k, std::int64_t d) {
              py::gil_scoped_release nogil;
              return s.add(k, d);
-           })
+           },
+           py::arg("key"), py::arg("delta"))
       .def("check",
            [](braid::Store& s, const std::vector<std::string>& keys) {
              py::gil_scoped_release nogil;
              return s.check(keys);
-           })
+           },
+           py::arg("keys"))
       .def(
           "wait",
           [](braid::Store& s, const std::vector<std::string>& keys, double timeout) {
@@ -301,10 +305,13 @@ PYBIND11_MODULE(_C, m) {
             s.wait(keys, ms(timeout));
           },
           py::arg("keys"), py::arg("timeout") = 300.0)
-      .def("remove", [](braid::Store& s, const std::string& k) {
-        py::gil_scoped_release nogil;
-        return s.remove(k);
-      });
+      .def(
+          "remove",
+          [](braid::Store& s, const std::string& k) {
+            py::gil_scoped_release nogil;
+            return s.remove(k);
+          },
+          py::arg("key"));
   py::class_<braid::TcpStore, braid::Store, std::shared_ptr<braid::TcpStore>>(m, "TcpStore")
       .def(py::init([](const std::string& host, std::uint16_t port, bool is_server, double connect_timeout) {
              py::gil_scoped_release nogil;
@@ -488,7 +495,8 @@ PYBIND11_MODULE(_C, m) {
            [](braid::Communicator& c, int color, int key) {
              py::gil_scoped_release nogil;
              return std::make_unique<braid::Communicator>(c.split(color, key));
-           })
+           },
+           py::arg("color"), py::arg("key"))
       .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)
       .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
