@@ -29,6 +29,16 @@ using namespace std::chrono;
 
 namespace {
 
+/// True once the interpreter is shutting down: a braid thread must not take the GIL then.
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+
 // Exception classes by ErrorCode (index = code value); [0] is braid.Error itself.
 PyObject* g_error_classes[16] = {};
 
@@ -131,12 +141,7 @@ class PyStore : public braid::Store {
     // A braid thread (the progress engine) must not take the GIL once the interpreter
     // is finalizing: CPython ends such a thread with pthread_exit, whose forced unwind
     // would abort the process ("terminate called without an active exception").
-#if PY_VERSION_HEX >= 0x030D0000
-    const bool finalizing = Py_IsFinalizing();
-#else
-    const bool finalizing = _Py_IsFinalizing();
-#endif
-    if (finalizing)
+    if (interpreter_finalizing())
       throw braid::Error(braid::ErrorCode::Aborted,
                          std::string("Python store ") + name + "(): the Python interpreter is shutting down");
     {
@@ -157,6 +162,46 @@ class PyStore : public braid::Store {
     throw braid::Error(code, msg);
   }
 };
+
+}  // namespace
+
+namespace {
+
+/// The Python object for a Work's failure (None on success). Needs the GIL.
+py::object exception_object(const std::exception_ptr& p) {
+  if (!p) return py::none();
+  try {
+    std::rethrow_exception(p);
+  } catch (const braid::Error& e) {
+    PyObject* inst = make_exception(e);
+    if (!inst) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(inst);
+  } catch (const std::exception& e) {
+    return py::module_::import("builtins").attr("RuntimeError")(e.what());
+  }
+}
+
+/// Work.on_complete: the Python callable is called with the GIL on whichever thread
+/// completes the work, and released with the GIL too; once the interpreter finalizes
+/// neither happens (a braid thread taking the GIL then is ended with pthread_exit).
+void on_complete(const braid::Work& w, py::function fn) {
+  auto* held = new py::function(std::move(fn));
+  std::shared_ptr<py::function> f(held, [](py::function* p) {
+    if (interpreter_finalizing()) return;  // leaked on purpose: no GIL to drop it with
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  py::gil_scoped_release nogil;  // the callback may run here, at once, and take it back
+  w.on_complete([f](std::exception_ptr error) {
+    if (interpreter_finalizing()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      (*f)(exception_object(error));
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("braid Work.on_complete callback");
+    }
+  });
+}
 
 }  // namespace
 
@@ -251,19 +296,8 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout") = py::none())
       .def("test", &braid::Work::test)
-      .def("exception", [](const braid::Work& w) -> py::object {
-        std::exception_ptr p = w.exception();
-        if (!p) return py::none();
-        try {
-          std::rethrow_exception(p);
-        } catch (const braid::Error& e) {
-          PyObject* inst = make_exception(e);
-          if (!inst) throw py::error_already_set();
-          return py::reinterpret_steal<py::object>(inst);
-        } catch (const std::exception& e) {
-          return py::module_::import("builtins").attr("RuntimeError")(e.what());
-        }
-      });
+      .def("exception", [](const braid::Work& w) -> py::object { return exception_object(w.exception()); })
+      .def("on_complete", &on_complete, py::arg("callback"));
 
   // --- stores ---------------------------------------------------------------------
   py::class_<braid::Store, PyStore, std::shared_ptr<braid::Store>>(m, "Store")

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 
 namespace braid {
@@ -50,6 +51,17 @@ class BRAID_API Work {
 
   /// The failure, once completed unsuccessfully; nullptr otherwise.
   std::exception_ptr exception() const noexcept;
+
+  /// Calls `callback` once when the collective completes, with its failure (nullptr on
+  /// success), like c10d's Future::then. It runs on the thread that completes the work:
+  /// the communicator's progress thread, or a thread driving progress while it waits
+  /// (small collectives run on the caller's thread), or, if the work is already done, at
+  /// once on this thread before on_complete returns. Callbacks added before completion run
+  /// in the order they were added. A callback may post new collectives, but must not wait
+  /// for any Work (it would block the progress thread) and should return quickly; an
+  /// exception it throws is logged and dropped. On an empty Work it runs at once.
+  /// Thread-safe.
+  void on_complete(std::function<void(std::exception_ptr error)> callback) const;
 
   /// Internal: wraps a state created by the engine.
   explicit Work(std::shared_ptr<detail::WorkState> state) noexcept;

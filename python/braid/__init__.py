@@ -227,6 +227,14 @@ class Work:
         self.wait()
         return self._result
 
+    def on_complete(self, callback) -> None:
+        """Calls ``callback(work)`` once the collective completes, successfully or not
+        (``work.exception()`` tells; ``work.result()`` returns at once), like torch's
+        ``Future.then``. It runs with the GIL on the thread that completes the work (braid's
+        progress thread, or at once on this thread if already done); it may post
+        collectives but must not wait for one. What it raises is reported as unraisable."""
+        self._w.on_complete(lambda _error: callback(self))
+
 
 _live_comms: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 

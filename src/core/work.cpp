@@ -1,6 +1,8 @@
 // braid::Work: a thin handle over WorkState.
 #include "core/work_state.hpp"
 
+#include "base/logging.hpp"
+
 namespace braid {
 
 Work::Work() noexcept = default;
@@ -45,6 +47,35 @@ bool Work::test() const noexcept {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->done;
+}
+
+void Work::on_complete(std::function<void(std::exception_ptr error)> callback) const {
+  if (!callback) return;
+  if (!state_) {
+    detail::WorkState::call(callback, nullptr);
+    return;
+  }
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->callbacks.push_back(std::move(callback));
+      return;
+    }
+    err = state_->error;
+  }
+  detail::WorkState::call(callback, err);
+}
+
+void detail::WorkState::call(const std::function<void(std::exception_ptr)>& cb,
+                             const std::exception_ptr& err) noexcept {
+  try {
+    cb(err);
+  } catch (const std::exception& e) {
+    BRAID_LOG(error, "a Work completion callback threw (dropped): " << e.what());
+  } catch (...) {
+    BRAID_LOG(error, "a Work completion callback threw a non-standard exception (dropped)");
+  }
 }
 
 std::exception_ptr Work::exception() const noexcept {

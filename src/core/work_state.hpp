@@ -7,8 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace braid::detail {
 
@@ -36,20 +39,31 @@ struct WorkState {
   /// only after `finished`.
   std::chrono::steady_clock::time_point started{};
   std::chrono::steady_clock::time_point ended{};
+  /// Work::on_complete callbacks not yet run (under `mu`).
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
 
-  /// Marks the work complete (with `e` on failure) and wakes every waiter. Idempotent:
-  /// the first completion wins.
+  /// Marks the work complete (with `e` on failure), wakes every waiter, then runs the
+  /// completion callbacks on this thread, outside the lock. Idempotent: the first
+  /// completion wins.
   void complete(std::exception_ptr e = nullptr) noexcept {
+    std::vector<std::function<void(std::exception_ptr)>> run;
+    std::exception_ptr err;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (done) return;
       done = true;
       ended = std::chrono::steady_clock::now();
       error = std::move(e);
+      err = error;
+      run.swap(callbacks);
       finished.store(true, std::memory_order_release);
     }
     cv.notify_all();
+    for (auto& cb : run) call(cb, err);
   }
+
+  /// Runs one completion callback; what it throws is logged, never propagated.
+  static void call(const std::function<void(std::exception_ptr)>& cb, const std::exception_ptr& err) noexcept;
 };
 
 }  // namespace braid::detail

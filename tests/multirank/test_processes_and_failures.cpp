@@ -13,7 +13,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <mutex>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 using namespace braid;
 using namespace std::chrono_literals;
@@ -207,6 +211,85 @@ TEST(Failures, AbortUnblocksAWaiter) {
     EXPECT_TRUE(w.test());
     EXPECT_NE(w.exception(), nullptr);
     killer.join();
+    done = true;
+  });
+}
+
+// ---- Work::on_complete ----------------------------------------------------------------
+
+// Callbacks run once, in the order added, after the result is in place; one of them posts
+// the next collective (chaining, as c10d's Future::then); a callback added to a finished
+// Work runs at once on the caller's thread; one that throws is dropped without harm.
+TEST(WorkCallbacks, RunOnceInOrderAndMayPostTheNextCollective) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const auto port = server->port();
+  run_threads(2, [&](int r) {
+    Communicator c(std::make_shared<TcpStore>("127.0.0.1", port), r, 2);
+    std::vector<float> x(1 << 16, 1.0f), y(1 << 16, 2.0f);
+    std::mutex mu;
+    std::vector<int> order;
+    std::promise<Work> next;
+    auto w = c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum);
+    w.on_complete([&](std::exception_ptr e) {
+      EXPECT_EQ(e, nullptr);
+      EXPECT_EQ(x[0], 2.0f) << "the callback ran before the result was in place";
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(1);
+    });
+    w.on_complete([](std::exception_ptr) { throw std::runtime_error("a callback that throws"); });
+    w.on_complete([&](std::exception_ptr) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(2);
+      }
+      next.set_value(c.allreduce(y.data(), y.data(), y.size(), DataType::f32, ReduceOp::sum));
+    });
+    auto chained = next.get_future();
+    ASSERT_EQ(chained.wait_for(30s), std::future_status::ready) << "the chaining callback never ran";
+    chained.get().wait();
+    EXPECT_EQ(y[0], 4.0f);
+    w.wait();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(order, (std::vector<int>{1, 2}));
+    }
+    bool ran = false;
+    const auto me = std::this_thread::get_id();
+    w.on_complete([&](std::exception_ptr e) {
+      ran = std::this_thread::get_id() == me && e == nullptr;
+    });
+    EXPECT_TRUE(ran) << "a callback on a finished Work runs at once, on the caller's thread";
+    bool empty_ran = false;
+    Work().on_complete([&](std::exception_ptr) { empty_ran = true; });
+    EXPECT_TRUE(empty_ran);
+  });
+}
+
+TEST(WorkCallbacks, GetTheFailure) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const auto port = server->port();
+  std::atomic<bool> done{false};
+  run_threads(2, [&](int r) {
+    Communicator c(std::make_shared<TcpStore>("127.0.0.1", port), r, 2);
+    if (r == 1) {
+      while (!done) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    std::vector<float> x(1000, 1.f);
+    auto w = c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum);
+    std::promise<std::exception_ptr> got;
+    w.on_complete([&](std::exception_ptr e) { got.set_value(e); });
+    std::this_thread::sleep_for(100ms);
+    c.abort();
+    auto f = got.get_future();
+    ASSERT_EQ(f.wait_for(5s), std::future_status::ready) << "no callback after abort()";
+    std::exception_ptr e = f.get();
+    ASSERT_NE(e, nullptr);
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::Aborted) << err.what();
+    }
     done = true;
   });
 }

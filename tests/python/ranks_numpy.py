@@ -156,6 +156,24 @@ def async_work(comm):
     assert np.array_equal(w.result(), np.repeat(np.arange(n), 3).reshape(n, 3))
     comm.allreduce(np.ones(1 << 16, np.float32), async_op=True)  # buffer kept alive by the communicator
     comm.barrier()
+    # on_complete: the callback sees the finished work and chains the next collective
+    got, chained = [], threading.Event()
+    y = np.ones(1 << 16, np.float32)
+
+    def then(work):
+        got.append((work.test(), work.exception(), float(work.result()[0])))
+        got.append(comm.allreduce(y, async_op=True))  # posting from a callback is allowed
+        chained.set()
+
+    w = comm.allreduce(np.ones(1 << 16, np.float32), async_op=True)
+    w.on_complete(then)
+    assert chained.wait(30), "on_complete's callback never ran"
+    assert got[0] == (True, None, float(n)), got[0]
+    got[1].wait()
+    assert y[0] == n
+    late = []
+    w.on_complete(lambda work: late.append(work is w))  # already done: runs at once
+    assert late == [True]
     # split: even and odd ranks
     sub = comm.split(r % 2, r)
     x = np.array([r], np.int64)
