@@ -65,7 +65,7 @@ std::string Plan::describe() const {
   static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce"};
   static const char* bufs[] = {"in", "out", "scratch"};
   std::ostringstream os;
-  os << to_string(request.collective) << "/" << braid::to_string(request.algorithm) << " rank "
+  os << to_string(request.collective) << "/" << name() << " rank "
      << request.rank << "/" << request.world << " count " << request.count << ": " << steps.size()
      << " steps\n";
   for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -138,6 +138,7 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
                             req.collective == Collective::reduce_scatter)) {
     // One fixed reduction order whatever the algorithm (deterministic.cpp).
     algo = Algorithm::ring;
+    plan->label = "deterministic";
     if (req.collective == Collective::allreduce) build_deterministic_allreduce(b);
     else if (req.collective == Collective::reduce) build_deterministic_reduce(b);
     else build_deterministic_reduce_scatter(b);
@@ -176,6 +177,7 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
       break;
     case Collective::alltoall:
       algo = Algorithm::ring;
+      plan->label = "pairwise";
       build_pairwise_alltoall(b);
       break;
   }

@@ -132,6 +132,14 @@ struct Plan {
   std::vector<Step> steps;
   std::vector<std::uint32_t> deps;
   std::vector<const char*> phase_names;  ///< indexed by Step::phase
+  /// What was built, where the Algorithm enum cannot say it: "deterministic" (the fixed
+  /// reduction order, whatever algorithm was asked), "pairwise" (all-to-all). Null:
+  /// the algorithm's own name.
+  const char* label = nullptr;
+
+  /// The name logs, errors and explanations give this plan: the label, else the
+  /// algorithm's name.
+  const char* name() const noexcept { return label != nullptr ? label : braid::to_string(request.algorithm).data(); }
 
   /// Peers this rank exchanges messages with (sorted, unique): the connections
   /// the engine must set up (lazily) before running the plan.

@@ -35,9 +35,9 @@ std::string explain(Collective collective, double bytes, int world, int hosts, c
                   ":";
   for (std::size_t i = 0; i < choice.candidates.size(); ++i) {
     s += i ? ", " : " ";
-    s += std::string(braid::to_string(choice.candidates[i].algorithm)) + " " + format_seconds(choice.candidates[i].seconds);
+    s += std::string(choice.candidates[i].name) + " " + format_seconds(choice.candidates[i].seconds);
   }
-  s += " -> " + std::string(braid::to_string(choice.algorithm));
+  s += " -> " + std::string(choice.name);
   return s;
 }
 
@@ -66,8 +66,9 @@ Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size,
     req.rank = 0;
     try {
       // build_plan may resolve one algorithm to another (an alias): price each once.
-      if (build_plan(req)->request.algorithm != algo) continue;
-      choice.candidates.push_back({algo, predict_seconds(req, topo, model)});
+      const auto plan = build_plan(req);
+      if (plan->request.algorithm != algo) continue;
+      choice.candidates.push_back({algo, predict_seconds(req, topo, model), plan->name()});
     } catch (const Error& e) {
       if (!first_error) first_error = e;
     }
@@ -76,10 +77,12 @@ Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size,
     if (first_error) throw *first_error;
     throw Error(ErrorCode::Unsupported, std::string("no algorithm implements ") + to_string(collective));
   }
-  choice.algorithm = choice.candidates[0].algorithm;
-  choice.seconds = choice.candidates[0].seconds;
+  const Candidate* best = &choice.candidates[0];
   for (const auto& c : choice.candidates)
-    if (c.seconds < choice.seconds) choice.algorithm = c.algorithm, choice.seconds = c.seconds;
+    if (c.seconds < best->seconds) best = &c;
+  choice.algorithm = best->algorithm;
+  choice.seconds = best->seconds;
+  choice.name = best->name;
   choice.explanation =
       explain(collective, size_bytes(collective, count, elem_size, world), world, topo.num_hosts(), choice);
   return choice;

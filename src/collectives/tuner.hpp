@@ -37,12 +37,14 @@ struct TuneOptions {
 struct Candidate {
   Algorithm algorithm = Algorithm::ring;
   double seconds = 0;
+  const char* name = nullptr;  ///< the plan's name (Plan::name(): "deterministic" where it applies)
 };
 
 /// The tuner's verdict.
 struct Choice {
   Algorithm algorithm = Algorithm::ring;  ///< the cheapest candidate
   double seconds = 0;                     ///< its predicted time
+  const char* name = "ring";              ///< its plan's name
   std::vector<Candidate> candidates;      ///< every algorithm priced, in enum order
   /// One line for the log: "allreduce 4 MiB x 8 ranks on 2 hosts: ring 1.23 ms,
   /// tree 2.10 ms, rhd 1.40 ms -> ring".

@@ -223,7 +223,7 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
   // Plain concatenation: this runs on every call, and a stream costs a microsecond.
   o.name.reserve(96);
   o.name.append(what).append(" #").append(std::to_string(o.seq)).append(" (");
-  o.name.append(hints.deferred ? "auto" : to_string(o.plan->request.algorithm))
+  o.name.append(hints.deferred ? "auto" : o.plan->name())
       .append(", ")
       .append(std::to_string(o.plan->request.count));
   o.deferred = std::move(hints.deferred);

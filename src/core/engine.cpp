@@ -296,7 +296,7 @@ bool Engine::admit() {
       // Name the algorithm the verdict chose in the call's messages from now on.
       const auto at = front.name.find("(auto, ");
       if (at != std::string::npos)
-        front.name.replace(at, 7, "(auto: " + std::string(to_string(front.plan->request.algorithm)) + ", ");
+        front.name.replace(at, 7, "(auto: " + std::string(front.plan->name()) + ", ");
     }
     auto ex = std::make_unique<Exec>();
     ex->op = std::move(queue_.front());

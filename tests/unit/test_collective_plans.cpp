@@ -195,6 +195,22 @@ TEST(PlanDispatch, ResolvesAutomaticAndRefusesWhatACollectiveDoesNotOffer) {
   EXPECT_THROW(build_plan(req), Error);
 }
 
+// Logs, errors and explain_allreduce give a plan's name: the algorithm's, or what was
+// really built where the enum cannot say it.
+TEST(PlanDispatch, NamesWhatWasBuilt) {
+  PlanRequest req;
+  req.world = 4;
+  req.count = 10;
+  req.collective = Collective::alltoall;
+  EXPECT_STREQ(build_plan(req)->name(), "pairwise");
+  req.collective = Collective::allreduce;
+  req.algorithm = Algorithm::tree;
+  EXPECT_STREQ(build_plan(req)->name(), "tree");
+  req.deterministic = true;
+  EXPECT_STREQ(build_plan(req)->name(), "deterministic");
+  EXPECT_NE(build_plan(req)->describe().find("allreduce/deterministic"), std::string::npos);
+}
+
 // ---- bytes on the wire -----------------------------------------------------------------
 
 namespace {

@@ -421,6 +421,15 @@ TEST(Tuner, PricesEveryOfferedAlgorithmAndTakesTheCheapest) {
       << c.explanation;
 }
 
+TEST(Tuner, ExplainsADeterministicCallByItsName) {
+  const auto topo = Topology::hosts(8, 4, LinkClass::shm, LinkClass::tcp);
+  TuneOptions o;
+  o.deterministic = true;
+  const Choice c = choose(Collective::allreduce, 1u << 20, 4, ReduceOp::sum, 8, topo, CostModel::defaults(), o);
+  EXPECT_STREQ(c.name, "deterministic");
+  EXPECT_NE(c.explanation.find("-> deterministic"), std::string::npos) << c.explanation;
+}
+
 TEST(Tuner, PicksTheRingForLargeMessages) {
   // 12 ranks on one host, 256 MiB: the ring moves the fewest bytes (2(n-1)/n·N; a
   // double binary tree ~2N; halving-doubling on a non-power of two folds the extra
