@@ -11,14 +11,14 @@
 //
 // Launch: under braidrun, torchrun or srun the communicator comes from the environment
 // (Communicator::from_env). Under Open MPI's mpirun, when the bench is built with MPI
-// (BRAID_BENCH_MPI), it bootstraps as nccl-tests does: MPI_Init, rank 0 creates a
-// UniqueId, MPI_Bcast of its 128 bytes, every rank calls from_unique_id(rank, size).
+// (BRAID_BENCH_MPI), it bootstraps as nccl-tests does: MPI_Init, then braid::from_mpi
+// (braid/mpi.hpp: rank 0 creates a UniqueId, MPI_Bcast, every rank from_unique_id).
 // MPI is used for nothing else. Without MPI in the build, mpirun works through
 // from_env when BRAID_MASTER_ADDR/BRAID_MASTER_PORT are exported to the ranks (-x).
 // When stderr is a terminal, rank 0 shows the size being measured there (--quiet: not).
 #include <braid/braid.hpp>
 #ifdef BRAID_BENCH_MPI
-#include <mpi.h>
+#include <braid/mpi.hpp>
 #endif
 
 #include <CLI/CLI.hpp>
@@ -201,13 +201,7 @@ struct MpiBootstrap {
   braid::Communicator communicator() const {
 #ifdef BRAID_BENCH_MPI
     if (active) {
-      int rank = 0, size = 1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      braid::UniqueId id;
-      if (rank == 0) id = braid::Communicator::create_unique_id();
-      MPI_Bcast(id.bytes.data(), static_cast<int>(id.bytes.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
-      return braid::Communicator::from_unique_id(id, rank, size);
+      return braid::from_mpi(MPI_COMM_WORLD);
     }
 #endif
     return braid::Communicator::from_env();
