@@ -118,12 +118,50 @@ const std::vector<ConfigVar> kTable = {
     {"SLURM_PROCID", "int", "", "Slurm (srun): rank.", false},
     {"SLURM_NTASKS", "int", "", "Slurm (srun): world size.", false},
     {"SLURM_LOCALID", "int", "", "Slurm (srun): local rank.", false},
+    {"SLURM_STEP_NODELIST", "string", "",
+     "Slurm (srun): the step's nodes; its first node, where rank 0 runs, is the store's host when "
+     "BRAID_MASTER_ADDR and MASTER_ADDR are unset (else SLURM_JOB_NODELIST's first node).",
+     false},
+    {"SLURM_JOB_NODELIST", "string", "", "Slurm: the job's nodes (used when SLURM_STEP_NODELIST is unset).", false},
+    {"SLURM_JOB_ID", "int", "",
+     "Slurm: job id; the store's port is 15000 + (job id mod 10000) when BRAID_MASTER_PORT and "
+     "MASTER_PORT are unset.",
+     false},
 };
 
 [[noreturn]] void bad(const char* name, const std::string& value, const char* expected) {
   throw Error(ErrorCode::InvalidUsage, std::string(name) + "='" + value + "' is not valid: expected " +
                                            expected + " (see docs/configuration.md)");
 }
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& list) {
+  // The first entry of a Slurm host list ("node[07-09,12],gpu1" -> "node07"): up to the
+  // first comma outside brackets, each bracket group replaced by its first number (its
+  // zero padding kept).
+  std::string out;
+  std::size_t i = 0;
+  while (i < list.size() && list[i] != ',') {
+    if (list[i] == '[') {
+      const std::size_t close = list.find(']', i);
+      if (close == std::string::npos) return {};
+      const std::string group = list.substr(i + 1, close - i - 1);
+      const std::size_t end = group.find_first_of("-,");
+      const std::string first = group.substr(0, end);
+      if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) return {};
+      out += first;
+      i = close + 1;
+    } else if (list[i] == ']') {
+      return {};
+    } else {
+      out += list[i++];
+    }
+  }
+  return out;
+}
+
+namespace {
 
 std::string upper(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
@@ -322,6 +360,23 @@ Config Config::parse(const Lookup& lookup) {
   c.master_port = r.opt_int("BRAID_MASTER_PORT", 1, 65535);
   if (!c.master_port) c.master_port = r.opt_int("MASTER_PORT", 1, 65535);
   if (auto v = r.raw("TORCHELASTIC_USE_AGENT_STORE")) c.torch_agent_store = *v == "True";
+  // Under srun with no address given, the store is on the step's first node (rank 0's,
+  // with Slurm's default block distribution) at a port derived from the job id, so
+  // `srun prog` needs no variable (BRAID_MASTER_ADDR/PORT still override).
+  if (c.launcher == "slurm") {
+    if (c.master_addr.empty()) {
+      auto nodes = r.raw("SLURM_STEP_NODELIST");
+      if (!nodes) nodes = r.raw("SLURM_JOB_NODELIST");
+      if (nodes) {
+        c.master_addr = first_slurm_host(*nodes);
+        if (c.master_addr.empty()) bad("SLURM_STEP_NODELIST/SLURM_JOB_NODELIST", *nodes, "a Slurm host list");
+      }
+    }
+    if (!c.master_port) {
+      if (auto job = r.opt_int("SLURM_JOB_ID", 0, std::numeric_limits<int>::max()))
+        c.master_port = 15000 + *job % 10000;
+    }
+  }
   return c;
 }
 

@@ -22,6 +22,10 @@ namespace braid::core {
 /// Log verbosity (BRAID_DEBUG); logging itself lives in base.
 using LogLevel = base::LogLevel;
 
+/// The first host of a Slurm host list ("node[07-09,12],gpu1" -> "node07"); empty when
+/// the list is malformed.
+std::string first_slurm_host(const std::string& list);
+
 /// Parsed configuration. Plain data; copy freely.
 struct Config {
   // --- behaviour ---

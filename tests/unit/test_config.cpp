@@ -93,6 +93,31 @@ TEST(Config, LauncherFamiliesInOrder) {
   EXPECT_EQ(*c.world_size, 16);
 }
 
+// Under srun with no address variable, the store is at the step's first node and a port
+// derived from the job id; the explicit variables still win.
+TEST(Config, SlurmDerivesTheStoreAddressFromItsOwnVariables) {
+  EXPECT_EQ(first_slurm_host("node[07-09,12],gpu1"), "node07");
+  EXPECT_EQ(first_slurm_host("gpu1,node[1-2]"), "gpu1");
+  EXPECT_EQ(first_slurm_host("rack[2-3]-n[001-004]"), "rack2-n001");
+  EXPECT_EQ(first_slurm_host("single"), "single");
+  EXPECT_EQ(first_slurm_host("bad[x-1]"), "");
+  EXPECT_EQ(first_slurm_host("open[1-2"), "");
+  auto c = parse({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_JOB_NODELIST", "node[07-08]"},
+                  {"SLURM_STEP_NODELIST", "node[08]"}, {"SLURM_JOB_ID", "1234567"}});
+  EXPECT_EQ(c.launcher, "slurm");
+  EXPECT_EQ(c.master_addr, "node08") << "the step's nodes come before the job's";
+  EXPECT_EQ(*c.master_port, 15000 + 4567);
+  c = parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "a[1-2]"}, {"SLURM_JOB_ID", "9"},
+             {"BRAID_MASTER_ADDR", "10.1.1.1"}, {"BRAID_MASTER_PORT", "29500"}});
+  EXPECT_EQ(c.master_addr, "10.1.1.1");
+  EXPECT_EQ(*c.master_port, 29500);
+  // Other launchers never read Slurm's variables.
+  c = parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_JOB_NODELIST", "a1"}, {"SLURM_JOB_ID", "9"}});
+  EXPECT_TRUE(c.master_addr.empty());
+  EXPECT_FALSE(c.master_port.has_value());
+  EXPECT_THROW(parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-"}}), Error);
+}
+
 TEST(Config, HelpersParseSizesAndDurations) {
   EXPECT_EQ(parse_bytes("64K"), 65536u);
   EXPECT_EQ(parse_bytes("3MB"), 3u << 20);
