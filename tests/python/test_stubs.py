@@ -110,3 +110,24 @@ def test_class_members_and_parameters_match():
                     isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
                 bad.append(f"{cname}.{mname}: extension takes {got}, stub says {_stub_params(node)}")
     assert not bad, "\n".join(bad)
+
+
+def test_docs_error_table_matches_the_exception_classes():
+    """docs/python.md's error table names every braid exception class, each with the
+    builtin it also is; a class added, removed or rebased without the docs fails here."""
+    import builtins
+
+    import braid
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    rows = re.findall(r"^\s*\| `braid\.(\w+)` \| (?:`(\w+)`)? *\|", doc, re.M)
+    assert rows, "no error table in docs/python.md"
+    documented = {name for name, _ in rows}
+    classes = {n for n in dir(C) if isinstance(getattr(C, n), type) and issubclass(getattr(C, n), C.Error)}
+    assert documented == classes, (f"in the extension, not the table: {sorted(classes - documented)}; "
+                                   f"in the table, not the extension: {sorted(documented - classes)}")
+    for name, also in rows:
+        cls = getattr(braid, name)
+        assert cls is getattr(C, name) and issubclass(cls, C.Error), name
+        if also:
+            assert issubclass(cls, getattr(builtins, also)), f"braid.{name} is documented as a {also}"
