@@ -80,23 +80,23 @@ _OPS = {"sum": ReduceOp.sum, "prod": ReduceOp.prod, "product": ReduceOp.prod,
         "min": ReduceOp.min, "max": ReduceOp.max, "avg": ReduceOp.avg, "mean": ReduceOp.avg}
 
 
-def _usage(message: str) -> InvalidUsageError:
-    """An InvalidUsageError worded like the library's own."""
-    e = InvalidUsageError("braid InvalidUsage: " + message)
-    e.code, e.peer = "InvalidUsage", -1
+def _error(cls: type, code: str, message: str) -> Error:
+    """A braid exception raised by the Python side, worded like the library's own."""
+    e = cls(f"braid {code}: {message}")
+    e.code, e.peer = code, -1
     return e
+
+
+def _usage(message: str) -> InvalidUsageError:
+    return _error(InvalidUsageError, "InvalidUsage", message)
 
 
 def _timeout(message: str) -> TimeoutError:
-    e = TimeoutError("braid Timeout: " + message)
-    e.code, e.peer = "Timeout", -1
-    return e
+    return _error(TimeoutError, "Timeout", message)
 
 
 def _unsupported(message: str) -> UnsupportedError:
-    e = UnsupportedError("braid Unsupported: " + message)
-    e.code, e.peer = "Unsupported", -1
-    return e
+    return _error(UnsupportedError, "Unsupported", message)
 
 
 class _Buf:

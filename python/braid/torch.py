@@ -21,6 +21,7 @@ on a free port and announces it through braid's store.
 from __future__ import annotations
 
 import atexit
+import itertools
 import queue
 import threading
 import time
@@ -458,7 +459,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         equal blocks. Runs as one send and one receive per peer (braid runs point-to-point
         operations beside each other) plus a local copy of this rank's own block."""
         n, r = self.size(), self.rank()
-        o = self._buf(output, "alltoall output")
+        self._buf(output, "alltoall output")  # CPU, contiguous, writable
         self._buf(input, "alltoall input")
         if output.dtype != input.dtype:
             raise _braid._usage(f"alltoall: input is {input.dtype}, output is {output.dtype}")
@@ -477,9 +478,11 @@ class BraidProcessGroup(dist.ProcessGroup):
         ins, outs = splits(input, in_splits, "input"), splits(output, out_splits, "output")
         row_in = input[0].numel() if input.dim() > 0 and input.shape[0] else 0
         row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
+        if ins[r] * row_in != outs[r] * row_out:
+            raise _braid._usage(f"alltoall: this rank's own block is {ins[r]} input rows but {outs[r]} output rows")
         src, dst = input.reshape(-1), output.reshape(-1)
-        in_off = [sum(ins[:j]) * row_in for j in range(n)]
-        out_off = [sum(outs[:j]) * row_out for j in range(n)]
+        in_off = [row_in * s for s in itertools.accumulate([0] + ins[:-1])]
+        out_off = [row_out * s for s in itertools.accumulate([0] + outs[:-1])]
         works = []
         for k in range(1, n):  # pairwise order: every rank sends to r+k while receiving from r-k
             to, frm = (r + k) % n, (r - k) % n
@@ -487,10 +490,7 @@ class BraidProcessGroup(dist.ProcessGroup):
             d = self._buf(dst[out_off[frm]:out_off[frm] + outs[frm] * row_out], "alltoall block")
             works.append(self._c.send(s.ptr, s.count, s.dtype, to, _ALLTOALLV_TAG, self._timeout))
             works.append(self._c.recv(d.ptr, d.count, d.dtype, frm, _ALLTOALLV_TAG, self._timeout))
-        if ins[r] * row_in != outs[r] * row_out:
-            raise _braid._usage(f"alltoall: this rank's own block is {ins[r]} input rows but {outs[r]} output rows")
         dst[out_off[r]:out_off[r] + outs[r] * row_out].copy_(src[in_off[r]:in_off[r] + ins[r] * row_in])
-        del o
         done = finish or (lambda: [output])
         keep = (input, output, src, dst)  # the blocks stay alive until every send and receive is done
         return self._work(works, lambda: (keep, done())[1])

@@ -56,8 +56,8 @@ struct Config {
   std::optional<int> rank, world_size, local_rank, local_size;
   std::string master_addr;
   std::optional<int> master_port;
-  bool store_external = false;
-  bool torch_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves a torch store)  ///< braidrun serves the store; rank 0 must not
+  bool store_external = false;     ///< braidrun serves the store; rank 0 must not
+  bool torch_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves a torch store)
   std::string launcher;  ///< which family of variables supplied rank/size ("braid", "torchrun", ...)
 
   /// The process-wide configuration, parsed from the environment on first use.

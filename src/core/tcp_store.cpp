@@ -260,6 +260,10 @@ struct TcpStoreServer::Impl {
   void accept_all();
   void set_accepting(bool on);
   void on_conn(std::uint64_t id, std::uint32_t events);
+  /// Watches connection `id`'s socket for `events`; throws Error(System).
+  void watch_conn(std::uint64_t id, int fd, std::uint32_t events) {
+    poller.watch(fd, events, [this, id](std::uint32_t ready) { on_conn(id, ready); });
+  }
   void process_input(std::uint64_t id, Conn& c);
   bool handle(std::uint64_t id, Conn& c, const char* p, std::size_t n);
   void send(std::uint64_t id, Conn& c, std::string frame);
@@ -359,7 +363,7 @@ void TcpStoreServer::Impl::accept_all() {
     Conn& c = conns[id];
     c.fd.reset(fd);
     try {
-      poller.watch(fd, EPOLLIN, [this, id](std::uint32_t events) { on_conn(id, events); });
+      watch_conn(id, fd, EPOLLIN);
     } catch (const Error& e) {
       BRAID_LOG(warn, "TcpStoreServer " << addr << ": " << e.what());
       conns.erase(id);
@@ -624,8 +628,7 @@ void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
   }
   if (pending != c.want_write) {
     try {
-      poller.watch(c.fd.get(), EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u),
-                   [this, id](std::uint32_t events) { on_conn(id, events); });
+      watch_conn(id, c.fd.get(), EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u));
     } catch (const Error& e) {
       return drop(id, c, e.what());
     }
