@@ -32,7 +32,7 @@ UniqueId Communicator::create_unique_id() {
   const auto& cfg = core::Config::global();
   // No master address under mpirun (the id replaces it): advertise an address other
   // hosts can reach, as the header promises, not 127.0.0.1.
-  const std::string addr = transport::select_address(cfg.socket_ifname, cfg.master_addr, true);
+  const std::string addr = transport::select_address(cfg.settings.text("BRAID_SOCKET_IFNAME"), cfg.master_addr, true);
   auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0);
   std::random_device rd;
   std::ostringstream nonce;

@@ -37,18 +37,6 @@ std::uint64_t random_u64() {
 
 using base::hex;
 
-/// Host identity: BRAID_HOST_ID, else hostname + boot id (two containers on one
-/// machine share a boot id but not a hostname; two machines never share both).
-std::string host_identity(const core::Config& cfg) {
-  if (!cfg.host_id.empty()) return cfg.host_id;
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  return std::string(host) + "/" + boot;
-}
-
 void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
   BRAID_CHECK(static_cast<unsigned>(dtype) < static_cast<unsigned>(kNumDataTypes), InvalidUsage,
               what << ": unknown data type value " << static_cast<int>(dtype)
@@ -56,6 +44,16 @@ void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
   BRAID_CHECK(static_cast<unsigned>(op) < static_cast<unsigned>(kNumReduceOps), InvalidUsage,
               what << ": unknown reduce op value " << static_cast<int>(op)
                    << " (use braid::ReduceOp: sum prod min max avg)");
+}
+
+/// The cost model's link class of the transport `router` gives a pair (inside a host or
+/// between hosts); tcp when the entry names a class the model does not know.
+collectives::LinkClass link_class_of(const core::Router& router, bool same_host) {
+  const char* name = router.entries()[router.choose({0, 1, same_host})]->link_class;
+  for (int c = 0; c < collectives::kNumLinkClasses; ++c)
+    if (std::string_view(name) == collectives::to_string(static_cast<collectives::LinkClass>(c)))
+      return static_cast<collectives::LinkClass>(c);
+  return collectives::LinkClass::tcp;
 }
 
 /// Timeouts beyond a year are treated as "a year": far enough for any job, and
@@ -115,7 +113,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
     if (token.empty()) token = meta.substr(nl + 1);
   }
-  store->set("host/" + std::to_string(rank), options.host_id.empty() ? host_identity(cfg) : options.host_id);
+  topology = std::make_shared<core::Topology>(
+      store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
+      timeout);
 
   core::EngineOptions eo;
   eo.rank = rank;
@@ -133,18 +133,13 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     const int local = cfg.local_size.value_or(cfg.world_size.value_or(size));
     eo.spin_us = (cpus > 0 && local <= cpus) ? 100 : 0;
   }
-  eo.sockets_per_peer = cfg.sockets_per_peer;
-  eo.ifname = cfg.socket_ifname;
   eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
-  eo.socket_buffer = cfg.socket_buffer;
   eo.auth_token = token;
   eo.comm_id = comm_id;
   eo.connect_timeout = timeout;
   eo.transport_mode = cfg.transport;
-  eo.shm_slot_bytes = cfg.shm_slot_bytes;
-  eo.shm_slots = cfg.shm_slots;
-  host_id = options.host_id.empty() ? host_identity(cfg) : options.host_id;
-  eo.host_id = host_id;
+  eo.settings = &cfg.settings;
+  eo.topology = topology;
   engine = std::make_unique<core::Engine>(eo, store);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");
@@ -279,27 +274,6 @@ void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType
   BRAID_CHECK(verdict == "ok", InvalidUsage, "BRAID_CHECK_ARGS on rank " << rank << ": " << verdict);
 }
 
-std::pair<int, int> Communicator::Impl::compute_locality() const {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (locality) return *locality;
-  }
-  // Store reads happen outside the lock so that collectives issued meanwhile from
-  // other threads are not held up.
-  const std::string mine = host_id;
-  int local_rank = 0, local_size = 0;
-  for (int r = 0; r < size; ++r) {
-    const std::string h = r == rank ? mine : store->get("host/" + std::to_string(r), timeout);
-    if (h == mine) {
-      if (r < rank) ++local_rank;
-      ++local_size;
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  locality = std::make_pair(local_rank, local_size);
-  return *locality;
-}
-
 // ---------------------------------------------------------------------------------
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options)
@@ -314,11 +288,11 @@ int Communicator::rank() const noexcept { return impl_->rank; }
 int Communicator::size() const noexcept { return impl_->size; }
 
 int Communicator::local_rank() const {
-  return impl_->compute_locality().first;
+  return impl_->topology->layout().local_rank;
 }
 
 int Communicator::local_size() const {
-  return impl_->compute_locality().second;
+  return impl_->topology->layout().local_size;
 }
 
 namespace {
@@ -375,7 +349,7 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
-  if (size > 1) req.host_of = host_map();
+  if (size > 1) req.host_of = topology->host_of();
   Pick pick;
   if (algo == Algorithm::automatic) pick = choose_algorithm(req);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
@@ -546,7 +520,7 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   // (a block's span makes the arrival skew of its first call small).
   PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
   x.algorithm = Algorithm::ring;
-  x.host_of = host_map();
+  x.host_of = topology->host_of();
   post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
        "allreduce (tuner's exchange of trial times)", run, nullptr, internal);
   post_task(
@@ -566,10 +540,12 @@ collectives::Tuner& Communicator::Impl::tuner_ref() {
     // Every rank prices with the same topology (from the store) and the same model
     // (defaults, or BRAID_COST_MODEL), so every rank makes the same choice.
     collectives::Topology topo;
-    topo.host_of = *host_map();
-    const bool shm = BRAID_HAVE_SHM && cfg.transport != "tcp";
-    topo.intra = shm ? collectives::LinkClass::shm : collectives::LinkClass::tcp;
-    topo.inter = cfg.transport == "shm" ? collectives::LinkClass::shm : collectives::LinkClass::tcp;
+    topo.host_of = topology->layout().host_of;
+    // The link classes of the transports the router gives a pair inside a host and
+    // between hosts.
+    const core::Router router(cfg.transport);
+    topo.intra = link_class_of(router, true);
+    topo.inter = link_class_of(router, false);
     collectives::TuneOptions to;
     to.slice_bytes = cfg.chunk_bytes;
     auto made = std::make_unique<collectives::Tuner>(size, std::move(topo), cost_model(), to);
@@ -588,25 +564,6 @@ collectives::CostModel Communicator::Impl::cost_model() const {
   std::stringstream ss;
   ss << f.rdbuf();
   return collectives::deserialize(ss.str());
-}
-
-std::shared_ptr<const std::vector<int>> Communicator::Impl::host_map() {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (hosts) return hosts;
-  }
-  std::vector<std::string> ids(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) ids[static_cast<std::size_t>(r)] = store->get("host/" + std::to_string(r), timeout);
-  auto map = std::make_shared<std::vector<int>>(static_cast<std::size_t>(size));
-  std::vector<std::string> seen;
-  for (int r = 0; r < size; ++r) {
-    const auto it = std::find(seen.begin(), seen.end(), ids[static_cast<std::size_t>(r)]);
-    (*map)[static_cast<std::size_t>(r)] = static_cast<int>(it - seen.begin());
-    if (it == seen.end()) seen.push_back(ids[static_cast<std::size_t>(r)]);
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  hosts = map;
-  return hosts;
 }
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
@@ -737,7 +694,7 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   opt.timeout = im.timeout;
   opt.name = im.name + ".split" + std::to_string(k) + ".color" + std::to_string(color);
   opt.chunk_bytes = im.cfg.chunk_bytes;
-  opt.host_id = im.host_id;
+  opt.host_id = im.topology->host_id();
   return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
                       static_cast<int>(members.size()), opt);
 }
@@ -772,26 +729,22 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
 
 std::string Communicator::describe_topology() const {
   Impl& im = *impl_;
-  const auto map = im.host_map();
+  const core::Layout& l = im.topology->layout();
   std::ostringstream os;
-  int nhosts = 0;
-  for (int h : *map) nhosts = std::max(nhosts, h + 1);
-  os << "communicator '" << im.name << "': " << im.size << " ranks on " << nhosts << " host(s)\n";
-  for (int h = 0; h < nhosts; ++h) {
-    os << "  host " << h << " (" << im.store->get("host/" + std::to_string(
-                                           static_cast<int>(std::find(map->begin(), map->end(), h) - map->begin())),
-                                       im.timeout)
-       << "): ranks";
-    for (int r = 0; r < im.size; ++r)
-      if ((*map)[static_cast<std::size_t>(r)] == h) os << " " << r;
+  os << "communicator '" << im.name << "': " << im.size << " ranks on " << l.hosts() << " host(s)\n";
+  for (int h = 0; h < l.hosts(); ++h) {
+    os << "  host " << h << " (" << l.host_names[static_cast<std::size_t>(h)] << "): ranks";
+    for (int r : l.ranks_of_host[static_cast<std::size_t>(h)]) os << " " << r;
     os << "\n";
   }
+  const core::Router router(im.cfg.transport);
   os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
   for (int a = 0; a < im.size; ++a) {
     os << "  rank " << a << ":";
     for (int b = 0; b < im.size; ++b) {
       if (a == b) continue;
-      os << " " << b << "=" << core::Engine::transport_name(im.cfg.transport, (*map)[static_cast<std::size_t>(a)] == (*map)[static_cast<std::size_t>(b)]);
+      const bool same = l.host_of[static_cast<std::size_t>(a)] == l.host_of[static_cast<std::size_t>(b)];
+      os << " " << b << "=" << router.entries()[router.choose({a, b, same})]->name;
     }
     os << "\n";
   }

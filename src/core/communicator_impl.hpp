@@ -10,6 +10,7 @@
 #include "compression/error_feedback.hpp"
 #include "core/config.hpp"
 #include "core/engine.hpp"
+#include "core/topology.hpp"
 
 #include <atomic>
 #include <deque>
@@ -51,10 +52,9 @@ struct Communicator::Impl {
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
 
-  mutable std::mutex mu;  ///< guards the plan cache and the lazily computed locality
+  mutable std::mutex mu;  ///< guards the plan cache, the tuner and the hierarchy
   std::map<std::tuple<int, int, std::uint64_t, std::size_t, int>, std::shared_ptr<const collectives::Plan>> plans;
   std::deque<std::tuple<int, int, std::uint64_t, std::size_t, int>> plan_order;
-  mutable std::optional<std::pair<int, int>> locality;  ///< (local_rank, local_size)
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
   /// the configuration has none (from_unique_id), so TCP binds the interface that
@@ -63,8 +63,9 @@ struct Communicator::Impl {
        const std::string& address_hint = {});
   ~Impl();
 
-  std::string host_id;  ///< this rank's host identity (CommOptions::host_id or BRAID_HOST_ID or hostname+boot id)
-  std::shared_ptr<const std::vector<int>> hosts;  ///< host index per rank, once known
+  /// Which host each rank is on (this rank's identity: CommOptions::host_id, BRAID_HOST_ID
+  /// or hostname + boot id); asked by the engine's router, the tuner and compression.
+  std::shared_ptr<core::Topology> topology;
   std::atomic<std::uint64_t> next_p2p{1};
   std::atomic<std::uint64_t> next_split{0};
 
@@ -109,7 +110,6 @@ struct Communicator::Impl {
                std::chrono::milliseconds call_timeout);
   collectives::CostModel cost_model() const;
   std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
-  std::shared_ptr<const std::vector<int>> host_map();
   using PostHints = core::PostHints;
   Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
             ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive,
@@ -120,7 +120,6 @@ struct Communicator::Impl {
   /// Fixes a bucket's verdict (unless one is set), logs it and gives the calls waiting
   /// for it their plans.
   void settle(Tuning& t, Algorithm verdict, std::string explanation);
-  std::pair<int, int> compute_locality() const;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
   std::atomic<std::uint64_t> next_check{0};
   /// The tuner, made on first use (every rank prices with the same topology and model).

@@ -228,7 +228,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
                         std::shared_ptr<detail::WorkState>* state = nullptr) {
     collectives::PlanRequest req = request(c, bytes, 1, ReduceOp::sum);
     req.algorithm = Algorithm::automatic;
-    if (size > 1) req.host_of = host_map();
+    if (size > 1) req.host_of = topology->host_of();
     const std::string op_name = what + " " + step_name;
     // Each byte collective has buffers of its own (its piece's slots), and the tasks
     // that fill or read them are ordered by the engine, so consecutive ones may overlap:
@@ -386,28 +386,21 @@ std::shared_ptr<Communicator::Impl::Hierarchy> Communicator::Impl::hierarchy_for
   }
   std::shared_ptr<Hierarchy> h;
   if (size > 1) {
-    const auto map = host_map();
-    int nhosts = 0;
-    for (int x : *map) nhosts = std::max(nhosts, x + 1);
-    std::vector<int> per_host(static_cast<std::size_t>(nhosts), 0);
-    int local_rank = 0;
-    for (int r = 0; r < size; ++r) {
-      const int host = (*map)[static_cast<std::size_t>(r)];
-      if (r == rank) local_rank = per_host[static_cast<std::size_t>(host)];
-      ++per_host[static_cast<std::size_t>(host)];
-    }
-    const bool even = std::all_of(per_host.begin(), per_host.end(), [&](int n) { return n == per_host[0]; });
-    if (nhosts > 1 && per_host[0] > 1 && even) {
+    const core::Layout& l = topology->layout();
+    const int per_host = l.local_size;
+    if (l.hosts() > 1 && per_host > 1 && l.uniform()) {
       // Every rank reaches this at the same call (the first compressed all-reduce), so
       // the splits line up; split is collective over the store only.
       h = std::make_shared<Hierarchy>();
-      h->local_rank = local_rank;
-      h->local_size = per_host[0];
-      h->hosts = nhosts;
-      const int my_host = (*map)[static_cast<std::size_t>(rank)];
+      h->local_rank = l.local_rank;
+      h->local_size = per_host;
+      h->hosts = l.hosts();
+      const int my_host = l.host_of[static_cast<std::size_t>(rank)];
+      const int local_rank = l.local_rank;
+      const int nhosts = l.hosts();
       h->local = std::make_unique<Communicator>(split_impl(my_host, rank));
       h->cross = std::make_unique<Communicator>(split_impl(local_rank, my_host));
-      BRAID_LOG(info, "compressed all-reduce: hierarchical, " << nhosts << " hosts x " << per_host[0]
+      BRAID_LOG(info, "compressed all-reduce: hierarchical, " << nhosts << " hosts x " << per_host
                                                               << " ranks (uncompressed inside a host)");
     }
   }

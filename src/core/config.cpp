@@ -3,6 +3,7 @@
 #include "core/config.hpp"
 
 #include "base/check.hpp"
+#include "transport/registry.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -14,120 +15,133 @@ namespace braid::core {
 namespace {
 
 using Lookup = std::function<std::optional<std::string>(const char*)>;
+using base::Setting;
+using base::SettingType;
+constexpr double kMaxRanks = 1 << 24;
 
-// The table. Keep in documentation order; docs/configuration.md is generated from it.
-const std::vector<ConfigVar> kTable = {
-    {"BRAID_DEBUG", "enum", "WARN", "Log level: ERROR, WARN, INFO or TRACE.", true},
-    {"BRAID_TIMEOUT", "duration", "300s",
-     "Deadline of every collective and of connection set-up (e.g. 30s, 500ms, 5m).", true},
-    {"BRAID_ALGO", "enum", "auto",
-     "All-reduce algorithm: auto (the tuner prices every plan with the cost model), ring, tree, rhd or hier.",
-     true},
-    {"BRAID_TUNE", "enum", "measure",
-     "How auto chooses among the algorithms the cost model finds plausible (within 4x of its best): "
-     "measure (the first calls of each size try each in turn, then all ranks take the fastest "
-     "measured) or model (the model's cheapest, no trials). Must be the same on every rank. "
-     "docs/cost-model.md.",
-     true},
-    {"BRAID_COST_MODEL", "string", "",
-     "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
-     "calibration; default: constants measured on the development machine (docs/cost-model.md). "
-     "Must be the same on every rank.",
-     true},
-    {"BRAID_CODEC", "string", "none",
-     "Compression codec of all-reduces that do not name one: none, fp16, bf16, fp8e4m3, fp8e5m2, "
-     "int8, int4, sign1, topk:RATIO or auto, with optional suffixes (docs/codecs.md).",
-     true},
-    {"BRAID_CODEC_MAX_ERROR", "float", "0.004",
-     "Error budget of codec auto: only codecs whose worst-case error relative to the block's "
-     "largest value is at most this are considered (0.004 admits fp16, bf16 and int8).",
-     true},
-    {"BRAID_TRANSPORT", "enum", "auto",
-     "Transport for every pair: auto (shm between ranks of one host, tcp between hosts), tcp or shm.", true},
-    {"BRAID_DETERMINISTIC", "bool", "0",
-     "Reduce in fixed rank order so results are bitwise identical across algorithms and layouts "
-     "(costs latency; also per call).",
-     true},
-    {"BRAID_CHUNK_BYTES", "bytes", "512K",
-     "Pipeline slice: large collectives move in slices of at most this many bytes so that "
-     "send, receive and reduce overlap.",
-     true},
-    {"BRAID_SPIN_US", "int", "auto",
-     "Microseconds the progress thread polls without progress before it sleeps in epoll. auto: 100 "
-     "when the host has a core per local rank (launcher's local size), else 0, because spinning "
-     "ranks steal the cores their peers need.",
-     true},
-    {"BRAID_WAIT_HELPS", "bool", "0",
-     "1: a thread waiting for a Work drives the progress engine itself (until its work is done "
-     "or nothing moves for a while) instead of sleeping until the engine thread wakes it. Off by "
-     "default: with 2 ranks on 2 cores a 4 KiB all-reduce took 4.2-9.5 us with it against 3.1 us "
-     "without (docs/performance.md); no difference at 64 MiB or with more ranks than cores.",
-     true},
-    {"BRAID_INLINE_BYTES", "bytes", "64K",
-     "Collectives of at most this many bytes (count x element size) that find the progress engine "
-     "idle run on the calling "
-     "thread (until done, or until nothing has moved for the spin time, when the engine thread takes "
-     "over), saving the two thread hand-offs that dominate small-message latency. 0: always the "
-     "engine thread.",
-     true},
-    {"BRAID_PLAN_CACHE", "int", "64", "Plans kept per communicator (0 disables the cache).", true},
-    {"BRAID_CHECK_ARGS", "bool", "0",
-     "Debug mode: before each collective, check that every rank called the same collective with "
-     "the same count, type and op, and name the rank that differs.",
-     true},
-    {"BRAID_SOCKET_IFNAME", "string", "",
-     "Network interface whose IPv4 address TCP binds and advertises (default: chosen from the "
-     "master address).",
-     true},
-    {"BRAID_SOCKETS_PER_PEER", "int", "2", "TCP sockets per peer; large messages are striped across them.",
-     true},
-    {"BRAID_SOCKET_BUFFER", "bytes", "0", "SO_SNDBUF/SO_RCVBUF of TCP sockets (0: OS autotuning).", true},
-    {"BRAID_SHM_SLOT_BYTES", "bytes", "512K",
-     "Shared memory: bytes per ring slot (a multiple of 4K); messages move in parts of this size.", true},
-    {"BRAID_SHM_SLOTS", "int", "8",
-     "Shared memory: slots per ring; each pair of ranks uses about 2 x slots x slot bytes of /dev/shm.", true},
-    {"BRAID_AUTH_TOKEN", "string", "",
-     "Shared secret every connection must present (default: a random token agreed through the store).",
-     true},
-    {"BRAID_HOST_ID", "string", "", "Overrides the host identity (hostname + boot id), to emulate hosts.",
-     true},
-    {"BRAID_RANK", "int", "", "This process's rank (set by braidrun).", true},
-    {"BRAID_WORLD_SIZE", "int", "", "Number of ranks (set by braidrun).", true},
-    {"BRAID_LOCAL_RANK", "int", "", "Rank among the ranks of this host.", true},
-    {"BRAID_LOCAL_SIZE", "int", "", "Number of ranks on this host.", true},
-    {"BRAID_MASTER_ADDR", "string", "", "Address of the bootstrap store (rank 0 serves it).", true},
-    {"BRAID_MASTER_PORT", "int", "", "Port of the bootstrap store.", true},
-    {"BRAID_STORE_EXTERNAL", "bool", "0",
-     "The store at BRAID_MASTER_ADDR:PORT is served by someone else (braidrun); rank 0 does not "
-     "start one.",
-     true},
-    {"RANK", "int", "", "torchrun: rank (used when BRAID_RANK is unset).", false},
-    {"WORLD_SIZE", "int", "", "torchrun: world size.", false},
-    {"LOCAL_RANK", "int", "", "torchrun: local rank.", false},
-    {"LOCAL_WORLD_SIZE", "int", "", "torchrun: local world size.", false},
-    {"MASTER_ADDR", "string", "", "torchrun: store address (used when BRAID_MASTER_ADDR is unset).", false},
-    {"MASTER_PORT", "int", "", "torchrun: store port.", false},
-    {"TORCHELASTIC_USE_AGENT_STORE", "string", "",
-     "torchrun: True when its elastic agent serves a torch store at MASTER_ADDR:MASTER_PORT; the Python "
-     "package then bootstraps through torch's store.",
-     false},
-    {"OMPI_COMM_WORLD_RANK", "int", "", "Open MPI (mpirun): rank.", false},
-    {"OMPI_COMM_WORLD_SIZE", "int", "", "Open MPI (mpirun): world size.", false},
-    {"OMPI_COMM_WORLD_LOCAL_RANK", "int", "", "Open MPI (mpirun): local rank.", false},
-    {"OMPI_COMM_WORLD_LOCAL_SIZE", "int", "", "Open MPI (mpirun): local size.", false},
-    {"SLURM_PROCID", "int", "", "Slurm (srun): rank.", false},
-    {"SLURM_NTASKS", "int", "", "Slurm (srun): world size.", false},
-    {"SLURM_LOCALID", "int", "", "Slurm (srun): local rank.", false},
-    {"SLURM_STEP_NODELIST", "string", "",
-     "Slurm (srun): the step's nodes; its first node, where rank 0 runs, is the store's host when "
-     "BRAID_MASTER_ADDR and MASTER_ADDR are unset (else SLURM_JOB_NODELIST's first node).",
-     false},
-    {"SLURM_JOB_NODELIST", "string", "", "Slurm: the job's nodes (used when SLURM_STEP_NODELIST is unset).", false},
-    {"SLURM_JOB_ID", "int", "",
-     "Slurm: job id; the store's port is 15000 + (job id mod 10000) when BRAID_MASTER_PORT and "
-     "MASTER_PORT are unset.",
-     false},
-};
+// "auto|tcp|shm" and the help line of BRAID_TRANSPORT, from the registry.
+std::string transport_choices() {
+  std::string out = "auto";
+  for (const auto* e : transport::registry()) out += std::string("|") + e->name;
+  return out;
+}
+std::string transport_help() {
+  std::string out =
+      "Transport for every pair: auto (each pair gets the transport that prefers it most: shared memory "
+      "between ranks of one host, tcp between hosts; docs/architecture.md) or one of this build's "
+      "transports, used for every pair:";
+  for (const auto* e : transport::registry()) out += std::string(" ") + e->name + " (" + e->summary + ");";
+  out.back() = '.';
+  return out;
+}
+
+// The table, in documentation order; docs/configuration.md is generated from it. Rows:
+// name, type, default, help, braid-owned, min, max, choices (enum values, or an int's
+// keywords meaning "unset"), multiple (bytes).
+std::vector<Setting> make_table() {
+  std::vector<Setting> t = {
+      {"BRAID_DEBUG", SettingType::choice, "WARN", "Log level: ERROR, WARN, INFO or TRACE.", true, 0, 0,
+       "ERROR|WARN|WARNING|INFO|TRACE"},
+      {"BRAID_TIMEOUT", SettingType::duration, "300s",
+       "Deadline of every collective and of connection set-up (e.g. 30s, 500ms, 5m)."},
+      {"BRAID_ALGO", SettingType::text, "auto",
+       "All-reduce algorithm: auto (the tuner prices every plan with the cost model), ring, tree, rhd or hier."},
+      {"BRAID_TUNE", SettingType::choice, "measure",
+       "How auto chooses among the algorithms the cost model finds plausible (within 4x of its best): "
+       "measure (the first calls of each size try each in turn, then all ranks take the fastest "
+       "measured) or model (the model's cheapest, no trials). Must be the same on every rank. "
+       "docs/cost-model.md.",
+       true, 0, 0, "measure|model"},
+      {"BRAID_COST_MODEL", SettingType::text, "",
+       "File with the tuner's cost-model constants (α, β per link class, γ), as written by the "
+       "calibration; default: constants measured on the development machine (docs/cost-model.md). "
+       "Must be the same on every rank."},
+      {"BRAID_CODEC", SettingType::text, "none",
+       "Compression codec of all-reduces that do not name one: none, fp16, bf16, fp8e4m3, fp8e5m2, "
+       "int8, int4, sign1, topk:RATIO or auto, with optional suffixes (docs/codecs.md)."},
+      {"BRAID_CODEC_MAX_ERROR", SettingType::real, "0.004",
+       "Error budget of codec auto: only codecs whose worst-case error relative to the block's "
+       "largest value is at most this are considered (0.004 admits fp16, bf16 and int8).",
+       true, 0.0, 1.0},
+      {"BRAID_TRANSPORT", SettingType::choice, "auto", transport_help(), true, 0, 0, transport_choices()},
+      {"BRAID_DETERMINISTIC", SettingType::boolean, "0",
+       "Reduce in fixed rank order so results are bitwise identical across algorithms and layouts "
+       "(costs latency; also per call)."},
+      {"BRAID_CHUNK_BYTES", SettingType::bytes, "512K",
+       "Pipeline slice: large collectives move in slices of at most this many bytes so that "
+       "send, receive and reduce overlap.",
+       true, 4096},
+      {"BRAID_SPIN_US", SettingType::integer, "auto",
+       "Microseconds the progress thread polls without progress before it sleeps in epoll. auto: 100 "
+       "when the host has a core per local rank (launcher's local size), else 0, because spinning "
+       "ranks steal the cores their peers need.",
+       true, 0, 10'000'000, "auto"},
+      {"BRAID_WAIT_HELPS", SettingType::boolean, "0",
+       "1: a thread waiting for a Work drives the progress engine itself (until its work is done "
+       "or nothing moves for a while) instead of sleeping until the engine thread wakes it. Off by "
+       "default: with 2 ranks on 2 cores a 4 KiB all-reduce took 4.2-9.5 us with it against 3.1 us "
+       "without (docs/performance.md); no difference at 64 MiB or with more ranks than cores."},
+      {"BRAID_INLINE_BYTES", SettingType::bytes, "64K",
+       "Collectives of at most this many bytes (count x element size) that find the progress engine "
+       "idle run on the calling "
+       "thread (until done, or until nothing has moved for the spin time, when the engine thread takes "
+       "over), saving the two thread hand-offs that dominate small-message latency. 0: always the "
+       "engine thread."},
+      {"BRAID_PLAN_CACHE", SettingType::integer, "64", "Plans kept per communicator (0 disables the cache).", true,
+       0, 1'000'000},
+      {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
+       "Debug mode: before each collective, check that every rank called the same collective with "
+       "the same count, type and op, and name the rank that differs."},
+  };
+  // Each transport's rows, declared in its folder.
+  for (const auto* e : transport::registry()) t.insert(t.end(), e->settings.begin(), e->settings.end());
+  const std::vector<Setting> tail = {
+      {"BRAID_AUTH_TOKEN", SettingType::text, "",
+       "Shared secret every connection must present (default: a random token agreed through the store)."},
+      {"BRAID_HOST_ID", SettingType::text, "", "Overrides the host identity (hostname + boot id), to emulate hosts."},
+      {"BRAID_RANK", SettingType::integer, "", "This process's rank (set by braidrun).", true, 0, kMaxRanks - 1},
+      {"BRAID_WORLD_SIZE", SettingType::integer, "", "Number of ranks (set by braidrun).", true, 1, kMaxRanks},
+      {"BRAID_LOCAL_RANK", SettingType::integer, "", "Rank among the ranks of this host.", true, 0, kMaxRanks - 1},
+      {"BRAID_LOCAL_SIZE", SettingType::integer, "", "Number of ranks on this host.", true, 1, kMaxRanks},
+      {"BRAID_MASTER_ADDR", SettingType::text, "", "Address of the bootstrap store (rank 0 serves it)."},
+      {"BRAID_MASTER_PORT", SettingType::integer, "", "Port of the bootstrap store.", true, 1, 65535},
+      {"BRAID_STORE_EXTERNAL", SettingType::boolean, "0",
+       "The store at BRAID_MASTER_ADDR:PORT is served by someone else (braidrun); rank 0 does not "
+       "start one."},
+      {"RANK", SettingType::integer, "", "torchrun: rank (used when BRAID_RANK is unset).", false, 0, kMaxRanks - 1},
+      {"WORLD_SIZE", SettingType::integer, "", "torchrun: world size.", false, 1, kMaxRanks},
+      {"LOCAL_RANK", SettingType::integer, "", "torchrun: local rank.", false, 0, kMaxRanks - 1},
+      {"LOCAL_WORLD_SIZE", SettingType::integer, "", "torchrun: local world size.", false, 1, kMaxRanks},
+      {"MASTER_ADDR", SettingType::text, "", "torchrun: store address (used when BRAID_MASTER_ADDR is unset).",
+       false},
+      {"MASTER_PORT", SettingType::integer, "", "torchrun: store port.", false, 1, 65535},
+      {"TORCHELASTIC_USE_AGENT_STORE", SettingType::text, "",
+       "torchrun: True when its elastic agent serves a torch store at MASTER_ADDR:MASTER_PORT; the Python "
+       "package then bootstraps through torch's store.",
+       false},
+      {"OMPI_COMM_WORLD_RANK", SettingType::integer, "", "Open MPI (mpirun): rank.", false, 0, kMaxRanks - 1},
+      {"OMPI_COMM_WORLD_SIZE", SettingType::integer, "", "Open MPI (mpirun): world size.", false, 1, kMaxRanks},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", SettingType::integer, "", "Open MPI (mpirun): local rank.", false, 0,
+       kMaxRanks - 1},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", SettingType::integer, "", "Open MPI (mpirun): local size.", false, 1,
+       kMaxRanks},
+      {"SLURM_PROCID", SettingType::integer, "", "Slurm (srun): rank.", false, 0, kMaxRanks - 1},
+      {"SLURM_NTASKS", SettingType::integer, "", "Slurm (srun): world size.", false, 1, kMaxRanks},
+      {"SLURM_LOCALID", SettingType::integer, "", "Slurm (srun): local rank.", false, 0, kMaxRanks - 1},
+      {"SLURM_STEP_NODELIST", SettingType::text, "",
+       "Slurm (srun): the step's nodes; its first node, where rank 0 runs, is the store's host when "
+       "BRAID_MASTER_ADDR and MASTER_ADDR are unset (else SLURM_JOB_NODELIST's first node).",
+       false},
+      {"SLURM_JOB_NODELIST", SettingType::text, "", "Slurm: the job's nodes (used when SLURM_STEP_NODELIST is unset).",
+       false},
+      {"SLURM_JOB_ID", SettingType::integer, "",
+       "Slurm: job id; the store's port is 15000 + (job id mod 10000) when BRAID_MASTER_PORT and "
+       "MASTER_PORT are unset.",
+       false, 0, 2147483647},
+  };
+  t.insert(t.end(), tail.begin(), tail.end());
+  return t;
+}
 
 [[noreturn]] void bad(const char* name, const std::string& value, const char* expected) {
   throw Error(ErrorCode::InvalidUsage, std::string(name) + "='" + value + "' is not valid: expected " +
@@ -161,183 +175,54 @@ std::string first_slurm_host(const std::string& list) {
   return out;
 }
 
-namespace {
-
-std::string upper(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
-  return s;
-}
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
-std::optional<long long> parse_int(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end == s.c_str() || *end != '\0') return std::nullopt;
-  return v;
-}
-
-struct Reader {
-  const Lookup& lookup;
-
-  std::optional<std::string> raw(const char* name) const {
-    auto v = lookup(name);
-    if (v && v->empty()) return std::nullopt;
-    return v;
-  }
-  void str(const char* name, std::string& out) const {
-    if (auto v = raw(name)) out = *v;
-  }
-  void integer(const char* name, int& out, long long lo, long long hi) const {
-    if (auto v = raw(name)) {
-      auto n = parse_int(*v);
-      if (!n || *n < lo || *n > hi) bad(name, *v, ("an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
-      out = static_cast<int>(*n);
-    }
-  }
-  std::optional<int> opt_int(const char* name, long long lo, long long hi) const {
-    int v = 0;
-    if (!raw(name)) return std::nullopt;
-    integer(name, v, lo, hi);
-    return v;
-  }
-  void real(const char* name, double& out, double lo, double hi) const {
-    if (auto v = raw(name)) {
-      char* end = nullptr;
-      const double d = std::strtod(v->c_str(), &end);
-      if (end == v->c_str() || *end != '\0' || !(d >= lo && d <= hi))
-        bad(name, *v, ("a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]").c_str());
-      out = d;
-    }
-  }
-  void boolean(const char* name, bool& out) const {
-    if (auto v = raw(name)) {
-      const std::string l = lower(*v);
-      if (l == "1" || l == "true" || l == "yes" || l == "on") out = true;
-      else if (l == "0" || l == "false" || l == "no" || l == "off") out = false;
-      else bad(name, *v, "0/1, true/false, yes/no or on/off");
-    }
-  }
-  void bytes(const char* name, std::size_t& out) const {
-    if (auto v = raw(name)) {
-      auto b = parse_bytes(*v);
-      if (!b) bad(name, *v, "a byte count such as 65536, 512K, 4M or 1G");
-      out = *b;
-    }
-  }
-  void duration(const char* name, std::chrono::milliseconds& out) const {
-    if (auto v = raw(name)) {
-      auto d = parse_duration(*v);
-      if (!d || d->count() <= 0) bad(name, *v, "a positive duration such as 30 (seconds), 30s, 500ms, 5m or 1h");
-      out = *d;
-    }
-  }
-};
-
-}  // namespace
-
-std::optional<std::size_t> parse_bytes(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  std::size_t mult = 1;
-  std::string digits = s;
-  const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(s.back())));
-  if (last == 'B' && s.size() > 1) digits.pop_back();
-  const char unit = digits.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
-  if (unit == 'K') mult = 1ull << 10;
-  else if (unit == 'M') mult = 1ull << 20;
-  else if (unit == 'G') mult = 1ull << 30;
-  else if (unit == 'T') mult = 1ull << 40;
-  if (mult != 1) digits.pop_back();
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
-    return std::nullopt;
-  errno = 0;
-  const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
-  if (errno != 0 || v > std::numeric_limits<std::size_t>::max() / mult) return std::nullopt;
-  return static_cast<std::size_t>(v * mult);
-}
-
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& s) {
-  std::size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return std::nullopt;
-  char* end = nullptr;
-  const std::string num = s.substr(0, i);
-  const double v = std::strtod(num.c_str(), &end);
-  if (end != num.c_str() + num.size() || v < 0) return std::nullopt;
-  const std::string unit = lower(s.substr(i));
-  double ms = 0;
-  if (unit.empty() || unit == "s") ms = v * 1000;
-  else if (unit == "ms") ms = v;
-  else if (unit == "us") ms = v / 1000;
-  else if (unit == "m" || unit == "min") ms = v * 60'000;
-  else if (unit == "h") ms = v * 3'600'000;
-  else return std::nullopt;
-  if (ms > 1e15) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<long long>(ms + 0.5));
-}
-
 std::optional<std::string> env_value(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) return std::nullopt;
   return std::string(v);
 }
 
-const std::vector<ConfigVar>& config_table() { return kTable; }
+const std::vector<Setting>& config_table() {
+  static const std::vector<Setting> table = make_table();
+  return table;
+}
 
 Config Config::parse(const Lookup& lookup) {
   Config c;
-  const Reader r{lookup};
-  if (auto v = r.raw("BRAID_DEBUG")) {
-    const std::string u = upper(*v);
-    if (u == "ERROR") c.log_level = LogLevel::error;
-    else if (u == "WARN" || u == "WARNING") c.log_level = LogLevel::warn;
-    else if (u == "INFO") c.log_level = LogLevel::info;
-    else if (u == "TRACE") c.log_level = LogLevel::trace;
-    else bad("BRAID_DEBUG", *v, "ERROR, WARN, INFO or TRACE");
-  }
-  r.duration("BRAID_TIMEOUT", c.timeout);
-  if (auto v = r.raw("BRAID_ALGO")) c.algo = lower(*v);
-  if (auto v = r.raw("BRAID_TUNE")) {
-    const std::string t = lower(*v);
-    if (t == "measure") c.tune_measure = true;
-    else if (t == "model") c.tune_measure = false;
-    else bad("BRAID_TUNE", *v, "measure or model");
-  }
-  if (auto v = r.raw("BRAID_CODEC")) c.codec = lower(*v);
-  r.real("BRAID_CODEC_MAX_ERROR", c.codec_max_error, 0.0, 1.0);
-  if (auto v = r.raw("BRAID_TRANSPORT")) {
-    c.transport = lower(*v);
-    if (c.transport != "auto" && c.transport != "tcp" && c.transport != "shm")
-      bad("BRAID_TRANSPORT", *v, "auto, tcp or shm");
-  }
-  r.bytes("BRAID_CHUNK_BYTES", c.chunk_bytes);
-  if (c.chunk_bytes < 4096) bad("BRAID_CHUNK_BYTES", std::to_string(c.chunk_bytes), "at least 4K");
-  if (auto v = r.raw("BRAID_SPIN_US"); v && lower(*v) != "auto") r.integer("BRAID_SPIN_US", c.spin_us, 0, 10'000'000);
-  r.boolean("BRAID_WAIT_HELPS", c.wait_helps);
-  r.bytes("BRAID_INLINE_BYTES", c.inline_bytes);
-  int cache = static_cast<int>(c.plan_cache);
-  r.integer("BRAID_PLAN_CACHE", cache, 0, 1'000'000);
-  c.plan_cache = static_cast<std::size_t>(cache);
-  r.boolean("BRAID_CHECK_ARGS", c.check_args);
-  r.boolean("BRAID_DETERMINISTIC", c.deterministic);
-  r.str("BRAID_COST_MODEL", c.cost_model);
-  r.str("BRAID_SOCKET_IFNAME", c.socket_ifname);
-  r.integer("BRAID_SOCKETS_PER_PEER", c.sockets_per_peer, 1, 64);
-  r.bytes("BRAID_SOCKET_BUFFER", c.socket_buffer);
-  r.bytes("BRAID_SHM_SLOT_BYTES", c.shm_slot_bytes);
-  if (c.shm_slot_bytes < 4096 || c.shm_slot_bytes % 4096 != 0)
-    bad("BRAID_SHM_SLOT_BYTES", std::to_string(c.shm_slot_bytes), "a multiple of 4K, at least 4K");
-  r.integer("BRAID_SHM_SLOTS", c.shm_slots, 1, 4096);
-  r.str("BRAID_AUTH_TOKEN", c.auth_token);
-  r.str("BRAID_HOST_ID", c.host_id);
-  r.boolean("BRAID_STORE_EXTERNAL", c.store_external);
+  c.settings = base::Settings::parse(config_table(), lookup);
+  const base::Settings& s = c.settings;
+  const std::string level = s.text("BRAID_DEBUG");
+  c.log_level = level == "error" ? LogLevel::error
+                : level == "info"  ? LogLevel::info
+                : level == "trace" ? LogLevel::trace
+                                   : LogLevel::warn;
+  c.timeout = s.duration("BRAID_TIMEOUT");
+  c.algo = s.text("BRAID_ALGO");
+  std::transform(c.algo.begin(), c.algo.end(), c.algo.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  c.tune_measure = s.text("BRAID_TUNE") == "measure";
+  c.codec = s.text("BRAID_CODEC");
+  std::transform(c.codec.begin(), c.codec.end(), c.codec.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  c.codec_max_error = s.real("BRAID_CODEC_MAX_ERROR");
+  c.transport = s.text("BRAID_TRANSPORT");
+  c.chunk_bytes = s.bytes("BRAID_CHUNK_BYTES");
+  c.spin_us = static_cast<int>(s.integer("BRAID_SPIN_US").value_or(-1));
+  c.wait_helps = s.boolean("BRAID_WAIT_HELPS");
+  c.inline_bytes = s.bytes("BRAID_INLINE_BYTES");
+  c.plan_cache = static_cast<std::size_t>(*s.integer("BRAID_PLAN_CACHE"));
+  c.check_args = s.boolean("BRAID_CHECK_ARGS");
+  c.deterministic = s.boolean("BRAID_DETERMINISTIC");
+  c.cost_model = s.text("BRAID_COST_MODEL");
+  c.auth_token = s.text("BRAID_AUTH_TOKEN");
+  c.host_id = s.text("BRAID_HOST_ID");
+  c.store_external = s.boolean("BRAID_STORE_EXTERNAL");
 
-  // Launch variables: the first family that provides a rank wins.
-  constexpr long long kMaxRanks = 1 << 24;
+  // Launch variables: the first family that provides a rank wins; only its variables are
+  // read (a malformed variable of another launcher is not an error).
+  auto opt_int = [&](const char* name) -> std::optional<int> {
+    if (name == nullptr) return std::nullopt;
+    const auto v = s.integer(name);
+    if (!v) return std::nullopt;
+    return static_cast<int>(*v);
+  };
   struct Family { const char* name; const char* rank; const char* size; const char* lrank; const char* lsize; };
   static constexpr Family families[] = {
       {"braid", "BRAID_RANK", "BRAID_WORLD_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE"},
@@ -347,34 +232,31 @@ Config Config::parse(const Lookup& lookup) {
       {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
   };
   for (const auto& f : families) {
-    if (!r.raw(f.rank)) continue;
+    if (!s.given(f.rank)) continue;
     c.launcher = f.name;
-    c.rank = r.opt_int(f.rank, 0, kMaxRanks - 1);
-    c.world_size = r.opt_int(f.size, 1, kMaxRanks);
-    c.local_rank = r.opt_int(f.lrank, 0, kMaxRanks - 1);
-    if (f.lsize) c.local_size = r.opt_int(f.lsize, 1, kMaxRanks);
+    c.rank = opt_int(f.rank);
+    c.world_size = opt_int(f.size);
+    c.local_rank = opt_int(f.lrank);
+    c.local_size = opt_int(f.lsize);
     break;
   }
-  if (auto v = r.raw("BRAID_MASTER_ADDR")) c.master_addr = *v;
-  else if (auto m = r.raw("MASTER_ADDR")) c.master_addr = *m;
-  c.master_port = r.opt_int("BRAID_MASTER_PORT", 1, 65535);
-  if (!c.master_port) c.master_port = r.opt_int("MASTER_PORT", 1, 65535);
-  if (auto v = r.raw("TORCHELASTIC_USE_AGENT_STORE")) c.torch_agent_store = *v == "True";
+  c.master_addr = s.given("BRAID_MASTER_ADDR") ? s.text("BRAID_MASTER_ADDR") : s.text("MASTER_ADDR");
+  c.master_port = opt_int("BRAID_MASTER_PORT");
+  if (!c.master_port) c.master_port = opt_int("MASTER_PORT");
+  c.torch_agent_store = s.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
   // Under srun with no address given, the store is on the step's first node (rank 0's,
   // with Slurm's default block distribution) at a port derived from the job id, so
   // `srun prog` needs no variable (BRAID_MASTER_ADDR/PORT still override).
   if (c.launcher == "slurm") {
     if (c.master_addr.empty()) {
-      auto nodes = r.raw("SLURM_STEP_NODELIST");
-      if (!nodes) nodes = r.raw("SLURM_JOB_NODELIST");
-      if (nodes) {
-        c.master_addr = first_slurm_host(*nodes);
-        if (c.master_addr.empty()) bad("SLURM_STEP_NODELIST/SLURM_JOB_NODELIST", *nodes, "a Slurm host list");
+      const char* var = s.given("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+      if (s.given(var)) {
+        c.master_addr = first_slurm_host(s.text(var));
+        if (c.master_addr.empty()) bad(var, s.text(var), "a Slurm host list");
       }
     }
     if (!c.master_port) {
-      if (auto job = r.opt_int("SLURM_JOB_ID", 0, std::numeric_limits<int>::max()))
-        c.master_port = 15000 + *job % 10000;
+      if (auto job = opt_int("SLURM_JOB_ID")) c.master_port = 15000 + *job % 10000;
     }
   }
   return c;

@@ -1,13 +1,15 @@
 // braid configuration: the one table of every environment variable braid reads.
 //
-// Each entry has a name, a type, a default and a help line. The table is parsed
-// once per process into an immutable Config (Config::global()); explicit options
+// Each row (base::Setting) has a name, a type, a default and a help line; each
+// transport declares its own rows in its folder (transport/registry.hpp). The table is
+// parsed once per process into an immutable Config (Config::global()); explicit options
 // (CommOptions, per-call options) override it. This file's .cpp is the only place
 // in braid that calls getenv. `braid_info --config` and docs/configuration.md are
 // generated from the same table.
 #pragma once
 
 #include "base/logging.hpp"
+#include "base/settings.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -26,32 +28,31 @@ using LogLevel = base::LogLevel;
 /// the list is malformed.
 std::string first_slurm_host(const std::string& list);
 
-/// Parsed configuration. Plain data; copy freely.
+/// Parsed configuration. Plain data; copy freely. Every default comes from the table row
+/// (config.cpp, or the transport's entry for its rows); the initializers below are only
+/// what an unparsed Config holds.
 struct Config {
+  /// Every row's typed value, including the transports' rows (read by their entries).
+  base::Settings settings;
   // --- behaviour ---
   LogLevel log_level = LogLevel::warn;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  std::string algo = "auto";
-  bool tune_measure = true;  ///< BRAID_TUNE=measure (false: model)
-  std::string codec = "none";
-  double codec_max_error = 0.004;  ///< BRAID_CODEC_MAX_ERROR
-  std::string transport = "auto";
-  std::size_t chunk_bytes = 512 * 1024;
+  std::chrono::milliseconds timeout{};
+  std::string algo;
+  bool tune_measure = false;  ///< BRAID_TUNE=measure (false: model)
+  std::string codec;
+  double codec_max_error = 0;  ///< BRAID_CODEC_MAX_ERROR
+  std::string transport;       ///< "auto" or a registered transport's name
+  std::size_t chunk_bytes = 0;
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   bool wait_helps = false;  ///< BRAID_WAIT_HELPS
-  std::size_t inline_bytes = 64 * 1024;  ///< BRAID_INLINE_BYTES
-  std::size_t plan_cache = 64;
+  std::size_t inline_bytes = 0;  ///< BRAID_INLINE_BYTES
+  std::size_t plan_cache = 0;
   bool check_args = false;
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
-  // --- network ---
-  std::string socket_ifname;
-  int sockets_per_peer = 2;
-  std::size_t socket_buffer = 0;
+  // --- identity and security ---
   std::string auth_token;
   std::string host_id;
-  std::size_t shm_slot_bytes = 512 * 1024;
-  int shm_slots = 8;
   // --- launch (BRAID_* first, then torchrun, Open MPI, Slurm) ---
   std::optional<int> rank, world_size, local_rank, local_size;
   std::string master_addr;
@@ -67,25 +68,14 @@ struct Config {
   static Config parse(const std::function<std::optional<std::string>(const char*)>& lookup);
 };
 
-/// One row of the table, for reports and docs.
-struct ConfigVar {
-  const char* name;
-  const char* type;
-  const char* default_value;
-  const char* help;
-  bool braid_owned;  ///< false for launcher variables (RANK, SLURM_PROCID, ...)
-};
-
-/// Every variable braid reads, in documentation order.
-const std::vector<ConfigVar>& config_table();
+/// Every variable braid reads, in documentation order: the core's rows with each
+/// registered transport's rows in the middle.
+const std::vector<base::Setting>& config_table();
 
 /// The value of `name` in this process's environment, if set (the only getenv).
 std::optional<std::string> env_value(const char* name);
 
-/// Parses "512K", "4M", "1G", "1048576" (binary multiples). Empty on bad input.
-std::optional<std::size_t> parse_bytes(const std::string& s);
-
-/// Parses "30s", "500ms", "2m", "1h", or a plain number of seconds. Empty on bad input.
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& s);
+using base::parse_bytes;
+using base::parse_duration;
 
 }  // namespace braid::core

@@ -6,10 +6,6 @@
 #include "base/logging.hpp"
 #include "kernels/host/reduce.hpp"
 #include "base/poller.hpp"
-#include "transport/tcp/tcp_transport.hpp"
-#if BRAID_HAVE_SHM
-#include "transport/shm/shm_transport.hpp"
-#endif
 
 #include <braid/config.hpp>
 #include <braid/error.hpp>
@@ -146,33 +142,22 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     : opt_(options), store_(std::move(store)) {
   poller_ = std::make_unique<base::Poller>();
   directory_ = std::make_unique<StoreDirectory>(store_, opt_.rank);
+  router_ = std::make_unique<Router>(opt_.transport_mode);
   if (opt_.size > 1) {
-    transport::TcpOptions t;
-    t.rank = opt_.rank;
-    t.size = opt_.size;
-    t.sockets_per_peer = opt_.sockets_per_peer;
-    t.ifname = opt_.ifname;
-    t.master_addr = opt_.master_addr;
-    t.socket_buffer = opt_.socket_buffer;
-    t.auth_token = opt_.auth_token;
-    t.comm_id = opt_.comm_id;
-    t.connect_timeout = opt_.connect_timeout;
-    t.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
-    transports_.push_back(transport::make_tcp_transport(t, *poller_, *directory_));
-#if BRAID_HAVE_SHM
-    if (opt_.transport_mode != "tcp") {
-      transport::ShmOptions so;
-      so.rank = opt_.rank;
-      so.size = opt_.size;
-      so.auth_token = opt_.auth_token;
-      so.comm_id = opt_.comm_id;
-      so.connect_timeout = opt_.connect_timeout;
-      if (opt_.shm_slot_bytes) so.slot_bytes = opt_.shm_slot_bytes;
-      if (opt_.shm_slots) so.slots = opt_.shm_slots;
-      so.on_refused = t.on_refused;
-      transports_.push_back(transport::make_shm_transport(so, *poller_, *directory_));
-    }
-#endif
+    // Every transport this communicator may use is made now (each publishes its address
+    // for the peers); connections are made lazily, per pair, by route().
+    transport::TransportContext c;
+    c.rank = opt_.rank;
+    c.size = opt_.size;
+    c.auth_token = opt_.auth_token;
+    c.comm_id = opt_.comm_id;
+    c.connect_timeout = opt_.connect_timeout;
+    c.master_addr = opt_.master_addr;
+    c.settings = opt_.settings;
+    c.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
+    c.poller = poller_.get();
+    c.directory = directory_.get();
+    for (const auto* e : router_->entries()) transports_.push_back(e->make(c));
   }
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
   order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
@@ -333,26 +318,16 @@ bool Engine::admit() {
   }
 }
 
-const char* Engine::transport_name(const std::string& mode, bool same_host) noexcept {
-  if (mode == "tcp" || !BRAID_HAVE_SHM) return "tcp";
-  if (mode == "shm") return "shm";
-  return same_host ? "shm" : "tcp";
-}
-
 int Engine::transport_for(int peer) {
   int& r = route_[static_cast<std::size_t>(peer)];
   if (r >= 0) return r;
-  const bool have_shm = transports_.size() > 1;
-  if (opt_.transport_mode == "tcp" || !have_shm) return r = 0;
-  if (opt_.transport_mode == "shm") return r = 1;
-  // Same host (same host identity) -> shared memory. Peers publish their identity
-  // before they start their engine; do not wait for one that has not: try later.
-  const std::string key = "host/" + std::to_string(peer);
-  if (!store_->check({key})) return -1;
-  const std::string host = store_->get(key, std::chrono::seconds(10));
-  r = host == opt_.host_id ? 1 : 0;
-  BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << transports_[static_cast<std::size_t>(r)]->name()
-                           << (r == 1 ? " (same host)" : " (other host)"));
+  // Peers publish their host before they start their engine; do not wait for one that
+  // has not: try again on the next pass.
+  const auto same = opt_.topology->same_host(peer);
+  if (!same) return -1;
+  const transport::PairFacts pair{opt_.rank, peer, *same};
+  r = static_cast<int>(router_->choose(pair));
+  BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << router_->explain(pair));
   return r;
 }
 

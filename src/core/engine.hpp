@@ -27,6 +27,8 @@
 
 #include "collectives/plan.hpp"
 #include "core/config.hpp"
+#include "core/router.hpp"
+#include "core/topology.hpp"
 #include "core/work_state.hpp"
 
 #include <braid/store.hpp>
@@ -106,21 +108,18 @@ struct EngineOptions {
   /// submitting thread (BRAID_INLINE_BYTES; 0: never).
   std::size_t inline_bytes = 0;
   int help_spin_us = 200;   ///< a helper polls (yielding) at least this long without progress
-  // TCP transport settings.
-  int sockets_per_peer = 1;
-  std::string ifname;
-  std::string master_addr;
-  std::size_t socket_buffer = 0;
+  // What every transport gets (transport::TransportContext); each transport reads its
+  // own rows from `settings`.
+  std::string master_addr;  ///< bootstrap store address: a hint for the interface to bind
   std::string auth_token;
   std::uint64_t comm_id = 0;
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
-  /// "auto" (same host: shm when built, else tcp), "tcp" or "shm".
+  /// "auto" or a registered transport's name (core::Router).
   std::string transport_mode = "auto";
-  /// This rank's host identity; peers' come from the store ("host/<rank>").
-  std::string host_id;
-  // Shared-memory transport settings (0 = the transport's defaults).
-  std::size_t shm_slot_bytes = 0;
-  int shm_slots = 0;
+  /// The parsed configuration (outlives the engine: the communicator's copy).
+  const base::Settings* settings = nullptr;
+  /// Which host each rank is on (the router asks it per peer).
+  std::shared_ptr<const Topology> topology;
 };
 
 class Engine {
@@ -151,8 +150,6 @@ class Engine {
   void drain() noexcept;
   /// True once a failure or abort happened; reason() says which.
   bool failed() const noexcept { return failed_.load(); }
-  /// Name of the transport a pair of ranks uses under `mode` ("auto", "tcp", "shm").
-  static const char* transport_name(const std::string& mode, bool same_host) noexcept;
   std::string reason() const;
   /// Drives progress on the calling (waiting) thread; see detail::WorkHelper::help.
   void help(detail::WorkState& w, std::chrono::steady_clock::time_point until) noexcept;
@@ -191,7 +188,8 @@ class Engine {
   std::shared_ptr<Store> store_;
   std::unique_ptr<base::Poller> poller_;
   std::unique_ptr<class StoreDirectory> directory_;
-  std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< [0] tcp, [1] shm (if built)
+  std::unique_ptr<Router> router_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< one per router_->entries()
   std::vector<int> route_;  ///< per peer: index into transports_, -1 = not decided yet
 
   /// Held by whoever drives transports and active_: the engine thread or a helper.

@@ -3,6 +3,7 @@
 #include <braid/info.hpp>
 
 #include "core/config.hpp"
+#include "transport/registry.hpp"
 #if BRAID_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
 #endif
@@ -47,8 +48,7 @@ std::string build_features() {
   auto line = [&](const char* name, int have, const char* what) {
     os << "  " << std::left << std::setw(9) << name << (have ? "yes" : "no ") << "  " << what << "\n";
   };
-  line("tcp", 1, "TCP sockets between any hosts");
-  line("shm", BRAID_HAVE_SHM, "shared-memory rings between ranks of one host");
+  for (const auto* e : transport::registry()) line(e->name, 1, e->summary);  // the transports of this build
   line("cuda", BRAID_HAVE_CUDA, "CUDA kernels (reduce, every codec); device buffers in collectives: not yet");
   line("ucx", BRAID_HAVE_UCX, "UCX transport");
   line("ibverbs", BRAID_HAVE_IBVERBS, "RDMA verbs transport");
@@ -59,9 +59,9 @@ std::string build_features() {
 std::string config_report() {
   std::ostringstream os;
   for (const auto& v : core::config_table()) {
-    const auto cur = core::env_value(v.name);
-    os << std::left << std::setw(28) << v.name << std::setw(9) << v.type << " default="
-       << (*v.default_value ? v.default_value : "(unset)") << "  current=" << (cur ? *cur : "(unset)")
+    const auto cur = core::env_value(v.name.c_str());
+    os << std::left << std::setw(28) << v.name << std::setw(9) << base::to_string(v.type) << " default="
+       << (!v.default_value.empty() ? v.default_value : "(unset)") << "  current=" << (cur ? *cur : "(unset)")
        << "\n    " << v.help << "\n";
   }
   return os.str();
@@ -70,7 +70,7 @@ std::string config_report() {
 std::string config_markdown() {
   std::ostringstream os;
   os << "# Configuration\n\n"
-        "<!-- Generated from src/core/config.cpp by `braid_info --config-markdown`; "
+        "<!-- Generated from src/core/config.cpp and the transports' entries (src/transport/*/entry.cpp) by `braid_info --config-markdown`; "
         "tests/unit/test_config.cpp fails when this file is stale. Do not edit by hand. -->\n\n"
         "braid reads these environment variables once per process (src/core/config.cpp is the only\n"
         "place that reads the environment). Per-communicator `CommOptions` and per-call options\n"
@@ -79,8 +79,8 @@ std::string config_markdown() {
         "`bytes` takes `K`, `M`, `G` binary suffixes; `bool` takes 0/1, true/false, yes/no, on/off.\n"
         "A value that does not parse is an `InvalidUsage` error naming the variable.\n\n"
         "## braid variables\n\n| Variable | Type | Default | Meaning |\n|---|---|---|---|\n";
-  auto row = [&](const core::ConfigVar& v) {
-    os << "| `" << v.name << "` | " << v.type << " | " << (*v.default_value ? v.default_value : "—") << " | "
+  auto row = [&](const base::Setting& v) {
+    os << "| `" << v.name << "` | " << base::to_string(v.type) << " | " << (!v.default_value.empty() ? v.default_value : "—") << " | "
        << v.help << " |\n";
   };
   for (const auto& v : core::config_table())

@@ -27,7 +27,12 @@ TEST(Config, Defaults) {
   const Config c = parse({});
   EXPECT_EQ(c.timeout, std::chrono::seconds(300));
   EXPECT_EQ(c.chunk_bytes, 512u * 1024);
-  EXPECT_EQ(c.sockets_per_peer, 2);
+  EXPECT_EQ(c.settings.integer("BRAID_SOCKETS_PER_PEER"), 2) << "a transport's row, default from its entry";
+  EXPECT_EQ(c.settings.bytes("BRAID_SHM_SLOT_BYTES"), 512u * 1024);
+  EXPECT_EQ(c.transport, "auto");
+  EXPECT_EQ(c.plan_cache, 64u);
+  EXPECT_TRUE(c.tune_measure);
+  EXPECT_DOUBLE_EQ(c.codec_max_error, 0.004);
   EXPECT_EQ(c.spin_us, -1);
   EXPECT_FALSE(c.rank.has_value());
   EXPECT_EQ(c.log_level, LogLevel::warn);
@@ -40,10 +45,12 @@ TEST(Config, ParsesEveryType) {
   EXPECT_EQ(c.timeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(c.chunk_bytes, 1u << 20);
   EXPECT_EQ(c.log_level, LogLevel::info);
-  EXPECT_EQ(c.sockets_per_peer, 4);
+  EXPECT_EQ(c.settings.integer("BRAID_SOCKETS_PER_PEER"), 4);
   EXPECT_TRUE(c.check_args);
   EXPECT_EQ(c.spin_us, 0);
-  EXPECT_EQ(c.socket_ifname, "eth1");
+  EXPECT_EQ(c.settings.text("BRAID_SOCKET_IFNAME"), "eth1");
+  EXPECT_EQ(parse({{"BRAID_SPIN_US", "AUTO"}}).spin_us, -1);
+  EXPECT_EQ(parse({{"BRAID_TRANSPORT", "TCP"}}).transport, "tcp");
   EXPECT_EQ(parse({{"BRAID_TIMEOUT", "2m"}}).timeout, std::chrono::minutes(2));
   EXPECT_EQ(parse({{"BRAID_TIMEOUT", "30"}}).timeout, std::chrono::seconds(30));
 }
@@ -55,7 +62,10 @@ TEST(Config, BadValuesNameTheVariable) {
                                                                {"BRAID_DEBUG", "LOUD"},
                                                                {"BRAID_CHECK_ARGS", "maybe"},
                                                                {"BRAID_RANK", "-1"},
-                                                               {"BRAID_TRANSPORT", "pigeon"}}) {
+                                                               {"BRAID_TRANSPORT", "pigeon"},
+                                                               {"BRAID_SHM_SLOT_BYTES", "6000"},
+                                                               {"BRAID_CHUNK_BYTES", "1K"},
+                                                               {"BRAID_CODEC_MAX_ERROR", "2"}}) {
     try {
       parse({{k, v}});
       ADD_FAILURE() << k << "=" << v << " was accepted";

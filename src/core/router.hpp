@@ -1,0 +1,35 @@
+// Which transport serves which pair: the registry's entries ranked by each entry's
+// preference for the pair (transport/registry.hpp), or the one BRAID_TRANSPORT forces.
+// Pure: the answer depends only on the mode and the pair's facts, so any rank can say
+// what any pair uses (describe_topology(), the tuner's link classes).
+#pragma once
+
+#include "transport/registry.hpp"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace braid::core {
+
+class Router {
+ public:
+  /// `mode`: "auto" or a registered transport's name; anything else is
+  /// Error(InvalidUsage) listing the registered names.
+  explicit Router(const std::string& mode);
+
+  const std::string& mode() const noexcept { return mode_; }
+  /// The entries a communicator instantiates: the forced one, or every registered one.
+  const std::vector<const transport::TransportEntry*>& entries() const noexcept { return entries_; }
+  /// The index into entries() of the transport for `pair`. Throws Error(Unsupported)
+  /// naming the pair when no entry serves it (or the forced one cannot).
+  std::size_t choose(const transport::PairFacts& pair) const;
+  /// Why choose() picked what it did, for the INFO log ("shm (same host)").
+  std::string explain(const transport::PairFacts& pair) const;
+
+ private:
+  std::string mode_;
+  std::vector<const transport::TransportEntry*> entries_;
+};
+
+}  // namespace braid::core

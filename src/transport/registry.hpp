@@ -1,0 +1,72 @@
+// The transport registry: every transport braid was built with, each described by one
+// entry (its name, its configuration rows, which pairs it can serve, and a factory).
+//
+// The engine knows no transport by name: core's Router picks an entry per pair from the
+// communicator's topology and BRAID_TRANSPORT, and the engine instantiates entries through
+// their factories. Adding a transport is a folder under src/transport with its code and an
+// entry (see tcp/entry.cpp), plus one line in registry.cpp (docs/architecture.md).
+#pragma once
+
+#include "base/settings.hpp"
+#include "transport/transport.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace braid::transport {
+
+/// What the router knows about a pair of ranks when it picks a transport. Later issues add
+/// the memory kinds of the buffers and the devices of both ranks.
+struct PairFacts {
+  int rank = 0;
+  int peer = 0;
+  bool same_host = false;  ///< same host identity (hostname + boot id, or BRAID_HOST_ID)
+};
+
+/// The communicator-wide facts a factory gets.
+struct TransportContext {
+  int rank = 0;
+  int size = 1;
+  /// Shared secret every incoming connection must present (per job; see the store).
+  std::string auth_token;
+  /// Identifies the communicator; a hello for another communicator is refused.
+  std::uint64_t comm_id = 0;
+  /// Bound on connection set-up (the communicator's timeout).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
+  /// Address of the bootstrap store; a hint for picking the interface that reaches peers.
+  std::string master_addr;
+  /// The parsed configuration; an entry reads its own rows from it.
+  const base::Settings* settings = nullptr;
+  /// Told (on the progress thread) about every refused stranger; the engine logs it.
+  std::function<void(const std::string&)> on_refused;
+  Poller* poller = nullptr;
+  PeerDirectory* directory = nullptr;
+};
+
+struct TransportEntry {
+  const char* name;     ///< "tcp": BRAID_TRANSPORT's value, logs, describe_topology()
+  const char* summary;  ///< one line for braid_info and the BRAID_TRANSPORT help
+  /// The cost model's link class of the pairs it serves ("shm", "tcp", "nvlink", "ib").
+  const char* link_class;
+  /// Its configuration rows (each variable declared once, here).
+  std::vector<base::Setting> settings;
+  /// How much it wants `pair`: < 0 it cannot serve it; 0 it serves it only when forced
+  /// (BRAID_TRANSPORT=<name>); in auto mode the highest positive preference wins.
+  int (*preference)(const PairFacts& pair);
+  /// Creates the instance of one communicator. Throws braid::Error when it cannot.
+  std::unique_ptr<Transport> (*make)(const TransportContext& context);
+};
+
+/// Every transport of this build, in registration order.
+const std::vector<const TransportEntry*>& registry();
+/// The entry named `name`, or null.
+const TransportEntry* find_transport(std::string_view name);
+/// "tcp, shm": the registered names, for messages.
+std::string transport_names();
+
+}  // namespace braid::transport

@@ -1,0 +1,49 @@
+// The shared-memory transport's registry entry: its configuration rows and how the engine
+// makes it.
+#include "transport/registry.hpp"
+#include "transport/shm/shm_transport.hpp"
+
+namespace braid::transport {
+
+namespace {
+
+std::unique_ptr<Transport> make(const TransportContext& c) {
+  ShmOptions so;
+  so.rank = c.rank;
+  so.size = c.size;
+  so.auth_token = c.auth_token;
+  so.comm_id = c.comm_id;
+  so.connect_timeout = c.connect_timeout;
+  so.slot_bytes = c.settings->bytes("BRAID_SHM_SLOT_BYTES");
+  so.slots = static_cast<int>(c.settings->integer("BRAID_SHM_SLOTS").value_or(8));
+  so.on_refused = c.on_refused;
+  return make_shm_transport(so, *c.poller, *c.directory);
+}
+
+// Ranks of one host, ahead of tcp. Across host identities only when forced
+// (BRAID_TRANSPORT=shm), which works where the "hosts" are emulated on one machine.
+int preference(const PairFacts& p) { return p.same_host ? 20 : 0; }
+
+}  // namespace
+
+const TransportEntry& shm_entry() {
+  using base::SettingType;
+  static const TransportEntry entry{
+      "shm",
+      "shared-memory rings between ranks of one host",
+      "shm",
+      {
+          {"BRAID_SHM_SLOT_BYTES", SettingType::bytes, "512K",
+           "Shared memory: bytes per ring slot (a multiple of 4K); messages move in parts of this size.", true,
+           4096, 0, "", 4096},
+          {"BRAID_SHM_SLOTS", SettingType::integer, "8",
+           "Shared memory: slots per ring; each pair of ranks uses about 2 x slots x slot bytes of /dev/shm.", true,
+           1, 4096},
+      },
+      &preference,
+      &make,
+  };
+  return entry;
+}
+
+}  // namespace braid::transport
