@@ -810,7 +810,13 @@ def powersgd_hook(process_group: Optional[dist.ProcessGroup] = None, rank: int =
     its two all-reduces of the small P and Q factors run on braid collectives. Returns
     (state, hook) for ``ddp.register_comm_hook(state, hook)``; the first `start_iter`
     steps run uncompressed (warm-up), as PowerSGD recommends. torch's implementation is
-    used as is: it is written against torch.distributed, which here is the braid backend."""
+    used as is: it is written against torch.distributed, which here is the braid backend.
+
+    torch's hook issues a bucket's first all-reduce from the autograd thread and the next
+    ones from future callbacks, so with several buckets the threads would interleave their
+    collectives differently on different ranks. This wrapper runs bucket k's hook once
+    bucket k-1's has finished, which orders every collective the same way on every rank;
+    the buckets' compression still overlaps the backward pass."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     pg = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
@@ -819,4 +825,38 @@ def powersgd_hook(process_group: Optional[dist.ProcessGroup] = None, rank: int =
     state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=rank, start_powerSGD_iter=start_iter,
                                min_compression_rate=min_compression_rate, use_error_feedback=True,
                                warm_start=True, random_seed=0)
-    return state, psgd.powerSGD_hook
+    lock = threading.Lock()
+    last: List[Optional[Future]] = [None]  # the previous bucket's result
+
+    def hook(st, bucket) -> Future:
+        # A private future of (error, value) and then(_unwrap), as _Completer does, so
+        # that a failure fails the future for DDP's C++ side too.
+        src: Future = Future()
+        out = src.then(_unwrap)
+
+        def run(_=None) -> None:
+            try:
+                fut = psgd.powerSGD_hook(st, bucket)
+            except BaseException as e:  # noqa: BLE001 — handed to DDP through the future
+                src.set_result((e, None))
+                return
+
+            def done(f: Future) -> None:
+                try:
+                    src.set_result((None, f.value()))
+                except BaseException as e:  # noqa: BLE001
+                    src.set_result((e, None))
+
+            fut.add_done_callback(done)
+
+        with lock:
+            prev, last[0] = last[0], out
+        if prev is None:
+            run()
+        else:
+            prev.add_done_callback(run)  # at once when prev is done, else on its completing thread
+        return out
+
+    hook.__annotations__ = {"bucket": dist.GradBucket, "return": Future[torch.Tensor]}
+    hook.__name__ = "braid_powersgd_hook"
+    return state, hook
