@@ -1,6 +1,8 @@
 // Typed configuration rows: one parser for users' values and the table's defaults.
 #include "base/settings.hpp"
 
+#include "base/text.hpp"
+
 #include <braid/error.hpp>
 
 #include <algorithm>
@@ -19,19 +21,10 @@ std::string lower(std::string s) {
   return s;
 }
 
+// A row's '|'-separated choices (or an integer's keywords); none for an empty string.
 std::vector<std::string> split_choices(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == '|') {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
+  if (s.empty()) return {};
+  return split(s, '|');
 }
 
 // "a, b or c"

@@ -60,4 +60,13 @@ bool parse_int64(const std::string& s, std::int64_t* out) {
   return r.ec == std::errc() && r.ptr == end;
 }
 
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out(1);
+  for (char ch : s) {
+    if (ch == sep) out.emplace_back();
+    else out.back() += ch;
+  }
+  return out;
+}
+
 }  // namespace braid::base

@@ -23,6 +23,10 @@ std::string quote(const std::string& key);
 /// Up to 10 quoted keys, comma-separated, then "... (N in all)".
 std::string quote_keys(const std::vector<std::string>& keys);
 
+/// The fields of `s` between `sep` characters, empty ones included ("a;;b" -> a, "", b;
+/// "" -> one empty field).
+std::vector<std::string> split(const std::string& s, char sep);
+
 /// Strict decimal int64: the whole string, optional '-'. False (and *out unspecified)
 /// on anything else.
 bool parse_int64(const std::string& s, std::int64_t* out);

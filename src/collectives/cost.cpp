@@ -11,6 +11,8 @@
 // bucket per distinct time under a heap of times.
 #include "collectives/cost.hpp"
 
+#include "base/text.hpp"
+
 #include <braid/error.hpp>
 
 #include <algorithm>
@@ -83,17 +85,7 @@ CostModel deserialize(std::string_view text) {
   auto bad = [&](const std::string& why) {
     return Error(ErrorCode::InvalidUsage, "malformed cost model '" + s + "': " + why);
   };
-  std::vector<std::string> fields;
-  std::string cur;
-  for (char ch : s) {
-    if (ch == ';') {
-      fields.push_back(cur);
-      cur.clear();
-    } else {
-      cur += ch;
-    }
-  }
-  fields.push_back(cur);
+  const std::vector<std::string> fields = base::split(s, ';');
   if (fields.empty() || fields[0] != "v1") throw bad("expected version v1 first");
   auto number = [&](const std::string& v) {
     char* end = nullptr;
