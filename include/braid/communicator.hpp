@@ -150,7 +150,8 @@ class BRAID_API Communicator {
 
   /// Sends count elements to `peer`, matched by the peer's recv with the same tag, in
   /// order. Consecutive send/recv calls run together (like an NCCL group), so two
-  /// ranks may exchange both ways without deadlock.
+  /// ranks may exchange both ways without deadlock. `peer` may be this rank: the data is
+  /// copied when the matching recv is posted, so post both before waiting for either.
   Work send(const void* buf, std::size_t count, DataType dtype, int peer,
             const P2POptions& options = {});
 

@@ -617,9 +617,8 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
                              const P2POptions& options) {
   const char* what = is_send ? "send" : "recv";
   check_dtype_op(dtype, ReduceOp::sum, what);
-  BRAID_CHECK(peer >= 0 && peer < size && peer != rank, InvalidUsage,
-              what << ": peer " << peer << (peer == rank ? " is this rank itself (copy locally instead)" : " is outside [0, ")
-                   << (peer == rank ? "" : std::to_string(size) + ")"));
+  BRAID_CHECK(peer >= 0 && peer < size, InvalidUsage,
+              what << ": peer " << peer << " is outside [0, " << size << ")");
   const std::size_t es = dtype_size(dtype);
   BRAID_CHECK(count <= (std::numeric_limits<std::size_t>::max() >> 2) / es, InvalidUsage,
               what << ": count " << count << " overflows the address space");

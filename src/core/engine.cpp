@@ -6,6 +6,7 @@
 #include "base/logging.hpp"
 #include "kernels/host/reduce.hpp"
 #include "base/poller.hpp"
+#include "transport/loopback.hpp"
 
 #include <braid/config.hpp>
 #include <braid/error.hpp>
@@ -159,6 +160,8 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.directory = directory_.get();
     for (const auto* e : router_->entries()) transports_.push_back(e->make(c));
   }
+  // Last: a rank's own number (send/recv to itself); see transport_for().
+  transports_.push_back(std::make_unique<transport::LoopbackTransport>(opt_.rank));
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
   order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
   gate_ = std::make_shared<Gate>(this);
@@ -321,6 +324,7 @@ bool Engine::admit() {
 int Engine::transport_for(int peer) {
   int& r = route_[static_cast<std::size_t>(peer)];
   if (r >= 0) return r;
+  if (peer == opt_.rank) return r = static_cast<int>(transports_.size() - 1);  // the loopback
   // Peers publish their host before they start their engine; do not wait for one that
   // has not: try again on the next pass.
   const auto same = opt_.topology->same_host(peer);

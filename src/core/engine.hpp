@@ -189,7 +189,8 @@ class Engine {
   std::unique_ptr<base::Poller> poller_;
   std::unique_ptr<class StoreDirectory> directory_;
   std::unique_ptr<Router> router_;
-  std::vector<std::unique_ptr<transport::Transport>> transports_;  ///< one per router_->entries()
+  /// One per router_->entries(), then the loopback (a rank's own number).
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::vector<int> route_;  ///< per peer: index into transports_, -1 = not decided yet
 
   /// Held by whoever drives transports and active_: the engine thread or a helper.

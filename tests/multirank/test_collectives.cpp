@@ -243,6 +243,60 @@ TEST_P(Collectives, SendRecvBothWaysAroundTheRing) {
   });
 }
 
+// Send and receive with the rank's own number, as NCCL and MPI allow (torch's
+// batch_isend_irecv emits such pairs): matched in order with the rank's own receives,
+// beside a real exchange with a neighbour, in either posting order; every rank count.
+TEST_P(Collectives, SendRecvToItselfBesideANeighbour) {
+  const int n = GetParam();
+  Group g(n);
+  const std::size_t count = 1 << 16;
+  run_threads(n, [&](int r) {
+    std::vector<std::int32_t> out(count), self_in(count, -1), self_in2(3, -1), in(count, -1);
+    for (std::size_t k = 0; k < count; ++k) out[k] = value(r, k);
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    std::vector<Work> w;
+    w.push_back(g[r].recv(self_in.data(), count, DataType::i32, r));  // receive posted first
+    if (n > 1) w.push_back(g[r].send(out.data(), count, DataType::i32, right));
+    w.push_back(g[r].send(out.data(), count, DataType::i32, r));
+    if (n > 1) w.push_back(g[r].recv(in.data(), count, DataType::i32, left));
+    w.push_back(g[r].send(out.data(), 3, DataType::i32, r));  // send posted first
+    w.push_back(g[r].recv(self_in2.data(), 3, DataType::i32, r));
+    for (auto& x : w) x.wait();
+    for (std::size_t k = 0; k < count; k += 97) ASSERT_EQ(self_in[k], value(r, k));
+    for (std::size_t k = 0; k < 3; ++k) ASSERT_EQ(self_in2[k], value(r, k));
+    if (n > 1) {
+      for (std::size_t k = 0; k < count; k += 97) ASSERT_EQ(in[k], value(left, k));
+    }
+  });
+}
+
+TEST(SendRecvToItself, MismatchFailsBothAndALoneSendTimesOut) {
+  {
+    Group g(1);
+    std::int32_t a[4] = {1, 2, 3, 4}, b[4] = {};
+    P2POptions other;
+    other.tag = 9;
+    Work s = g[0].send(a, 4, DataType::i32, 0);
+    Work v = g[0].recv(b, 4, DataType::i32, 0, other);
+    for (Work* w : {&s, &v}) {
+      try {
+        w->wait();
+        ADD_FAILURE() << "a send and receive with different tags matched";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("to itself"), std::string::npos) << e.what();
+      }
+    }
+  }
+  {
+    Group g(1);
+    std::int32_t a[4] = {};
+    P2POptions quick;
+    quick.timeout = std::chrono::milliseconds(200);
+    Work s = g[0].send(a, 4, DataType::i32, 0, quick);
+    EXPECT_THROW(s.wait(), TimeoutError) << "a send to itself with no receive must time out, not hang";
+  }
+}
+
 TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
   const int n = GetParam();
   Group g(n);

@@ -101,6 +101,13 @@ def vs_gloo(braid_pg, gloo_pg):
     for q in reqs:
         q.wait()
     same(got, torch.full((9,), float(left)), "send/recv", exact=True)
+    # Pairs with the rank itself, as NCCL and MPI accept (the receive posted first here).
+    mine = torch.empty(9)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, mine, r, braid_pg),
+                                   dist.P2POp(dist.isend, s, r, braid_pg)])
+    for q in reqs:
+        q.wait()
+    same(mine, s, "send/recv to itself", exact=True)
     if r == 0:
         dist.send(torch.arange(4.0), dst=1, group=braid_pg)
     elif r == 1:
