@@ -51,6 +51,26 @@ line=$("$run" -n 4 -- "$bench" --idle-seconds 2)
 echo "$line"
 pct=$(echo "$line" | sed -E 's/.*= ([0-9.]+)% .*/\1/')
 awk -v p="$pct" 'BEGIN { exit !(p < 10.0) }' || { echo "FAILED: idle job used $pct% of a core"; exit 1; }
+# nccl-tests for every collective (collective_bench): each collective with a reduction
+# type/op mix and a non-zero root, odd world size, tiny to multi-slice sizes; then the
+# nccl-tests binary names, which select the collective, and a bad -r.
+cb=$b/bench/collective_bench
+for c in allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv; do
+  for d in float half int64; do
+    o=sum; [ "$d" = half ] && o=avg; [ "$d" = int64 ] && o=max
+    "$run" -n 3 --timeout 120 -- "$cb" --coll "$c" -b 2 -e 300K -f 13 -n 2 -w 1 -c 1 -d "$d" -o "$o" -r 2 \
+      >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --coll $c -d $d -o $o"; exit 1; }
+    grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+  done
+done
+for perf in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf; do
+  "$run" -n 2 --timeout 60 -- "$b/bench/$perf" -b 1K -e 8K -f 8 -n 1 -w 0 >/tmp/braid-smoke-$$.txt ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: $perf"; exit 1; }
+  want=${perf%_perf}; want=${want/all_reduce/allreduce}; want=${want/all_gather/allgather}
+  grep -q "collective_bench: $want," /tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: $perf ran another collective"; exit 1; }
+done
+if "$run" -n 2 -- "$cb" --coll broadcast -r 5 -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: -r 5 of 2 ranks accepted"; exit 1; fi
+if "$run" -n 1 -- "$cb" --coll gather >/dev/null 2>&1; then echo "FAILED: --coll gather accepted"; exit 1; fi
 # The example program from the README.
 "$run" -n 3 -- "$b/examples/allreduce_example"
 rm -f /tmp/braid-smoke-*$$*

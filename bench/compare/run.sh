@@ -14,6 +14,10 @@
 #   --rate R, --delay D      link shaping for --vcluster (default 1gbit, no delay)
 #   -r REPS                  repetitions; every figure is the median (default 3)
 #   --systems LIST           of braid,mpi,gloo (default: all that are built)
+#   --coll C                 the collective: allreduce (default), allgather, reduce_scatter,
+#                            broadcast, reduce, alltoall or sendrecv; other than allreduce,
+#                            braid runs collective_bench and MPI mpi_collective_bench
+#                            (nccl-tests' sweep; no Gloo twin, no --braid-algos)
 #   --braid-algos LIST       braid --algo values (default auto)
 #   --gloo-algos LIST        (default ring,ring_chunked,halving_doubling,allreduce_ring)
 #   --out-of-place           compare the out-of-place columns (default: in-place, the mode
@@ -51,7 +55,7 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 die() { echo "compare: $*" >&2; exit 1; }
 
 mode=local hosts=0 ranks=2 ppn=1 rate=1gbit delay="" reps=3 systems="" braid_algos=auto
-gloo_algos=ring,ring_chunked,halving_doubling,allreduce_ring inplace=1 out="" title="" keep=0
+gloo_algos=ring,ring_chunked,halving_doubling,allreduce_ring inplace=1 out="" title="" keep=0 coll=allreduce
 while [ $# -gt 0 ]; do
   case $1 in
     --local) mode=local; shift ;;
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --delay) [ $# -ge 2 ] || die "$1 needs a value"; delay=$2; shift 2 ;;
     -r|--reps) [ $# -ge 2 ] || die "$1 needs a value"; reps=$2; shift 2 ;;
     --systems) [ $# -ge 2 ] || die "$1 needs a value"; systems=$2; shift 2 ;;
+    --coll) [ $# -ge 2 ] || die "$1 needs a value"; coll=$2; shift 2 ;;
     --braid-algos) [ $# -ge 2 ] || die "$1 needs a value"; braid_algos=$2; shift 2 ;;
     --gloo-algos) [ $# -ge 2 ] || die "$1 needs a value"; gloo_algos=$2; shift 2 ;;
     --out-of-place) inplace=0; shift ;;
@@ -110,7 +115,13 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-targets=(allreduce_bench braidrun mpi_allreduce_bench)
+case $coll in
+  allreduce) ;;
+  allgather|reduce_scatter|broadcast|reduce|alltoall|sendrecv)
+    [ "$braid_algos" = auto ] || die "--braid-algos is for --coll allreduce (collective_bench has no --algo)" ;;
+  *) die "unknown --coll '$coll' (allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, sendrecv)" ;;
+esac
+targets=(allreduce_bench braidrun mpi_allreduce_bench collective_bench mpi_collective_bench)
 # Gloo's bench exists only when CMake found Gloo (libgloo-dev).
 if grep -q "^Gloo_DIR:PATH=" "$build/CMakeCache.txt" && ! grep -q "^Gloo_DIR:PATH=.*NOTFOUND" "$build/CMakeCache.txt"; then
   targets+=(gloo_allreduce_bench)
@@ -130,11 +141,17 @@ braid_bench=$root/$build/bench/allreduce_bench
 mpi_bench=$root/$build/bench/mpi_allreduce_bench
 gloo_bench=$root/$build/bench/gloo_allreduce_bench
 braidrun=$root/$build/tools/braidrun
+if [ "$coll" != allreduce ]; then
+  braid_bench=$root/$build/bench/collective_bench
+  mpi_bench=$root/$build/bench/mpi_collective_bench
+  bench_args+=(--coll "$coll")  # both benches take it
+fi
 if [ -z "$systems" ]; then
   systems=braid
   [ -x "$mpi_bench" ] && systems+=,mpi
-  [ -x "$gloo_bench" ] && systems+=,gloo
+  [ -x "$gloo_bench" ] && [ "$coll" = allreduce ] && systems+=,gloo
 fi
+[ "$coll" = allreduce ] || [[ ,$systems, != *,gloo,* ]] || die "Gloo's bench runs all-reduce only (--coll $coll)"
 IFS=, read -r -a sys_list <<<"$systems"
 entries=()
 for s in "${sys_list[@]}"; do
@@ -227,13 +244,15 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
 
 run_one() {  # LABEL REP
   local label=$1 rep=$2 csv="$out/$1-$2.csv" log="$out/$1-$2.log" rc=0 algo=${1#*-}
+  local algo_arg=()  # allreduce_bench's --algo; collective_bench has none
+  if [ "$coll" = allreduce ]; then algo_arg=(--algo "$algo"); fi
   case $label in
     braid-*)
       if [ "$mode" = local ]; then
-        "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" --algo "$algo" --csv "$csv" >"$log" 2>&1 || rc=$?
+        "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       else
         timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" \
-          "$braid_bench" "${bench_args[@]}" --algo "$algo" --csv "$csv" >"$log" 2>&1 || rc=$?
+          "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       fi ;;
     mpi)
       timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
@@ -275,5 +294,5 @@ if [ -z "$py" ]; then
 fi
 mflag=--inplace
 [ "$inplace" -eq 1 ] || mflag=--out-of-place
-"$py" "$root/bench/compare/report.py" "$out" "$mflag" --title "${title:-all-reduce, $tag, $(hostname)}" "${plot[@]+"${plot[@]}"}" |
+"$py" "$root/bench/compare/report.py" "$out" "$mflag" --title "${title:-$coll, $tag, $(hostname)}" "${plot[@]+"${plot[@]}"}" |
   tee "$out/summary.txt"

@@ -1,0 +1,206 @@
+// collective_bench: nccl-tests' sweep for every collective over braid.
+//
+//   braidrun -n 4 -- collective_bench --coll allgather -b 1K -e 64M -f 2 -c 1
+//   braidrun -n 4 -- all_gather_perf -b 1K -e 64M        (installed names, as nccl-tests)
+//
+// --coll allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv;
+// invoked as all_reduce_perf, all_gather_perf, reduce_scatter_perf, broadcast_perf,
+// reduce_perf, alltoall_perf or sendrecv_perf it runs that one. Flags and columns are
+// nccl-tests' (-b -e -f -n -w -c -d -o -r -z), definitions in collective_perf.hpp;
+// mpi_collective_bench is the same sweep over MPI for side-by-side runs. allreduce_bench
+// stays the richer all-reduce tool (--algo and --codec side by side).
+//
+// Launch: braidrun, torchrun or srun (Communicator::from_env); under mpirun, when built
+// with MPI, through braid::from_mpi as allreduce_bench does.
+#include <braid/braid.hpp>
+#ifdef BRAID_BENCH_MPI
+#include <braid/mpi.hpp>
+#endif
+
+#include <CLI/CLI.hpp>
+
+#include "bench_args.hpp"
+#include "collective_perf.hpp"
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace braid::bench;
+
+braid::DataType to_braid(Type t) {
+  switch (t) {
+    case Type::f32: return braid::DataType::f32;
+    case Type::f64: return braid::DataType::f64;
+    case Type::f16: return braid::DataType::f16;
+    case Type::bf16: return braid::DataType::bf16;
+    case Type::i8: return braid::DataType::i8;
+    case Type::u8: return braid::DataType::u8;
+    case Type::i32: return braid::DataType::i32;
+    case Type::i64: return braid::DataType::i64;
+  }
+  return braid::DataType::f32;
+}
+
+braid::ReduceOp to_braid(Op op) {
+  switch (op) {
+    case Op::sum: return braid::ReduceOp::sum;
+    case Op::prod: return braid::ReduceOp::prod;
+    case Op::min: return braid::ReduceOp::min;
+    case Op::max: return braid::ReduceOp::max;
+    case Op::avg: return braid::ReduceOp::avg;
+  }
+  return braid::ReduceOp::sum;
+}
+
+class BraidBackend final : public Backend {
+ public:
+  explicit BraidBackend(braid::Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int world() const override { return c_.size(); }
+  std::string banner() const override { return "braid " + braid::version(); }
+  void barrier() override { c_.barrier().wait(); }
+  double max(double v) override {
+    c_.allreduce(&v, &v, 1, braid::DataType::f64, braid::ReduceOp::max).wait();
+    return v;
+  }
+  long long sum(long long v) override {
+    std::int64_t x = v;
+    c_.allreduce(&x, &x, 1, braid::DataType::i64, braid::ReduceOp::sum).wait();
+    return x;
+  }
+  void run(Coll coll, const Layout& l, std::size_t count, const TypeInfo& t, Op op, int root, int iters,
+           bool blocking) override {
+    const auto dt = to_braid(t.type);
+    const auto rop = to_braid(op);
+    const int n = c_.size(), r = c_.rank();
+    std::vector<braid::Work> works;
+    for (int it = 0; it < iters; ++it) {
+      switch (coll) {
+        case Coll::allreduce: works.push_back(c_.allreduce(l.in, l.out, count, dt, rop)); break;
+        case Coll::allgather: works.push_back(c_.allgather(l.in, l.out, count, dt)); break;
+        case Coll::reduce_scatter: works.push_back(c_.reduce_scatter(l.in, l.out, count, dt, rop)); break;
+        case Coll::alltoall: works.push_back(c_.alltoall(l.in, l.out, count, dt)); break;
+        case Coll::broadcast: {
+          braid::BroadcastOptions o;
+          o.root = root;
+          works.push_back(c_.broadcast(l.in, l.out, count, dt, o));
+          break;
+        }
+        case Coll::reduce: {
+          braid::ReduceOptions o;
+          o.root = root;
+          works.push_back(c_.reduce(l.in, l.out, count, dt, rop, o));
+          break;
+        }
+        case Coll::sendrecv:
+          works.push_back(c_.send(l.in, count, dt, (r + 1) % n));
+          works.push_back(c_.recv(l.out, count, dt, (r + n - 1) % n));
+          break;
+      }
+      if (blocking) {
+        for (auto& w : works) w.wait();
+        works.clear();
+      }
+    }
+    for (auto& w : works) w.wait();
+  }
+
+ private:
+  braid::Communicator& c_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#ifdef BRAID_BENCH_MPI
+  const bool mpi = braid::launcher() == "mpirun";
+  if (mpi) MPI_Init(&argc, &argv);
+#endif
+  std::string self = argv[0];
+  self = self.substr(self.find_last_of('/') + 1);
+  const CollInfo* by_name = find_coll(self);
+  CLI::App app{"collective_bench: nccl-tests' sweep for every collective over braid. Run under braidrun, mpirun, "
+               "torchrun or srun."};
+  std::string cname = by_name ? by_name->name : "allreduce", minb = "1K", maxb = "64M", dname = "float",
+              oname = "sum", csv;
+  double factor = 2;
+  int iters = 20, warmup = 5, check = 1, root = 0, blocking = 0;
+  app.add_option("--coll", cname, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv")
+      ->capture_default_str();
+  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
+  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
+  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
+  app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64")
+      ->capture_default_str();
+  app.add_option("-o,--op", oname, "sum, prod, min, max, avg (reducing collectives)")->capture_default_str();
+  app.add_option("-r,--root", root, "root rank of broadcast and reduce")->capture_default_str();
+  app.add_option("-z,--blocking", blocking, "1: wait for each call before posting the next")->capture_default_str();
+  app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "accepted for compatibility with allreduce_bench (this bench prints no progress lines)");
+  int rc = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    rc = app.exit(e);
+  }
+  SweepOptions o;
+  if (rc == 0) {
+    o.coll = find_coll(cname);
+    o.type = find_type(dname);
+    o.op_name = oname;
+    o.root = root;
+    o.factor = factor;
+    o.iters = iters;
+    o.warmup = warmup;
+    o.check = check;
+    o.blocking = blocking != 0;
+    o.csv = csv;
+    o.program = "collective_bench";
+    std::string err;
+    if (!o.coll) err += "unknown --coll " + cname + "; ";
+    if (!o.type) err += "unknown -d " + dname + "; ";
+    if (!parse_op(oname, &o.op)) err += "unknown -o " + oname + "; ";
+    try {
+      o.lo = parse_size(minb);
+      o.hi = parse_size(maxb);
+    } catch (const std::exception& e) {
+      err += std::string(e.what()) + "; ";
+    }
+    if (factor <= 1.0) err += "-f must be > 1; ";
+    if (o.hi < o.lo) err += "-e must be >= -b; ";
+    if (!err.empty()) {
+      std::cerr << "collective_bench: bad arguments: " << err << "\n";
+      rc = 2;
+    }
+  }
+  if (rc == 0) {
+    try {
+#ifdef BRAID_BENCH_MPI
+      braid::Communicator comm = mpi ? braid::from_mpi(MPI_COMM_WORLD) : braid::Communicator::from_env();
+#else
+      braid::Communicator comm = braid::Communicator::from_env();
+#endif
+      if (o.coll->rooted && (root < 0 || root >= comm.size()))
+        throw braid::Error(braid::ErrorCode::InvalidUsage,
+                           "-r " + std::to_string(root) + " is not a rank of " + std::to_string(comm.size()));
+      BraidBackend b(comm);
+      rc = sweep(b, o);
+    } catch (const braid::Error& e) {
+      std::cerr << "collective_bench: " << e.what() << "\n";
+      rc = e.code() == braid::ErrorCode::InvalidUsage || e.code() == braid::ErrorCode::Unsupported ? 2 : 1;
+    }
+  }
+#ifdef BRAID_BENCH_MPI
+  if (mpi && rc == 0) MPI_Finalize();
+#endif
+  return rc;
+}
