@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_args.hpp"
+#include "collective_perf.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -50,120 +51,27 @@ using braid::bench::parse_size;
 using braid::DataType;
 using braid::ReduceOp;
 
-// nccl-tests' names for the columns.
+// Types, inputs and expected results are collective_bench's (collective_perf.hpp), whose
+// enums list braid's types and ops in braid's order.
+namespace perf = braid::bench;
+static_assert(static_cast<int>(DataType::f16) == static_cast<int>(perf::Type::f16) &&
+              static_cast<int>(DataType::i64) == static_cast<int>(perf::Type::i64) &&
+              static_cast<int>(ReduceOp::avg) == static_cast<int>(perf::Op::avg));
+perf::Type to_perf(DataType t) { return static_cast<perf::Type>(t); }
+perf::Op to_perf(ReduceOp op) { return static_cast<perf::Op>(op); }
+
 const char* nccl_type_name(DataType t) {
-  switch (t) {
-    case DataType::f32: return "float";
-    case DataType::f64: return "double";
-    case DataType::f16: return "half";
-    case DataType::bf16: return "bfloat16";
-    case DataType::i8: return "int8";
-    case DataType::u8: return "uint8";
-    case DataType::i32: return "int32";
-    case DataType::i64: return "int64";
-  }
+  for (const auto& ti : perf::kTypes)
+    if (ti.type == to_perf(t)) return ti.name;
   return "?";
 }
 
-// --- element conversion for filling and checking ---------------------------------
-std::uint16_t to_half(float f) {  // round to nearest even; inputs are small integers here
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
-  std::uint32_t mant = x & 0x7fffffu;
-  if (((x >> 23) & 0xff) == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
-  if (exp >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (exp <= 0) {
-    if (exp < -10) return static_cast<std::uint16_t>(sign);
-    mant |= 0x800000u;
-    const int shift = 14 - exp;
-    std::uint32_t h = mant >> shift;
-    const std::uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  std::uint32_t h = (static_cast<std::uint32_t>(exp) << 10) | (mant >> 13);
-  const std::uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
-  return static_cast<std::uint16_t>(sign | h);
-}
-float from_half(std::uint16_t h) {
-  const std::uint32_t sign = (h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
-  if (exp == 0) {
-    if (mant == 0) x = sign;
-    else {
-      exp = 127 - 15 + 1;
-      while (!(mant & 0x400u)) { mant <<= 1; --exp; }
-      x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
-  else x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-std::uint16_t to_bf16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t x = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-// Inputs are small integers (exact in every type, sums of a few hundred ranks stay
-// exact even in bf16), so the expected result is exact and #wrong means wrong.
 double input_value(ReduceOp op, int rank, std::size_t i, DataType t) {
-  const auto k = static_cast<long long>((static_cast<std::size_t>(rank) * 7 + i * 13) % 5);
-  if (op == ReduceOp::prod) return (k == 0 && t != DataType::u8) ? -1.0 : 1.0;
-  if (t == DataType::u8) return static_cast<double>(k % 3);
-  return static_cast<double>(k % 3 - 1);  // -1, 0, 1
+  return perf::input_value(to_perf(op), rank, i, to_perf(t));
 }
-
-void store_value(DataType t, void* buf, std::size_t i, double v) {
-  switch (t) {
-    case DataType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DataType::f64: static_cast<double*>(buf)[i] = v; break;
-    case DataType::f16: static_cast<std::uint16_t*>(buf)[i] = to_half(static_cast<float>(v)); break;
-    case DataType::bf16: static_cast<std::uint16_t*>(buf)[i] = to_bf16(static_cast<float>(v)); break;
-    case DataType::i8: static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v); break;
-    case DataType::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
-    case DataType::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-    case DataType::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-  }
-}
-
-// Expected result bits for element i, written into `out` at index 0.
+void store_value(DataType t, void* buf, std::size_t i, double v) { perf::store_value(to_perf(t), buf, i, v); }
 void expected_value(DataType t, ReduceOp op, int world, std::size_t i, void* out) {
-  double acc = input_value(op, 0, i, t);
-  for (int r = 1; r < world; ++r) {
-    const double v = input_value(op, r, i, t);
-    switch (op) {
-      case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
-    }
-  }
-  if (op != ReduceOp::avg) {
-    store_value(t, out, 0, acc);
-    return;
-  }
-  // avg: the exact sum divided once, in the type's arithmetic (as the library does).
-  switch (t) {
-    case DataType::f32: static_cast<float*>(out)[0] = static_cast<float>(acc) / static_cast<float>(world); break;
-    case DataType::f64: static_cast<double*>(out)[0] = acc / world; break;
-    case DataType::f16: static_cast<std::uint16_t*>(out)[0] = to_half(from_half(to_half(static_cast<float>(acc))) / static_cast<float>(world)); break;
-    case DataType::bf16: static_cast<std::uint16_t*>(out)[0] = to_bf16(from_bf16(to_bf16(static_cast<float>(acc))) / static_cast<float>(world)); break;
-    default: store_value(t, out, 0, static_cast<double>(static_cast<long long>(acc) / world)); break;
-  }
+  perf::expected_value(to_perf(t), to_perf(op), world, i, out);
 }
 
 struct Result {
