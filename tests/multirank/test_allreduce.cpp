@@ -16,26 +16,11 @@
 #include <random>
 
 using namespace braid;
+using braid::test::Group;
 using braid::test::run_threads;
 
 namespace {
 
-struct Group {
-  std::unique_ptr<TcpStoreServer> server;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  explicit Group(int n, CommOptions opt = {}) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
-    comms.resize(static_cast<std::size_t>(n));
-    const auto port = server->port();
-    run_threads(n, [&](int r) {
-      comms[static_cast<std::size_t>(r)] =
-          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, opt);
-    });
-  }
-  ~Group() {
-    // Leave together, as a job would.
-    run_threads(static_cast<int>(comms.size()), [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
-  }
-};
 
 double unit_roundoff(DataType t) {
   switch (t) {
@@ -179,7 +164,7 @@ TEST_P(AllreduceThreads, EveryTypeOpAndCount) {
         run_threads(n, [&](int r) {
           auto& o = out[static_cast<std::size_t>(r)];
           const void* src = in_place ? o.data() : in[static_cast<std::size_t>(r)].data();
-          g.comms[static_cast<std::size_t>(r)]->allreduce(src, o.data(), count, t, op).wait();
+          g[r].allreduce(src, o.data(), count, t, op).wait();
         });
         const std::string what = "world " + std::to_string(n) + " count " + std::to_string(count) + " " +
                                  std::string(to_string(t)) + " " + std::string(to_string(op)) +
@@ -202,7 +187,7 @@ TEST(AllreduceSemantics, NanAndInfPropagate) {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max}) {
     std::vector<std::vector<float>> out(3, std::vector<float>(4));
     run_threads(3, [&](int r) {
-      g.comms[static_cast<std::size_t>(r)]->allreduce(in[static_cast<std::size_t>(r)].data(),
+      g[r].allreduce(in[static_cast<std::size_t>(r)].data(),
                                                       out[static_cast<std::size_t>(r)].data(), 4, DataType::f32, op).wait();
     });
     for (int r = 0; r < 3; ++r) {
@@ -223,7 +208,7 @@ TEST(AllreduceSemantics, ManyOutstandingWorksCompleteInOrder) {
     std::vector<Work> works;
     for (int k = 0; k < 50; ++k) {
       std::fill(bufs[static_cast<std::size_t>(k)].begin(), bufs[static_cast<std::size_t>(k)].end(), k * 10 + r);
-      works.push_back(g.comms[static_cast<std::size_t>(r)]->allreduce(
+      works.push_back(g[r].allreduce(
           bufs[static_cast<std::size_t>(k)].data(), bufs[static_cast<std::size_t>(k)].data(), 333, DataType::i64,
           ReduceOp::sum));
     }

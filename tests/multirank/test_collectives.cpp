@@ -23,28 +23,16 @@ using braid::test::run_threads;
 
 namespace {
 
-// A group of `n` communicators in this process; `hosts` > 0 spreads the ranks over
-// that many emulated hosts in blocks (CommOptions::host_id).
-struct Group {
-  std::unique_ptr<TcpStoreServer> server;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  Group(int n, int hosts = 0, std::size_t chunk = 8192) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
-    comms.resize(static_cast<std::size_t>(n));
-    const auto port = server->port();
-    run_threads(n, [&](int r) {
-      CommOptions o;
-      o.timeout = 60s;
-      o.chunk_bytes = chunk;
-      if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r * hosts / n);
-      comms[static_cast<std::size_t>(r)] =
-          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
-    });
+// The shared fixture with this file's settings: a 60 s deadline and 8 KiB pipeline slices
+// (so that small counts already run several slices); `hosts` > 0: emulated hosts.
+struct Group : test::Group {
+  explicit Group(int n, int hosts = 0, std::size_t chunk = 8192) : test::Group(n, options(chunk), hosts) {}
+  static CommOptions options(std::size_t chunk) {
+    CommOptions o;
+    o.timeout = 60s;
+    o.chunk_bytes = chunk;
+    return o;
   }
-  ~Group() {
-    run_threads(static_cast<int>(comms.size()), [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
-  }
-  Communicator& operator[](int r) { return *comms[static_cast<std::size_t>(r)]; }
-  int size() const { return static_cast<int>(comms.size()); }
 };
 
 std::int32_t value(int rank, std::size_t i) { return static_cast<std::int32_t>((rank * 7 + static_cast<int>(i) * 3) % 11) - 5; }

@@ -19,29 +19,11 @@
 
 using namespace braid;
 using braid::test::run_processes_ok;
+using braid::test::Group;
 using braid::test::run_threads;
 
 namespace {
 
-struct Group {
-  std::unique_ptr<TcpStoreServer> server;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  /// `hosts` > 0 spreads the ranks over that many emulated hosts (BRAID_HOST_ID per rank).
-  explicit Group(int n, int hosts = 0) : server(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
-    comms.resize(static_cast<std::size_t>(n));
-    const auto port = server->port();
-    run_threads(n, [&](int r) {
-      CommOptions o;
-      if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r / (n / hosts));
-      comms[static_cast<std::size_t>(r)] =
-          std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
-    });
-  }
-  ~Group() {
-    run_threads(static_cast<int>(comms.size()), [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
-  }
-  Communicator& operator[](int r) { return *comms[static_cast<std::size_t>(r)]; }
-};
 
 std::vector<float> gradient(int rank, int step, std::size_t count) {
   std::mt19937 gen(static_cast<unsigned>(1000 * rank + 17 * step + count));
@@ -299,7 +281,7 @@ TEST(Compressed, AutoOnOneHostDoesNotCompress) {
 // sum (two quantisations of values up to the host sums' block maxima).
 TEST(Compressed, HierarchicalAcrossEmulatedHostsIsIdenticalOnEveryRankAndAccurate) {
   constexpr int n = 4;
-  Group g(n, 2);
+  Group g(n, {}, 2);
   for (const char* codec : {"int8", "fp16", "sign1"}) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
       SCOPED_TRACE(std::string(codec) + " " + std::string(to_string(op)));

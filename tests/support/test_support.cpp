@@ -16,6 +16,23 @@
 
 namespace braid::test {
 
+Group::Group(int n, const CommOptions& options, int hosts)
+    : server_(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
+  comms_.resize(static_cast<std::size_t>(n));
+  const auto port = server_->port();
+  run_threads(n, [&](int r) {
+    CommOptions o = options;
+    if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r * hosts / n);
+    comms_[static_cast<std::size_t>(r)] =
+        std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
+  });
+}
+
+Group::~Group() {
+  // Leave together, as a job's ranks do (a rank that leaves waits for the others).
+  run_threads(size(), [&](int r) { comms_[static_cast<std::size_t>(r)].reset(); });
+}
+
 void run_threads(int size, const std::function<void(int rank)>& fn) {
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
