@@ -19,8 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench_args.hpp"
-#include "collective_perf.hpp"
+#include "collective_args.hpp"
 
 #include <iostream>
 #include <string>
@@ -124,28 +123,10 @@ int main(int argc, char** argv) {
   const CollInfo* by_name = find_coll(self);
   CLI::App app{"collective_bench: nccl-tests' sweep for every collective over braid. Run under braidrun, mpirun, "
                "torchrun or srun."};
-  std::string cname = by_name ? by_name->name : "allreduce", minb = "1K", maxb = "64M", dname = "float",
-              oname = "sum", csv;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1, root = 0, blocking = 0;
-  app.add_option("--coll", cname, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv")
-      ->capture_default_str();
-  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
-  app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64")
-      ->capture_default_str();
-  app.add_option("-o,--op", oname, "sum, prod, min, max, avg (reducing collectives)")->capture_default_str();
-  app.add_option("-r,--root", root, "root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("-z,--blocking", blocking, "1: wait for each call before posting the next")->capture_default_str();
-  app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
-  bool quiet = false;
-  app.add_flag("--quiet", quiet, "accepted for compatibility with allreduce_bench (this bench prints no progress lines)");
+  SweepArgs args;
+  if (by_name) args.coll = by_name->name;
+  add_sweep_options(app, args, "float, half, bfloat16, double, int8, uint8, int32, int64",
+                    "sum, prod, min, max, avg (reducing collectives)", "1: wait for each call before posting the next");
   int rc = 0;
   try {
     app.parse(argc, argv);
@@ -154,29 +135,7 @@ int main(int argc, char** argv) {
   }
   SweepOptions o;
   if (rc == 0) {
-    o.coll = find_coll(cname);
-    o.type = find_type(dname);
-    o.op_name = oname;
-    o.root = root;
-    o.factor = factor;
-    o.iters = iters;
-    o.warmup = warmup;
-    o.check = check;
-    o.blocking = blocking != 0;
-    o.csv = csv;
-    o.program = "collective_bench";
-    std::string err;
-    if (!o.coll) err += "unknown --coll " + cname + "; ";
-    if (!o.type) err += "unknown -d " + dname + "; ";
-    if (!parse_op(oname, &o.op)) err += "unknown -o " + oname + "; ";
-    try {
-      o.lo = parse_size(minb);
-      o.hi = parse_size(maxb);
-    } catch (const std::exception& e) {
-      err += std::string(e.what()) + "; ";
-    }
-    if (factor <= 1.0) err += "-f must be > 1; ";
-    if (o.hi < o.lo) err += "-e must be >= -b; ";
+    const std::string err = resolve(args, "collective_bench", &o);
     if (!err.empty()) {
       std::cerr << "collective_bench: bad arguments: " << err << "\n";
       rc = 2;
@@ -189,9 +148,9 @@ int main(int argc, char** argv) {
 #else
       braid::Communicator comm = braid::Communicator::from_env();
 #endif
-      if (o.coll->rooted && (root < 0 || root >= comm.size()))
+      if (o.coll->rooted && (o.root < 0 || o.root >= comm.size()))
         throw braid::Error(braid::ErrorCode::InvalidUsage,
-                           "-r " + std::to_string(root) + " is not a rank of " + std::to_string(comm.size()));
+                           "-r " + std::to_string(o.root) + " is not a rank of " + std::to_string(comm.size()));
       BraidBackend b(comm);
       rc = sweep(b, o);
     } catch (const braid::Error& e) {

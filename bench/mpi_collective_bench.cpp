@@ -12,8 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench_args.hpp"
-#include "collective_perf.hpp"
+#include "collective_args.hpp"
 
 #include <climits>
 #include <iostream>
@@ -127,28 +126,11 @@ int main(int argc, char** argv) {
     return rc;
   };
   CLI::App app{"mpi_collective_bench: collective_bench's sweep over MPI. Run under mpirun."};
-  std::string cname = "allreduce", minb = "1K", maxb = "64M", dname = "float", oname = "sum", csv;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1, root = 0, blocking = 1;
-  app.add_option("--coll", cname, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv")
-      ->capture_default_str();
-  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
-  app.add_option("-d,--datatype", dname, "float, double, int8, uint8, int32, int64 (no half/bfloat16 in MPI)")
-      ->capture_default_str();
-  app.add_option("-o,--op", oname, "sum, prod, min, max (no avg in MPI)")->capture_default_str();
-  app.add_option("-r,--root", root, "root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("-z,--blocking", blocking, "accepted for compatibility: MPI's blocking calls always wait (as -z 1)")
-      ->capture_default_str();
-  app.add_option("--csv", csv, "also write the table as CSV to this file (rank 0)");
-  bool quiet = false;
-  app.add_flag("--quiet", quiet, "accepted for compatibility with allreduce_bench (this bench prints no progress lines)");
+  SweepArgs args;
+  args.blocking = 1;
+  add_sweep_options(app, args, "float, double, int8, uint8, int32, int64 (no half/bfloat16 in MPI)",
+                    "sum, prod, min, max (no avg in MPI)",
+                    "accepted for compatibility: MPI's blocking calls always wait (as -z 1)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -156,34 +138,14 @@ int main(int argc, char** argv) {
   }
   // Every rank validates the same arguments, so all leave together; rank 0 explains.
   SweepOptions o;
-  o.coll = find_coll(cname);
-  o.type = find_type(dname);
-  o.op_name = oname;
-  o.root = root;
-  o.factor = factor;
-  o.iters = iters;
-  o.warmup = warmup;
-  o.check = check;
+  std::string err = resolve(args, "mpi_collective_bench", &o);
   o.blocking = true;
-  o.csv = csv;
-  o.program = "mpi_collective_bench";
-  std::string err;
-  if (!o.coll) err += "unknown --coll " + cname + "; ";
-  if (!o.type) err += "unknown -d " + dname + "; ";
-  else if (mpi_type(o.type->type) == MPI_DATATYPE_NULL)
-    err += "-d " + dname + " is unsupported by MPI (no standard half-precision type); ";
-  if (!parse_op(oname, &o.op)) err += "unknown -o " + oname + "; ";
-  else if (mpi_op(o.op) == MPI_OP_NULL) err += "-o " + oname + " is unsupported by MPI (no average; use sum); ";
-  try {
-    o.lo = parse_size(minb);
-    o.hi = parse_size(maxb);
-  } catch (const std::exception& e) {
-    err += std::string(e.what()) + "; ";
-  }
-  if (factor <= 1.0) err += "-f must be > 1; ";
-  if (o.hi < o.lo) err += "-e must be >= -b; ";
+  if (o.type && mpi_type(o.type->type) == MPI_DATATYPE_NULL)
+    err += "-d " + args.dtype + " is unsupported by MPI (no standard half-precision type); ";
+  if (Op op{}; parse_op(args.op, &op) && mpi_op(op) == MPI_OP_NULL)
+    err += "-o " + args.op + " is unsupported by MPI (no average; use sum); ";
   if (o.type && o.hi / o.type->size > static_cast<std::size_t>(INT_MAX)) err += "-e too large for an MPI int count; ";
-  if (root < 0 || root >= b.world()) err += "-r " + std::to_string(root) + " is not a rank; ";
+  if (o.root < 0 || o.root >= b.world()) err += "-r " + std::to_string(o.root) + " is not a rank; ";
   if (!err.empty()) {
     if (b.rank() == 0) std::cerr << "mpi_collective_bench: bad arguments: " << err << "\n";
     return finish(2);
