@@ -364,14 +364,18 @@ inline int sweep(Backend& b, const SweepOptions& o) {
     }
     if (rank == 0) {
       const double bytes = static_cast<double>(total * es);
+      double algbw[2], busbw[2];
+      for (int k = 0; k < 2; ++k) {
+        algbw[k] = time_us[k] > 0 ? bytes / (time_us[k] * 1e3) : 0.0;
+        busbw[k] = algbw[k] * bus_factor(c, world);
+      }
       auto cols = [&](int k, char* buf, std::size_t n) {
         if (k == 1 && c == Coll::sendrecv) {
           std::snprintf(buf, n, "%10s %8s %8s %6s", "-", "-", "-", "-");
           return;
         }
-        const double algbw = time_us[k] > 0 ? bytes / (time_us[k] * 1e3) : 0.0;
         const std::string w = wrong[k] < 0 ? std::string("N/A") : std::to_string(wrong[k]);
-        std::snprintf(buf, n, "%10.1f %8.3f %8.3f %6s", time_us[k], algbw, algbw * bus_factor(c, world), w.c_str());
+        std::snprintf(buf, n, "%10.1f %8.3f %8.3f %6s", time_us[k], algbw[k], busbw[k], w.c_str());
       };
       char a[96], bb[96];
       cols(0, a, sizeof a);
@@ -379,15 +383,12 @@ inline int sweep(Backend& b, const SweepOptions& o) {
       std::printf(" %12zu %12zu %8s %6s %6d %s %s\n", total * es, total, o.type->name,
                   o.coll->reduces ? o.op_name.c_str() : "none", o.coll->rooted ? o.root : -1, a, bb);
       std::fflush(stdout);
-      if (csvf) {
-        const double alg0 = time_us[0] > 0 ? bytes / (time_us[0] * 1e3) : 0.0;
-        const double alg1 = time_us[1] > 0 ? bytes / (time_us[1] * 1e3) : 0.0;
+      if (csvf)
         csvf << o.coll->name << ',' << total * es << ',' << total << ',' << o.type->name << ','
              << (o.coll->reduces ? o.op_name : "none") << ',' << (o.coll->rooted ? o.root : -1) << ',' << time_us[0]
-             << ',' << alg0 << ',' << alg0 * bus_factor(c, world) << ',' << wrong[0] << ',' << time_us[1] << ','
-             << alg1 << ',' << alg1 * bus_factor(c, world) << ',' << wrong[1] << '\n';
-      }
-      busbw_sum += time_us[0] > 0 ? bytes / (time_us[0] * 1e3) * bus_factor(c, world) : 0.0;
+             << ',' << algbw[0] << ',' << busbw[0] << ',' << wrong[0] << ',' << time_us[1] << ',' << algbw[1] << ','
+             << busbw[1] << ',' << wrong[1] << '\n';
+      busbw_sum += busbw[0];
     }
     ++nsizes;
     if (size >= o.hi) break;

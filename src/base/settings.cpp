@@ -16,15 +16,19 @@ namespace braid::base {
 
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 // A row's '|'-separated choices (or an integer's keywords); none for an empty string.
 std::vector<std::string> split_choices(const std::string& s) {
   if (s.empty()) return {};
   return split(s, '|');
+}
+
+// Whether `text` is one of the '|'-separated `choices`, ignoring case.
+bool is_one_of(const std::string& choices, const std::string& text) {
+  const std::string l = lower(text);
+  for (const auto& c : split_choices(choices))
+    if (lower(c) == l) return true;
+  return false;
 }
 
 // "a, b or c"
@@ -56,24 +60,19 @@ bool parse_value(const Setting& row, const std::string& text, Settings::Value* o
       *out = text;
       return true;
     case SettingType::choice: {
-      const auto cs = split_choices(row.choices);
-      const std::string l = lower(text);
-      for (const auto& c : cs)
-        if (lower(c) == l) {
-          *out = l;
-          return true;
-        }
-      *expected = spell_choices(cs);
+      if (is_one_of(row.choices, text)) {
+        *out = lower(text);
+        return true;
+      }
+      *expected = spell_choices(split_choices(row.choices));
       return false;
     }
     case SettingType::integer: {
       const auto keywords = split_choices(row.choices);
-      const std::string l = lower(text);
-      for (const auto& k : keywords)
-        if (lower(k) == l) {
-          *out = std::monostate{};
-          return true;
-        }
+      if (is_one_of(row.choices, text)) {  // a keyword such as "auto": unset
+        *out = std::monostate{};
+        return true;
+      }
       const double lo = row.min, hi = row.max == row.min ? 9.2e18 : row.max;
       *expected = "an integer in [" + number(lo) + ", " + number(hi) + "]";
       if (!keywords.empty()) *expected += " or " + spell_choices(keywords);

@@ -1,5 +1,6 @@
 #include "base/text.hpp"
 
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -58,6 +59,12 @@ bool parse_int64(const std::string& s, std::int64_t* out) {
   const char* end = s.data() + s.size();
   auto r = std::from_chars(s.data(), end, *out);
   return r.ec == std::errc() && r.ptr == end;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace braid::base {
@@ -22,6 +23,9 @@ std::string quote(const std::string& key);
 
 /// Up to 10 quoted keys, comma-separated, then "... (N in all)".
 std::string quote_keys(const std::vector<std::string>& keys);
+
+/// `s` in ASCII lowercase.
+std::string lower(std::string_view s);
 
 /// The fields of `s` between `sep` characters, empty ones included ("a;;b" -> a, "", b;
 /// "" -> one empty field).

@@ -1,6 +1,8 @@
 // Names and sizes of the public enums.
 #include <braid/types.hpp>
 
+#include "base/text.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <string>
@@ -43,17 +45,9 @@ std::string_view to_string(Algorithm a) noexcept {
   return i < std::size(names) ? names[i] : "invalid";
 }
 
-namespace {
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-}  // namespace
 
 std::optional<DataType> parse_dtype(std::string_view name) noexcept {
-  const std::string n = lower(name);
+  const std::string n = base::lower(name);
   struct Alias { const char* name; DataType t; };
   static constexpr Alias aliases[] = {
       {"f32", DataType::f32},   {"float", DataType::f32},   {"float32", DataType::f32},
@@ -71,14 +65,14 @@ std::optional<DataType> parse_dtype(std::string_view name) noexcept {
 }
 
 std::optional<ReduceOp> parse_op(std::string_view name) noexcept {
-  const std::string n = lower(name);
+  const std::string n = base::lower(name);
   for (int i = 0; i < kNumReduceOps; ++i)
     if (n == to_string(static_cast<ReduceOp>(i))) return static_cast<ReduceOp>(i);
   return std::nullopt;
 }
 
 std::optional<Algorithm> parse_algorithm(std::string_view name) noexcept {
-  const std::string n = lower(name);
+  const std::string n = base::lower(name);
   if (n == "hierarchical") return Algorithm::hierarchical;
   if (n == "automatic") return Algorithm::automatic;
   for (int i = 0; i <= static_cast<int>(Algorithm::hierarchical); ++i)

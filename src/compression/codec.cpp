@@ -1,6 +1,7 @@
 // Codec names and dispatch to the host kernels (src/kernels/host/codec_kernels.*).
 #include "compression/codec.hpp"
 
+#include "base/text.hpp"
 #include "kernels/host/codec_kernels.hpp"
 
 #include <braid/error.hpp>
@@ -166,8 +167,7 @@ void decode_impl(const CodecSpec& spec, const std::uint8_t* in, std::size_t coun
 }  // namespace
 
 CodecSpec parse_codec(std::string_view text) {
-  std::string s(text);
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string s = base::lower(text);
   std::vector<std::string> parts;
   {
     std::size_t start = 0;

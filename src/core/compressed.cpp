@@ -396,11 +396,9 @@ std::shared_ptr<Communicator::Impl::Hierarchy> Communicator::Impl::hierarchy_for
       h->local_size = per_host;
       h->hosts = l.hosts();
       const int my_host = l.host_of[static_cast<std::size_t>(rank)];
-      const int local_rank = l.local_rank;
-      const int nhosts = l.hosts();
       h->local = std::make_unique<Communicator>(split_impl(my_host, rank));
-      h->cross = std::make_unique<Communicator>(split_impl(local_rank, my_host));
-      BRAID_LOG(info, "compressed all-reduce: hierarchical, " << nhosts << " hosts x " << per_host
+      h->cross = std::make_unique<Communicator>(split_impl(l.local_rank, my_host));
+      BRAID_LOG(info, "compressed all-reduce: hierarchical, " << l.hosts() << " hosts x " << per_host
                                                               << " ranks (uncompressed inside a host)");
     }
   }

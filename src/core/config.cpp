@@ -3,6 +3,7 @@
 #include "core/config.hpp"
 
 #include "base/check.hpp"
+#include "base/text.hpp"
 #include "transport/registry.hpp"
 
 #include <algorithm>
@@ -196,11 +197,9 @@ Config Config::parse(const Lookup& lookup) {
                 : level == "trace" ? LogLevel::trace
                                    : LogLevel::warn;
   c.timeout = s.duration("BRAID_TIMEOUT");
-  c.algo = s.text("BRAID_ALGO");
-  std::transform(c.algo.begin(), c.algo.end(), c.algo.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  c.algo = base::lower(s.text("BRAID_ALGO"));
   c.tune_measure = s.text("BRAID_TUNE") == "measure";
-  c.codec = s.text("BRAID_CODEC");
-  std::transform(c.codec.begin(), c.codec.end(), c.codec.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  c.codec = base::lower(s.text("BRAID_CODEC"));
   c.codec_max_error = s.real("BRAID_CODEC_MAX_ERROR");
   c.transport = s.text("BRAID_TRANSPORT");
   c.chunk_bytes = s.bytes("BRAID_CHUNK_BYTES");
