@@ -148,14 +148,14 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     // Every transport this communicator may use is made now (each publishes its address
     // for the peers); connections are made lazily, per pair, by route().
     transport::TransportContext c;
-    c.rank = opt_.rank;
-    c.size = opt_.size;
-    c.auth_token = opt_.auth_token;
-    c.comm_id = opt_.comm_id;
-    c.connect_timeout = opt_.connect_timeout;
+    c.common.rank = opt_.rank;
+    c.common.size = opt_.size;
+    c.common.auth_token = opt_.auth_token;
+    c.common.comm_id = opt_.comm_id;
+    c.common.connect_timeout = opt_.connect_timeout;
+    c.common.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     c.master_addr = opt_.master_addr;
     c.settings = opt_.settings;
-    c.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     c.poller = poller_.get();
     c.directory = directory_.get();
     for (const auto* e : router_->entries()) transports_.push_back(e->make(c));

@@ -30,20 +30,14 @@ struct PairFacts {
 
 /// The communicator-wide facts a factory gets.
 struct TransportContext {
-  int rank = 0;
-  int size = 1;
-  /// Shared secret every incoming connection must present (per job; see the store).
-  std::string auth_token;
-  /// Identifies the communicator; a hello for another communicator is refused.
-  std::uint64_t comm_id = 0;
-  /// Bound on connection set-up (the communicator's timeout).
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
+  /// Rank, size, the per-job token, the communicator id, the set-up bound (the
+  /// communicator's timeout) and where refused strangers are reported; a factory copies
+  /// them into its transport's options.
+  CommonOptions common;
   /// Address of the bootstrap store; a hint for picking the interface that reaches peers.
   std::string master_addr;
   /// The parsed configuration; an entry reads its own rows from it.
   const base::Settings* settings = nullptr;
-  /// Told (on the progress thread) about every refused stranger; the engine logs it.
-  std::function<void(const std::string&)> on_refused;
   Poller* poller = nullptr;
   PeerDirectory* directory = nullptr;
 };

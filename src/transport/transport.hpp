@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,22 @@ namespace braid::transport {
 
 /// The event loop transports register their file descriptors with (base/poller.hpp).
 using base::Poller;
+
+/// What every transport instance needs to know about its communicator; each transport's
+/// options (TcpOptions, ShmOptions) add their own settings to these.
+struct CommonOptions {
+  int rank = 0;
+  int size = 1;
+  /// Shared secret every incoming connection must present in its hello.
+  std::string auth_token;
+  /// Identifies the communicator; a hello for another communicator is refused.
+  std::uint64_t comm_id = 0;
+  /// Bound on connection set-up (connect retries, finding the peer, the handshake).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  /// Told (on the progress thread) about every incoming connection that is refused
+  /// because it is not an authenticated peer of this communicator; the engine logs it.
+  std::function<void(const std::string&)> on_refused;
+};
 
 /// One posted send or receive. Owned by the caller, who must keep it alive (at a
 /// stable address) until it is no longer pending. Completed by the transport.

@@ -9,14 +9,9 @@ namespace {
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
   ShmOptions so;
-  so.rank = c.rank;
-  so.size = c.size;
-  so.auth_token = c.auth_token;
-  so.comm_id = c.comm_id;
-  so.connect_timeout = c.connect_timeout;
+  static_cast<CommonOptions&>(so) = c.common;
   so.slot_bytes = c.settings->bytes("BRAID_SHM_SLOT_BYTES");
   so.slots = static_cast<int>(c.settings->integer("BRAID_SHM_SLOTS").value_or(8));
-  so.on_refused = c.on_refused;
   return make_shm_transport(so, *c.poller, *c.directory);
 }
 

@@ -18,25 +18,14 @@ namespace braid::transport {
 /// Settings of one shared-memory transport instance (one per communicator). Every
 /// rank of a communicator must use the same `slots` and `slot_bytes` (checked at
 /// connection set-up); the other fields are local choices.
-struct ShmOptions {
-  int rank = 0;
-  int size = 1;
-  /// Shared secret every incoming connection must present in its hello.
-  std::string auth_token;
-  /// Identifies the communicator; names its segments and doorbell sockets, and a
-  /// hello for another communicator is refused.
-  std::uint64_t comm_id = 0;
+/// comm_id (CommonOptions) also names the communicator's segments and doorbell sockets.
+struct ShmOptions : CommonOptions {
   /// Payload bytes of one ring slot; a multiple of 4096 in [4096, 1 GiB]. Messages
   /// are cut into parts of this size.
   std::size_t slot_bytes = std::size_t{512} << 10;
   /// Slots per ring, in [1, 4096]. A pair of ranks shares one segment holding two
   /// rings, i.e. about 2 * slots * slot_bytes of /dev/shm (8 MiB by default).
   int slots = 8;
-  /// Bound on finding the peer's doorbell socket and completing the handshake.
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  /// Told (on the progress thread) about every incoming connection that is refused
-  /// because it is not an authenticated peer of this communicator; the engine logs it.
-  std::function<void(const std::string&)> on_refused;
   /// Directory in which segments are created (a tmpfs). Tests point it elsewhere.
   std::string segment_dir = "/dev/shm";
 };

@@ -8,16 +8,11 @@ namespace {
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
   TcpOptions t;
-  t.rank = c.rank;
-  t.size = c.size;
+  static_cast<CommonOptions&>(t) = c.common;
   t.sockets_per_peer = static_cast<int>(c.settings->integer("BRAID_SOCKETS_PER_PEER").value_or(1));
   t.ifname = c.settings->text("BRAID_SOCKET_IFNAME");
   t.master_addr = c.master_addr;
   t.socket_buffer = c.settings->bytes("BRAID_SOCKET_BUFFER");
-  t.auth_token = c.auth_token;
-  t.comm_id = c.comm_id;
-  t.connect_timeout = c.connect_timeout;
-  t.on_refused = c.on_refused;
   return make_tcp_transport(t, *c.poller, *c.directory);
 }
 

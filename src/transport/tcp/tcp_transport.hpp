@@ -14,9 +14,7 @@
 namespace braid::transport {
 
 /// Settings of one TCP transport instance (one per communicator).
-struct TcpOptions {
-  int rank = 0;
-  int size = 1;
+struct TcpOptions : CommonOptions {
   /// Sockets opened per peer; large messages are striped across them.
   int sockets_per_peer = 1;
   /// Interface whose IPv4 address is bound and advertised (BRAID_SOCKET_IFNAME);
@@ -26,15 +24,6 @@ struct TcpOptions {
   std::string master_addr;
   /// SO_SNDBUF/SO_RCVBUF in bytes; 0 leaves the OS default (autotuning).
   std::size_t socket_buffer = 0;
-  /// Shared secret every incoming connection must present in its hello.
-  std::string auth_token;
-  /// Identifies the communicator; a hello for another communicator is refused.
-  std::uint64_t comm_id = 0;
-  /// Bound on connect retries for one socket.
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
-  /// Told (on the progress thread) about every incoming connection that is refused
-  /// because it is not an authenticated peer of this communicator; the engine logs it.
-  std::function<void(const std::string&)> on_refused;
 };
 
 /// Creates the transport: binds a listening socket, registers it with `poller`, and
