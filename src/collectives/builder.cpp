@@ -31,11 +31,21 @@ std::uint64_t Builder::scratch(std::uint64_t count) noexcept {
   return at;
 }
 
+std::uint64_t Builder::packed(std::uint64_t count) noexcept {
+  const std::uint64_t f = std::max<std::uint64_t>(1, plan_.packed_frame);
+  const std::uint64_t at = (plan_.packed_count + f - 1) / f * f;
+  plan_.packed_count = at + count;
+  return at;
+}
+
 Builder::Span Builder::span(const Region& r) const noexcept {
   switch (r.buf) {
     case Buffer::input: return {0, in_base_ + r.offset, in_base_ + r.offset + r.count};
     case Buffer::output: return {0, out_base_ + r.offset, out_base_ + r.offset + r.count};
-    default: return {1, r.offset, r.offset + r.count};
+    case Buffer::scratch: return {1, r.offset, r.offset + r.count};
+    case Buffer::packed: return {2, r.offset, r.offset + r.count};
+    case Buffer::feedback_worker: return {3, r.offset, r.offset + r.count};
+    default: return {4, r.offset, r.offset + r.count};
   }
 }
 
@@ -140,6 +150,51 @@ std::uint32_t Builder::reduce(const Region& a, const Region& b, const Region& ds
   return emit(s, {&a, &b}, &dst, {});
 }
 
+std::uint32_t Builder::encode(const Region& src, const Region& residual, const Region& dst, std::uint8_t stream,
+                              int stream_rank, std::uint64_t at, std::uint32_t phase) {
+  if (src.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::encode;
+  s.src = src;
+  s.src2 = residual;
+  s.dst = dst;
+  s.stream = stream;
+  s.stream_rank = stream_rank;
+  s.at = at;
+  s.phase = phase;
+  if (residual.count == 0) return emit(s, {&src}, &dst, {});
+  // The residual is read and rewritten: a write covers both hazards.
+  std::vector<std::uint32_t> deps;
+  hazards(residual, true, deps);
+  const std::uint32_t i = emit(s, {&src}, &dst, deps);
+  record(residual, true, i);
+  return i;
+}
+
+std::uint32_t Builder::decode(const Region& src, const Region& dst, std::uint32_t phase, bool sum_start,
+                              bool finalize) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::decode;
+  s.src = src;
+  s.dst = dst;
+  s.sum_start = sum_start;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {&src}, &dst, {});
+}
+
+std::uint32_t Builder::decode_add(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
+  if (dst.count == 0) return kNoStep;
+  Step s;
+  s.kind = StepKind::decode_add;
+  s.src = src;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.phase = phase;
+  return emit(s, {&src, &dst}, &dst, {});
+}
+
 std::vector<int> topology_order(const PlanRequest& req) {
   std::vector<int> order(static_cast<std::size_t>(req.world));
   std::iota(order.begin(), order.end(), 0);
@@ -149,6 +204,27 @@ std::vector<int> topology_order(const PlanRequest& req) {
       return (*host)[static_cast<std::size_t>(a)] < (*host)[static_cast<std::size_t>(b)];
     });
   return order;
+}
+
+bool host_rings(const PlanRequest& req, Ring& intra, Ring& inter) {
+  const auto* host_of = req.host_of.get();
+  if (!host_of || host_of->size() != static_cast<std::size_t>(req.world)) return false;
+  std::map<int, std::vector<int>> by_host;  // host -> ranks, ascending
+  for (int r = 0; r < req.world; ++r) by_host[(*host_of)[static_cast<std::size_t>(r)]].push_back(r);
+  const std::size_t L = by_host.begin()->second.size();
+  for (const auto& [h, ranks] : by_host)
+    if (ranks.size() != L) return false;
+  if (by_host.size() == 1 || L == 1) return false;
+  intra = Ring{};
+  inter = Ring{};
+  intra.ranks = by_host[(*host_of)[static_cast<std::size_t>(req.rank)]];
+  intra.pos = static_cast<int>(std::find(intra.ranks.begin(), intra.ranks.end(), req.rank) - intra.ranks.begin());
+  const auto l = static_cast<std::size_t>(intra.pos);
+  for (const auto& [h, ranks] : by_host) {
+    if (ranks[l] == req.rank) inter.pos = inter.size();
+    inter.ranks.push_back(ranks[l]);
+  }
+  return true;
 }
 
 Ring ring_from(const PlanRequest& req, int first) {

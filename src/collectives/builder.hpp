@@ -52,6 +52,9 @@ class Builder {
 
   /// Reserves `count` elements of scratch; returns their offset.
   std::uint64_t scratch(std::uint64_t count) noexcept;
+  /// Reserves `count` encoded values of the packed buffer, from a multiple of
+  /// Plan::packed_frame (set it first); returns their offset.
+  std::uint64_t packed(std::uint64_t count) noexcept;
 
   // Each appends one step (none, returning kNoStep, for an empty region: both ends of
   // a message see the same size, so both skip it) and returns its index. `after` adds
@@ -65,6 +68,16 @@ class Builder {
   std::uint32_t copy(const Region& src, const Region& dst, std::uint32_t phase, bool finalize = false);
   /// dst = a (op) b.
   std::uint32_t reduce(const Region& a, const Region& b, const Region& dst, std::uint32_t phase, bool finalize = false);
+  /// dst (packed) = encode(src [+ residual]); `residual` (src's size, in a feedback
+  /// buffer) is updated; pass a region of count 0 for none. `stream` and `stream_rank`
+  /// pick the RNG stream, `at` is src's global index.
+  std::uint32_t encode(const Region& src, const Region& residual, const Region& dst, std::uint8_t stream,
+                       int stream_rank, std::uint64_t at, std::uint32_t phase);
+  /// dst = decode(src) (sum_start: +0.0f + decode(src)); finalize as for copy.
+  std::uint32_t decode(const Region& src, const Region& dst, std::uint32_t phase, bool sum_start,
+                       bool finalize = false);
+  /// dst += decode(src).
+  std::uint32_t decode_add(const Region& src, const Region& dst, std::uint32_t phase, bool finalize = false);
 
  private:
   struct Seg {
@@ -87,7 +100,7 @@ class Builder {
   Plan& plan_;
   std::uint64_t slice_ = 1;
   std::uint64_t in_base_ = 0, out_base_ = 0;  // offsets of input/output in the aliased space
-  Space spaces_[2];                           // 0: input/output, 1: scratch
+  Space spaces_[5];  // 0: input/output, 1: scratch, 2: packed, 3-4: feedback residuals
 };
 
 /// A ring of ranks: ranks[i] sends to ranks[(i + 1) % size]; this rank is ranks[pos].
@@ -102,6 +115,12 @@ struct Ring {
 std::vector<int> topology_order(const PlanRequest& req);
 /// topology_order() rotated to start at `first`, as a Ring holding this rank.
 Ring ring_from(const PlanRequest& req, int first);
+
+/// The rings of a hierarchical plan: this host's ranks (in rank order) and the ranks
+/// with this rank's local index on every host (in host order). False when
+/// PlanRequest::host_of is missing or malformed, when hosts have different numbers of
+/// ranks, or when there is one host or one rank per host (nothing to split).
+bool host_rings(const PlanRequest& req, Ring& intra, Ring& inter);
 
 /// Where block b of a phase lives (b indexes ring positions).
 using BlockFn = std::function<Region(std::uint64_t b)>;
@@ -135,5 +154,7 @@ bool build_hierarchical_allreduce(Builder& b); // hierarchical.cpp
 void build_deterministic_allreduce(Builder& b);       // deterministic.cpp
 void build_deterministic_reduce_scatter(Builder& b);  // deterministic.cpp
 void build_deterministic_reduce(Builder& b);          // deterministic.cpp
+/// PlanRequest::codec set: two-phase, sparse all-gather (topk) or hierarchical two-phase.
+void build_compressed_allreduce(Builder& b);          // compressed.cpp
 
 }  // namespace braid::collectives

@@ -11,6 +11,8 @@
 // bucket per distinct time under a heap of times.
 #include "collectives/cost.hpp"
 
+#include "compression/framed.hpp"
+
 #include "base/text.hpp"
 
 #include <braid/error.hpp>
@@ -148,6 +150,13 @@ int Topology::num_hosts() const {
 
 namespace {
 
+// Bytes of a region on the wire: elements of the call's type, or a framed payload
+// (compression/framed.hpp) for the packed buffer of a compressed plan.
+std::uint64_t region_bytes(const Plan& plan, const Region& r, std::size_t elem_size) {
+  if (r.buf != Buffer::packed) return r.count * elem_size;
+  return compression::framed_bytes(plan.request.codec, plan.packed_frame, r.count);
+}
+
 constexpr std::uint32_t kNone = 0xffffffffu;
 
 enum : std::uint8_t { kPrevPosted = 1, kPosted = 2, kArrived = 4, kDone = 8, kWaiting = 16 };
@@ -271,7 +280,10 @@ struct Sim {
       SimStep x;
       x.kind = static_cast<std::uint8_t>(s.kind);
       x.peer = s.peer;
-      x.bytes = (s.kind == StepKind::send ? s.src.count : s.dst.count) * es;
+      x.bytes = region_bytes(plan, s.kind == StepKind::send ? s.src : s.dst, es);
+      // Codec passes are priced per f32 byte of their values, at γ.
+      if (s.kind == StepKind::encode) x.bytes = s.src.count * 4;
+      if (s.kind == StepKind::decode || s.kind == StepKind::decode_add) x.bytes = s.dst.count * 4;
       x.deps_left = s.dep_count;
       x.rdep_begin = rbase + rcount[i];
       std::uint32_t* last = &last_local;
@@ -397,6 +409,9 @@ struct Sim {
         schedule(reserve_compute(r, t, static_cast<double>(x.bytes) * copy_beta), g, r);
         break;
       case StepKind::reduce:
+      case StepKind::encode:
+      case StepKind::decode:
+      case StepKind::decode_add:
         schedule(reserve_compute(r, t, static_cast<double>(x.bytes) * gamma), g, r);
         break;
     }

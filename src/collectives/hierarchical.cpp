@@ -21,30 +21,15 @@
 // NCCL also builds its trees and rings over uniform nodes).
 #include "collectives/builder.hpp"
 
-#include <map>
-
 namespace braid::collectives {
 
 bool build_hierarchical_allreduce(Builder& b) {
   const PlanRequest& req = b.req();
-  const auto* host_of = req.host_of.get();
-  if (!host_of || host_of->size() != static_cast<std::size_t>(req.world)) return false;
-  std::map<int, std::vector<int>> by_host;  // host -> ranks, ascending
-  for (int r = 0; r < req.world; ++r) by_host[(*host_of)[static_cast<std::size_t>(r)]].push_back(r);
-  const std::size_t L = by_host.begin()->second.size(), H = by_host.size();
-  for (const auto& [h, ranks] : by_host)
-    if (ranks.size() != L) return false;
-  if (H == 1 || L == 1) return false;
-  if (req.count == 0) return true;
-
   Ring intra, inter;
-  intra.ranks = by_host[(*host_of)[static_cast<std::size_t>(req.rank)]];
-  intra.pos = static_cast<int>(std::find(intra.ranks.begin(), intra.ranks.end(), req.rank) - intra.ranks.begin());
+  if (!host_rings(req, intra, inter)) return false;
+  if (req.count == 0) return true;
+  const auto L = static_cast<std::size_t>(intra.size()), H = static_cast<std::size_t>(inter.size());
   const auto l = static_cast<std::size_t>(intra.pos);
-  for (const auto& [h, ranks] : by_host) {
-    if (ranks[l] == req.rank) inter.pos = inter.size();
-    inter.ranks.push_back(ranks[l]);
-  }
   auto block = [&](Buffer buf, std::uint64_t i) {
     const std::uint64_t at = part_offset(req.count, L, i);
     return Region{buf, at, part_offset(req.count, L, i + 1) - at};

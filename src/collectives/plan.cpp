@@ -57,13 +57,13 @@ std::uint32_t Plan::add(Step step, const std::vector<std::uint32_t>& deps_of) {
 void Plan::seal() {
   std::set<int> p;
   for (const auto& s : steps)
-    if (s.kind != StepKind::copy && s.kind != StepKind::reduce) p.insert(s.peer);
+    if (!is_local(s.kind)) p.insert(s.peer);
   peers.assign(p.begin(), p.end());
 }
 
 std::string Plan::describe() const {
-  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce"};
-  static const char* bufs[] = {"in", "out", "scratch"};
+  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce", "encode", "decode", "decode_add"};
+  static const char* bufs[] = {"in", "out", "scratch", "packed", "fb_worker", "fb_owner"};
   std::ostringstream os;
   os << to_string(request.collective) << "/" << name() << " rank "
      << request.rank << "/" << request.world << " count " << request.count << ": " << steps.size()
@@ -74,11 +74,14 @@ std::string Plan::describe() const {
     if (s.peer >= 0) os << " peer " << s.peer;
     if (s.kind != StepKind::recv)
       os << " src " << bufs[static_cast<int>(s.src.buf)] << "[" << s.src.offset << "+" << s.src.count << "]";
-    if (s.kind == StepKind::reduce)
+    if (s.kind == StepKind::reduce || (s.kind == StepKind::encode && s.src2.count > 0))
       os << " src2 " << bufs[static_cast<int>(s.src2.buf)] << "[" << s.src2.offset << "+" << s.src2.count << "]";
     if (s.kind != StepKind::send)
       os << " dst " << bufs[static_cast<int>(s.dst.buf)] << "[" << s.dst.offset << "+" << s.dst.count << "]";
     if (s.finalize) os << " finalize";
+    if (s.sum_start) os << " sum_start";
+    if (s.kind == StepKind::encode)
+      os << " stream " << (s.stream ? "owner" : "worker") << "@" << s.stream_rank << " at " << s.at;
     if (s.dep_count) {
       os << " after";
       for (std::uint32_t d = 0; d < s.dep_count; ++d) os << " " << deps[s.dep_begin + d];
@@ -131,6 +134,21 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   auto plan = std::make_shared<Plan>();
   plan->request = req;
   Algorithm& algo = plan->request.algorithm;
+  if (req.codec.kind != compression::CodecKind::none) {
+    // Compression inside the all-reduce (compressed.cpp): the codec decides the schedule.
+    if (req.collective != Collective::allreduce || req.codec.kind == compression::CodecKind::automatic ||
+        req.deterministic || algo != Algorithm::automatic || (req.op != ReduceOp::sum && req.op != ReduceOp::avg) ||
+        req.elem_size != 4)
+      throw Error(ErrorCode::InvalidUsage,
+                  "a compressed plan is an f32 sum or avg all-reduce with a concrete codec, algorithm automatic and "
+                  "not deterministic (got " + std::string(to_string(req.collective)) + ", codec " +
+                      compression::name(req.codec) + ", algorithm " + std::string(braid::to_string(algo)) + ")");
+    Builder b(*plan);
+    build_compressed_allreduce(b);
+    if (plan->phase_names.empty()) plan->phase_names.push_back("none");
+    plan->seal();
+    return plan;
+  }
   const auto offered = algorithms_for(req.collective);
   if (algo != Algorithm::automatic && std::find(offered.begin(), offered.end(), algo) == offered.end()) refuse(req);
   Builder b(*plan);

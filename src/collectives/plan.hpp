@@ -25,7 +25,17 @@
 // - `finalize` on a step that writes dst applies the op's finishing touch to dst once
 //   the step is done (avg: divide by the world size). Each output element must be
 //   finalized exactly once for avg, never for other ops.
+// - Compressed plans (PlanRequest::codec set; collectives/compressed.cpp) also encode
+//   f32 values into the `packed` buffer and decode them back (encode, decode,
+//   decode_add), and send and receive packed regions. Packed regions count encoded
+//   values and start at a multiple of Plan::packed_frame; their bytes are
+//   compression/framed.hpp's layout. An encode may carry error feedback: src2 is then
+//   a region of a residual buffer (feedback_worker, feedback_owner) of src's size, read
+//   and rewritten by the step. Residuals persist across calls (the communicator's
+//   error-feedback store); every other buffer is the call's.
 #pragma once
+
+#include "compression/codec.hpp"
 
 #include <braid/types.hpp>
 
@@ -44,7 +54,17 @@ enum class Collective : std::uint8_t { allreduce = 0, broadcast, reduce, allgath
 const char* to_string(Collective c) noexcept;
 
 /// The buffers a plan addresses. In-place calls alias input and output.
-enum class Buffer : std::uint8_t { input = 0, output, scratch };
+enum class Buffer : std::uint8_t {
+  input = 0,
+  output,
+  scratch,
+  packed,           ///< encoded payloads (compressed plans; counted in encoded values)
+  feedback_worker,  ///< error-feedback residual of a worker's encodes (persistent, f32)
+  feedback_owner,   ///< error-feedback residual of a shard owner's encodes (persistent, f32)
+};
+
+/// Number of Buffer values.
+inline constexpr int kNumBuffers = 6;
 
 /// A contiguous range of elements of one buffer.
 struct Region {
@@ -60,7 +80,15 @@ enum class StepKind : std::uint8_t {
   recv_reduce,  ///< dst = src (op) message from peer
   copy,         ///< dst = src (local)
   reduce,       ///< dst = src (op) src2 (local; for fixed-order reductions)
+  encode,       ///< dst (packed) = encode(src [+ residual src2]); residual src2 updated
+  decode,       ///< dst = decode(src packed); with sum_start, +0.0f + decode(src)
+  decode_add,   ///< dst = dst + decode(src packed) (f32)
 };
+
+/// True for the steps that run on the rank itself (no peer): in plan order.
+constexpr bool is_local(StepKind k) noexcept {
+  return k != StepKind::send && k != StepKind::recv && k != StepKind::recv_reduce;
+}
 
 /// One step of one rank's plan.
 struct Step {
@@ -73,6 +101,11 @@ struct Step {
   std::uint32_t dep_begin = 0;  ///< dependencies are deps[dep_begin, dep_begin + dep_count)
   std::uint32_t dep_count = 0;
   std::uint32_t phase = 0;      ///< index into Plan::phase_names, for error messages
+  // Compressed plans only:
+  bool sum_start = false;        ///< decode: the first term of a sum from +0.0f
+  std::uint8_t stream = 0;       ///< encode: compression::Phase (worker 0, owner 1) of the RNG stream
+  std::int32_t stream_rank = 0;  ///< encode: the rank that keys the RNG stream (a group position)
+  std::uint64_t at = 0;          ///< encode: global index of src's first value (keys the RNG)
 };
 
 /// What an algorithm is asked to plan.
@@ -93,6 +126,12 @@ struct PlanRequest {
   /// Plans differ with it, so it belongs in any plan cache key (it is fixed per
   /// communicator).
   std::shared_ptr<const std::vector<int>> host_of;
+  /// Compressed all-reduce (f32 sum/avg): the concrete codec; CodecKind::none for every
+  /// other plan. The algorithm is then the codec's own (see compressed.cpp) and
+  /// `algorithm` must be automatic.
+  compression::CodecSpec codec;
+  /// Compressed plans: encode with error feedback (residual buffers).
+  bool feedback = false;
 };
 
 /// Element counts of a collective's two user buffers (see buffer_counts()).
@@ -129,11 +168,18 @@ BufferCounts buffer_counts(const PlanRequest& req) noexcept;
 struct Plan {
   PlanRequest request;
   std::uint64_t scratch_count = 0;  ///< elements of scratch the plan addresses
+  /// Compressed plans: encoded values of the packed buffer, the frame its regions are
+  /// aligned to (compression::frame_values), and the f32 values of each residual
+  /// buffer (indexed feedback_worker - Buffer::feedback_worker; 0 without feedback).
+  std::uint64_t packed_count = 0;
+  std::uint64_t packed_frame = 1;
+  std::uint64_t feedback_count[2] = {0, 0};
   std::vector<Step> steps;
   std::vector<std::uint32_t> deps;
   std::vector<const char*> phase_names;  ///< indexed by Step::phase
   /// What was built, where the Algorithm enum cannot say it: "deterministic" (the fixed
-  /// reduction order, whatever algorithm was asked), "pairwise" (all-to-all). Null:
+  /// reduction order, whatever algorithm was asked), "pairwise" (all-to-all),
+  /// "two-phase", "sparse all-gather", "hierarchical two-phase" (compressed). Null:
   /// the algorithm's own name.
   const char* label = nullptr;
 

@@ -32,6 +32,7 @@ struct Elem {
   std::uint64_t index = 0;  ///< index in the contributors' inputs
   std::uint64_t hash = 0;   ///< expression that produced it
   bool finalized = false;
+  std::uint8_t quant = 0;   ///< times quantised (encoded) on the way
 };
 
 struct Lock {
@@ -50,6 +51,9 @@ const char* buffer_name(Buffer b) {
     case Buffer::input: return "input";
     case Buffer::output: return "output";
     case Buffer::scratch: return "scratch";
+    case Buffer::packed: return "packed";
+    case Buffer::feedback_worker: return "worker residual";
+    case Buffer::feedback_owner: return "owner residual";
   }
   return "?";
 }
@@ -68,9 +72,13 @@ struct View {
 struct RankSim {
   int rank = 0;
   std::shared_ptr<const Plan> plan;
-  View view[3];
-  std::vector<Elem> mem[3];
-  std::vector<Lock> lock[3];
+  View view[kNumBuffers];
+  std::vector<Elem> mem[kNumBuffers];
+  std::vector<Lock> lock[kNumBuffers];
+  // Residual element j of feedback buffer f: times used this call, and the index of
+  // the values it was added to (the same for every use: residuals line up with values).
+  std::vector<std::uint32_t> residual_uses[2];
+  std::vector<std::uint64_t> residual_index[2];
   std::vector<std::uint8_t> state;
   std::vector<int> peers;
   std::vector<std::vector<std::uint32_t>> sendq, recvq;  // by peer rank
@@ -102,6 +110,7 @@ struct Sim {
   int world = 1;
   std::uint64_t full = 0;
   bool avg = false;
+  std::uint8_t quantised = 0;  ///< times every output value is quantised (codec plans)
   std::vector<RankSim> ranks;
   std::vector<std::deque<std::vector<Elem>>> channels;  // [from * world + to]
   VerifyResult result;
@@ -121,12 +130,18 @@ struct Sim {
 
   void check_region(RankSim& rs, std::uint32_t i, const Region& r, bool write) {
     const auto b = static_cast<int>(r.buf);
-    if (b < 0 || b > 2) fail(rs, i, "names an unknown buffer");
+    if (b < 0 || b >= kNumBuffers) fail(rs, i, "names an unknown buffer");
     const View& v = rs.view[b];
     if (r.offset + r.count > v.size || r.offset + r.count < r.offset)
       fail(rs, i, std::string(buffer_name(r.buf)) + " region [" + std::to_string(r.offset) + ", +" +
                       std::to_string(r.count) + ") outside its buffer of " + std::to_string(v.size) + " elements");
     if (write && r.buf == Buffer::input) fail(rs, i, "writes its input buffer (inputs are read-only)");
+    if (r.buf == Buffer::packed && r.offset % rs.plan->packed_frame != 0)
+      fail(rs, i, "packed region at " + std::to_string(r.offset) + " is not aligned to the frame of " +
+                      std::to_string(rs.plan->packed_frame) + " values");
+    const bool codec_buf = r.buf == Buffer::packed || r.buf == Buffer::feedback_worker || r.buf == Buffer::feedback_owner;
+    if (codec_buf && req.codec.kind == compression::CodecKind::none)
+      fail(rs, i, "addresses " + std::string(buffer_name(r.buf)) + " in a plan without a codec");
   }
 
   bool deps_done(const RankSim& rs, std::uint32_t i) const {
@@ -196,7 +211,7 @@ struct Sim {
       fail(rs, i, "reduces element " + std::to_string(a.index) + " with element " + std::to_string(b.index) +
                       " (at destination element " + std::to_string(at) + ")");
     if (a.mask & b.mask) fail(rs, i, "counts a contribution twice at element " + std::to_string(at));
-    return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false};
+    return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false, std::max(a.quant, b.quant)};
   }
 
   void finalize(RankSim& rs, std::uint32_t i, const Region& r) {
@@ -266,6 +281,70 @@ struct Sim {
         check_region(rs, i, s.dst, true);
         if (s.src.count != s.dst.count) fail(rs, i, "copy with src and dst of different sizes");
         auto data = read(rs, i, s.src);
+        lock_write(rs, i, s.dst);
+        unlock_write(rs, s.dst);
+        write(rs, s.dst, data);
+        if (s.finalize) finalize(rs, i, s.dst);
+        complete(rs, i);
+        break;
+      }
+      case StepKind::encode: {
+        check_region(rs, i, s.src, false);
+        check_region(rs, i, s.dst, true);
+        if (s.dst.buf != Buffer::packed || s.src.buf == Buffer::packed)
+          fail(rs, i, "encodes from " + std::string(buffer_name(s.src.buf)) + " into " + buffer_name(s.dst.buf) +
+                          " (values into packed only)");
+        if (s.src.count != s.dst.count) fail(rs, i, "encode with src and dst of different sizes");
+        auto data = read(rs, i, s.src);
+        if (s.src2.count > 0) {
+          check_region(rs, i, s.src2, true);
+          if (s.src2.buf != Buffer::feedback_worker && s.src2.buf != Buffer::feedback_owner)
+            fail(rs, i, "takes its residual from " + std::string(buffer_name(s.src2.buf)));
+          if (s.src2.count != s.src.count) fail(rs, i, "residual and src sizes differ");
+          const int f = s.src2.buf == Buffer::feedback_worker ? 0 : 1;
+          lock_write(rs, i, s.src2);
+          unlock_write(rs, s.src2);
+          for (std::uint64_t e = 0; e < data.size(); ++e) {
+            const std::uint64_t j = s.src2.offset + e;
+            if (rs.residual_uses[f][j]++ > 0)
+              fail(rs, i, "uses " + std::string(buffer_name(s.src2.buf)) + " element " + std::to_string(j) +
+                              " twice in one call");
+            auto& idx = rs.residual_index[f][j];
+            if (idx != ~0ull && idx != data[e].index)
+              fail(rs, i, std::string(buffer_name(s.src2.buf)) + " element " + std::to_string(j) +
+                              " is added to element " + std::to_string(data[e].index) + " but was carried for " +
+                              std::to_string(idx));
+            idx = data[e].index;
+          }
+        }
+        // The bytes depend on the values and on who encodes them with which RNG stream.
+        const std::uint64_t who = mix((static_cast<std::uint64_t>(rs.rank) << 40) ^
+                                      (static_cast<std::uint64_t>(s.stream) << 32) ^
+                                      static_cast<std::uint32_t>(s.stream_rank));
+        for (auto& x : data) {
+          x.hash = mix(x.hash ^ who);
+          ++x.quant;
+        }
+        lock_write(rs, i, s.dst);
+        unlock_write(rs, s.dst);
+        write(rs, s.dst, data);
+        complete(rs, i);
+        break;
+      }
+      case StepKind::decode:
+      case StepKind::decode_add: {
+        check_region(rs, i, s.src, false);
+        check_region(rs, i, s.dst, true);
+        if (s.src.buf != Buffer::packed || s.dst.buf == Buffer::packed)
+          fail(rs, i, "decodes from " + std::string(buffer_name(s.src.buf)) + " into " + buffer_name(s.dst.buf) +
+                          " (packed into values only)");
+        if (s.src.count != s.dst.count) fail(rs, i, "decode with src and dst of different sizes");
+        auto data = read(rs, i, s.src);
+        if (s.kind == StepKind::decode_add) {
+          const auto acc = read(rs, i, s.dst);
+          for (std::uint64_t e = 0; e < data.size(); ++e) data[e] = reduce_one(rs, i, acc[e], data[e], s.dst.offset + e);
+          result.reduced[static_cast<std::size_t>(rs.rank)] += data.size();
+        }
         lock_write(rs, i, s.dst);
         unlock_write(rs, s.dst);
         write(rs, s.dst, data);
@@ -357,10 +436,20 @@ struct Sim {
         default: in = {1, 0, bc.input}; break;
       }
     }
-    rs.view[2] = {2, 0, rs.plan->scratch_count};
-    std::uint64_t size[3] = {0, 0, rs.plan->scratch_count};
+    const Plan& pl = *rs.plan;
+    rs.view[2] = {2, 0, pl.scratch_count};
+    rs.view[3] = {3, 0, pl.packed_count};
+    rs.view[4] = {4, 0, pl.feedback_count[0]};
+    rs.view[5] = {5, 0, pl.feedback_count[1]};
+    std::uint64_t size[kNumBuffers] = {0, 0, pl.scratch_count, pl.packed_count, pl.feedback_count[0],
+                                       pl.feedback_count[1]};
     for (int b = 0; b < 2; ++b) size[rs.view[b].phys] = std::max(size[rs.view[b].phys], rs.view[b].base + rs.view[b].size);
-    for (int b = 0; b < 3; ++b) {
+    for (int f = 0; f < 2; ++f) {
+      rs.residual_uses[f].assign(pl.feedback_count[f], 0);
+      rs.residual_index[f].assign(pl.feedback_count[f], ~0ull);
+    }
+    if (pl.packed_frame == 0) throw VerifyFailure{"rank " + std::to_string(rs.rank) + ": packed frame of 0 values"};
+    for (int b = 0; b < kNumBuffers; ++b) {
       rs.mem[b].assign(size[b], Elem{});
       rs.lock[b].assign(size[b], Lock{});
     }
@@ -382,7 +471,7 @@ struct Sim {
       if (static_cast<std::uint64_t>(s.dep_begin) + s.dep_count > p.deps.size()) fail(rs, i, "has dependencies outside the plan");
       for (std::uint32_t d = 0; d < s.dep_count; ++d)
         if (p.deps[s.dep_begin + d] >= i) fail(rs, i, "depends on itself or a later step");
-      if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
+      if (is_local(s.kind)) {
         rs.localq.push_back(i);
         continue;
       }
@@ -432,7 +521,7 @@ struct Sim {
       const auto p = static_cast<std::size_t>(s.peer < 0 ? 0 : s.peer);
       if (a.kind == 0) {
         if (s.kind == StepKind::send) ++rs.send_head[p];
-        else if (s.kind == StepKind::copy || s.kind == StepKind::reduce) ++rs.local_head;
+        else if (is_local(s.kind)) ++rs.local_head;
         else ++rs.recv_head[p];
         post(rs, a.step);
       } else if (a.kind == 1) {
@@ -496,7 +585,11 @@ struct Sim {
     } else if (reduced && req.deterministic && x.hash != fold_hash(index)) {
       why = "was not reduced in rank order 0, 1, ..., n-1 (deterministic mode)";
     } else if (same_as && x.hash != same_as->hash) {
-      why = "differs in reduction order from rank 0's (results would not be bitwise identical)";
+      why = x.quant > 0 ? "was decoded from other bytes than rank 0's (results would not be bitwise identical)"
+                        : "differs in reduction order from rank 0's (results would not be bitwise identical)";
+    } else if (x.quant != quantised) {
+      why = "was quantised " + std::to_string(x.quant) + " times (the codec's algorithm quantises " +
+            std::to_string(quantised) + " times)";
     }
     (void)v;
     if (!why.empty())
@@ -505,6 +598,14 @@ struct Sim {
 
   void check_results() {
     const std::uint64_t c = req.count;
+    for (auto& rs : ranks)
+      for (int f = 0; f < 2; ++f)
+        for (std::uint64_t j = 0; j < rs.residual_uses[f].size(); ++j)
+          if (rs.residual_uses[f][j] != 1)
+            throw VerifyFailure{"rank " + std::to_string(rs.rank) + " " +
+                                buffer_name(f == 0 ? Buffer::feedback_worker : Buffer::feedback_owner) + " element " +
+                                std::to_string(j) + " was used " + std::to_string(rs.residual_uses[f][j]) +
+                                " times (every residual element is carried into exactly one encode per call)"};
     for (auto& rs : ranks) {
       const View& v = rs.view[1];
       const auto& m = rs.mem[v.phys];
@@ -545,6 +646,7 @@ VerifyResult verify_plans(const PlanRequest& base, const VerifyOptions& options,
   sim.opt = options;
   sim.world = base.world;
   sim.avg = base.op == ReduceOp::avg;
+  if (base.codec.kind != compression::CodecKind::none) sim.quantised = base.codec.kind == compression::CodecKind::topk ? 1 : 2;
   if (base.world < 1 || base.world > 64) {
     sim.result.error = "the verifier handles worlds of 1..64 ranks";
     return sim.result;

@@ -10,7 +10,10 @@
 //   (a+b == b+a, (a+b)+c != a+(b+c)), so that the verifier proves results bitwise
 //   identical on every rank, and in deterministic mode equal to the rank-order fold
 //   ((x0 op x1) op x2) ... op x(n-1), and
-// - whether avg's division was applied.
+// - whether avg's division was applied, and
+// - how many times it was quantised (compressed plans: encode counts one; decode keeps
+//   the count and the hash, an encode mixes into the hash the rank and RNG stream that
+//   encoded it, so outputs decoded from different bytes differ).
 //
 // Transfers are split into a post and a completion event and interleaved in a seeded
 // random order, with per-element read/write locks between post and completion: a step
@@ -22,7 +25,10 @@
 // (src overlapping dst) needs one of a few staging buffers from post to completion.
 // It reports deadlocks (no step can move), mismatched message sizes, undefined data
 // being read, contributions counted twice, elements of different indexes reduced
-// together, writes to an input buffer, and messages left unreceived.
+// together, writes to an input buffer, and messages left unreceived; for compressed
+// plans also values quantised other than twice (once for topk), packed regions off the
+// frame, and error-feedback residual elements not carried into exactly one encode per
+// call (or carried for different elements).
 #pragma once
 
 #include "collectives/plan.hpp"

@@ -179,10 +179,12 @@ PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::
 }
 
 std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
+  const bool compressed = req.codec.kind != compression::CodecKind::none;
   const auto key = std::make_tuple(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count,
                                    req.elem_size,
                                    static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) |
-                                       (req.root << 2));
+                                       (req.root << 2),
+                                   compressed ? compression::name(req.codec) + (req.feedback ? "+ef" : "") : std::string());
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   auto plan = collectives::build_plan(req);
@@ -222,7 +224,9 @@ Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, con
       .append(", ")
       .append(std::to_string(o.plan->request.count));
   o.deferred = std::move(hints.deferred);
-  o.overlap = hints.overlap;
+  o.feedback[0] = hints.feedback[0];
+  o.feedback[1] = hints.feedback[1];
+  o.codec_step = hints.codec_step;
   o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);

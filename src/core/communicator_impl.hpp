@@ -32,7 +32,9 @@ struct PostHints {
   DeferredPlan deferred;   ///< plan decided later (the measuring tuner's verdict)
   bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
   bool internal = false;   ///< the library's own call (tuner trials, exchange): not argument-checked
-  bool overlap = false;    ///< may run beside the collectives before it (core::Operation::overlap)
+  /// Compressed plans: error-feedback residuals and the RNG's step (core::Operation).
+  float* feedback[2] = {nullptr, nullptr};
+  std::uint64_t codec_step = 0;
 };
 }  // namespace core
 
@@ -52,9 +54,12 @@ struct Communicator::Impl {
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
 
-  mutable std::mutex mu;  ///< guards the plan cache, the tuner and the hierarchy
-  std::map<std::tuple<int, int, std::uint64_t, std::size_t, int>, std::shared_ptr<const collectives::Plan>> plans;
-  std::deque<std::tuple<int, int, std::uint64_t, std::size_t, int>> plan_order;
+  mutable std::mutex mu;  ///< guards the plan cache, the tuner and the codec steps
+  /// Plan cache key: collective, algorithm, count, element size, op/deterministic/root
+  /// bits, codec name with feedback ("" for none).
+  using PlanKey = std::tuple<int, int, std::uint64_t, std::size_t, int, std::string>;
+  std::map<PlanKey, std::shared_ptr<const collectives::Plan>> plans;
+  std::deque<PlanKey> plan_order;
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
   /// the configuration has none (from_unique_id), so TCP binds the interface that
@@ -127,12 +132,9 @@ struct Communicator::Impl {
 
   // --- compression (compressed.cpp) ---
   compression::ErrorFeedbackStore error_feedback;
-  std::map<std::string, std::uint64_t> codec_steps;
-  /// Buffers of recent compressed all-reduces, reused when no operation holds them (under mu).
-  std::vector<std::shared_ptr<struct CompressedState>> compressed_pool;  ///< per ef_key: calls so far (the RNG's step), under mu
-  /// Compressed all-reduce (docs/codecs.md): validates everything, then queues the
-  /// encode task, the all-to-all, the owner's decode-sum-encode task, the all-gather and
-  /// the decode task; returns the last one's Work.
+  std::map<std::string, std::uint64_t> codec_steps;  ///< per ef_key: calls so far (the RNG's step), under mu
+  /// Compressed all-reduce (docs/codecs.md): validates everything, finds the residuals
+  /// and posts the compressed plan (collectives/compressed.cpp).
   Work compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                             const compression::CodecSpec& spec, const AllreduceOptions& options);
   /// Resolves BRAID_CODEC / the per-call codec; `auto` is priced with the cost model.
@@ -146,22 +148,10 @@ struct Communicator::Impl {
   /// Codec auto: 1 when every rank is on one host (auto never compresses), 0 when not,
   /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
   std::atomic<int> auto_one_host{-1};
-  /// Hierarchical compressed all-reduce: sub-communicators of this host's ranks and of
-  /// the ranks with the same local index on every host (made on first use), or null
-  /// when the layout is not hosts x equal local sizes with both > 1.
-  struct Hierarchy {
-    std::unique_ptr<Communicator> local, cross;
-    int local_rank = 0, local_size = 1, hosts = 1;
-  };
-  std::optional<std::shared_ptr<Hierarchy>> hierarchy;  ///< decided once (null: flat)
-  std::shared_ptr<Hierarchy> hierarchy_for_compression();
-  Work hierarchical_compressed(const std::shared_ptr<Hierarchy>& h, const void* send, void* recv, std::size_t count,
-                               ReduceOp op, const compression::CodecSpec& spec, const AllreduceOptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
   /// Queues a host task (see core::Operation::task) and returns its Work.
-  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive,
-                 std::vector<std::shared_ptr<detail::WorkState>> after = {}, bool concurrent = false);
+  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
 };
 
 }  // namespace braid

@@ -4,6 +4,8 @@
 #include <braid/config.hpp>
 
 #include "base/logging.hpp"
+#include "compression/framed.hpp"
+#include "compression/reference.hpp"
 #include "kernels/host/reduce.hpp"
 #include "base/poller.hpp"
 #include "transport/loopback.hpp"
@@ -58,11 +60,84 @@ const char* kind_name(StepKind k) {
     case StepKind::recv_reduce: return "receive-and-reduce from";
     case StepKind::copy: return "copy";
     case StepKind::reduce: return "reduce";
+    case StepKind::encode: return "encode";
+    case StepKind::decode: return "decode";
+    case StepKind::decode_add: return "decode-and-add";
   }
   return "?";
 }
 
 }  // namespace
+
+/// Scratch buffers of finished operations (see Engine::scratch_pool_). Leases return
+/// their buffer when the operation is gone, from whichever thread drops it.
+class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
+ public:
+  struct Buf {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t size = 0;
+  };
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(std::shared_ptr<ScratchPool> pool, Buf buf) : pool_(std::move(pool)), buf_(std::move(buf)) {}
+    Lease(Lease&&) noexcept = default;
+    Lease& operator=(Lease&& o) noexcept {
+      give_back();
+      pool_ = std::move(o.pool_);
+      buf_ = std::move(o.buf_);
+      return *this;
+    }
+    ~Lease() { give_back(); }
+    std::byte* data() const noexcept { return buf_.data.get(); }
+
+   private:
+    void give_back() noexcept {
+      if (pool_ && buf_.data) pool_->put(std::move(buf_));
+      pool_.reset();
+    }
+    std::shared_ptr<ScratchPool> pool_;
+    Buf buf_;
+  };
+
+  /// A buffer of at least `bytes` (uninitialized; none for 0).
+  Lease take(std::size_t bytes) {
+    if (bytes == 0) return {};
+    Buf b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The smallest free buffer that fits; else replace the largest.
+      std::size_t best = free_.size();
+      for (std::size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].size >= bytes && (best == free_.size() || free_[i].size < free_[best].size)) best = i;
+      if (best < free_.size()) {
+        b = std::move(free_[best]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+      }
+    }
+    if (!b.data) {
+      b.data.reset(new std::byte[bytes]);
+      b.size = bytes;
+    }
+    return Lease(shared_from_this(), std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kKeep = 2;  // typical: one operation in flight, one next
+  void put(Buf b) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() >= kKeep) {
+      auto smallest = std::min_element(free_.begin(), free_.end(),
+                                       [](const Buf& x, const Buf& y) { return x.size < y.size; });
+      if (smallest->size >= b.size) return;  // drop the new one
+      *smallest = std::move(b);
+      return;
+    }
+    free_.push_back(std::move(b));
+  }
+  std::mutex mu_;
+  std::vector<Buf> free_;
+};
 
 /// Execution state of the running operation.
 struct Engine::Exec {
@@ -80,14 +155,26 @@ struct Engine::Exec {
   std::size_t local_head = 0;
   std::vector<std::uint32_t> inflight;
   std::size_t done = 0;
-  std::vector<std::byte> scratch;
+  ScratchPool::Lease scratch;  ///< Plan::scratch_count elements, then the packed payloads
+  std::byte* packed = nullptr;
+  std::size_t frame = 1, frame_bytes = 0;  ///< compressed plans: Plan::packed_frame, its bytes
   bool routed = false;  ///< every peer has a connection
 
   std::byte* ptr(const Region& r) const {
-    std::byte* base = r.buf == Buffer::input    ? static_cast<std::byte*>(const_cast<void*>(op.input))
-                      : r.buf == Buffer::output ? static_cast<std::byte*>(op.output)
-                                                : const_cast<std::byte*>(scratch.data());
-    return base + r.offset * elem;
+    switch (r.buf) {
+      case Buffer::input: return static_cast<std::byte*>(const_cast<void*>(op.input)) + r.offset * elem;
+      case Buffer::output: return static_cast<std::byte*>(op.output) + r.offset * elem;
+      case Buffer::scratch: return scratch.data() + r.offset * elem;
+      case Buffer::packed: return packed + r.offset / frame * frame_bytes;
+      case Buffer::feedback_worker: return reinterpret_cast<std::byte*>(op.feedback[0] + r.offset);
+      case Buffer::feedback_owner: return reinterpret_cast<std::byte*>(op.feedback[1] + r.offset);
+    }
+    return nullptr;
+  }
+  /// Bytes of a region (a message's size).
+  std::size_t bytes(const Region& r) const {
+    if (r.buf != Buffer::packed) return r.count * elem;
+    return compression::framed_bytes(plan->request.codec, frame, r.count);
   }
   bool deps_done(std::uint32_t i) const {
     const Step& s = plan->steps[i];
@@ -163,6 +250,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
   // Last: a rank's own number (send/recv to itself); see transport_for().
   transports_.push_back(std::make_unique<transport::LoopbackTransport>(opt_.rank));
   route_.assign(static_cast<std::size_t>(opt_.size), -1);
+  scratch_pool_ = std::make_shared<ScratchPool>();
   order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
   gate_ = std::make_shared<Gate>(this);
   thread_ = std::thread([this] { run(); });
@@ -243,15 +331,9 @@ bool Engine::admit() {
     }
     Operation& front = queue_.front();
     if (front.task) {
-      // A host task runs once everything issued before it is done, or, when marked
-      // concurrent, once the operations it names are done, beside a running
-      // collective (so encoding overlaps transfers). Nothing after it
+      // A host task runs once everything issued before it is done; nothing after it
       // is admitted before it has run: what follows may read what it writes.
-      if (!front.concurrent && !active_.empty()) return any;  // after everything before it
-      for (const auto& dep : front.after)
-        if (!dep->finished.load(std::memory_order_acquire)) return any;
-      for (const auto& ex : active_)
-        if (ex->op.task) return any;  // admitted, not run yet
+      if (!active_.empty()) return any;
       auto ex = std::make_unique<Exec>();
       ex->op = std::move(front);
       queue_.pop_front();
@@ -259,17 +341,10 @@ bool Engine::admit() {
       active_.push_back(std::move(ex));
       return true;
     }
-    // A collective runs alone (beside host tasks), or beside at most kMaxOverlap - 1
-    // others when it is marked overlap; point-to-point operations run together with
-    // the point-to-point operations next to them (as in an NCCL group).
-    std::size_t collectives = 0;
-    for (const auto& ex : active_) {
-      if (ex->op.task) return any;
-      if (front.p2p && ex->op.p2p) continue;
-      if (front.p2p || ex->op.p2p || !front.overlap) return any;
-      ++collectives;
-    }
-    if (collectives >= kMaxOverlap) return any;
+    // A collective runs alone; point-to-point operations run together with the
+    // point-to-point operations next to them (as in an NCCL group).
+    for (const auto& ex : active_)
+      if (!(front.p2p && ex->op.p2p)) return any;
     if (front.deferred) {
       if (!*front.deferred) {
         // Nothing filled the slot although everything issued before has run: a bug.
@@ -305,10 +380,18 @@ bool Engine::admit() {
     ex->send_head.assign(p.peers.size(), 0);
     ex->recv_head.assign(p.peers.size(), 0);
     ex->conns.assign(p.peers.size(), nullptr);
-    ex->scratch.resize(p.scratch_count * ex->elem);
+    std::size_t scratch_bytes = p.scratch_count * ex->elem, packed_bytes = 0;
+    if (p.packed_count > 0) {
+      ex->frame = p.packed_frame;
+      ex->frame_bytes = compression::encoded_bytes(p.request.codec, ex->frame);
+      packed_bytes = compression::framed_bytes(p.request.codec, ex->frame, p.packed_count);
+      scratch_bytes = (scratch_bytes + 63) / 64 * 64;
+    }
+    ex->scratch = scratch_pool_->take(scratch_bytes + packed_bytes);
+    ex->packed = ex->scratch.data() + scratch_bytes;
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
-      if (s.kind == StepKind::copy || s.kind == StepKind::reduce) {
+      if (collectives::is_local(s.kind)) {
         ex->localq.push_back(i);
         continue;
       }
@@ -475,7 +558,7 @@ bool Engine::post_ready(Exec& ex) {
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
       ex.state[i] = kPosted;
-      ex.conns[q]->send(ex.ptr(s.src), s.src.count * ex.elem, ex.tag(ex.send_head[q]), &ex.req[i]);
+      ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
       ++ex.send_head[q];
       any = true;
@@ -484,7 +567,7 @@ bool Engine::post_ready(Exec& ex) {
       const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
-      const std::size_t bytes = s.dst.count * ex.elem;
+      const std::size_t bytes = ex.bytes(s.dst);
       std::byte* target = ex.ptr(s.dst);
       if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
         if (free_staging_.empty()) {
@@ -510,10 +593,28 @@ bool Engine::post_ready(Exec& ex) {
     const std::uint32_t i = ex.localq[ex.local_head];
     if (!ex.deps_done(i)) break;
     const Step& s = p.steps[i];
-    if (s.kind == StepKind::reduce)
-      kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
-    else if (ex.ptr(s.dst) != ex.ptr(s.src))
-      std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+    switch (s.kind) {
+      case StepKind::reduce:
+        kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
+        break;
+      case StepKind::encode: {
+        const auto cs = compression::stream_spec(p.request.codec, s.stream_rank, static_cast<compression::Phase>(s.stream));
+        float* residual = s.src2.count > 0 ? reinterpret_cast<float*>(ex.ptr(s.src2)) : nullptr;
+        compression::encode_framed(cs, ex.frame, reinterpret_cast<const float*>(ex.ptr(s.src)), residual, s.src.count,
+                                   reinterpret_cast<std::uint8_t*>(ex.ptr(s.dst)), ex.op.codec_step, s.at);
+        break;
+      }
+      case StepKind::decode:
+        compression::decode_framed(p.request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)),
+                                   s.dst.count, reinterpret_cast<float*>(ex.ptr(s.dst)), s.sum_start);
+        break;
+      case StepKind::decode_add:
+        compression::decode_add_framed(p.request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)),
+                                       s.dst.count, reinterpret_cast<float*>(ex.ptr(s.dst)));
+        break;
+      default:
+        if (ex.ptr(s.dst) != ex.ptr(s.src)) std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+    }
     finish_step(ex, i);
     ++ex.local_head;
     any = true;

@@ -75,26 +75,18 @@ struct Operation {
   std::uint64_t tag_base = 0;
   /// A host step (no plan): runs on the engine (or a helping waiter) in issue order,
   /// once everything issued before it has completed, and before anything issued after
-  /// it starts; e.g. the encode and decode passes of a compressed all-reduce. An
-  /// exception from it fails the communicator like a failed transfer.
+  /// it starts; e.g. the measuring tuner reading its trials' times. An exception from
+  /// it fails the communicator like a failed transfer.
   std::function<void()> task;
-  /// Tasks only: run as soon as the operations in `after` have completed, beside a
-  /// running collective (so that host work overlaps transfers). The task must then
-  /// touch no buffer that an unfinished operation uses, except those in `after`.
-  bool concurrent = false;
-  /// Tasks only, with `concurrent`: operations (their works) to wait for.
-  std::vector<std::shared_ptr<detail::WorkState>> after;
   /// A collective whose plan is decided after it was issued (the measuring tuner's
   /// verdict): an operation issued earlier fills the slot, and admission takes the
   /// plan from it in place of `plan` (which then only names the call).
   std::shared_ptr<std::shared_ptr<const collectives::Plan>> deferred;
-  /// Collectives only: the issuer guarantees that this collective and the collectives
-  /// running when it is admitted touch no common buffer that either writes (e.g. the
-  /// byte collectives of different pieces of a compressed all-reduce), so it may start
-  /// while they run, up to Engine::kMaxOverlap collectives at once. Messages still go
-  /// on each connection in issue order (see Engine::post_ready), so peers match them
-  /// the same way whatever runs beside what.
-  bool overlap = false;
+  /// Compressed plans: the error-feedback residuals (Buffer::feedback_worker and
+  /// feedback_owner, Plan::feedback_count values each; null without feedback) and the
+  /// training step that keys stochastic rounding.
+  float* feedback[2] = {nullptr, nullptr};
+  std::uint64_t codec_step = 0;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -124,9 +116,6 @@ struct EngineOptions {
 
 class Engine {
  public:
-  /// Most collectives running at once (only with Operation::overlap).
-  static constexpr std::size_t kMaxOverlap = 2;
-
   /// Starts the transport (publishing this rank's address in `store`) and the
   /// progress thread. `store` is the communicator's (prefixed) store.
   Engine(const EngineOptions& options, std::shared_ptr<Store> store);
@@ -199,6 +188,10 @@ class Engine {
   std::shared_ptr<Gate> gate_;   ///< what submitted works call back into
   std::vector<std::vector<std::byte>> staging_;  ///< receive buffers of in-place reductions
   std::vector<int> free_staging_;
+  /// Scratch (and packed payload) buffers of finished operations, reused by the next
+  /// ones so that a large compressed all-reduce does not allocate and page-fault its
+  /// payload buffers again on every call.
+  std::shared_ptr<class ScratchPool> scratch_pool_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
@@ -209,8 +202,8 @@ class Engine {
   std::atomic<bool> failed_{false};
   std::atomic<bool> abort_requested_{false};
 
-  std::deque<std::unique_ptr<Exec>> active_;  ///< running, in admission order: collectives (one,
-                                              ///< or kMaxOverlap with overlap), or p2p ops
+  std::deque<std::unique_ptr<Exec>> active_;  ///< running, in admission order: one collective or
+                                              ///< task, or point-to-point operations
   /// Per peer (2r: sends, 2r+1: receives): equal to order_gen_ when an operation
   /// earlier in active_ still has messages of that direction to post to that peer in the
   /// current pass, so later operations must not post there yet.
