@@ -261,6 +261,7 @@ PYBIND11_MODULE(_C, m) {
       .value("tree", braid::Algorithm::tree)
       .value("rhd", braid::Algorithm::rhd)
       .value("hierarchical", braid::Algorithm::hierarchical);
+  static_assert(braid::kNumAlgorithms == 5, "bind the new Algorithm value above and add it to python/braid/_C.pyi");
   m.def("parse_algorithm", [](const std::string& s) { return braid::parse_algorithm(s); }, py::arg("name"));
   m.def("dtype_size", [](braid::DataType t) { return braid::dtype_size(t); }, py::arg("t"));
   m.def("launch_environment", [] {

@@ -54,6 +54,11 @@ enum class Algorithm : std::uint8_t {
   hierarchical,   ///< Intra-host reduce-scatter, inter-host all-reduce per shard, intra-host all-gather.
 };
 
+/// Number of Algorithm values (automatic included); valid values are [0, kNumAlgorithms).
+/// Which collectives offer which algorithm: docs/algorithms.md (and
+/// braid._C.algorithm_table() in Python).
+inline constexpr int kNumAlgorithms = 5;
+
 /// Size in bytes of one element of `t`; 0 for a value outside the enum.
 BRAID_API std::size_t dtype_size(DataType t) noexcept;
 

@@ -75,7 +75,7 @@ std::optional<Algorithm> parse_algorithm(std::string_view name) noexcept {
   const std::string n = base::lower(name);
   if (n == "hierarchical") return Algorithm::hierarchical;
   if (n == "automatic") return Algorithm::automatic;
-  for (int i = 0; i <= static_cast<int>(Algorithm::hierarchical); ++i)
+  for (int i = 0; i < kNumAlgorithms; ++i)
     if (n == to_string(static_cast<Algorithm>(i))) return static_cast<Algorithm>(i);
   return std::nullopt;
 }

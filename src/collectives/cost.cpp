@@ -11,6 +11,7 @@
 // bucket per distinct time under a heap of times.
 #include "collectives/cost.hpp"
 
+#include "collectives/algorithms.hpp"
 #include "compression/framed.hpp"
 
 #include "base/text.hpp"
@@ -499,12 +500,6 @@ struct Sim {
   }
 };
 
-std::uint64_t ceil_log2(std::uint64_t n) {
-  std::uint64_t l = 0;
-  while ((1ull << l) < n) ++l;
-  return l;
-}
-
 }  // namespace
 
 Prediction simulate(const PlanRequest& base_in, const Topology& topo, const CostModel& model,
@@ -613,34 +608,12 @@ double size_bytes(Collective c, std::uint64_t count, std::size_t elem_size, int 
 
 double closed_form_seconds(Collective c, Algorithm algorithm, int world, double bytes, const LinkCost& link,
                            double gamma) {
-  const double n = world, a = link.alpha, b = link.beta, N = bytes;
+  const AlgorithmRow* row = find_algorithm(c, algorithm);
+  if (!row || !row->closed_form)
+    throw Error(ErrorCode::Unsupported, std::string("no closed form for ") + to_string(c) + "/" +
+                                            std::string(braid::to_string(algorithm)));
   if (world <= 1) return 0.0;
-  const double lg = static_cast<double>(ceil_log2(static_cast<std::uint64_t>(world)));
-  if (c == Collective::allreduce) {
-    switch (algorithm) {
-      case Algorithm::ring:
-        return 2 * (n - 1) * a + 2 * (n - 1) / n * N * b + (n - 1) / n * N * gamma;
-      case Algorithm::tree:
-        // Double binary tree, pipelined: every rank sends and receives about 2N in
-        // total (N up, N down, halves over the two trees); depth log2 n each way.
-        return 2 * lg * a + 2 * N * b + N * gamma;
-      case Algorithm::rhd: {
-        const double p = std::exp2(std::floor(std::log2(n)));
-        double t = 2 * std::log2(p) * a + 2 * (p - 1) / p * N * b + (p - 1) / p * N * gamma;
-        if (p < n) t += 2 * a + 2 * N * b + N * gamma;  // fold the extra ranks in and out
-        return t;
-      }
-      default: break;
-    }
-  } else if (algorithm == Algorithm::ring) {
-    switch (c) {
-      case Collective::allgather: return (n - 1) * a + (n - 1) / n * N * b;
-      case Collective::reduce_scatter: return (n - 1) * a + (n - 1) / n * N * (b + gamma);
-      default: break;
-    }
-  }
-  throw Error(ErrorCode::Unsupported, std::string("no closed form for ") + to_string(c) + "/" +
-                                          std::string(braid::to_string(algorithm)));
+  return row->closed_form(world, bytes, link, gamma);
 }
 
 double closed_form_hierarchical(int world, int ranks_per_host, double bytes, const LinkCost& intra,

@@ -1,6 +1,7 @@
 // Plan helpers and the algorithm dispatch.
 #include "collectives/plan.hpp"
 
+#include "collectives/algorithms.hpp"
 #include "collectives/builder.hpp"
 
 #include <braid/error.hpp>
@@ -115,12 +116,10 @@ Algorithm rooted_default(const PlanRequest& req) {
 }  // namespace
 
 std::vector<Algorithm> algorithms_for(Collective c) {
-  switch (c) {
-    case Collective::allreduce: return {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical};
-    case Collective::broadcast:
-    case Collective::reduce: return {Algorithm::ring, Algorithm::tree};
-    default: return {Algorithm::ring};
-  }
+  std::vector<Algorithm> v;
+  for (const auto& r : algorithm_table())
+    if (r.collective == c) v.push_back(r.algorithm);
+  return v;
 }
 
 std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
@@ -164,41 +163,19 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
     plan->seal();
     return plan;
   }
-  switch (req.collective) {
-    case Collective::allreduce:
-      switch (algo) {
-        case Algorithm::tree: build_tree_allreduce(b); break;
-        case Algorithm::rhd: build_rhd_allreduce(b); break;
-        case Algorithm::hierarchical:
-          if (build_hierarchical_allreduce(b)) break;
-          [[fallthrough]];
-        default:
-          algo = Algorithm::ring;
-          build_ring_allreduce(b);
-      }
-      break;
-    case Collective::broadcast:
-      if (algo == Algorithm::automatic) algo = rooted_default(req);
-      (algo == Algorithm::tree ? build_binomial_broadcast : build_chain_broadcast)(b);
-      break;
-    case Collective::reduce:
-      if (algo == Algorithm::automatic) algo = rooted_default(req);
-      (algo == Algorithm::tree ? build_binomial_reduce : build_chain_reduce)(b);
-      break;
-    case Collective::allgather:
-      algo = Algorithm::ring;
-      build_ring_allgather(b);
-      break;
-    case Collective::reduce_scatter:
-      algo = Algorithm::ring;
-      build_ring_reduce_scatter(b);
-      break;
-    case Collective::alltoall:
-      algo = Algorithm::ring;
-      plan->label = "pairwise";
-      build_pairwise_alltoall(b);
-      break;
+  if (algo == Algorithm::automatic)
+    algo = req.collective == Collective::broadcast || req.collective == Collective::reduce ? rooted_default(req)
+                                                                                         : offered.front();
+  const AlgorithmRow* row = find_algorithm(req.collective, algo);
+  if (!row->build(b)) {  // the layout does not suit it: the collective's default instead
+    *plan = Plan{};
+    plan->request = req;
+    Builder fallback(*plan);
+    row = find_algorithm(req.collective, offered.front());
+    plan->request.algorithm = row->algorithm;
+    row->build(fallback);
   }
+  plan->label = row->label;
   if (plan->phase_names.empty()) plan->phase_names.push_back("none");
   plan->seal();
   return plan;

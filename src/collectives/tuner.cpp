@@ -57,11 +57,9 @@ Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size,
 
   Choice choice;
   std::optional<Error> first_error;
-  // Every value of the Algorithm enum (to_string names it), automatic excluded: new
-  // algorithms become candidates as soon as build_plan accepts them.
-  for (int a = 1; a < 64; ++a) {
-    const auto algo = static_cast<Algorithm>(a);
-    if (braid::to_string(algo) == std::string_view("invalid")) continue;
+  // Every algorithm the table offers for the collective (collectives/algorithms.hpp):
+  // a new row becomes a candidate at once.
+  for (const Algorithm algo : algorithms_for(collective)) {
     req.algorithm = algo;
     req.rank = 0;
     try {

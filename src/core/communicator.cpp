@@ -342,7 +342,7 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   if (c == Collective::broadcast || c == Collective::reduce)
     BRAID_CHECK(root >= 0 && root < size, InvalidUsage,
                 what << ": root " << root << " is outside [0, " << size << ")");
-  BRAID_CHECK(algo <= Algorithm::hierarchical, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
+  BRAID_CHECK(static_cast<int>(algo) < kNumAlgorithms, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
   PlanRequest req = request(c, count, dtype_size(dtype), reduces ? op : ReduceOp::sum);
   req.root = root;
   req.deterministic = reduces && (deterministic || cfg.deterministic);

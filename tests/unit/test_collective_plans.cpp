@@ -3,6 +3,7 @@
 // deterministic mode), checks the bytes each rank puts on the wire against the
 // formulas of docs/algorithms.md, and shows the verifier rejecting broken plans of
 // the new kinds.
+#include "collectives/algorithms.hpp"
 #include "collectives/plan.hpp"
 #include "collectives/verifier.hpp"
 
@@ -503,4 +504,39 @@ TEST(VerifierCatches, ReductionOutOfRankOrderInDeterministicMode) {
     EXPECT_FALSE(r.ok) << braid::to_string(a);
     EXPECT_NE(r.error.find("rank order"), std::string::npos) << r.error;
   }
+}
+
+// The algorithm table (collectives/algorithms.hpp) is the one menu: every enum value
+// but automatic is offered by some collective, names round-trip, build_plan labels
+// plans from it, and closed forms exist exactly where the table has one.
+TEST(AlgorithmTable, CoversTheEnumAndDrivesDispatch) {
+  std::vector<bool> seen(static_cast<std::size_t>(kNumAlgorithms), false);
+  for (const AlgorithmRow& row : algorithm_table()) {
+    seen[static_cast<std::size_t>(row.algorithm)] = true;
+    EXPECT_NE(row.algorithm, Algorithm::automatic);
+    EXPECT_NE(row.build, nullptr);
+    EXPECT_NE(std::string(row.summary), "");
+    EXPECT_EQ(find_algorithm(row.collective, row.algorithm), &row);
+    const auto offered = algorithms_for(row.collective);
+    EXPECT_NE(std::find(offered.begin(), offered.end(), row.algorithm), offered.end());
+    PlanRequest req;
+    req.collective = row.collective;
+    req.algorithm = row.algorithm;
+    req.world = 4;
+    req.count = 10;
+    const auto plan = build_plan(req);
+    if (plan->request.algorithm == row.algorithm) {  // hierarchical falls back without a host map
+      EXPECT_EQ(std::string(plan->name()), row.label ? row.label : std::string(to_string(row.algorithm)));
+    }
+    LinkCost link{1e-6, 1e-9, false};
+    if (row.closed_form)
+      EXPECT_GT(closed_form_seconds(row.collective, row.algorithm, 4, 1e6, link, 1e-10), 0.0);
+    else
+      EXPECT_THROW(closed_form_seconds(row.collective, row.algorithm, 4, 1e6, link, 1e-10), Error);
+  }
+  for (int a = 1; a < kNumAlgorithms; ++a) {
+    EXPECT_TRUE(seen[static_cast<std::size_t>(a)]) << to_string(static_cast<Algorithm>(a)) << " is in no row";
+    EXPECT_EQ(parse_algorithm(to_string(static_cast<Algorithm>(a))), static_cast<Algorithm>(a));
+  }
+  EXPECT_EQ(find_algorithm(Collective::alltoall, Algorithm::tree), nullptr);
 }
