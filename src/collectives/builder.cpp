@@ -79,120 +79,87 @@ void Builder::record(const Region& r, bool write, std::uint32_t step) {
   }
 }
 
-std::uint32_t Builder::emit(Step s, const std::vector<const Region*>& reads, const Region* write,
-                            const std::vector<std::uint32_t>& after) {
+std::uint32_t Builder::emit(const Step& s, std::initializer_list<const Region*> reads,
+                            std::initializer_list<const Region*> writes, const std::vector<std::uint32_t>& after) {
   std::vector<std::uint32_t> deps(after);
   for (const Region* r : reads) hazards(*r, false, deps);
-  if (write) hazards(*write, true, deps);
+  for (const Region* w : writes) hazards(*w, true, deps);
   std::sort(deps.begin(), deps.end());
   deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
   const std::uint32_t i = plan_.add(s, deps);
   for (const Region* r : reads) record(*r, false, i);
-  if (write) record(*write, true, i);
+  for (const Region* w : writes) record(*w, true, i);
   return i;
 }
 
+namespace {
+
+Step make_step(StepKind kind, std::uint32_t phase, const Region& src, const Region& dst, bool finalize = false,
+               int peer = -1) {
+  Step s;
+  s.kind = kind;
+  s.phase = phase;
+  s.src = src;
+  s.dst = dst;
+  s.finalize = finalize;
+  s.peer = peer;
+  return s;
+}
+
+}  // namespace
+
 std::uint32_t Builder::send(int peer, const Region& src, std::uint32_t phase, const std::vector<std::uint32_t>& after) {
   if (src.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::send;
-  s.peer = peer;
-  s.src = src;
-  s.phase = phase;
-  return emit(s, {&src}, nullptr, after);
+  return emit(make_step(StepKind::send, phase, src, {}, false, peer), {&src}, {}, after);
 }
 
 std::uint32_t Builder::recv(int peer, const Region& dst, std::uint32_t phase, bool finalize,
                             const std::vector<std::uint32_t>& after) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::recv;
-  s.peer = peer;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {}, &dst, after);
+  return emit(make_step(StepKind::recv, phase, {}, dst, finalize, peer), {}, {&dst}, after);
 }
 
 std::uint32_t Builder::recv_reduce(int peer, const Region& src, const Region& dst, std::uint32_t phase, bool finalize,
                                    const std::vector<std::uint32_t>& after) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::recv_reduce;
-  s.peer = peer;
-  s.src = src;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {&src}, &dst, after);
+  return emit(make_step(StepKind::recv_reduce, phase, src, dst, finalize, peer), {&src}, {&dst}, after);
 }
 
 std::uint32_t Builder::copy(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::copy;
-  s.src = src;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {&src}, &dst, {});
+  return emit(make_step(StepKind::copy, phase, src, dst, finalize), {&src}, {&dst}, {});
 }
 
 std::uint32_t Builder::reduce(const Region& a, const Region& b, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::reduce;
-  s.src = a;
+  Step s = make_step(StepKind::reduce, phase, a, dst, finalize);
   s.src2 = b;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {&a, &b}, &dst, {});
+  return emit(s, {&a, &b}, {&dst}, {});
 }
 
 std::uint32_t Builder::encode(const Region& src, const Region& residual, const Region& dst, std::uint8_t stream,
                               int stream_rank, std::uint64_t at, std::uint32_t phase) {
   if (src.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::encode;
-  s.src = src;
+  Step s = make_step(StepKind::encode, phase, src, dst);
   s.src2 = residual;
-  s.dst = dst;
   s.stream = stream;
   s.stream_rank = stream_rank;
   s.at = at;
-  s.phase = phase;
-  if (residual.count == 0) return emit(s, {&src}, &dst, {});
-  // The residual is read and rewritten: a write covers both hazards.
-  std::vector<std::uint32_t> deps;
-  hazards(residual, true, deps);
-  const std::uint32_t i = emit(s, {&src}, &dst, deps);
-  record(residual, true, i);
-  return i;
+  // The residual (count 0: none) is read and rewritten: a write covers both hazards.
+  return emit(s, {&src}, {&dst, &residual}, {});
 }
 
 std::uint32_t Builder::decode(const Region& src, const Region& dst, std::uint32_t phase, bool sum_start,
                               bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::decode;
-  s.src = src;
-  s.dst = dst;
+  Step s = make_step(StepKind::decode, phase, src, dst, finalize);
   s.sum_start = sum_start;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {&src}, &dst, {});
+  return emit(s, {&src}, {&dst}, {});
 }
 
 std::uint32_t Builder::decode_add(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s;
-  s.kind = StepKind::decode_add;
-  s.src = src;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.phase = phase;
-  return emit(s, {&src, &dst}, &dst, {});
+  return emit(make_step(StepKind::decode_add, phase, src, dst, finalize), {&src, &dst}, {&dst}, {});
 }
 
 std::vector<int> topology_order(const PlanRequest& req) {

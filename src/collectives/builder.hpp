@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <vector>
 
@@ -94,8 +95,8 @@ class Builder {
   void split(Space& s, std::uint64_t at);
   void hazards(const Region& r, bool write, std::vector<std::uint32_t>& deps);
   void record(const Region& r, bool write, std::uint32_t step);
-  std::uint32_t emit(Step s, const std::vector<const Region*>& reads, const Region* write,
-                     const std::vector<std::uint32_t>& after);
+  std::uint32_t emit(const Step& s, std::initializer_list<const Region*> reads,
+                     std::initializer_list<const Region*> writes, const std::vector<std::uint32_t>& after);
 
   Plan& plan_;
   std::uint64_t slice_ = 1;

@@ -231,6 +231,26 @@ struct Sim {
     ++rs.done;
   }
 
+  // A local step's src (checked, same size as dst) as it is now.
+  std::vector<Elem> read_src(RankSim& rs, std::uint32_t i, const char* what) {
+    const Step& s = rs.plan->steps[i];
+    check_region(rs, i, s.src, false);
+    check_region(rs, i, s.dst, true);
+    if (s.src.count != s.dst.count) fail(rs, i, std::string(what) + " with src and dst of different sizes");
+    return read(rs, i, s.src);
+  }
+
+  // Completes local step i by writing `data` to its dst (nobody else may be using dst),
+  // finalizing it when the step says so.
+  void store(RankSim& rs, std::uint32_t i, const std::vector<Elem>& data) {
+    const Step& s = rs.plan->steps[i];
+    lock_write(rs, i, s.dst);
+    unlock_write(rs, s.dst);
+    write(rs, s.dst, data);
+    if (s.finalize) finalize(rs, i, s.dst);
+    complete(rs, i);
+  }
+
   // Post step i of rank rs (its queue head, dependencies met).
   void post(RankSim& rs, std::uint32_t i) {
     const Step& s = rs.plan->steps[i];
@@ -267,35 +287,19 @@ struct Sim {
           if (overlap(op, d) && !same(op, d)) fail(rs, i, "reduce whose operand overlaps dst without being dst");
         auto a = read(rs, i, s.src);
         auto b = read(rs, i, s.src2);
-        lock_write(rs, i, s.dst);  // checks nobody else uses dst
-        unlock_write(rs, s.dst);
         for (std::uint64_t e = 0; e < a.size(); ++e) a[e] = reduce_one(rs, i, a[e], b[e], s.dst.offset + e);
-        write(rs, s.dst, a);
         result.reduced[static_cast<std::size_t>(rs.rank)] += a.size();
-        if (s.finalize) finalize(rs, i, s.dst);
-        complete(rs, i);
+        store(rs, i, a);
         break;
       }
-      case StepKind::copy: {
-        check_region(rs, i, s.src, false);
-        check_region(rs, i, s.dst, true);
-        if (s.src.count != s.dst.count) fail(rs, i, "copy with src and dst of different sizes");
-        auto data = read(rs, i, s.src);
-        lock_write(rs, i, s.dst);
-        unlock_write(rs, s.dst);
-        write(rs, s.dst, data);
-        if (s.finalize) finalize(rs, i, s.dst);
-        complete(rs, i);
+      case StepKind::copy:
+        store(rs, i, read_src(rs, i, "copy"));
         break;
-      }
       case StepKind::encode: {
-        check_region(rs, i, s.src, false);
-        check_region(rs, i, s.dst, true);
         if (s.dst.buf != Buffer::packed || s.src.buf == Buffer::packed)
           fail(rs, i, "encodes from " + std::string(buffer_name(s.src.buf)) + " into " + buffer_name(s.dst.buf) +
                           " (values into packed only)");
-        if (s.src.count != s.dst.count) fail(rs, i, "encode with src and dst of different sizes");
-        auto data = read(rs, i, s.src);
+        auto data = read_src(rs, i, "encode");
         if (s.src2.count > 0) {
           check_region(rs, i, s.src2, true);
           if (s.src2.buf != Buffer::feedback_worker && s.src2.buf != Buffer::feedback_owner)
@@ -325,31 +329,21 @@ struct Sim {
           x.hash = mix(x.hash ^ who);
           ++x.quant;
         }
-        lock_write(rs, i, s.dst);
-        unlock_write(rs, s.dst);
-        write(rs, s.dst, data);
-        complete(rs, i);
+        store(rs, i, data);
         break;
       }
       case StepKind::decode:
       case StepKind::decode_add: {
-        check_region(rs, i, s.src, false);
-        check_region(rs, i, s.dst, true);
         if (s.src.buf != Buffer::packed || s.dst.buf == Buffer::packed)
           fail(rs, i, "decodes from " + std::string(buffer_name(s.src.buf)) + " into " + buffer_name(s.dst.buf) +
                           " (packed into values only)");
-        if (s.src.count != s.dst.count) fail(rs, i, "decode with src and dst of different sizes");
-        auto data = read(rs, i, s.src);
+        auto data = read_src(rs, i, "decode");
         if (s.kind == StepKind::decode_add) {
           const auto acc = read(rs, i, s.dst);
           for (std::uint64_t e = 0; e < data.size(); ++e) data[e] = reduce_one(rs, i, acc[e], data[e], s.dst.offset + e);
           result.reduced[static_cast<std::size_t>(rs.rank)] += data.size();
         }
-        lock_write(rs, i, s.dst);
-        unlock_write(rs, s.dst);
-        write(rs, s.dst, data);
-        if (s.finalize) finalize(rs, i, s.dst);
-        complete(rs, i);
+        store(rs, i, data);
         break;
       }
       default: fail(rs, i, "has an unknown kind");
