@@ -54,7 +54,14 @@ expect_gone() {
   for f in "$@"; do
     [ -s "$f" ] || fail "pid file $f missing: the rank never started"
     pid=$(cat "$f")
-    # A killed grandchild may linger as a zombie when init does not reap: that is gone.
+    # braidrun returns once its ranks are reaped; the signal it sent to a rank's process
+    # group reaches a grandchild asynchronously, so give that one a moment (2 s) to act
+    # on it. A killed grandchild may linger as a zombie when init does not reap: that is gone.
+    local until=$(( $(now_ms) + 2000 ))
+    while kill -0 "$pid" 2>/dev/null && [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" != Z* ]] &&
+          [ "$(now_ms)" -lt "$until" ]; do
+      sleep 0.05
+    done
     if kill -0 "$pid" 2>/dev/null && [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" != Z* ]]; then
       kill -KILL "$pid" 2>/dev/null
       fail "rank process $pid ($(basename "$f")) is still alive after braidrun returned"
