@@ -30,11 +30,16 @@
 // - The socket is also the liveness check: EOF or reset means the peer is gone.
 //   Messages already in the ring can still be received; anything else pending fails
 //   with "shm connection to rank N ... closed by peer" (peer_closed = true).
+//
+// The listener, accepted sockets waiting for their hello, the hello's authentication,
+// the peer-address lookup and the set-up deadlines are the Skeleton's
+// (transport/skeleton.hpp), shared with the other socket-set-up transport.
 #include "transport/shm/shm_transport.hpp"
 
 #include "base/fd.hpp"
 #include "base/text.hpp"
 #include "transport/common.hpp"
+#include "transport/skeleton.hpp"
 #include "transport/shm/shm_wire.hpp"
 
 #include <braid/error.hpp>
@@ -70,9 +75,6 @@ namespace wire = shm_wire;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-/// Accepted sockets that have not finished their hello; the oldest is dropped beyond.
-constexpr std::size_t kMaxPendingAccepts = 64;
-constexpr milliseconds kMaxLookupBackoff{50};
 
 using base::hex16;
 
@@ -159,8 +161,8 @@ class ShmConnection final : public Connection {
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   bool broken(std::string* why) const override {
-    if (failed_) {
-      if (why) *why = error_;
+    if (failure_.failed) {
+      if (why) *why = failure_.error;
       return true;
     }
     // A peer that closed after publishing messages is not broken until they are
@@ -192,9 +194,7 @@ class ShmConnection final : public Connection {
   std::vector<unsigned char> hs_;  // handshake bytes being read
   std::size_t hs_got_ = 0;
   Clock::time_point deadline_{};
-  Clock::time_point lookup_deadline_{};
-  Clock::time_point lookup_retry_at_{};
-  milliseconds lookup_backoff_{1};
+  PeerLookup lookup_;  // finding the peer's doorbell socket
 
   Fifo<SendOp> sends_;
   std::size_t post_idx_ = 0;  // sends_[post_idx_] is the first not fully published
@@ -205,22 +205,8 @@ class ShmConnection final : public Connection {
   std::uint64_t in_tail_ = 0, in_head_ = 0;    // released; last head seen
   bool armed_in_ = false, armed_out_ = false;
 
-  bool failed_ = false;
-  std::string error_;
-  bool error_closed_ = false;
-  int error_blame_ = -1;
+  Failure failure_;
   bool eof_ = false;  // the peer's socket reached EOF
-};
-
-struct PendingAccept {
-  int fd = -1;
-  bool readable = true;
-  pid_t pid = 0;
-  Clock::time_point deadline{};
-  std::vector<unsigned char> buf = std::vector<unsigned char>(wire::kHelloBytes);
-  std::size_t got = 0;
-  wire::Hello hello;
-  UniqueFd segment;  // arrived with the hello
 };
 
 sockaddr_un abstract_addr(const std::string& name, socklen_t* len) {
@@ -275,55 +261,21 @@ bool send_handshake(int fd, const std::string& bytes, int pass_fd, int* err) {
   }
 }
 
-/// Reads into buf[*got, need) without blocking. Collects a passed fd into
-/// `*passed` (when not null; extra fds are closed). 1: complete, 0: would block,
-/// -1: EOF, -2: error (errno in *err).
-int read_some(int fd, unsigned char* buf, std::size_t* got, std::size_t need, UniqueFd* passed, int* err) {
-  while (*got < need) {
-    iovec iov{buf + *got, need - *got};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      *err = errno;
-      return -2;
-    }
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < n; ++i) {
-        int f = -1;
-        std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        if (passed != nullptr && passed->get() < 0) {
-          *passed = UniqueFd(f);
-        } else {
-          ::close(f);
-        }
-      }
-    }
-    if (r == 0) return -1;
-    *got += static_cast<std::size_t>(r);
-  }
-  return 1;
+
+long hello_tail(const unsigned char* fixed) {
+  const wire::Hello h = wire::decode_hello(fixed);
+  if (h.version != wire::kVersion || h.token_bytes > wire::kMaxTokenBytes || h.reason_bytes > wire::kMaxReasonBytes)
+    return -1;
+  return long{h.token_bytes} + h.reason_bytes;
 }
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public Skeleton {
  public:
   ShmTransport(const ShmOptions& options, Poller& poller, PeerDirectory& directory);
   ~ShmTransport() override;
-  ShmTransport(const ShmTransport&) = delete;
-  ShmTransport& operator=(const ShmTransport&) = delete;
 
   const char* name() const noexcept override { return "shm"; }
   Connection* connection(int peer) override;
-  bool progress() override;
-  void close_all(const std::string& reason) override;
   bool prepare_sleep() override;
 
   /// Fails every pending request of `c` with `msg`, closes its socket and unmaps its
@@ -332,7 +284,6 @@ class ShmTransport final : public Transport {
 
  private:
   ShmConnection& get_conn(int peer);
-  void shutdown_fds() noexcept;
   void close_socket(ShmConnection& c) noexcept;
   void watch_conn(ShmConnection& c);
   void cleanup_names() noexcept;
@@ -352,32 +303,19 @@ class ShmTransport final : public Transport {
   void attach(ShmConnection& c, Mapping map);
   void on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason);
 
-  void accept_all();
-  bool service_hellos();
-  int read_hello(PendingAccept& pa);
-  bool adopt(PendingAccept& pa);
-  void drop_pending(std::size_t i) noexcept;
-  void service_deadlines();
-  void arm_timer(Clock::time_point when);
+  // Skeleton.
+  bool adopt(PendingAccept& pa) override;
+  std::string refusal(const PendingAccept& pa, bool valid) const override;
+  bool progress_connections() override;
+  Clock::time_point connection_deadlines(Clock::time_point now) override;
+  void fail_connections(const std::string& reason) override;
+  void after_close() noexcept override { cleanup_names(); }
 
   ShmOptions opts_;
-  Poller& poller_;
-  PeerDirectory& directory_;
   wire::Layout layout_;
   std::string socket_name_;
-  int listen_fd_ = -1;
-  int timer_fd_ = -1;
-  bool listen_ready_ = false;
-  bool timer_fired_ = false;
-  bool deadlines_dirty_ = false;
-  Clock::time_point timer_armed_for_ = Clock::time_point::max();
-  bool changed_ = false;
-  bool closed_ = false;
   bool names_cleaned_ = false;
-  std::string closed_reason_;
-  std::vector<std::unique_ptr<ShmConnection>> by_rank_;
-  std::vector<ShmConnection*> conns_;
-  std::vector<std::unique_ptr<PendingAccept>> pending_;
+  ConnectionTable<ShmConnection> conns_;
 };
 
 // ---------------------------------------------------------------------------
@@ -386,9 +324,9 @@ class ShmTransport final : public Transport {
 void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
   check_post("shm", "send", buf, bytes, req, peer_);
   start_request(req);
-  if (!failed_ && eof_) t_.fail(*this, who() + " closed by peer", true, peer_);
-  if (failed_) {
-    fail_request(req, error_, error_blame_, error_closed_);
+  if (!failure_.failed && eof_) t_.fail(*this, who() + " closed by peer", true, peer_);
+  if (failure_.failed) {
+    failure_.apply(req);
     return;
   }
   SendOp op;
@@ -403,8 +341,8 @@ void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, 
 void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
   check_post("shm", "recv", buf, bytes, req, peer_);
   start_request(req);
-  if (failed_) {
-    fail_request(req, error_, error_blame_, error_closed_);
+  if (failure_.failed) {
+    failure_.apply(req);
     return;
   }
   // After EOF a receive can still complete from what the peer left in the ring;
@@ -422,65 +360,31 @@ void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
 // Set-up and teardown.
 
 ShmTransport::ShmTransport(const ShmOptions& options, Poller& poller, PeerDirectory& directory)
-    : opts_(options),
-      poller_(poller),
-      directory_(directory),
-      layout_(wire::layout(options.slot_bytes, static_cast<std::size_t>(options.slots))) {
-  by_rank_.resize(static_cast<std::size_t>(opts_.size));
+    : Skeleton(options, poller, directory, "shm", {wire::kHelloMagic, wire::kHelloBytes, &hello_tail}),
+      opts_(options),
+      layout_(wire::layout(options.slot_bytes, static_cast<std::size_t>(options.slots))),
+      conns_(options.size) {
   socket_name_ = "braid-shm-" + hex16(opts_.comm_id) + "-" + std::to_string(opts_.rank) + "-" +
                  std::to_string(::getpid());
-  try {
-    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) {
-      throw Error(ErrorCode::System, "shm transport (rank " + std::to_string(opts_.rank) +
-                                         "): socket(AF_UNIX) failed: " + errno_text(errno));
-    }
-    socklen_t len = 0;
-    const sockaddr_un a = abstract_addr(socket_name_, &len);
-    if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&a), len) != 0 || ::listen(listen_fd_, SOMAXCONN) != 0) {
-      throw Error(ErrorCode::System, "shm transport (rank " + std::to_string(opts_.rank) +
-                                         "): cannot listen on the abstract Unix socket @" + socket_name_ + ": " +
-                                         errno_text(errno) + "; set BRAID_TRANSPORT=tcp to avoid shared memory");
-    }
-    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (timer_fd_ < 0) {
-      throw Error(ErrorCode::System, std::string("shm transport: timerfd_create: ") + errno_text(errno));
-    }
-    poller_.watch(listen_fd_, EPOLLIN | EPOLLET, [this](std::uint32_t) { listen_ready_ = true; });
-    poller_.watch(timer_fd_, EPOLLIN, [this](std::uint32_t) {
-      std::uint64_t expirations;
-      while (::read(timer_fd_, &expirations, sizeof expirations) > 0) {
-      }
-      timer_fired_ = true;
-    });
-    directory_.publish("shm", socket_name_);
-  } catch (...) {
-    shutdown_fds();
-    throw;
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) throw Error(ErrorCode::System, self() + ": socket(AF_UNIX) failed: " + errno_text(errno));
+  socklen_t len = 0;
+  const sockaddr_un a = abstract_addr(socket_name_, &len);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
+    throw Error(ErrorCode::System, self() + ": cannot listen on the abstract Unix socket @" + socket_name_ + ": " +
+                                       errno_text(errno) + "; set BRAID_TRANSPORT=tcp to avoid shared memory");
   }
+  serve(std::move(fd));
+  directory_.publish("shm", socket_name_);
 }
 
 ShmTransport::~ShmTransport() {
   // Requests may already be gone; only fds, mappings and names are released here
   // (close_all fails pending requests and is what an orderly shutdown calls first).
-  shutdown_fds();
-  for (ShmConnection* c : conns_) c->map_.reset();
+  for (ShmConnection* c : conns_.all()) close_socket(*c);
+  shutdown_skeleton();
+  for (ShmConnection* c : conns_.all()) c->map_.reset();
   cleanup_names();
-}
-
-void ShmTransport::shutdown_fds() noexcept {
-  for (ShmConnection* c : conns_) close_socket(*c);
-  while (!pending_.empty()) drop_pending(pending_.size() - 1);
-  if (listen_fd_ >= 0) {
-    poller_.unwatch(listen_fd_);
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-  }
-  if (timer_fd_ >= 0) {
-    poller_.unwatch(timer_fd_);
-    ::close(timer_fd_);
-    timer_fd_ = -1;
-  }
 }
 
 void ShmTransport::close_socket(ShmConnection& c) noexcept {
@@ -516,57 +420,37 @@ void ShmTransport::cleanup_names() noexcept {
 }
 
 ShmConnection& ShmTransport::get_conn(int peer) {
-  auto& slot = by_rank_[static_cast<std::size_t>(peer)];
-  if (!slot) {
-    slot = std::make_unique<ShmConnection>(*this, peer, opts_.rank);
-    conns_.push_back(slot.get());
-    if (closed_) {
-      slot->failed_ = true;
-      slot->error_ = closed_reason_;
-    }
-  }
-  return *slot;
+  bool fresh = false;
+  ShmConnection& c =
+      conns_.get(peer, [&] { return std::make_unique<ShmConnection>(*this, peer, opts_.rank); }, &fresh);
+  if (fresh && closed()) c.failure_.set(closed_reason(), false, -1);
+  return c;
 }
 
 Connection* ShmTransport::connection(int peer) {
-  if (peer < 0 || peer >= opts_.size || peer == opts_.rank) {
-    throw Error(ErrorCode::InvalidUsage, "shm transport: no connection from rank " + std::to_string(opts_.rank) +
-                                             " to rank " + std::to_string(peer) + " (world size " +
-                                             std::to_string(opts_.size) + ")");
-  }
+  check_peer(peer);
   ShmConnection& c = get_conn(peer);
-  if (c.connector_ && c.setup_ == ShmConnection::Setup::idle && !c.failed_) {
+  if (c.connector_ && c.setup_ == ShmConnection::Setup::idle && !c.failure_.failed) {
     c.setup_ = ShmConnection::Setup::wanted;  // connect on the next progress()
   }
   return &c;
 }
 
 void ShmTransport::fail(ShmConnection& c, const std::string& msg, bool closed, int blame) {
-  if (c.failed_) return;
-  c.failed_ = true;
-  c.error_ = msg;
-  c.error_closed_ = closed;
-  c.error_blame_ = blame;
+  if (!c.failure_.set(msg, closed, blame)) return;
   close_socket(c);
   c.map_.reset();
   c.out_ = c.in_ = RingView{};
-  for (std::size_t i = 0; i < c.sends_.size(); ++i) fail_request(c.sends_[i].req, msg, blame, closed);
-  for (std::size_t i = 0; i < c.recvs_.size(); ++i) fail_request(c.recvs_[i].req, msg, blame, closed);
-  c.sends_.clear();
-  c.recvs_.clear();
+  c.failure_.apply_all(c.sends_);
+  c.failure_.apply_all(c.recvs_);
   c.post_idx_ = 0;
   c.armed_in_ = c.armed_out_ = false;
   c.hs_.clear();
-  changed_ = true;
+  changed();
 }
 
-void ShmTransport::close_all(const std::string& reason) {
-  if (closed_) return;
-  closed_ = true;
-  closed_reason_ = reason;
-  for (ShmConnection* c : conns_) fail(*c, reason, false, -1);
-  shutdown_fds();
-  cleanup_names();
+void ShmTransport::fail_connections(const std::string& reason) {
+  for (ShmConnection* c : conns_.all()) fail(*c, reason, false, -1);
 }
 
 void ShmTransport::protocol_error(ShmConnection& c, const std::string& what) {
@@ -592,20 +476,12 @@ void ShmTransport::bell_if_flagged(ShmConnection& c, std::atomic<std::uint32_t>&
 }
 
 bool ShmTransport::prepare_sleep() {
-  if (closed_) return true;
-  if (deadlines_dirty_) return false;
-  if (listen_ready_ || timer_fired_ || !pending_.empty()) {
-    // Let progress() deal with these first (pending hellos only need their fds, but
-    // a hello may be complete already).
-    for (const auto& p : pending_) {
-      if (p->readable) return false;
-    }
-    if (listen_ready_ || timer_fired_) return false;
-  }
+  if (closed()) return true;
+  if (setup_waiting()) return false;  // let progress() deal with it first
   bool ready = false;
   const std::uint64_t slots = layout_.slots;
-  for (ShmConnection* c : conns_) {
-    if (c->failed_) continue;
+  for (ShmConnection* c : conns_.all()) {
+    if (c->failure_.failed) continue;
     if (c->readable_) ready = true;
     if (c->setup_ != ShmConnection::Setup::up || c->eof_) continue;
     if (!c->recvs_.empty()) {
@@ -627,22 +503,15 @@ bool ShmTransport::prepare_sleep() {
 // ---------------------------------------------------------------------------
 // Progress.
 
-bool ShmTransport::progress() {
-  if (closed_) return false;
-  changed_ = false;
+bool ShmTransport::progress_connections() {
   bool moved = false;
-  if (timer_fired_ || deadlines_dirty_) service_deadlines();
-  if (listen_ready_) accept_all();
-  if (!pending_.empty()) moved |= service_hellos();
-  for (std::size_t i = 0; i < conns_.size(); ++i) moved |= progress_connection(*conns_[i]);
-  // A set-up step above may have scheduled a retry or deadline: arm the timer now,
-  // so that the caller may block right after this call.
-  if (deadlines_dirty_) service_deadlines();
-  return moved || changed_;
+  const auto& all = conns_.all();
+  for (std::size_t i = 0; i < all.size(); ++i) moved |= progress_connection(*all[i]);
+  return moved;
 }
 
 bool ShmTransport::progress_connection(ShmConnection& c) {
-  if (c.failed_) return false;
+  if (c.failure_.failed) return false;
   if (c.armed_in_) {
     c.in_.ctl->consumer_sleeping.store(0, std::memory_order_relaxed);
     c.armed_in_ = false;
@@ -654,10 +523,10 @@ bool ShmTransport::progress_connection(ShmConnection& c) {
   if (c.setup_ == ShmConnection::Setup::wanted) start_connect(c);
   bool moved = false;
   if (c.fd_ >= 0 && c.readable_) moved |= service_socket(c);
-  if (c.failed_ || c.setup_ != ShmConnection::Setup::up) return moved;
+  if (c.failure_.failed || c.setup_ != ShmConnection::Setup::up) return moved;
   moved |= progress_recv(c);
-  if (!c.failed_ && !c.eof_) moved |= progress_send(c);
-  if (!c.failed_ && c.eof_ && (!c.recvs_.empty() || !c.sends_.empty())) {
+  if (!c.failure_.failed && !c.eof_) moved |= progress_send(c);
+  if (!c.failure_.failed && c.eof_ && (!c.recvs_.empty() || !c.sends_.empty())) {
     const bool midway = !c.recvs_.empty() && c.recvs_.front().started;
     fail(c, c.who() + " closed by peer" + (midway ? " in the middle of a message" : ""), true, c.peer_);
     moved = true;
@@ -792,13 +661,13 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
 
 bool ShmTransport::service_socket(ShmConnection& c) {
   bool moved = false;
-  while (!c.failed_ && c.fd_ >= 0) {
+  while (!c.failure_.failed && c.fd_ >= 0) {
     int err = 0;
     if (c.setup_ == ShmConnection::Setup::await_ack) {
       std::size_t need = wire::kAckBytes;
       if (c.hs_got_ >= wire::kAckBytes) need += wire::decode_ack(c.hs_.data()).reason_bytes;
       if (c.hs_.size() < need) c.hs_.resize(need);
-      const int r = read_some(c.fd_, c.hs_.data(), &c.hs_got_, need, nullptr, &err);
+      const int r = read_with_fd(c.fd_, c.hs_.data(), &c.hs_got_, need, nullptr, &err);
       if (r == 0) {
         c.readable_ = false;
         break;
@@ -854,7 +723,7 @@ bool ShmTransport::service_socket(ShmConnection& c) {
 void ShmTransport::on_eof(ShmConnection& c) {
   close_socket(c);
   c.eof_ = true;
-  changed_ = true;
+  changed();
   // What the peer published before it went is still in our mapping; progress()
   // completes what it can from there and fails the rest.
 }
@@ -863,32 +732,16 @@ void ShmTransport::on_eof(ShmConnection& c) {
 // Connecting (the lower rank of a pair).
 
 void ShmTransport::start_connect(ShmConnection& c) {
-  // The peer's socket name comes from the store. Never block the progress thread on
-  // it: poll without waiting, with backoff, until connect_timeout.
+  // The peer's socket name comes from the store (PeerLookup: never blocks).
   const auto now = Clock::now();
-  if (c.setup_ == ShmConnection::Setup::wanted) {
-    c.lookup_deadline_ = now + opts_.connect_timeout;
-    c.lookup_backoff_ = milliseconds(1);
-  }
+  const bool first = c.setup_ == ShmConnection::Setup::wanted;
   c.setup_ = ShmConnection::Setup::lookup;
   const std::string to = "cannot connect to rank " + std::to_string(c.peer_) + " over shared memory: ";
-  std::optional<std::string> found;
-  try {
-    found = directory_.try_lookup(c.peer_, "shm");
-  } catch (const std::exception& e) {
-    fail(c, to + "looking up its doorbell socket failed: " + e.what(), false, c.peer_);
-    return;
-  }
+  std::string error;
+  const std::optional<std::string> found = look_up(c.lookup_, first, c.peer_, "shm", "its doorbell socket",
+                                                   "has it started, with the shm transport?", &error);
   if (!found) {
-    if (now >= c.lookup_deadline_) {
-      fail(c, to + "it did not publish its doorbell socket within " + std::to_string(opts_.connect_timeout.count()) +
-                  " ms (has it started, with the shm transport?)",
-           false, c.peer_);
-      return;
-    }
-    c.lookup_retry_at_ = now + c.lookup_backoff_;
-    c.lookup_backoff_ = std::min(c.lookup_backoff_ * 2, kMaxLookupBackoff);
-    deadlines_dirty_ = true;
+    if (!error.empty()) fail(c, to + error, false, c.peer_);
     return;
   }
   if (!valid_socket_name(*found)) {
@@ -905,11 +758,10 @@ void ShmTransport::start_connect(ShmConnection& c) {
   const sockaddr_un a = abstract_addr(*found, &len);
   if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0) {
     const int err = errno;
-    if ((err == EAGAIN || err == EINTR) && now < c.lookup_deadline_) {
+    if ((err == EAGAIN || err == EINTR) && now < c.lookup_.deadline) {
       // Its accept backlog is full: try again shortly.
-      c.lookup_retry_at_ = now + c.lookup_backoff_;
-      c.lookup_backoff_ = std::min(c.lookup_backoff_ * 2, kMaxLookupBackoff);
-      deadlines_dirty_ = true;
+      c.lookup_.later(now);
+      deadlines_changed();
       return;
     }
     fail(c, to + "connecting to its doorbell socket @" + *found + " failed: " + errno_text(err) +
@@ -922,7 +774,6 @@ void ShmTransport::start_connect(ShmConnection& c) {
   c.fd_ = sock.release();
   c.peer_pid_ = peer_pid(c.fd_);
   UniqueFd seg;
-  std::string error;
   wire::Hello h;
   h.token_bytes = static_cast<std::uint16_t>(opts_.auth_token.size());
   h.from_rank = opts_.rank;
@@ -953,7 +804,7 @@ void ShmTransport::start_connect(ShmConnection& c) {
   c.hs_got_ = 0;
   c.readable_ = true;
   watch_conn(c);
-  deadlines_dirty_ = true;
+  deadlines_changed();
 }
 
 bool ShmTransport::create_segment(ShmConnection& c, UniqueFd* out, std::string* error) {
@@ -1052,116 +903,32 @@ void ShmTransport::on_ack(ShmConnection& c, const wire::Ack& a, const std::strin
   c.setup_ = ShmConnection::Setup::up;
   c.hs_.clear();
   c.hs_.shrink_to_fit();
-  changed_ = true;
+  changed();
 }
 
 // ---------------------------------------------------------------------------
 // Accepting (the higher rank of a pair).
 
-void ShmTransport::accept_all() {
-  listen_ready_ = false;
-  for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      break;  // EAGAIN: drained. EMFILE and friends: try again on the next connection.
-    }
-    if (pending_.size() >= kMaxPendingAccepts) drop_pending(0);
-    auto pa = std::make_unique<PendingAccept>();
-    pa->fd = fd;
-    pa->pid = peer_pid(fd);
-    pa->deadline = Clock::now() + std::max(opts_.connect_timeout, milliseconds(1000));
-    PendingAccept* raw = pa.get();
-    pending_.push_back(std::move(pa));
-    poller_.watch(fd, EPOLLIN | EPOLLRDHUP | EPOLLET, [raw](std::uint32_t) { raw->readable = true; });
-    deadlines_dirty_ = true;
-  }
-}
-
-void ShmTransport::drop_pending(std::size_t i) noexcept {
-  PendingAccept& pa = *pending_[i];
-  if (pa.fd >= 0) {
-    poller_.unwatch(pa.fd);
-    ::close(pa.fd);
-  }
-  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-}
-
-// 1: complete, 0: needs more bytes, -1: not a valid hello.
-int ShmTransport::read_hello(PendingAccept& pa) {
-  for (;;) {
-    const std::size_t need = pa.got < wire::kHelloBytes
-                                 ? wire::kHelloBytes
-                                 : wire::kHelloBytes + pa.hello.token_bytes + pa.hello.reason_bytes;
-    if (pa.got == need) return 1;
-    const std::size_t before = pa.got;
-    int err = 0;
-    // Read the fixed part in two steps so that a stranger is refused after 4 bytes.
-    const std::size_t upto = before < 4 ? 4 : need;
-    const int r = read_some(pa.fd, pa.buf.data(), &pa.got, upto, &pa.segment, &err);
-    if (r < 0) return -1;
-    if (r == 0) {
-      pa.readable = false;
-      return 0;
-    }
-    if (before < 4 && pa.got >= 4 && wire::detail::get(pa.buf.data(), 4) != wire::kHelloMagic) return -1;
-    if (before < wire::kHelloBytes && pa.got == wire::kHelloBytes) {
-      pa.hello = wire::decode_hello(pa.buf.data());
-      if (pa.hello.version != wire::kVersion || pa.hello.token_bytes > wire::kMaxTokenBytes ||
-          pa.hello.reason_bytes > wire::kMaxReasonBytes) {
-        return -1;
-      }
-      pa.buf.resize(wire::kHelloBytes + pa.hello.token_bytes + pa.hello.reason_bytes);
-    }
-  }
-}
-
-bool ShmTransport::service_hellos() {
-  bool moved = false;
-  for (std::size_t i = 0; i < pending_.size();) {
-    PendingAccept& pa = *pending_[i];
-    if (!pa.readable) {
-      ++i;
-      continue;
-    }
-    const int verdict = read_hello(pa);
-    if (verdict == 0) {
-      ++i;
-      continue;
-    }
-    moved = true;
-    const bool adopted = verdict > 0 && adopt(pa);
-    if (!adopted && opts_.on_refused) {
-      opts_.on_refused("shm transport (rank " + std::to_string(opts_.rank) +
-                       "): refused a connection to its doorbell socket" +
-                       (pa.pid > 0 ? " from pid " + std::to_string(pa.pid) : std::string()) +
-                       (verdict > 0 ? ": its hello names another communicator, rank or token, or comes from a "
-                                      "peer whose connection already failed"
-                                    : ": not a braid shm hello of this version"));
-    }
-    drop_pending(i);
-  }
-  return moved;
+std::string ShmTransport::refusal(const PendingAccept& pa, bool valid) const {
+  const pid_t pid = peer_pid(pa.fd.get());
+  return self() + ": refused a connection to its doorbell socket" +
+         (pid > 0 ? " from pid " + std::to_string(pid) : std::string()) +
+         (valid ? ": its hello names another communicator, rank or token, or comes from a peer whose connection "
+                  "already failed"
+                : ": not a braid shm hello of this version");
 }
 
 bool ShmTransport::adopt(PendingAccept& pa) {
-  const wire::Hello& h = pa.hello;
-  // Anything that is not an authenticated peer of this communicator is closed
-  // without a word: it must not be able to disturb the real connections.
-  if (closed_ || h.comm_id != opts_.comm_id ||
-      !token_equal(pa.buf.data() + wire::kHelloBytes, h.token_bytes, opts_.auth_token) || h.to_rank != opts_.rank ||
-      h.from_rank < 0 || h.from_rank >= opts_.rank) {
-    return false;
-  }
+  const wire::Hello h = wire::decode_hello(pa.buf.data());
+  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes})) return false;
   ShmConnection& c = get_conn(h.from_rank);
-  if (c.failed_) return false;
+  if (c.failure_.failed) return false;
   if (c.fd_ >= 0 || c.setup_ != ShmConnection::Setup::idle) {
     protocol_error(c, "rank " + std::to_string(h.from_rank) + " connected twice");
     return false;
   }
-  c.fd_ = pa.fd;
-  pa.fd = -1;  // now owned by the connection
-  c.peer_pid_ = pa.pid;
+  c.fd_ = pa.fd.release();  // now owned by the connection
+  c.peer_pid_ = peer_pid(c.fd_);
   const std::string reason(reinterpret_cast<const char*>(pa.buf.data()) + wire::kHelloBytes + h.token_bytes,
                            h.reason_bytes);
   if (h.status != wire::kStatusOk) {
@@ -1186,21 +953,21 @@ bool ShmTransport::adopt(PendingAccept& pa) {
                   " uses " + std::to_string(opts_.slots) + " slots of " + std::to_string(opts_.slot_bytes) +
                   " bytes; every rank must use the same settings");
   }
-  if (pa.segment.get() < 0) return refuse("shm transport: protocol error: the hello of rank " +
+  if (!pa.passed) return refuse("shm transport: protocol error: the hello of rank " +
                                           std::to_string(h.from_rank) + " carried no segment");
   struct stat st {};
-  if (::fstat(pa.segment.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+  if (::fstat(pa.passed.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
       static_cast<std::uint64_t>(st.st_size) != layout_.total_bytes) {
     return refuse("shm transport: the segment rank " + std::to_string(h.from_rank) + " passed is not a " +
                   std::to_string(layout_.total_bytes) + "-byte file");
   }
-  void* base = ::mmap(nullptr, layout_.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pa.segment.get(), 0);
+  void* base = ::mmap(nullptr, layout_.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pa.passed.get(), 0);
   if (base == MAP_FAILED) {
     return refuse("shm transport: rank " + std::to_string(opts_.rank) + " cannot map the segment of " +
                   mib(layout_.total_bytes) + " from rank " + std::to_string(h.from_rank) + ": " + errno_text(errno));
   }
   Mapping map(base, layout_.total_bytes);
-  pa.segment.reset();
+  pa.passed.reset();
   wire::SegmentHeader sh;
   std::memcpy(&sh, map.get(), sizeof sh);
   if (sh.magic != wire::kSegmentMagic || sh.version != wire::kVersion || sh.slots != h.slots ||
@@ -1219,25 +986,22 @@ bool ShmTransport::adopt(PendingAccept& pa) {
   c.setup_ = ShmConnection::Setup::up;
   c.readable_ = true;
   watch_conn(c);  // replaces the hello handler
-  changed_ = true;
+  changed();
   return true;
 }
 
 // ---------------------------------------------------------------------------
-// Deadlines: lookup retries, answers that never come, hellos that never come.
+// Deadlines: lookup retries and answers that never come (the skeleton adds hellos).
 
-void ShmTransport::service_deadlines() {
-  timer_fired_ = false;
-  deadlines_dirty_ = false;
-  const auto now = Clock::now();
+Clock::time_point ShmTransport::connection_deadlines(Clock::time_point now) {
   auto next = Clock::time_point::max();
-  for (ShmConnection* c : conns_) {
-    if (c->failed_) continue;
+  for (ShmConnection* c : conns_.all()) {
+    if (c->failure_.failed) continue;
     if (c->setup_ == ShmConnection::Setup::lookup) {
-      if (now >= c->lookup_retry_at_) start_connect(*c);
-      if (!c->failed_ && c->setup_ == ShmConnection::Setup::lookup) next = std::min(next, c->lookup_retry_at_);
+      if (now >= c->lookup_.retry_at) start_connect(*c);
+      if (!c->failure_.failed && c->setup_ == ShmConnection::Setup::lookup) next = std::min(next, c->lookup_.retry_at);
     }
-    if (c->failed_) continue;
+    if (c->failure_.failed) continue;
     if (c->setup_ == ShmConnection::Setup::await_ack) {
       if (now >= c->deadline_) {
         fail(*c, "cannot connect to rank " + std::to_string(c->peer_) + " over shared memory: no answer within " +
@@ -1248,29 +1012,7 @@ void ShmTransport::service_deadlines() {
       next = std::min(next, c->deadline_);
     }
   }
-  for (std::size_t i = 0; i < pending_.size();) {
-    if (now >= pending_[i]->deadline) {
-      drop_pending(i);
-    } else {
-      next = std::min(next, pending_[i]->deadline);
-      ++i;
-    }
-  }
-  arm_timer(next);
-}
-
-void ShmTransport::arm_timer(Clock::time_point when) {
-  if (when == timer_armed_for_ || timer_fd_ < 0) return;
-  timer_armed_for_ = when;
-  itimerspec spec{};
-  if (when != Clock::time_point::max()) {
-    // steady_clock is CLOCK_MONOTONIC on Linux.
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
-    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  }
-  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
+  return next;
 }
 
 }  // namespace

@@ -19,6 +19,10 @@
 //   is checked against the posted receive (tag, size) before any other part is
 //   accepted, so a size mismatch is reported as such and not as a stray part.
 //
+// The listener, accepted sockets waiting for their hello, the hello's authentication,
+// the peer-address lookup and the set-up deadlines are the Skeleton's
+// (transport/skeleton.hpp), shared with the other socket-set-up transport.
+//
 // Progress model: all sockets are non-blocking and edge-triggered in the Poller.
 // Poller handlers only record readiness (readable / writable flags); every read,
 // write, accept and connect step happens in progress(). A socket is read until
@@ -29,6 +33,7 @@
 
 #include "base/text.hpp"
 #include "transport/common.hpp"
+#include "transport/skeleton.hpp"
 #include "transport/tcp/wire.hpp"
 
 #include <braid/error.hpp>
@@ -67,8 +72,6 @@ constexpr std::size_t kHeader = wire::kPartHeaderBytes;
 /// Bytes one socket may move in one direction per progress() call.
 constexpr std::size_t kIoBudget = std::size_t{4} << 20;
 constexpr int kMaxIov = 64;
-/// Accepted sockets that have not finished their hello; the oldest is dropped beyond.
-constexpr std::size_t kMaxPendingAccepts = 64;
 constexpr int kMaxSocketsPerPeer = 64;
 constexpr milliseconds kFirstRetry{10};
 constexpr milliseconds kMaxRetry{500};
@@ -136,15 +139,6 @@ struct Sock {
   std::size_t payload_got = 0;
 };
 
-struct PendingAccept {
-  int fd = -1;
-  bool readable = true;
-  Clock::time_point deadline{};
-  std::vector<unsigned char> buf = std::vector<unsigned char>(wire::kHelloBytes);
-  std::size_t got = 0;
-  wire::Hello hello;
-};
-
 class TcpTransport;
 
 class TcpConnection final : public Connection {
@@ -166,8 +160,8 @@ class TcpConnection final : public Connection {
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   bool broken(std::string* why) const override {
-    if (failed_) {
-      if (why) *why = error_;
+    if (failure_.failed) {
+      if (why) *why = failure_.error;
       return true;
     }
     if (eof_seen_) {
@@ -192,9 +186,7 @@ class TcpConnection final : public Connection {
   sockaddr_in addr_{};
   std::string addr_text_;
   Clock::time_point deadline_{};
-  Clock::time_point lookup_deadline_{};  // give up waiting for the peer's address
-  Clock::time_point lookup_retry_at_{};
-  milliseconds lookup_backoff_{1};
+  PeerLookup lookup_;  // finding the peer's address
   int last_errno_ = 0;
 
   Fifo<SendOp> sends_;
@@ -204,10 +196,7 @@ class TcpConnection final : public Connection {
   std::uint64_t recv_base_ = 0;
   std::uint64_t recv_next_ = 0;
 
-  bool failed_ = false;
-  std::string error_;
-  bool error_closed_ = false;
-  int error_blame_ = -1;
+  Failure failure_;
   bool eof_seen_ = false;  // some socket reached EOF between messages
 };
 
@@ -264,17 +253,19 @@ bool retriable_connect_error(int err) {
          err == EHOSTUNREACH || err == ENETUNREACH || err == EAGAIN;
 }
 
-class TcpTransport final : public Transport {
+long hello_tail(const unsigned char* fixed) {
+  const wire::Hello h = wire::decode_hello(fixed);
+  if (h.version != wire::kVersion || h.token_bytes > wire::kMaxTokenBytes) return -1;
+  return h.token_bytes;
+}
+
+class TcpTransport final : public Skeleton {
  public:
   TcpTransport(const TcpOptions& options, Poller& poller, PeerDirectory& directory);
   ~TcpTransport() override;
-  TcpTransport(const TcpTransport&) = delete;
-  TcpTransport& operator=(const TcpTransport&) = delete;
 
   const char* name() const noexcept override { return "tcp"; }
   Connection* connection(int peer) override;
-  bool progress() override;
-  void close_all(const std::string& reason) override;
 
   /// Fails every pending request of `c` with `msg` and closes its sockets; later
   /// requests fail with the same message.
@@ -283,7 +274,7 @@ class TcpTransport final : public Transport {
 
  private:
   TcpConnection& get_conn(int peer);
-  void shutdown_fds() noexcept;
+  void close_socks() noexcept;
   void close_sock(Sock& s) noexcept;
   void watch_data(Sock& s);
   void set_want_out(Sock& s, bool on);
@@ -302,30 +293,17 @@ class TcpTransport final : public Transport {
   void connect_failed(TcpConnection& c, Sock& s, int err);
   void on_connected(TcpConnection& c, Sock& s);
 
-  void accept_all();
-  bool service_hellos();
-  int read_hello(PendingAccept& pa);
-  bool adopt(int fd, const PendingAccept& pa);
-  void drop_pending(std::size_t i) noexcept;
-  void service_deadlines();
-  void arm_timer(Clock::time_point when);
+  // Skeleton.
+  void on_accept(int fd) override;
+  bool adopt(PendingAccept& pa) override;
+  std::string refusal(const PendingAccept& pa, bool valid) const override;
+  bool progress_connections() override;
+  Clock::time_point connection_deadlines(Clock::time_point now) override;
+  void fail_connections(const std::string& reason) override;
 
   TcpOptions opts_;
-  Poller& poller_;
-  PeerDirectory& directory_;
-  int listen_fd_ = -1;
-  int timer_fd_ = -1;
   std::string listen_text_;
-  std::vector<std::unique_ptr<TcpConnection>> by_rank_;
-  std::vector<TcpConnection*> conns_;  // created connections, in creation order
-  std::vector<std::unique_ptr<PendingAccept>> pending_;
-  bool listen_ready_ = false;
-  bool timer_fired_ = false;
-  bool deadlines_dirty_ = false;
-  Clock::time_point timer_armed_for_ = Clock::time_point::max();
-  bool changed_ = false;  // a request failed outside the byte-moving paths
-  bool closed_ = false;
-  std::string closed_reason_;
+  ConnectionTable<TcpConnection> conns_;
 };
 
 // ---------------------------------------------------------------------------
@@ -334,9 +312,9 @@ class TcpTransport final : public Transport {
 void TcpConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
   check_post("tcp", "send", buf, bytes, req, peer_);
   start_request(req);
-  if (eof_seen_ && !failed_) t_.fail(*this, who() + " closed by peer", true, peer_);
-  if (failed_) {
-    fail_request(req, error_, error_blame_, error_closed_);
+  if (eof_seen_ && !failure_.failed) t_.fail(*this, who() + " closed by peer", true, peer_);
+  if (failure_.failed) {
+    failure_.apply(req);
     return;
   }
   const int sockets = static_cast<int>(socks_.size());
@@ -368,7 +346,7 @@ void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
   const int sockets = static_cast<int>(socks_.size());
   const std::uint64_t seq = recv_next_;
   const int parts = wire::part_count(bytes, sockets);
-  if (eof_seen_ && !failed_) {
+  if (eof_seen_ && !failure_.failed) {
     for (int i = 0; i < parts; ++i) {
       if (socks_[static_cast<std::size_t>(wire::part_socket(seq, i, sockets))]->eof) {
         t_.fail(*this, who() + " closed by peer", true, peer_);
@@ -376,8 +354,8 @@ void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
       }
     }
   }
-  if (failed_) {
-    fail_request(req, error_, error_blame_, error_closed_);
+  if (failure_.failed) {
+    failure_.apply(req);
     return;
   }
   ++recv_next_;
@@ -399,72 +377,41 @@ void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
 // Set-up and teardown.
 
 TcpTransport::TcpTransport(const TcpOptions& options, Poller& poller, PeerDirectory& directory)
-    : opts_(options), poller_(poller), directory_(directory) {
-  by_rank_.resize(static_cast<std::size_t>(opts_.size));
+    : Skeleton(options, poller, directory, "tcp", {wire::kHelloMagic, wire::kHelloBytes, &hello_tail}),
+      opts_(options),
+      conns_(options.size) {
   const std::string ip = select_address(opts_.ifname, opts_.master_addr);
   const std::string where =
       !opts_.ifname.empty() ? "interface " + opts_.ifname + " (" + ip + ")" : ip;
-  try {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) {
-      throw Error(ErrorCode::Network, "tcp transport (rank " + std::to_string(opts_.rank) +
-                                          "): socket() failed: " + errno_text(errno));
-    }
-    // Set before listen() so that accepted sockets inherit them with window scaling.
-    tune_socket(listen_fd_, opts_.socket_buffer);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = 0;
-    ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-    if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listen_fd_, SOMAXCONN) != 0) {
-      throw Error(ErrorCode::Network, "tcp transport (rank " + std::to_string(opts_.rank) +
-                                          "): cannot listen on " + where + ": " +
-                                          errno_text(errno) +
-                                          "; set BRAID_SOCKET_IFNAME to a usable interface");
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    listen_text_ = sockaddr_text(a);
-
-    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (timer_fd_ < 0) {
-      throw Error(ErrorCode::System, std::string("tcp transport: timerfd_create: ") + errno_text(errno));
-    }
-    poller_.watch(listen_fd_, EPOLLIN | EPOLLET, [this](std::uint32_t) { listen_ready_ = true; });
-    poller_.watch(timer_fd_, EPOLLIN, [this](std::uint32_t) {
-      std::uint64_t expirations;
-      while (::read(timer_fd_, &expirations, sizeof expirations) > 0) {
-      }
-      timer_fired_ = true;
-    });
-    directory_.publish("tcp", listen_text_);
-  } catch (...) {
-    shutdown_fds();
-    throw;
+  base::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) throw Error(ErrorCode::Network, self() + ": socket() failed: " + errno_text(errno));
+  // Set before listen() so that accepted sockets inherit them with window scaling.
+  tune_socket(fd.get(), opts_.socket_buffer);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
+    throw Error(ErrorCode::Network, self() + ": cannot listen on " + where + ": " + errno_text(errno) +
+                                        "; set BRAID_SOCKET_IFNAME to a usable interface");
   }
+  socklen_t len = sizeof a;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  listen_text_ = sockaddr_text(a);
+  serve(std::move(fd));
+  directory_.publish("tcp", listen_text_);
 }
 
 TcpTransport::~TcpTransport() {
   // Requests may already be gone; only the fds are released here (close_all fails
   // pending requests and is what an orderly shutdown calls first).
-  shutdown_fds();
+  close_socks();
+  shutdown_skeleton();
 }
 
-void TcpTransport::shutdown_fds() noexcept {
-  for (TcpConnection* c : conns_) {
+void TcpTransport::close_socks() noexcept {
+  for (TcpConnection* c : conns_.all()) {
     for (auto& s : c->socks_) close_sock(*s);
-  }
-  while (!pending_.empty()) drop_pending(pending_.size() - 1);
-  if (listen_fd_ >= 0) {
-    poller_.unwatch(listen_fd_);
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-  }
-  if (timer_fd_ >= 0) {
-    poller_.unwatch(timer_fd_);
-    ::close(timer_fd_);
-    timer_fd_ = -1;
   }
 }
 
@@ -479,59 +426,42 @@ void TcpTransport::close_sock(Sock& s) noexcept {
 }
 
 TcpConnection& TcpTransport::get_conn(int peer) {
-  auto& slot = by_rank_[static_cast<std::size_t>(peer)];
-  if (!slot) {
-    slot = std::make_unique<TcpConnection>(*this, peer, opts_.rank, opts_.sockets_per_peer);
-    conns_.push_back(slot.get());
-    if (closed_) {
-      slot->failed_ = true;
-      slot->error_ = closed_reason_;
-      for (auto& s : slot->socks_) s->phase = Sock::Phase::closed;
-    }
+  bool fresh = false;
+  TcpConnection& c = conns_.get(
+      peer, [&] { return std::make_unique<TcpConnection>(*this, peer, opts_.rank, opts_.sockets_per_peer); }, &fresh);
+  if (fresh && closed()) {
+    c.failure_.set(closed_reason(), false, -1);
+    for (auto& s : c.socks_) s->phase = Sock::Phase::closed;
   }
-  return *slot;
+  return c;
 }
 
 Connection* TcpTransport::connection(int peer) {
-  if (peer < 0 || peer >= opts_.size || peer == opts_.rank) {
-    throw Error(ErrorCode::InvalidUsage, "tcp transport: no connection from rank " +
-                                             std::to_string(opts_.rank) + " to rank " +
-                                             std::to_string(peer) + " (world size " +
-                                             std::to_string(opts_.size) + ")");
-  }
+  check_peer(peer);
   TcpConnection& c = get_conn(peer);
-  if (c.connector_ && c.setup_ == TcpConnection::Setup::idle && !c.failed_) {
+  if (c.connector_ && c.setup_ == TcpConnection::Setup::idle && !c.failure_.failed) {
     c.setup_ = TcpConnection::Setup::wanted;  // connect on the next progress()
   }
   return &c;
 }
 
 void TcpTransport::fail(TcpConnection& c, const std::string& msg, bool closed, int blame) {
-  if (c.failed_) return;
+  if (c.failure_.failed) return;
   complete(c);  // requests whose bytes all moved are done, whatever comes after them
-  c.failed_ = true;
-  c.error_ = msg;
-  c.error_closed_ = closed;
-  c.error_blame_ = blame;
+  c.failure_.set(msg, closed, blame);
   c.setup_ = TcpConnection::Setup::done;
   for (auto& s : c.socks_) {
     close_sock(*s);
     s->sendq.clear();
     s->recvq.clear();
   }
-  for (std::size_t i = 0; i < c.sends_.size(); ++i) fail_request(c.sends_[i].req, msg, blame, closed);
-  for (std::size_t i = 0; i < c.recvs_.size(); ++i) fail_request(c.recvs_[i].req, msg, blame, closed);
-  c.sends_.clear();
-  c.recvs_.clear();
-  changed_ = true;
+  c.failure_.apply_all(c.sends_);
+  c.failure_.apply_all(c.recvs_);
+  changed();
 }
 
-void TcpTransport::close_all(const std::string& reason) {
-  if (closed_) return;
-  closed_ = true;
-  closed_reason_ = reason;
-  for (TcpConnection* c : conns_) fail(*c, reason, false, -1);
-  shutdown_fds();
+void TcpTransport::fail_connections(const std::string& reason) {
+  for (TcpConnection* c : conns_.all()) fail(*c, reason, false, -1);
 }
 
 void TcpTransport::fail_io(TcpConnection& c, int err, const char* op) {
@@ -569,25 +499,19 @@ void TcpTransport::set_want_out(Sock& s, bool on) {
 // ---------------------------------------------------------------------------
 // Progress.
 
-bool TcpTransport::progress() {
-  if (closed_) return false;
-  changed_ = false;
+bool TcpTransport::progress_connections() {
   bool moved = false;
-  if (timer_fired_ || deadlines_dirty_) service_deadlines();
-  if (listen_ready_) accept_all();
-  if (!pending_.empty()) moved |= service_hellos();
-  for (std::size_t i = 0; i < conns_.size(); ++i) moved |= progress_connection(*conns_[i]);
-  // A retry scheduled just now must arm the timer before the caller may sleep.
-  if (deadlines_dirty_) service_deadlines();
-  return moved || changed_;
+  const auto& all = conns_.all();
+  for (std::size_t i = 0; i < all.size(); ++i) moved |= progress_connection(*all[i]);
+  return moved;
 }
 
 bool TcpTransport::progress_connection(TcpConnection& c) {
-  if (c.failed_) return false;
+  if (c.failure_.failed) return false;
   if (c.setup_ == TcpConnection::Setup::wanted) start_connect(c);
   bool moved = false;
   for (auto& sp : c.socks_) {
-    if (c.failed_) break;
+    if (c.failure_.failed) break;
     Sock& s = *sp;
     if (s.phase == Sock::Phase::connecting && s.writable) finish_connect(c, s);
     if (s.phase != Sock::Phase::up) continue;
@@ -596,11 +520,11 @@ bool TcpTransport::progress_connection(TcpConnection& c) {
     } else if (s.want_out) {
       set_want_out(s, false);
     }
-    if (c.failed_) break;
+    if (c.failure_.failed) break;
     // A header already read (e.g. with the previous payload) needs no readiness.
     if ((s.readable || s.hdr_got == kHeader) && read_some(c, s) > 0) moved = true;
   }
-  if (!c.failed_ && complete(c)) moved = true;
+  if (!c.failure_.failed && complete(c)) moved = true;
   return moved;
 }
 
@@ -839,34 +763,14 @@ bool TcpTransport::complete(TcpConnection& c) {
 // Connecting (the lower rank of a pair).
 
 void TcpTransport::start_connect(TcpConnection& c) {
-  // The peer's address comes from the store. Never block the progress thread on it
-  // (the engine must keep honouring deadlines and abort()): poll without waiting,
-  // with backoff, until connect_timeout.
-  const auto now = Clock::now();
-  if (c.setup_ == TcpConnection::Setup::wanted) {
-    c.lookup_deadline_ = now + opts_.connect_timeout;
-    c.lookup_backoff_ = milliseconds(1);
-  }
+  // The peer's address comes from the store (PeerLookup: never blocks).
+  const bool first = c.setup_ == TcpConnection::Setup::wanted;
   c.setup_ = TcpConnection::Setup::lookup;
-  std::optional<std::string> found;
-  try {
-    found = directory_.try_lookup(c.peer_, "tcp");
-  } catch (const std::exception& e) {
-    fail(c, "cannot connect to rank " + std::to_string(c.peer_) +
-                ": looking up its TCP address failed: " + e.what(),
-         false, c.peer_);
-    return;
-  }
+  std::string error;
+  const std::optional<std::string> found =
+      look_up(c.lookup_, first, c.peer_, "tcp", "its TCP address", "has it started?", &error);
   if (!found) {
-    if (now >= c.lookup_deadline_) {
-      fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": it did not publish its TCP address within " +
-                  std::to_string(opts_.connect_timeout.count()) + " ms (has it started?)",
-           false, c.peer_);
-      return;
-    }
-    c.lookup_retry_at_ = now + c.lookup_backoff_;
-    c.lookup_backoff_ = std::min(c.lookup_backoff_ * 2, milliseconds(50));
-    deadlines_dirty_ = true;
+    if (!error.empty()) fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": " + error, false, c.peer_);
     return;
   }
   const std::string& value = *found;
@@ -880,10 +784,10 @@ void TcpTransport::start_connect(TcpConnection& c) {
   c.addr_text_ = sockaddr_text(c.addr_);
   c.deadline_ = Clock::now() + opts_.connect_timeout;
   for (auto& s : c.socks_) {
-    if (c.failed_) break;
+    if (c.failure_.failed) break;
     open_socket(c, *s);
   }
-  deadlines_dirty_ = true;
+  deadlines_changed();
 }
 
 void TcpTransport::open_socket(TcpConnection& c, Sock& s) {
@@ -937,7 +841,7 @@ void TcpTransport::connect_failed(TcpConnection& c, Sock& s, int err) {
   s.phase = Sock::Phase::retry_wait;
   s.retry_at = std::min(now + s.backoff, c.deadline_);
   s.backoff = std::min(s.backoff * 2, kMaxRetry);
-  deadlines_dirty_ = true;
+  deadlines_changed();
 }
 
 void TcpTransport::on_connected(TcpConnection& c, Sock& s) {
@@ -962,112 +866,22 @@ void TcpTransport::on_connected(TcpConnection& c, Sock& s) {
 // ---------------------------------------------------------------------------
 // Accepting (the higher rank of a pair).
 
-void TcpTransport::accept_all() {
-  listen_ready_ = false;
-  for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err == EINTR || err == ECONNABORTED) continue;
-      // EAGAIN: drained. EMFILE and friends: try again on the next connection.
-      break;
-    }
-    tune_socket(fd, 0, opts_.connect_timeout);
-    if (pending_.size() >= kMaxPendingAccepts) drop_pending(0);
-    auto pa = std::make_unique<PendingAccept>();
-    pa->fd = fd;
-    pa->deadline = Clock::now() + std::max(opts_.connect_timeout, milliseconds(1000));
-    PendingAccept* raw = pa.get();
-    pending_.push_back(std::move(pa));
-    poller_.watch(fd, EPOLLIN | EPOLLRDHUP | EPOLLET, [raw](std::uint32_t) { raw->readable = true; });
-    deadlines_dirty_ = true;
-  }
+void TcpTransport::on_accept(int fd) { tune_socket(fd, 0, opts_.connect_timeout); }
+
+std::string TcpTransport::refusal(const PendingAccept& pa, bool valid) const {
+  sockaddr_in from{};
+  socklen_t len = sizeof from;
+  const bool known = ::getpeername(pa.fd.get(), reinterpret_cast<sockaddr*>(&from), &len) == 0;
+  return "refused an incoming connection" + (known ? " from " + sockaddr_text(from) : std::string()) +
+         (valid ? ": its hello names another communicator, rank or token" : ": not a braid hello of this version");
 }
 
-void TcpTransport::drop_pending(std::size_t i) noexcept {
-  PendingAccept& pa = *pending_[i];
-  if (pa.fd >= 0) {
-    poller_.unwatch(pa.fd);
-    ::close(pa.fd);
-  }
-  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-}
-
-// 1: complete, 0: needs more bytes, -1: not a valid hello.
-int TcpTransport::read_hello(PendingAccept& pa) {
-  for (;;) {
-    const std::size_t need =
-        pa.got < wire::kHelloBytes ? wire::kHelloBytes : wire::kHelloBytes + pa.hello.token_bytes;
-    if (pa.got == need) return 1;
-    const ssize_t r = ::recv(pa.fd, pa.buf.data() + pa.got, need - pa.got, 0);
-    if (r == 0) return -1;
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pa.readable = false;
-        return 0;
-      }
-      return -1;
-    }
-    const std::size_t before = pa.got;
-    pa.got += static_cast<std::size_t>(r);
-    if (before < 4 && pa.got >= 4) {
-      // Refuse strangers (port scanners, HTTP probes) without waiting for 28 bytes.
-      unsigned char magic[4];
-      wire::detail::put(magic, wire::kHelloMagic, 4);
-      if (std::memcmp(pa.buf.data(), magic, 4) != 0) return -1;
-    }
-    if (pa.got == wire::kHelloBytes) {
-      pa.hello = wire::decode_hello(pa.buf.data());
-      if (pa.hello.magic != wire::kHelloMagic || pa.hello.version != wire::kVersion ||
-          pa.hello.token_bytes > wire::kMaxTokenBytes) {
-        return -1;
-      }
-      pa.buf.resize(wire::kHelloBytes + pa.hello.token_bytes);
-    }
-  }
-}
-
-bool TcpTransport::service_hellos() {
-  bool moved = false;
-  for (std::size_t i = 0; i < pending_.size();) {
-    PendingAccept& pa = *pending_[i];
-    if (!pa.readable) {
-      ++i;
-      continue;
-    }
-    const int verdict = read_hello(pa);
-    if (verdict == 0) {
-      ++i;
-      continue;
-    }
-    moved = true;
-    if (verdict > 0 && adopt(pa.fd, pa)) {
-      pa.fd = -1;  // now owned by a connection
-    } else if (opts_.on_refused) {
-      sockaddr_in from{};
-      socklen_t len = sizeof from;
-      const bool known = ::getpeername(pa.fd, reinterpret_cast<sockaddr*>(&from), &len) == 0;
-      opts_.on_refused("refused an incoming connection" + (known ? " from " + sockaddr_text(from) : std::string()) +
-                       (verdict > 0 ? ": its hello names another communicator, rank or token"
-                                    : ": not a braid hello of this version"));
-    }
-    drop_pending(i);
-  }
-  return moved;
-}
-
-bool TcpTransport::adopt(int fd, const PendingAccept& pa) {
-  const wire::Hello& h = pa.hello;
-  // Anything that is not an authenticated peer of this communicator is closed
-  // without a word: it must not be able to disturb the real connections.
-  if (closed_ || h.comm_id != opts_.comm_id ||
-      !token_equal(pa.buf.data() + wire::kHelloBytes, h.token_bytes, opts_.auth_token) ||
-      h.to_rank != opts_.rank || h.from_rank < 0 || h.from_rank >= opts_.rank) {
-    return false;
-  }
+bool TcpTransport::adopt(PendingAccept& pa) {
+  const wire::Hello h = wire::decode_hello(pa.buf.data());
+  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes})) return false;
+  const int fd = pa.fd.get();
   TcpConnection& c = get_conn(h.from_rank);
-  if (c.failed_) return false;
+  if (c.failure_.failed) return false;
   if (c.addr_text_.empty()) {
     sockaddr_in a{};
     socklen_t len = sizeof a;
@@ -1088,7 +902,7 @@ bool TcpTransport::adopt(int fd, const PendingAccept& pa) {
          false, c.peer_);
     return false;
   }
-  s.fd = fd;
+  s.fd = pa.fd.release();
   s.phase = Sock::Phase::up;
   s.readable = s.writable = true;
   s.want_out = false;
@@ -1097,21 +911,18 @@ bool TcpTransport::adopt(int fd, const PendingAccept& pa) {
 }
 
 // ---------------------------------------------------------------------------
-// Deadlines: connect retries and timeouts, hellos that never come.
+// Deadlines: connect retries and timeouts (the skeleton adds hellos that never come).
 
-void TcpTransport::service_deadlines() {
-  timer_fired_ = false;
-  deadlines_dirty_ = false;
-  const auto now = Clock::now();
+Clock::time_point TcpTransport::connection_deadlines(Clock::time_point now) {
   auto next = Clock::time_point::max();
-  for (TcpConnection* c : conns_) {
-    if (!c->failed_ && c->setup_ == TcpConnection::Setup::lookup) {
-      if (now >= c->lookup_retry_at_) start_connect(*c);
-      if (!c->failed_ && c->setup_ == TcpConnection::Setup::lookup) next = std::min(next, c->lookup_retry_at_);
+  for (TcpConnection* c : conns_.all()) {
+    if (!c->failure_.failed && c->setup_ == TcpConnection::Setup::lookup) {
+      if (now >= c->lookup_.retry_at) start_connect(*c);
+      if (!c->failure_.failed && c->setup_ == TcpConnection::Setup::lookup) next = std::min(next, c->lookup_.retry_at);
     }
-    if (c->failed_ || c->setup_ != TcpConnection::Setup::connecting) continue;
+    if (c->failure_.failed || c->setup_ != TcpConnection::Setup::connecting) continue;
     for (auto& sp : c->socks_) {
-      if (c->failed_) break;
+      if (c->failure_.failed) break;
       Sock& s = *sp;
       if (s.phase == Sock::Phase::retry_wait) {
         if (now >= s.retry_at) {
@@ -1120,7 +931,7 @@ void TcpTransport::service_deadlines() {
           next = std::min(next, s.retry_at);
         }
       }
-      if (c->failed_) break;
+      if (c->failure_.failed) break;
       if (s.phase == Sock::Phase::connecting) {
         if (now >= c->deadline_) {
           fail(*c, "cannot connect to rank " + std::to_string(c->peer_) + " at " + c->addr_text_ +
@@ -1133,29 +944,7 @@ void TcpTransport::service_deadlines() {
       if (s.phase == Sock::Phase::retry_wait) next = std::min(next, s.retry_at);
     }
   }
-  for (std::size_t i = 0; i < pending_.size();) {
-    if (now >= pending_[i]->deadline) {
-      drop_pending(i);
-    } else {
-      next = std::min(next, pending_[i]->deadline);
-      ++i;
-    }
-  }
-  arm_timer(next);
-}
-
-void TcpTransport::arm_timer(Clock::time_point when) {
-  if (when == timer_armed_for_ || timer_fd_ < 0) return;
-  timer_armed_for_ = when;
-  itimerspec spec{};
-  if (when != Clock::time_point::max()) {
-    // steady_clock is CLOCK_MONOTONIC on Linux.
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
-    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  }
-  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
+  return next;
 }
 
 }  // namespace

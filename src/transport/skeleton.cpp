@@ -1,0 +1,272 @@
+#include "transport/skeleton.hpp"
+
+#include <braid/error.hpp>
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+namespace braid::transport {
+
+namespace {
+
+/// Accepted sockets that have not finished their hello; the oldest is dropped beyond.
+constexpr std::size_t kMaxPendingAccepts = 64;
+
+}  // namespace
+
+Skeleton::Skeleton(const CommonOptions& common, Poller& poller, PeerDirectory& directory, const char* name,
+                   HelloFormat hello)
+    : common_(common), poller_(poller), directory_(directory), name_(name), hello_(hello) {}
+
+Skeleton::~Skeleton() { shutdown_skeleton(); }
+
+std::string Skeleton::self() const {
+  return std::string(name_) + " transport (rank " + std::to_string(common_.rank) + ")";
+}
+
+void Skeleton::serve(base::UniqueFd listen_fd) {
+  timer_fd_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  if (!timer_fd_) throw Error(ErrorCode::System, self() + ": timerfd_create: " + errno_text(errno));
+  listen_fd_ = std::move(listen_fd);
+  poller_.watch(listen_fd_.get(), EPOLLIN | EPOLLET, [this](std::uint32_t) { listen_ready_ = true; });
+  poller_.watch(timer_fd_.get(), EPOLLIN, [this](std::uint32_t) {
+    std::uint64_t expirations;
+    while (::read(timer_fd_.get(), &expirations, sizeof expirations) > 0) {
+    }
+    timer_fired_ = true;
+  });
+}
+
+void Skeleton::shutdown_skeleton() noexcept {
+  while (!pending_.empty()) drop_pending(pending_.size() - 1);
+  for (base::UniqueFd* fd : {&listen_fd_, &timer_fd_}) {
+    if (*fd) {
+      poller_.unwatch(fd->get());
+      fd->reset();
+    }
+  }
+}
+
+void Skeleton::check_peer(int peer) const {
+  if (peer < 0 || peer >= common_.size || peer == common_.rank) {
+    throw Error(ErrorCode::InvalidUsage, std::string(name_) + " transport: no connection from rank " +
+                                             std::to_string(common_.rank) + " to rank " + std::to_string(peer) +
+                                             " (world size " + std::to_string(common_.size) + ")");
+  }
+}
+
+std::optional<std::string> Skeleton::look_up(PeerLookup& l, bool first, int peer, const char* key,
+                                             const char* what, const char* hint, std::string* error) {
+  const auto now = Clock::now();
+  if (first) l = PeerLookup{now + common_.connect_timeout};
+  error->clear();
+  std::optional<std::string> found;
+  try {
+    found = directory_.try_lookup(peer, key);
+  } catch (const std::exception& e) {
+    *error = std::string("looking up ") + what + " failed: " + e.what();
+    return std::nullopt;
+  }
+  if (found) return found;
+  if (now >= l.deadline) {
+    *error = std::string("it did not publish ") + what + " within " +
+             std::to_string(common_.connect_timeout.count()) + " ms (" + hint + ")";
+  } else {
+    l.later(now);
+    deadlines_dirty_ = true;
+  }
+  return std::nullopt;
+}
+
+bool Skeleton::authentic(const HelloClaim& c) const {
+  // Anything that is not an authenticated peer of this communicator is closed without a
+  // word: it must not be able to disturb the real connections.
+  return !closed_ && c.comm_id == common_.comm_id && token_equal(c.token, c.token_bytes, common_.auth_token) &&
+         c.to_rank == common_.rank && c.from_rank >= 0 && c.from_rank < common_.rank;
+}
+
+bool Skeleton::progress() {
+  if (closed_) return false;
+  changed_ = false;
+  bool moved = false;
+  if (timer_fired_ || deadlines_dirty_) service_deadlines();
+  if (listen_ready_) accept_all();
+  if (!pending_.empty()) moved |= service_hellos();
+  moved |= progress_connections();
+  // A set-up step above may have scheduled a retry or a deadline: arm the timer now, so
+  // that the caller may block right after this call.
+  if (deadlines_dirty_) service_deadlines();
+  return moved || changed_;
+}
+
+bool Skeleton::setup_waiting() const noexcept {
+  if (deadlines_dirty_ || listen_ready_ || timer_fired_) return true;
+  for (const auto& p : pending_)
+    if (p->readable) return true;
+  return false;
+}
+
+void Skeleton::close_all(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  closed_reason_ = reason;
+  fail_connections(reason);
+  shutdown_skeleton();
+  after_close();
+}
+
+// ---------------------------------------------------------------------------
+// Accepting (the higher rank of a pair).
+
+void Skeleton::accept_all() {
+  listen_ready_ = false;
+  for (;;) {
+    const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      break;  // EAGAIN: drained. EMFILE and friends: try again on the next connection.
+    }
+    on_accept(fd);
+    if (pending_.size() >= kMaxPendingAccepts) drop_pending(0);
+    auto pa = std::make_unique<PendingAccept>();
+    pa->fd.reset(fd);
+    pa->deadline = Clock::now() + std::max(common_.connect_timeout, std::chrono::milliseconds(1000));
+    pa->buf.resize(hello_.fixed_bytes);
+    PendingAccept* raw = pa.get();
+    pending_.push_back(std::move(pa));
+    poller_.watch(fd, EPOLLIN | EPOLLRDHUP | EPOLLET, [raw](std::uint32_t) { raw->readable = true; });
+    deadlines_dirty_ = true;
+  }
+}
+
+void Skeleton::drop_pending(std::size_t i) noexcept {
+  PendingAccept& pa = *pending_[i];
+  if (pa.fd) poller_.unwatch(pa.fd.get());
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+int Skeleton::read_hello(PendingAccept& pa) {
+  for (;;) {
+    if (pa.fixed_done && pa.got == pa.buf.size()) return 1;
+    const std::size_t before = pa.got;
+    // The magic first, so that a stranger (a port scanner, an HTTP probe) is refused after
+    // 4 bytes rather than waited for.
+    const std::size_t upto = before < 4 ? 4 : pa.buf.size();
+    int err = 0;
+    const int r = read_with_fd(pa.fd.get(), pa.buf.data(), &pa.got, upto, &pa.passed, &err);
+    if (r < 0) return -1;
+    if (r == 0) {
+      pa.readable = false;
+      return 0;
+    }
+    if (before < 4 && pa.got >= 4 && le::get(pa.buf.data(), 4) != hello_.magic) return -1;
+    if (!pa.fixed_done && pa.got == hello_.fixed_bytes) {
+      const long tail = hello_.tail_bytes(pa.buf.data());
+      if (tail < 0) return -1;
+      pa.fixed_done = true;
+      pa.buf.resize(hello_.fixed_bytes + static_cast<std::size_t>(tail));
+    }
+  }
+}
+
+bool Skeleton::service_hellos() {
+  bool moved = false;
+  for (std::size_t i = 0; i < pending_.size();) {
+    PendingAccept& pa = *pending_[i];
+    if (!pa.readable) {
+      ++i;
+      continue;
+    }
+    const int verdict = read_hello(pa);
+    if (verdict == 0) {
+      ++i;
+      continue;
+    }
+    moved = true;
+    // adopt() may replace the socket's handler (it keeps the fd): unwatch only what is left.
+    const bool adopted = verdict > 0 && adopt(pa);
+    if (!adopted && common_.on_refused) common_.on_refused(refusal(pa, verdict > 0));
+    drop_pending(i);
+  }
+  return moved;
+}
+
+// ---------------------------------------------------------------------------
+// Deadlines: the transport's (connect retries, answers that never come), then hellos
+// that never come.
+
+void Skeleton::service_deadlines() {
+  timer_fired_ = false;
+  deadlines_dirty_ = false;
+  const auto now = Clock::now();
+  auto next = connection_deadlines(now);
+  for (std::size_t i = 0; i < pending_.size();) {
+    if (now >= pending_[i]->deadline) {
+      drop_pending(i);
+    } else {
+      next = std::min(next, pending_[i]->deadline);
+      ++i;
+    }
+  }
+  arm_timer(next);
+}
+
+void Skeleton::arm_timer(Clock::time_point when) {
+  if (when == timer_armed_for_ || !timer_fd_) return;
+  timer_armed_for_ = when;
+  itimerspec spec{};
+  if (when != Clock::time_point::max()) {
+    // steady_clock is CLOCK_MONOTONIC on Linux.
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
+  }
+  ::timerfd_settime(timer_fd_.get(), TFD_TIMER_ABSTIME, &spec, nullptr);
+}
+
+int read_with_fd(int fd, unsigned char* buf, std::size_t* got, std::size_t need, base::UniqueFd* passed, int* err) {
+  while (*got < need) {
+    iovec iov{buf + *got, need - *got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t r = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      *err = errno;
+      return -2;
+    }
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < n; ++i) {
+        int f = -1;
+        std::memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+        if (passed != nullptr && !*passed) {
+          passed->reset(f);
+        } else {
+          ::close(f);
+        }
+      }
+    }
+    if (r == 0) return -1;
+    *got += static_cast<std::size_t>(r);
+  }
+  return 1;
+}
+
+}  // namespace braid::transport
