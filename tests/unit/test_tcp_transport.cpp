@@ -1,7 +1,10 @@
-// Tests of the Poller and the TCP transport. Ranks run as threads in one process,
+// Tests of the Poller and of what only the TCP transport has (connect retries, hellos,
+// striping, mismatched settings, address selection); the contract every transport keeps is
+// in test_transport_conformance.cpp. Ranks run as threads in one process,
 // each with its own Poller and transport, over an in-memory PeerDirectory; raw
 // sockets play misbehaving peers. Every wait has a deadline.
 #include "base/poller.hpp"
+#include "transport_harness.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 #include "transport/tcp/wire.hpp"
 
@@ -34,11 +37,9 @@
 #include <utility>
 #include <vector>
 
-namespace bt = braid::transport;
 namespace wire = braid::transport::tcp_wire;
+using namespace braid::test;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
-using State = bt::Request::State;
 
 namespace {
 
@@ -46,143 +47,25 @@ constexpr auto kDeadline = 30s;
 constexpr std::uint64_t kCommId = 42;
 const char* const kToken = "secret-token";
 
-// ---------------------------------------------------------------------------
-// Harness.
-
-class MemDirectory {
- public:
-  void publish(int rank, const std::string& key, const std::string& value) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      map_[{rank, key}] = value;
-    }
-    cv_.notify_all();
-  }
-  std::string lookup(int rank, const std::string& key, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> g(mu_);
-    const auto k = std::make_pair(rank, key);
-    if (!cv_.wait_for(g, timeout, [&] { return map_.count(k) > 0; })) {
-      throw braid::TimeoutError("no '" + key + "' published by rank " + std::to_string(rank));
-    }
-    return map_[k];
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<int, std::string>, std::string> map_;
-};
-
-class RankDirectory final : public bt::PeerDirectory {
- public:
-  RankDirectory(MemDirectory& d, int rank) : d_(d), rank_(rank) {}
-  void publish(const std::string& key, const std::string& value) override { d_.publish(rank_, key, value); }
-  std::string lookup(int peer, const std::string& key, std::chrono::milliseconds timeout) override {
-    return d_.lookup(peer, key, timeout);
-  }
-  std::optional<std::string> try_lookup(int peer, const std::string& key) override {
-    try {
-      return d_.lookup(peer, key, std::chrono::milliseconds(0));
-    } catch (const braid::TimeoutError&) {
-      return std::nullopt;
-    }
-  }
-
- private:
-  MemDirectory& d_;
-  int rank_;
-};
-
 bt::TcpOptions options(int rank, int size, int sockets = 1) {
   bt::TcpOptions o;
-  o.rank = rank;
-  o.size = size;
+  static_cast<bt::CommonOptions&>(o) = common_options(rank, size, kCommId);
+  o.auth_token = kToken;
   o.sockets_per_peer = sockets;
   o.master_addr = "127.0.0.1";
-  o.auth_token = kToken;
-  o.comm_id = kCommId;
-  o.connect_timeout = 10s;
   return o;
 }
 
-struct Rank {
+/// A TCP rank with these options over a MemDirectory (transport_harness.hpp).
+struct Rank : RankDirectory, TransportRank {
   Rank(MemDirectory& d, const bt::TcpOptions& o)
-      : rank(o.rank), dir(d, o.rank), transport(bt::make_tcp_transport(o, poller, dir)) {}
-
-  bt::Connection* to(int peer) { return transport->connection(peer); }
-  void step() {
-    if (!transport->progress()) poller.wait(1);
-  }
-  /// Progresses until no request in `reqs` is pending; false when the deadline passes.
-  bool drive(const std::vector<bt::Request*>& reqs, Clock::duration limit = kDeadline) {
-    const auto deadline = Clock::now() + limit;
-    for (;;) {
-      bool pending = false;
-      for (const bt::Request* r : reqs) pending = pending || r->state == State::pending;
-      if (!pending) return true;
-      if (Clock::now() > deadline) return false;
-      step();
-    }
-  }
-  void step_for(Clock::duration d) {
-    const auto until = Clock::now() + d;
-    while (Clock::now() < until) step();
-  }
-
-  int rank;
-  bt::Poller poller;
-  RankDirectory dir;
-  std::unique_ptr<bt::Transport> transport;
+      : RankDirectory(d, o.rank),
+        TransportRank(*this, o, [o](const bt::CommonOptions&, bt::Poller& p, bt::PeerDirectory& dir) {
+          return bt::make_tcp_transport(o, p, dir);
+        }) {}
 };
 
-/// Runs fn on `size` ranks (threads). A rank that returns keeps progressing until
-/// every rank has returned, so that peers can finish. Rethrows the first exception.
-void run_ranks(int size, int sockets, const std::function<void(Rank&)>& fn) {
-  MemDirectory dir;
-  std::atomic<int> finished{0};
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Rank rank(dir, options(r, size, sockets));
-        try {
-          fn(rank);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-        ++finished;
-        const auto deadline = Clock::now() + kDeadline;
-        while (finished.load() < size && Clock::now() < deadline) rank.step();
-      } catch (...) {
-        if (!errors[static_cast<std::size_t>(r)]) errors[static_cast<std::size_t>(r)] = std::current_exception();
-        ++finished;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
-std::vector<std::uint8_t> pattern(std::size_t n, std::uint64_t seed) {
-  std::vector<std::uint8_t> v(n);
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::size_t i = 0; i < n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(v.data() + i, &x, std::min<std::size_t>(8, n - i));
-  }
-  return v;
-}
-
-#define EXPECT_DONE(req) EXPECT_EQ((req).state, State::done) << "error: " << (req).error
-#define ASSERT_DONE(req) ASSERT_EQ((req).state, State::done) << "error: " << (req).error
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
+// ---------------------------------------------------------------------------
 // Raw sockets that play (mis)behaving peers.
 
 int raw_connect(const std::string& addr) {
@@ -356,353 +239,6 @@ TEST(Poller, HandlerMayUnwatchItsOwnFdAndAnotherFdOfTheSameBatch) {
   EXPECT_EQ(calls_new, 1);
 }
 
-// ---------------------------------------------------------------------------
-// Data transfer.
-
-class TcpSockets : public ::testing::TestWithParam<int> {};
-
-TEST_P(TcpSockets, PingPongOfEverySizeArrivesIntact) {
-  const int sockets = GetParam();
-  const std::vector<std::size_t> sizes = {0, 1, 4097, 3 * 65536 + 7, std::size_t{8} << 20};
-  run_ranks(2, sockets, [&](Rank& r) {
-    bt::Connection* c = r.to(1 - r.rank);
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const std::size_t n = sizes[i];
-      const std::uint64_t tag = 100 + i;
-      const auto expected = pattern(n, i);
-      if (r.rank == 0) {
-        std::vector<std::uint8_t> back(n, 0xEE);
-        bt::Request s, q;
-        c->send(expected.data(), n, tag, &s);
-        c->recv(back.data(), n, tag + 1000, &q);
-        ASSERT_TRUE(r.drive({&s, &q})) << "size " << n;
-        ASSERT_DONE(s);
-        ASSERT_DONE(q);
-        EXPECT_TRUE(back == expected) << "echo of " << n << " bytes differs";
-      } else {
-        std::vector<std::uint8_t> in(n, 0xEE);
-        bt::Request q, s;
-        c->recv(in.data(), n, tag, &q);
-        ASSERT_TRUE(r.drive({&q})) << "size " << n;
-        ASSERT_DONE(q);
-        EXPECT_TRUE(in == expected) << n << " bytes arrived corrupted";
-        c->send(in.data(), n, tag + 1000, &s);
-        ASSERT_TRUE(r.drive({&s}));
-        ASSERT_DONE(s);
-      }
-    }
-  });
-}
-
-std::size_t fifo_size(int i) {
-  if (i % 40 == 1) return std::size_t{8} << 20;
-  if (i % 10 == 5) return (std::size_t{1} << 20) + static_cast<std::size_t>(i);
-  if (i % 7 == 0) return 0;
-  if (i % 3 == 0) return 70000 + static_cast<std::size_t>(i);
-  return 1 + static_cast<std::size_t>(i) * 13;
-}
-
-/// Fails the test when a later request completed before an earlier one.
-void expect_in_order(const std::vector<bt::Request>& reqs, const char* what) {
-  bool gap = false;
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    if (reqs[i].state == State::pending) {
-      gap = true;
-    } else if (gap) {
-      ADD_FAILURE() << what << " #" << i << " completed before an earlier one";
-      return;
-    }
-  }
-}
-
-TEST_P(TcpSockets, ManyMessagesBothWaysAtOnceKeepFifoOrder) {
-  const int sockets = GetParam();
-  constexpr int kCount = 160;
-  run_ranks(2, sockets, [&](Rank& r) {
-    const int peer = 1 - r.rank;
-    bt::Connection* c = r.to(peer);
-    std::vector<std::vector<std::uint8_t>> out(kCount), in(kCount);
-    std::vector<bt::Request> sends(kCount), recvs(kCount);
-    // Everything is posted before anything moves: both sides push 8 MiB messages
-    // at each other at the same time.
-    for (int i = 0; i < kCount; ++i) {
-      out[i] = pattern(fifo_size(i), static_cast<std::uint64_t>(r.rank * 1000 + i));
-      c->send(out[i].data(), out[i].size(), static_cast<std::uint64_t>(i), &sends[i]);
-    }
-    for (int i = 0; i < kCount; ++i) {
-      in[i].assign(fifo_size(i), 0xEE);
-      c->recv(in[i].data(), in[i].size(), static_cast<std::uint64_t>(i), &recvs[i]);
-    }
-    std::vector<bt::Request*> all;
-    for (auto& q : sends) all.push_back(&q);
-    for (auto& q : recvs) all.push_back(&q);
-    const auto deadline = Clock::now() + kDeadline;
-    bool pending = true;
-    while (pending && Clock::now() < deadline) {
-      r.step();
-      expect_in_order(sends, "send");
-      expect_in_order(recvs, "recv");
-      pending = false;
-      for (auto* q : all) pending = pending || q->state == State::pending;
-    }
-    ASSERT_FALSE(pending) << "deadline passed";
-    for (int i = 0; i < kCount; ++i) {
-      ASSERT_DONE(sends[i]);
-      ASSERT_DONE(recvs[i]);
-      EXPECT_TRUE(in[i] == pattern(fifo_size(i), static_cast<std::uint64_t>(peer * 1000 + i)))
-          << "message " << i << " (" << fifo_size(i) << " bytes) differs";
-    }
-  });
-}
-
-INSTANTIATE_TEST_SUITE_P(SocketsPerPeer, TcpSockets, ::testing::Values(1, 2, 4));
-
-class TcpWorld : public ::testing::TestWithParam<std::tuple<int, int>> {};
-
-TEST_P(TcpWorld, EveryPairExchangesMessages) {
-  const int size = std::get<0>(GetParam()), sockets = std::get<1>(GetParam());
-  auto bytes = [](int from, int to) { return std::size_t{150000} + static_cast<std::size_t>(from * 1000 + to); };
-  run_ranks(size, sockets, [&](Rank& r) {
-    std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(size)), in(out.size());
-    std::vector<bt::Request> sends(out.size()), recvs(out.size());
-    std::vector<bt::Request*> all;
-    for (int p = 0; p < size; ++p) {
-      if (p == r.rank) continue;
-      const auto i = static_cast<std::size_t>(p);
-      out[i] = pattern(bytes(r.rank, p), static_cast<std::uint64_t>(r.rank * 100 + p));
-      in[i].assign(bytes(p, r.rank), 0);
-      r.to(p)->recv(in[i].data(), in[i].size(), 9, &recvs[i]);
-      r.to(p)->send(out[i].data(), out[i].size(), 9, &sends[i]);
-      all.push_back(&sends[i]);
-      all.push_back(&recvs[i]);
-    }
-    ASSERT_TRUE(r.drive(all));
-    for (int p = 0; p < size; ++p) {
-      if (p == r.rank) continue;
-      const auto i = static_cast<std::size_t>(p);
-      EXPECT_DONE(sends[i]);
-      EXPECT_DONE(recvs[i]);
-      EXPECT_TRUE(in[i] == pattern(bytes(p, r.rank), static_cast<std::uint64_t>(p * 100 + r.rank)))
-          << "from rank " << p;
-    }
-  });
-}
-
-INSTANTIATE_TEST_SUITE_P(SizesAndSockets, TcpWorld,
-                         ::testing::Values(std::make_tuple(3, 1), std::make_tuple(4, 2),
-                                           std::make_tuple(4, 4)));
-
-TEST(TcpTransport, UnmatchedMessageWaitsWithoutBusyWakeUps) {
-  // A message whose receive is not posted stays in the kernel, and the receiver's
-  // poller goes quiet instead of reporting the readable socket over and over.
-  std::atomic<bool> sent{false}, checked{false};
-  const auto data = pattern(60000, 5);
-  run_ranks(2, 1, [&](Rank& r) {
-    bt::Connection* c = r.to(1 - r.rank);
-    if (r.rank == 0) {
-      bt::Request s;
-      c->send(data.data(), data.size(), 1, &s);
-      ASSERT_TRUE(r.drive({&s}));
-      ASSERT_DONE(s);
-      sent = true;
-      return;
-    }
-    const auto deadline = Clock::now() + kDeadline;
-    while (!sent && Clock::now() < deadline) r.step();
-    r.step_for(200ms);  // let the bytes land and the header be read
-    int events = 0;
-    for (int i = 0; i < 10; ++i) {
-      if (!r.transport->progress()) events += r.poller.wait(20);
-    }
-    EXPECT_LE(events, 1) << "the poller keeps waking up for a message nobody asked for";
-    std::vector<std::uint8_t> in(data.size());
-    bt::Request q;
-    c->recv(in.data(), in.size(), 1, &q);
-    ASSERT_TRUE(r.drive({&q}));
-    ASSERT_DONE(q);
-    EXPECT_TRUE(in == data);
-    checked = true;
-  });
-  EXPECT_TRUE(checked);
-}
-
-// ---------------------------------------------------------------------------
-// Mismatches.
-
-TEST(TcpTransport, TagMismatchFailsTheReceiveNamingBothTags) {
-  run_ranks(2, 1, [&](Rank& r) {
-    std::vector<std::uint8_t> buf(64, 1);
-    bt::Connection* c = r.to(1 - r.rank);
-    if (r.rank == 0) {
-      bt::Request s;
-      c->send(buf.data(), buf.size(), 7, &s);
-      ASSERT_TRUE(r.drive({&s}));
-      return;
-    }
-    bt::Request q;
-    c->recv(buf.data(), buf.size(), 8, &q);
-    ASSERT_TRUE(r.drive({&q}));
-    ASSERT_EQ(q.state, State::failed);
-    EXPECT_TRUE(contains(q.error, "expected tag 8 and 64 bytes, got tag 7 and 64 bytes")) << q.error;
-    EXPECT_TRUE(contains(q.error, "rank 0")) << q.error;
-    EXPECT_EQ(q.failed_peer, 0);
-    EXPECT_FALSE(q.peer_closed);
-    // The connection is failed for good: a later request fails at once.
-    bt::Request later;
-    c->recv(buf.data(), buf.size(), 7, &later);
-    EXPECT_EQ(later.state, State::failed);
-  });
-}
-
-class TcpSizeMismatch : public ::testing::TestWithParam<std::tuple<int, std::size_t, std::size_t>> {};
-
-TEST_P(TcpSizeMismatch, FailsTheReceiveNamingBothSizes) {
-  const int sockets = std::get<0>(GetParam());
-  const std::size_t sent_bytes = std::get<1>(GetParam()), recv_bytes = std::get<2>(GetParam());
-  run_ranks(2, sockets, [&](Rank& r) {
-    std::vector<std::uint8_t> buf(std::max(sent_bytes, recv_bytes), 3);
-    bt::Connection* c = r.to(1 - r.rank);
-    // A matching message first, so that the bad one is #1: with 4 sockets its part 0
-    // then travels on socket 1 while socket 0 (read first) carries its last part.
-    std::uint8_t one = 1;
-    bt::Request first;
-    if (r.rank == 0) {
-      bt::Request s;
-      c->send(&one, 1, 4, &first);
-      c->send(buf.data(), sent_bytes, 5, &s);
-      r.drive({&first, &s}, 5s);  // may stay pending or fail once the receiver gives up
-      return;
-    }
-    bt::Request q;
-    c->recv(&one, 1, 4, &first);
-    c->recv(buf.data(), recv_bytes, 5, &q);
-    ASSERT_TRUE(r.drive({&first, &q}));
-    EXPECT_DONE(first);
-    ASSERT_EQ(q.state, State::failed);
-    const std::string want = "expected tag 5 and " + std::to_string(recv_bytes) + " bytes, got tag 5 and " +
-                             std::to_string(sent_bytes) + " bytes";
-    EXPECT_TRUE(contains(q.error, want)) << q.error;
-    EXPECT_EQ(q.failed_peer, 0);
-    EXPECT_FALSE(q.peer_closed);
-  });
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Striping, TcpSizeMismatch,
-    ::testing::Values(std::make_tuple(1, std::size_t{100}, std::size_t{200}),
-                      std::make_tuple(1, std::size_t{200}, std::size_t{100}),
-                      std::make_tuple(4, std::size_t{512} << 10, std::size_t{1} << 20),
-                      std::make_tuple(4, std::size_t{1} << 20, std::size_t{64} << 10),
-                      std::make_tuple(4, std::size_t{64} << 10, std::size_t{1} << 20),
-                      std::make_tuple(4, std::size_t{512} << 10, std::size_t{1} << 20 | 1)));
-
-// ---------------------------------------------------------------------------
-// Peers that go away.
-
-class TcpPeerClose : public ::testing::TestWithParam<int> {};
-
-TEST_P(TcpPeerClose, DestroyingOneSideFailsThePeersPendingReceiveQuickly) {
-  const int closer = GetParam(), survivor = 1 - closer;
-  MemDirectory dir;
-  std::atomic<bool> posted{false};
-  std::atomic<std::int64_t> closed_at{0};
-  bt::Request q;
-  std::int64_t failed_at = 0;
-  auto handshake = [](Rank& r) {
-    std::uint32_t v = 1, w = 0;
-    bt::Request s, g;
-    r.to(1 - r.rank)->send(&v, sizeof v, 1, &s);
-    r.to(1 - r.rank)->recv(&w, sizeof w, 1, &g);
-    ASSERT_TRUE(r.drive({&s, &g}));
-    ASSERT_DONE(g);
-  };
-  std::thread tc([&] {
-    auto r = std::make_unique<Rank>(dir, options(closer, 2, 2));
-    handshake(*r);
-    const auto deadline = Clock::now() + kDeadline;
-    while (!posted && Clock::now() < deadline) r->step();
-    closed_at = Clock::now().time_since_epoch().count();
-    r.reset();
-  });
-  std::thread ts([&] {
-    Rank r(dir, options(survivor, 2, 2));
-    handshake(r);
-    std::uint64_t buf = 0;
-    r.to(closer)->recv(&buf, sizeof buf, 2, &q);
-    posted = true;
-    r.drive({&q}, 10s);
-    failed_at = Clock::now().time_since_epoch().count();
-  });
-  tc.join();
-  ts.join();
-  ASSERT_EQ(q.state, State::failed) << "the receive never failed";
-  EXPECT_TRUE(q.peer_closed) << q.error;
-  EXPECT_EQ(q.failed_peer, closer);
-  EXPECT_TRUE(contains(q.error, "connection to rank " + std::to_string(closer))) << q.error;
-  EXPECT_TRUE(contains(q.error, "closed by peer") || contains(q.error, "reset")) << q.error;
-  EXPECT_LT(std::chrono::nanoseconds(failed_at - closed_at.load()), 500ms);
-}
-
-INSTANTIATE_TEST_SUITE_P(ConnectorOrAcceptor, TcpPeerClose, ::testing::Values(0, 1));
-
-TEST(TcpTransport, CloseWhileIdleIsReportedOnTheNextRequest) {
-  MemDirectory dir;
-  std::atomic<bool> gone{false};
-  bt::Request later_recv, later_send;
-  std::thread t0([&] {
-    auto r = std::make_unique<Rank>(dir, options(0, 2));
-    std::uint32_t v = 1;
-    bt::Request s;
-    r->to(1)->send(&v, sizeof v, 1, &s);
-    ASSERT_TRUE(r->drive({&s}));
-    r->step_for(50ms);
-    r.reset();
-    gone = true;
-  });
-  std::thread t1([&] {
-    Rank r(dir, options(1, 2));
-    std::uint32_t v = 0;
-    bt::Request g;
-    r.to(0)->recv(&v, sizeof v, 1, &g);
-    ASSERT_TRUE(r.drive({&g}));
-    ASSERT_DONE(g);
-    const auto deadline = Clock::now() + kDeadline;
-    while (!gone && Clock::now() < deadline) r.step();
-    r.step_for(100ms);  // the EOF arrives while nothing is pending
-    r.to(0)->recv(&v, sizeof v, 2, &later_recv);
-    r.to(0)->send(&v, sizeof v, 2, &later_send);
-    r.drive({&later_recv, &later_send}, 5s);
-  });
-  t0.join();
-  t1.join();
-  ASSERT_EQ(later_recv.state, State::failed);
-  EXPECT_TRUE(later_recv.peer_closed);
-  EXPECT_EQ(later_recv.failed_peer, 0);
-  EXPECT_TRUE(contains(later_recv.error, "closed by peer")) << later_recv.error;
-  ASSERT_EQ(later_send.state, State::failed);
-  EXPECT_TRUE(later_send.peer_closed);
-}
-
-TEST(TcpTransport, CloseAllFailsPendingRequestsAndIsIdempotent) {
-  MemDirectory dir;
-  Rank r(dir, options(1, 2));  // the acceptor: no lookup, the receive just waits
-  std::uint64_t v = 0;
-  bt::Request q;
-  r.to(0)->recv(&v, sizeof v, 1, &q);
-  r.step_for(20ms);
-  EXPECT_EQ(q.state, State::pending);
-  r.transport->close_all("aborted by test");
-  ASSERT_EQ(q.state, State::failed);
-  EXPECT_EQ(q.error, "aborted by test");
-  EXPECT_EQ(q.failed_peer, -1);
-  r.transport->close_all("again");
-  bt::Request later;
-  r.to(0)->send(&v, sizeof v, 1, &later);
-  EXPECT_EQ(later.state, State::failed);
-  EXPECT_EQ(later.error, "aborted by test");
-  EXPECT_FALSE(r.transport->progress());
-}
-
 TEST(TcpTransport, RefusedConnectRetriesUntilTheTimeoutThenFails) {
   MemDirectory dir;
   int port = 0;
@@ -736,48 +272,6 @@ TEST(TcpTransport, RefusedConnectRetriesUntilTheTimeoutThenFails) {
   EXPECT_EQ(q.failed_peer, 1);
   EXPECT_GE(took, 250ms);
   EXPECT_LT(took, 3s);
-}
-
-TEST(TcpTransport, MissingPeerAddressFailsTheRequest) {
-  MemDirectory dir;
-  auto o = options(0, 2);
-  o.connect_timeout = 100ms;
-  Rank r(dir, o);
-  std::uint64_t v = 0;
-  bt::Request q;
-  r.to(1)->send(&v, sizeof v, 1, &q);
-  ASSERT_TRUE(r.drive({&q}, 5s));
-  ASSERT_EQ(q.state, State::failed);
-  EXPECT_TRUE(contains(q.error, "cannot connect to rank 1")) << q.error;
-  EXPECT_TRUE(contains(q.error, "did not publish its TCP address within 100 ms")) << q.error;
-}
-
-// The address lookup never blocks the progress thread: a peer that starts late is
-// found by polling, and meanwhile progress() keeps returning at once.
-TEST(TcpTransport, LatePeerIsFoundWithoutBlockingProgress) {
-  MemDirectory dir;
-  std::uint64_t v = 42, got = 0;
-  bt::Request s, q;
-  std::thread late([&] {
-    std::this_thread::sleep_for(300ms);
-    Rank r1(dir, options(1, 2));
-    r1.to(0)->recv(&got, sizeof got, 7, &q);
-    EXPECT_TRUE(r1.drive({&q}, 10s));
-  });
-  Rank r0(dir, options(0, 2));
-  r0.to(1)->send(&v, sizeof v, 7, &s);
-  Clock::duration longest{0};
-  const auto deadline = Clock::now() + 10s;
-  while (s.state == State::pending && Clock::now() < deadline) {
-    const auto t0 = Clock::now();
-    r0.transport->progress();
-    longest = std::max(longest, Clock::now() - t0);
-    r0.poller.wait(1);
-  }
-  late.join();
-  EXPECT_EQ(s.state, State::done) << s.error;
-  EXPECT_EQ(got, 42u);
-  EXPECT_LT(longest, 50ms) << "progress() blocked while the peer's address was missing";
 }
 
 // ---------------------------------------------------------------------------
