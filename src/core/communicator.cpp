@@ -178,27 +178,6 @@ PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::
   return req;
 }
 
-std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
-  const bool compressed = req.codec.kind != compression::CodecKind::none;
-  const auto key = std::make_tuple(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count,
-                                   req.elem_size,
-                                   static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) |
-                                       (req.root << 2),
-                                   compressed ? compression::name(req.codec) + (req.feedback ? "+ef" : "") : std::string());
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = plans.find(key); it != plans.end()) return it->second;
-  auto plan = collectives::build_plan(req);
-  if (cfg.plan_cache > 0) {
-    if (plans.size() >= cfg.plan_cache) {
-      plans.erase(plan_order.front());
-      plan_order.pop_front();
-    }
-    plans.emplace(key, plan);
-    plan_order.push_back(key);
-  }
-  return plan;
-}
-
 Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out,
                               DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
                               const char* what, std::shared_ptr<void> keepalive,
@@ -362,7 +341,7 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   hints.automatic = algo == Algorithm::automatic;
   Work w;
   try {
-    w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
+    w = post(plans.plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
              nullptr, nullptr, std::move(hints));
   } catch (const Error& e) {
     // The bucket's first call did not go out: neither will its trials.
@@ -397,7 +376,7 @@ void Communicator::Impl::settle(Tuning& tu, Algorithm verdict, std::string expla
   BRAID_LOG(info, "tuner: " << tu.explanation);
   for (auto& [r, slot] : waiting) {
     r.algorithm = verdict;
-    *slot = plan_for(r);
+    *slot = plans.plan_for(r);
   }
 }
 
@@ -500,7 +479,7 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   for (const Algorithm a : e.schedule) {
     PlanRequest r = req;
     r.algorithm = a;
-    const auto plan = plan_for(r);
+    const auto plan = plans.plan_for(r);
     for (int k = 0; k < e.block; ++k) {
       std::shared_ptr<detail::WorkState> state;
       post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state, internal);
@@ -525,7 +504,7 @@ void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const c
   PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
   x.algorithm = Algorithm::ring;
   x.host_of = topology->host_of();
-  post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
+  post(plans.plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
        "allreduce (tuner's exchange of trial times)", run, nullptr, internal);
   post_task(
       [this, run, e, &tu] {
@@ -613,7 +592,7 @@ Work Communicator::barrier(const BarrierOptions& options) {
   auto buf = std::make_shared<std::array<std::int32_t, 2>>();
   PlanRequest req = impl_->request(Collective::allreduce, 1, 4, ReduceOp::sum);
   req.algorithm = Algorithm::ring;
-  return impl_->post(impl_->plan_for(req), &(*buf)[0], &(*buf)[1], DataType::i32, ReduceOp::sum, options.timeout,
+  return impl_->post(impl_->plans.plan_for(req), &(*buf)[0], &(*buf)[1], DataType::i32, ReduceOp::sum, options.timeout,
                      "barrier", buf);
 }
 

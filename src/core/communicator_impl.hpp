@@ -10,6 +10,7 @@
 #include "compression/error_feedback.hpp"
 #include "core/config.hpp"
 #include "core/engine.hpp"
+#include "core/plan_cache.hpp"
 #include "core/topology.hpp"
 
 #include <atomic>
@@ -54,12 +55,8 @@ struct Communicator::Impl {
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
 
-  mutable std::mutex mu;  ///< guards the plan cache, the tuner and the codec steps
-  /// Plan cache key: collective, algorithm, count, element size, op/deterministic/root
-  /// bits, codec name with feedback ("" for none).
-  using PlanKey = std::tuple<int, int, std::uint64_t, std::size_t, int, std::string>;
-  std::map<PlanKey, std::shared_ptr<const collectives::Plan>> plans;
-  std::deque<PlanKey> plan_order;
+  mutable std::mutex mu;  ///< guards the tuner and the codec steps
+  core::PlanCache plans{cfg.plan_cache};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
   /// the configuration has none (from_unique_id), so TCP binds the interface that
@@ -78,7 +75,6 @@ struct Communicator::Impl {
   /// pipeline slice of the configuration, and the given collective, count, size and op.
   collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
                                    ReduceOp op) const;
-  std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
   Work collective(collectives::Collective c, const void* send, void* recv, std::size_t count, DataType dtype,
                   ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,
                   const char* what);

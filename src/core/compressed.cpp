@@ -139,7 +139,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
   // Several ranks per host on several hosts: uncompressed inside a host, compressed
   // between hosts (the builder decides from the host map).
   if (size > 1) req.host_of = topology->host_of();
-  auto plan = plan_for(req);
+  auto plan = plans.plan_for(req);
   float* residual[2] = {nullptr, nullptr};
   std::uint64_t step = 0;
   if (!options.ef_key.empty()) {
