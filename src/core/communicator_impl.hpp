@@ -9,7 +9,9 @@
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "core/config.hpp"
+#include "core/comm_parts.hpp"
 #include "core/engine.hpp"
+#include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
 #include "core/topology.hpp"
 
@@ -25,21 +27,7 @@
 
 namespace braid {
 
-namespace core {
-/// A plan slot filled after the operation was issued (the measuring tuner's verdict).
-using DeferredPlan = std::shared_ptr<std::shared_ptr<const collectives::Plan>>;
-/// How Communicator::Impl::post() treats an operation beyond its plan and buffers.
-struct PostHints {
-  DeferredPlan deferred;   ///< plan decided later (the measuring tuner's verdict)
-  bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
-  bool internal = false;   ///< the library's own call (tuner trials, exchange): not argument-checked
-  /// Compressed plans: error-feedback residuals and the RNG's step (core::Operation).
-  float* feedback[2] = {nullptr, nullptr};
-  std::uint64_t codec_step = 0;
-};
-}  // namespace core
-
-struct Communicator::Impl {
+struct Communicator::Impl final : core::Poster {
   core::Config cfg;
   std::string name;
   int rank = 0;
@@ -55,7 +43,7 @@ struct Communicator::Impl {
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
 
-  mutable std::mutex mu;  ///< guards the tuner and the codec steps
+  std::mutex mu;  ///< guards the codec steps
   core::PlanCache plans{cfg.plan_cache};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
@@ -71,60 +59,17 @@ struct Communicator::Impl {
   std::atomic<std::uint64_t> next_p2p{1};
   std::atomic<std::uint64_t> next_split{0};
 
-  /// The request every plan of this communicator starts from: this rank and world, the
-  /// pipeline slice of the configuration, and the given collective, count, size and op.
   collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
-                                   ReduceOp op) const;
+                                   ReduceOp op) const override;
   Work collective(collectives::Collective c, const void* send, void* recv, std::size_t count, DataType dtype,
                   ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,
                   const char* what);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
-  /// Measured tuning (BRAID_TUNE=measure) of one tuner bucket: the model's verdict,
-  /// and once the trials have run, the verdict every rank agreed on; meanwhile the
-  /// calls of the bucket waiting for it (their plans are filled in with the verdict).
-  using DeferredPlan = core::DeferredPlan;
-  struct Tuning {
-    std::shared_ptr<const collectives::Choice> model;
-    std::optional<Algorithm> verdict;
-    std::string explanation;
-    std::vector<std::pair<collectives::PlanRequest, DeferredPlan>> waiting;
-  };
-  using TuneKey = std::tuple<int, std::size_t, int, bool, int, int>;
-  std::mutex tune_mu;                 ///< guards `tunings`
-  std::map<TuneKey, Tuning> tunings;  ///< node-based: Tuning references stay valid
-  TuneKey tune_key(const collectives::PlanRequest& req) const;
-  /// What an automatic call runs, and what to do after issuing it.
-  struct Pick {
-    Algorithm algorithm = Algorithm::automatic;
-    DeferredPlan deferred;  ///< set: post with it; the verdict decides the plan
-    std::optional<collectives::Experiment> then_measure;  ///< set: call measure() after posting
-    Tuning* tuning = nullptr;
-  };
-  /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first call of a
-  /// size bucket runs the model's choice and is followed by the trials (measure());
-  /// until their verdict is in, the bucket's calls are deferred.
-  Pick choose_algorithm(const collectives::PlanRequest& req);
-  /// Issues an experiment's trial calls on a scratch buffer, then an operation that
-  /// reads their times, an all-reduce that exchanges them and one that takes the
-  /// verdict and fills the waiting calls' plans; returns without waiting for any.
-  void measure(const collectives::PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& t,
-               std::chrono::milliseconds call_timeout);
-  collectives::CostModel cost_model() const;
-  std::unique_ptr<collectives::Tuner> tuner;  ///< made at the first automatic choice
-  using PostHints = core::PostHints;
-  Work post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out, DataType dtype,
-            ReduceOp op, std::chrono::milliseconds timeout, const char* what, std::shared_ptr<void> keepalive,
-            std::shared_ptr<detail::WorkState>* state = nullptr, PostHints hints = {});
-  /// Gives up measuring a bucket (its first call or the trials could not be issued):
-  /// the model's choice becomes the verdict and calls waiting for it get that plan.
-  void abandon_tuning(Tuning& t, const std::string& why);
-  /// Fixes a bucket's verdict (unless one is set), logs it and gives the calls waiting
-  /// for it their plans.
-  void settle(Tuning& t, Algorithm verdict, std::string explanation);
+  /// Chooses the algorithm of automatic calls (made once the topology is known).
+  std::unique_ptr<core::MeasuredTuner> tuner;
+  Work post(core::Posting p) override;
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
   std::atomic<std::uint64_t> next_check{0};
-  /// The tuner, made on first use (every rank prices with the same topology and model).
-  collectives::Tuner& tuner_ref();
 
   // --- compression (compressed.cpp) ---
   compression::ErrorFeedbackStore error_feedback;
@@ -146,8 +91,7 @@ struct Communicator::Impl {
   std::atomic<int> auto_one_host{-1};
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
-  /// Queues a host task (see core::Operation::task) and returns its Work.
-  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive);
+  Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive) override;
 };
 
 }  // namespace braid

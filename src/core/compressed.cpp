@@ -80,7 +80,7 @@ CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std
   // the codecs' measured rates.
   if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count == 0) return {};
   if (auto_one_host.load(std::memory_order_relaxed) == 1) return {};
-  collectives::Tuner& t = tuner_ref();
+  collectives::Tuner& t = tuner->tuner_ref();
   const auto& topo = t.topology();
   if (topo.num_hosts() <= 1) {
     auto_one_host.store(1, std::memory_order_relaxed);
@@ -153,12 +153,18 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
     std::lock_guard<std::mutex> lock(mu);
     step = codec_steps[options.ef_key]++;
   }
-  PostHints hints;
-  hints.feedback[0] = residual[0];
-  hints.feedback[1] = residual[1];
-  hints.codec_step = step;
-  return post(std::move(plan), send, recv, DataType::f32, op, options.timeout, what.c_str(), nullptr, nullptr,
-              std::move(hints));
+  core::Posting p;
+  p.plan = std::move(plan);
+  p.in = send;
+  p.out = recv;
+  p.dtype = DataType::f32;
+  p.op = op;
+  p.timeout = options.timeout;
+  p.what = what.c_str();
+  p.feedback[0] = residual[0];
+  p.feedback[1] = residual[1];
+  p.codec_step = step;
+  return post(std::move(p));
 }
 
 // --- error feedback: public API ---
