@@ -131,8 +131,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   eo.settings = &cfg.settings;
   eo.topology = topology;
   engine = std::make_unique<core::Engine>(eo, store);
-  tuner = std::make_unique<core::MeasuredTuner>(cfg, core::Membership{rank, size, timeout, store, topology}, plans,
-                                                *this);
+  const core::Membership member{rank, size, timeout, store, topology};
+  tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
+  compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");
 }
@@ -200,6 +201,21 @@ Work Communicator::Impl::post(core::Posting p) {
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
   if (p.state) *p.state = o.work;
+  engine->submit(std::move(o));
+  return w;
+}
+
+Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive) {
+  BRAID_CHECK(!engine->failed(), Aborted,
+              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
+  core::Operation o;
+  o.seq = next_seq++;
+  o.task = std::move(task);
+  o.timeout = timeout;
+  o.work = std::make_shared<detail::WorkState>();
+  o.keepalive = std::move(keepalive);
+  o.name = what + " #" + std::to_string(o.seq) + " on rank " + std::to_string(rank) + "/" + std::to_string(size);
+  Work w(o.work);
   engine->submit(std::move(o));
   return w;
 }
@@ -350,9 +366,9 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  const auto spec = impl_->resolve_codec(options, count, dtype, op);
+  const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
   if (spec.kind != compression::CodecKind::none)
-    return impl_->compressed_allreduce(send, recv, count, dtype, op, spec, options);
+    return impl_->compressor->allreduce(send, recv, count, dtype, op, spec, options);
   return impl_->collective(Collective::allreduce, send, recv, count, dtype, op, 0, options.algorithm,
                            options.deterministic, options.timeout, "allreduce");
 }
@@ -499,6 +515,24 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
   if (im.size == 1) return "allreduce " + bytes + " x 1 rank: ring (a local copy)";
   return im.tuner->explain(req);
 }
+
+// --- error feedback: public API ---
+
+void Communicator::save_error_feedback(std::ostream& os) const { impl_->compressor->error_feedback().save(os); }
+void Communicator::restore_error_feedback(std::istream& is) { impl_->compressor->error_feedback().restore(is); }
+void Communicator::save_error_feedback(std::ostream& os, const std::string& key_prefix) const {
+  impl_->compressor->error_feedback().save(os, key_prefix);
+}
+void Communicator::restore_error_feedback(std::istream& is, const std::string& key_prefix) {
+  impl_->compressor->error_feedback().restore(is, key_prefix);
+}
+void Communicator::reset_error_feedback(const std::string& ef_key) {
+  if (ef_key.empty())
+    impl_->compressor->error_feedback().reset_all();
+  else
+    impl_->compressor->error_feedback().reset(ef_key);
+}
+std::size_t Communicator::error_feedback_bytes() const { return impl_->compressor->error_feedback().bytes(); }
 
 std::string Communicator::describe_topology() const {
   Impl& im = *impl_;

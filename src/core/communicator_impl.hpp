@@ -10,6 +10,7 @@
 #include "compression/error_feedback.hpp"
 #include "core/config.hpp"
 #include "core/comm_parts.hpp"
+#include "core/compressor.hpp"
 #include "core/engine.hpp"
 #include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
@@ -43,7 +44,6 @@ struct Communicator::Impl final : core::Poster {
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
 
-  std::mutex mu;  ///< guards the codec steps
   core::PlanCache plans{cfg.plan_cache};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
@@ -71,24 +71,8 @@ struct Communicator::Impl final : core::Poster {
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
   std::atomic<std::uint64_t> next_check{0};
 
-  // --- compression (compressed.cpp) ---
-  compression::ErrorFeedbackStore error_feedback;
-  std::map<std::string, std::uint64_t> codec_steps;  ///< per ef_key: calls so far (the RNG's step), under mu
-  /// Compressed all-reduce (docs/codecs.md): validates everything, finds the residuals
-  /// and posts the compressed plan (collectives/compressed.cpp).
-  Work compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
-                            const compression::CodecSpec& spec, const AllreduceOptions& options);
-  /// Resolves BRAID_CODEC / the per-call codec; `auto` is priced with the cost model.
-  compression::CodecSpec resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
-                                       ReduceOp op);
-  /// Codec rates for `auto`, measured by rank 0 and shared through the store.
-  const std::vector<compression::CodecRates>& codec_rates();
-  std::mutex codec_rates_mu;
-  std::vector<compression::CodecRates> rates;
-  std::set<int> logged_auto;  ///< size buckets whose auto choice was logged
-  /// Codec auto: 1 when every rank is on one host (auto never compresses), 0 when not,
-  /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
-  std::atomic<int> auto_one_host{-1};
+  /// Compression: codec choice, error-feedback residuals, the compressed all-reduce.
+  std::unique_ptr<core::Compressor> compressor;
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
   Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive) override;

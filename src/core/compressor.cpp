@@ -1,76 +1,58 @@
-// Compressed all-reduce (DESIGN.md §6, docs/codecs.md "Compressed all-reduce"): the
-// communicator's side. The algorithm is a plan like any other
-// (collectives/compressed.cpp builds it, the verifier proves it, the cost model prices
-// it, the engine runs its encode and decode steps); here the call is checked, the codec
-// resolved (`auto`), the error-feedback residuals found, and the plan posted.
+#include "core/compressor.hpp"
+
 #include "base/check.hpp"
-#include "core/communicator_impl.hpp"
 #include "base/logging.hpp"
-#include "compression/reference.hpp"
-#include "compression/choose.hpp"
+#include "collectives/tuner.hpp"
 
 #include <braid/error.hpp>
 
-#include <algorithm>
-#include <cstring>
-#include <iomanip>
+#include <cstddef>
+#include <cstdlib>
 #include <sstream>
 
-namespace braid {
+namespace braid::core {
 
 using collectives::Collective;
 using compression::CodecKind;
 using compression::CodecSpec;
 using compression::ResidualRole;
 
-Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive) {
-  BRAID_CHECK(!engine->failed(), Aborted,
-              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
-  core::Operation o;
-  o.seq = next_seq++;
-  o.task = std::move(task);
-  o.timeout = timeout;
-  o.work = std::make_shared<detail::WorkState>();
-  o.keepalive = std::move(keepalive);
-  o.name = what + " #" + std::to_string(o.seq) + " on rank " + std::to_string(rank) + "/" + std::to_string(size);
-  Work w(o.work);
-  engine->submit(std::move(o));
-  return w;
-}
+Compressor::Compressor(const Config& cfg, Membership member, MeasuredTuner& tuner, PlanCache& plans, Poster& poster)
+    : cfg_(cfg), member_(std::move(member)), tuner_(tuner), plans_(plans), poster_(poster) {}
 
-const std::vector<compression::CodecRates>& Communicator::Impl::codec_rates() {
-  std::lock_guard<std::mutex> lock(codec_rates_mu);
-  if (!rates.empty()) return rates;
+const std::vector<compression::CodecRates>& Compressor::codec_rates() {
+  std::lock_guard<std::mutex> lock(rates_mu_);
+  if (!rates_.empty()) return rates_;
   // Every rank must resolve `auto` alike: rank 0 times the codec kernels once and
   // publishes the rates; the others use its figures.
   const std::string key = "codec_rates";
   std::string text;
-  if (rank == 0) {
+  if (member_.rank == 0) {
     std::ostringstream os;
     os << std::hexfloat;
     for (const auto& r : compression::measure_codec_rates())
       os << compression::name(r.spec) << ' ' << r.encode_Bps << ' ' << r.decode_Bps << '\n';
     text = os.str();
-    store->set(key, text);
+    member_.store->set(key, text);
   } else {
-    text = store->get(key, timeout);
+    text = member_.store->get(key, member_.timeout);
   }
   std::istringstream in(text);
-  std::string name_;
+  std::string codec;
   std::string enc, dec;
-  while (in >> name_ >> enc >> dec) {
+  while (in >> codec >> enc >> dec) {
     compression::CodecRates r;
-    r.spec = compression::parse_codec(name_);
+    r.spec = compression::parse_codec(codec);
     r.encode_Bps = std::strtod(enc.c_str(), nullptr);
     r.decode_Bps = std::strtod(dec.c_str(), nullptr);
-    rates.push_back(r);
+    rates_.push_back(r);
   }
-  return rates;
+  return rates_;
 }
 
-CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
-                                            ReduceOp op) {
-  const std::string& codec_name = options.codec.empty() ? cfg.codec : options.codec;
+CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
+                                    ReduceOp op) {
+  const std::string& codec_name = options.codec.empty() ? cfg_.codec : options.codec;
   CodecSpec spec = compression::parse_codec(codec_name);
   if (spec.kind != CodecKind::automatic) return spec;
   // auto compresses only what it can (f32 sum/avg across ranks), and only between
@@ -78,33 +60,33 @@ CodecSpec Communicator::Impl::resolve_codec(const AllreduceOptions& options, std
   // the host codec passes cost more memory traffic than the bytes they save. Across
   // hosts, the model of docs/codecs.md: the slowest link's latency and bandwidth against
   // the codecs' measured rates.
-  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || size == 1 || count == 0) return {};
-  if (auto_one_host.load(std::memory_order_relaxed) == 1) return {};
-  collectives::Tuner& t = tuner->tuner_ref();
+  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || member_.size == 1 || count == 0) return {};
+  if (auto_one_host_.load(std::memory_order_relaxed) == 1) return {};
+  collectives::Tuner& t = tuner_.tuner_ref();
   const auto& topo = t.topology();
   if (topo.num_hosts() <= 1) {
-    auto_one_host.store(1, std::memory_order_relaxed);
-    BRAID_LOG(info, "codec auto: all " << size << " ranks on one host -> none (inside a host the codec passes cost "
+    auto_one_host_.store(1, std::memory_order_relaxed);
+    BRAID_LOG(info, "codec auto: all " << member_.size << " ranks on one host -> none (inside a host the codec passes cost "
                                           "more memory traffic than the bytes they save)");
     return {};
   }
   const collectives::LinkClass link = topo.inter;
   const compression::LinkModel lm{1.0 / t.model()[link].beta, t.model()[link].alpha};
-  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, size, lm, cfg.codec_max_error);
+  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, member_.size, lm, cfg_.codec_max_error);
   if (base::log_enabled(base::LogLevel::info)) {
-    std::lock_guard<std::mutex> lock(codec_rates_mu);
+    std::lock_guard<std::mutex> lock(rates_mu_);
     const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4);
-    if (logged_auto.insert(bucket).second)
-      BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << size << " ranks over "
+    if (logged_auto_.insert(bucket).second)
+      BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << member_.size << " ranks over "
                                                  << collectives::to_string(link) << " (" << lm.Bps / 1e9 << " GB/s, "
                                                  << lm.alpha_s * 1e6 << " us in the cost model), error budget "
-                                                 << cfg.codec_max_error << " -> " << compression::name(chosen));
+                                                 << cfg_.codec_max_error << " -> " << compression::name(chosen));
   }
   return chosen;
 }
 
-Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                                              ReduceOp op, const CodecSpec& spec, const AllreduceOptions& options) {
+Work Compressor::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                           const CodecSpec& spec, const AllreduceOptions& options) {
   const std::string codec = compression::name(spec);
   const std::string what = "allreduce[" + codec + "]";
   // Everything is checked here, before any byte moves.
@@ -132,28 +114,28 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
                 what << ": send and recv overlap partially; pass the same pointer for in place or disjoint buffers");
   }
 
-  collectives::PlanRequest req = request(Collective::allreduce, count, sizeof(float), op);
+  collectives::PlanRequest req = poster_.request(Collective::allreduce, count, sizeof(float), op);
   req.algorithm = Algorithm::automatic;  // the codec's own
   req.codec = spec;
   req.feedback = !options.ef_key.empty();
   // Several ranks per host on several hosts: uncompressed inside a host, compressed
   // between hosts (the builder decides from the host map).
-  if (size > 1) req.host_of = topology->host_of();
-  auto plan = plans.plan_for(req);
+  if (member_.size > 1) req.host_of = member_.topology->host_of();
+  auto plan = plans_.plan_for(req);
   float* residual[2] = {nullptr, nullptr};
   std::uint64_t step = 0;
   if (!options.ef_key.empty()) {
     // Creates (or checks the count of) the residuals now, so that a mismatch is the
     // caller's error and not a failure in the middle of the collective.
-    residual[0] = error_feedback.residual(options.ef_key, ResidualRole::worker, plan->feedback_count[0]);
+    residual[0] = error_feedback_.residual(options.ef_key, ResidualRole::worker, plan->feedback_count[0]);
     if (spec.kind != CodecKind::topk)
-      residual[1] = error_feedback.residual(options.ef_key, ResidualRole::owner, plan->feedback_count[1]);
+      residual[1] = error_feedback_.residual(options.ef_key, ResidualRole::owner, plan->feedback_count[1]);
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
-    step = codec_steps[options.ef_key]++;
+    std::lock_guard<std::mutex> lock(steps_mu_);
+    step = codec_steps_[options.ef_key]++;
   }
-  core::Posting p;
+  Posting p;
   p.plan = std::move(plan);
   p.in = send;
   p.out = recv;
@@ -164,25 +146,7 @@ Work Communicator::Impl::compressed_allreduce(const void* send, void* recv, std:
   p.feedback[0] = residual[0];
   p.feedback[1] = residual[1];
   p.codec_step = step;
-  return post(std::move(p));
+  return poster_.post(std::move(p));
 }
 
-// --- error feedback: public API ---
-
-void Communicator::save_error_feedback(std::ostream& os) const { impl_->error_feedback.save(os); }
-void Communicator::restore_error_feedback(std::istream& is) { impl_->error_feedback.restore(is); }
-void Communicator::save_error_feedback(std::ostream& os, const std::string& key_prefix) const {
-  impl_->error_feedback.save(os, key_prefix);
-}
-void Communicator::restore_error_feedback(std::istream& is, const std::string& key_prefix) {
-  impl_->error_feedback.restore(is, key_prefix);
-}
-void Communicator::reset_error_feedback(const std::string& ef_key) {
-  if (ef_key.empty())
-    impl_->error_feedback.reset_all();
-  else
-    impl_->error_feedback.reset(ef_key);
-}
-std::size_t Communicator::error_feedback_bytes() const { return impl_->error_feedback.bytes(); }
-
-}  // namespace braid
+}  // namespace braid::core
