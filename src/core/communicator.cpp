@@ -1,5 +1,7 @@
-// braid::Communicator: argument checking, plan selection and caching, and the hand-off
-// to the engine. Bootstrapping from the environment and UniqueIds is in bootstrap.cpp.
+// braid::Communicator: the façade's calls, their argument checks, and the hand-off to
+// the engine. Plans come from core::PlanCache, automatic algorithms from
+// core::MeasuredTuner, compressed all-reduce from core::Compressor. Bootstrapping from
+// the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
 
 #include "base/check.hpp"
@@ -15,13 +17,14 @@
 
 #include <algorithm>
 #include <array>
-
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace braid {
 
@@ -317,25 +320,38 @@ void check_layout(collectives::Collective c, const void* send, void* recv, std::
                       "use disjoint buffers otherwise");
 }
 
+/// What every collective method hands Impl::collective from its arguments and the
+/// options all collectives share; each method then adds what its options struct adds
+/// (op, root, algorithm, deterministic).
+core::CollectiveCall call_of(Collective c, const char* what, const void* send, void* recv, std::size_t count,
+                             DataType dtype, const CollectiveOptions& options) {
+  core::CollectiveCall call{c, what, send, recv, count, dtype};
+  call.timeout = options.timeout;
+  return call;
+}
+
 }  // namespace
 
-Work Communicator::Impl::collective(collectives::Collective c, const void* send, void* recv, std::size_t count,
-                                    DataType dtype, ReduceOp op, int root, Algorithm algo, bool deterministic,
-                                    std::chrono::milliseconds call_timeout, const char* what) {
+Work Communicator::Impl::collective(const core::CollectiveCall& call) {
+  const Collective c = call.collective;
+  const char* what = call.what;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
-  check_dtype_op(dtype, reduces ? op : ReduceOp::sum, what);
+  check_dtype_op(call.dtype, reduces ? call.op : ReduceOp::sum, what);
   if (c == Collective::broadcast || c == Collective::reduce)
-    BRAID_CHECK(root >= 0 && root < size, InvalidUsage,
-                what << ": root " << root << " is outside [0, " << size << ")");
-  BRAID_CHECK(static_cast<int>(algo) < kNumAlgorithms, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
-  PlanRequest req = request(c, count, dtype_size(dtype), reduces ? op : ReduceOp::sum);
-  req.root = root;
-  req.deterministic = reduces && (deterministic || cfg.deterministic);
+    BRAID_CHECK(call.root >= 0 && call.root < size, InvalidUsage,
+                what << ": root " << call.root << " is outside [0, " << size << ")");
+  BRAID_CHECK(static_cast<int>(call.algorithm) < kNumAlgorithms, InvalidUsage,
+              what << ": unknown algorithm value " << static_cast<int>(call.algorithm));
+  PlanRequest req = request(c, call.count, dtype_size(call.dtype), reduces ? call.op : ReduceOp::sum);
+  req.root = call.root;
+  req.deterministic = reduces && (call.deterministic || cfg.deterministic);
   const auto counts = collectives::buffer_counts(req);
   // Broadcast reads send only on the root; reduce writes recv only on the root.
-  const bool need_send = !(c == Collective::broadcast && rank != root);
-  const bool need_recv = !(c == Collective::reduce && rank != root);
-  check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
+  const bool need_send = !(c == Collective::broadcast && rank != call.root);
+  const bool need_recv = !(c == Collective::reduce && rank != call.root);
+  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, rank, call.count, need_send,
+               need_recv, what);
+  Algorithm algo = call.algorithm;
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = topology->host_of();
@@ -343,11 +359,11 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
   if (algo == Algorithm::automatic) pick = tuner->choose_algorithm(req);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
   core::Posting p;
-  p.in = need_send ? send : nullptr;
-  p.out = need_recv ? recv : nullptr;
-  p.dtype = dtype;
+  p.in = need_send ? call.send : nullptr;
+  p.out = need_recv ? call.recv : nullptr;
+  p.dtype = call.dtype;
   p.op = req.op;
-  p.timeout = call_timeout;
+  p.timeout = call.timeout;
   p.what = what;
   p.deferred = std::move(pick.deferred);
   p.automatic = algo == Algorithm::automatic;
@@ -360,7 +376,7 @@ Work Communicator::Impl::collective(collectives::Collective c, const void* send,
     tuner->abandon_tuning(pick, e.what());
     throw;
   }
-  tuner->measure(pick, req, dtype, call_timeout);
+  tuner->measure(pick, req, call.dtype, call.timeout);
   return w;
 }
 
@@ -369,38 +385,45 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
   if (spec.kind != compression::CodecKind::none)
     return impl_->compressor->allreduce(send, recv, count, dtype, op, spec, options);
-  return impl_->collective(Collective::allreduce, send, recv, count, dtype, op, 0, options.algorithm,
-                           options.deterministic, options.timeout, "allreduce");
+  core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", send, recv, count, dtype, options);
+  call.op = op;
+  call.algorithm = options.algorithm;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
                              const BroadcastOptions& options) {
-  return impl_->collective(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, options.root,
-                           Algorithm::automatic, false, options.timeout, "broadcast");
+  core::CollectiveCall call = call_of(Collective::broadcast, "broadcast", send, recv, count, dtype, options);
+  call.root = options.root;
+  return impl_->collective(call);
 }
 
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                           const ReduceOptions& options) {
-  return impl_->collective(Collective::reduce, send, recv, count, dtype, op, options.root, Algorithm::automatic,
-                           options.deterministic, options.timeout, "reduce");
+  core::CollectiveCall call = call_of(Collective::reduce, "reduce", send, recv, count, dtype, options);
+  call.op = op;
+  call.root = options.root;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype,
                              const AllgatherOptions& options) {
-  return impl_->collective(Collective::allgather, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
-                           false, options.timeout, "allgather");
+  return impl_->collective(call_of(Collective::allgather, "allgather", send, recv, count, dtype, options));
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                                   const ReduceScatterOptions& options) {
-  return impl_->collective(Collective::reduce_scatter, send, recv, count, dtype, op, 0, Algorithm::automatic,
-                           options.deterministic, options.timeout, "reduce_scatter");
+  core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", send, recv, count, dtype, options);
+  call.op = op;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                             const AlltoallOptions& options) {
-  return impl_->collective(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
-                           false, options.timeout, "alltoall");
+  return impl_->collective(call_of(Collective::alltoall, "alltoall", send, recv, count, dtype, options));
 }
 
 Work Communicator::barrier(const BarrierOptions& options) {

@@ -1,81 +1,101 @@
 // Private state of braid::Communicator, shared by communicator.cpp and bootstrap.cpp.
+// Impl is the façade's back end: it checks calls, builds their plan requests and posts
+// operations to the engine. Everything else is a part with one job and its own lock:
+// the engine (runs operations), core::PlanCache (plans by request), core::MeasuredTuner
+// (the algorithm of automatic calls) and core::Compressor (compressed all-reduce and its
+// state). The parts issue their own operations through core::Poster, which Impl
+// implements.
 #pragma once
 
 #include <braid/communicator.hpp>
 
 #include "collectives/plan.hpp"
-#include "collectives/tuner.hpp"
-#include "compression/choose.hpp"
-#include "compression/codec.hpp"
-#include "compression/error_feedback.hpp"
-#include "core/config.hpp"
 #include "core/comm_parts.hpp"
 #include "core/compressor.hpp"
+#include "core/config.hpp"
 #include "core/engine.hpp"
 #include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
 #include "core/topology.hpp"
 
 #include <atomic>
-#include <deque>
-#include <map>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <set>
-#include <tuple>
-#include <vector>
+#include <string>
 
 namespace braid {
 
+namespace core {
+/// One collective as the façade's methods hand it to Communicator::Impl::collective,
+/// built from their arguments and their options struct.
+struct CollectiveCall {
+  collectives::Collective collective = collectives::Collective::allreduce;
+  const char* what = "";  ///< the method's name, in errors and logs
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;                 ///< reducing collectives only
+  int root = 0;                                ///< broadcast and reduce
+  Algorithm algorithm = Algorithm::automatic;  ///< what the caller asked for
+  bool deterministic = false;
+  std::chrono::milliseconds timeout{0};  ///< 0: the communicator's
+};
+}  // namespace core
+
 struct Communicator::Impl final : core::Poster {
-  core::Config cfg;
+  // --- what this communicator is, fixed at construction ---
+  core::Config cfg;  ///< the process's configuration with CommOptions applied
   std::string name;
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
   std::shared_ptr<Store> base_store;  ///< what the caller gave (kept alive)
   std::shared_ptr<Store> store;       ///< this communicator's namespace in it
-  std::unique_ptr<core::Engine> engine;
-  std::atomic<std::uint64_t> next_seq{1};
-
   /// A store server this process hosts for the job (rank 0 from the environment,
   /// or the creator of a UniqueId); kept until every rank has left.
   std::unique_ptr<TcpStoreServer> hosted_server;
   bool hosts_store = false;
+  /// Which host each rank is on (this rank's identity: CommOptions::host_id, BRAID_HOST_ID
+  /// or hostname + boot id); asked by the engine's router, the tuner and compression.
+  std::shared_ptr<core::Topology> topology;
 
+  // --- its parts, each with one job and its own lock ---
+  std::unique_ptr<core::Engine> engine;  ///< runs operations (progress thread, transports)
   core::PlanCache plans{cfg.plan_cache};
+  std::unique_ptr<core::MeasuredTuner> tuner;    ///< the algorithm of automatic calls
+  std::unique_ptr<core::Compressor> compressor;  ///< codecs, error feedback, compressed all-reduce
+
+  // --- calls so far: every rank counts alike, since every rank calls in the same order ---
+  std::atomic<std::uint64_t> next_seq{1};
+  std::atomic<std::uint64_t> next_p2p{1};
+  std::atomic<std::uint64_t> next_split{0};
+  std::atomic<std::uint64_t> next_check{0};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
   /// the configuration has none (from_unique_id), so TCP binds the interface that
   /// reaches it.
   Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
        const std::string& address_hint = {});
-  ~Impl();
+  ~Impl() override;
 
-  /// Which host each rank is on (this rank's identity: CommOptions::host_id, BRAID_HOST_ID
-  /// or hostname + boot id); asked by the engine's router, the tuner and compression.
-  std::shared_ptr<core::Topology> topology;
-  std::atomic<std::uint64_t> next_p2p{1};
-  std::atomic<std::uint64_t> next_split{0};
-
-  collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
-                                   ReduceOp op) const override;
-  Work collective(collectives::Collective c, const void* send, void* recv, std::size_t count, DataType dtype,
-                  ReduceOp op, int root, Algorithm algo, bool deterministic, std::chrono::milliseconds timeout,
-                  const char* what);
+  // --- the façade's calls ---
+  /// Checks the call, picks its algorithm (the tuner, for automatic) and posts its plan.
+  Work collective(const core::CollectiveCall& call);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
-  /// Chooses the algorithm of automatic calls (made once the topology is known).
-  std::unique_ptr<core::MeasuredTuner> tuner;
-  Work post(core::Posting p) override;
-  void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
-  std::atomic<std::uint64_t> next_check{0};
-
-  /// Compression: codec choice, error-feedback residuals, the compressed all-reduce.
-  std::unique_ptr<core::Compressor> compressor;
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
+
+  // --- core::Poster: how the façade and the parts issue operations ---
+  collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
+                                   ReduceOp op) const override;
+  Work post(core::Posting p) override;
   Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive) override;
+  /// BRAID_CHECK_ARGS: every rank's call agrees with rank 0's, or all fail together.
+  void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
 };
 
 }  // namespace braid
