@@ -55,20 +55,47 @@ std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
   return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
 }
 
-}  // namespace
+/// The job's secret and this communicator's id: rank 0 picks them (the token unless
+/// configured), everyone else reads them from the store.
+struct JobSecret {
+  std::uint64_t comm_id = 0;
+  std::string token;
+};
 
-Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options,
-                         const std::string& address_hint)
-    : cfg(core::Config::global()), rank(r), size(n), base_store(std::move(base)) {
-  BRAID_CHECK(base_store != nullptr, InvalidUsage, "Communicator: store is null");
-  BRAID_CHECK(n >= 1, InvalidUsage, "Communicator: size must be at least 1, got " << n);
-  BRAID_CHECK(r >= 0 && r < n, InvalidUsage, "Communicator: rank " << r << " is outside [0, " << n << ")");
-  BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, "Communicator: negative timeout");
-  name = options.name.empty() ? "braid" : options.name;
-  BRAID_CHECK(options.chunk_bytes == 0 || options.chunk_bytes >= 4096, InvalidUsage,
-              "CommOptions::chunk_bytes " << options.chunk_bytes << " is too small: use 0 (BRAID_CHUNK_BYTES) or >= 4096");
-  if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
-  timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
+JobSecret share_secret(Store& store, int rank, std::string token, std::chrono::milliseconds timeout) {
+  JobSecret s;
+  if (rank == 0) {
+    s.comm_id = random_u64();
+    s.token = token.empty() ? hex(random_u64()) + hex(random_u64()) : std::move(token);
+    store.set("meta", hex(s.comm_id) + "\n" + s.token);
+    return s;
+  }
+  const std::string meta = store.get("meta", timeout);
+  const auto nl = meta.find('\n');
+  BRAID_CHECK(nl != std::string::npos, Network, "malformed communicator metadata in the store");
+  s.comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
+  s.token = token.empty() ? meta.substr(nl + 1) : std::move(token);
+  return s;
+}
+
+/// The k-th communicator of this name and size that each rank creates on a store gets
+/// namespace k: every rank counts its own creations, so all agree without talking. Two
+/// different groups that share a store and a name would collide; every rank claims its
+/// seat, so that is an error rather than a silent mix-up. Returns the namespace and k.
+std::pair<std::shared_ptr<Store>, std::int64_t> claim_namespace(const std::shared_ptr<Store>& base,
+                                                                const std::string& name, int rank, int size) {
+  const std::string family = name + "/" + std::to_string(size);
+  const std::int64_t gen = base->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
+  auto store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base);
+  BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
+              "Communicator '" << name << "': rank " << rank << " of " << size
+                               << " is already taken in this store; two groups share the store under one name. "
+                                  "Give each group its own CommOptions::name or its own PrefixStore");
+  return {std::move(store), gen};
+}
+
+/// Refuses a configuration that names an unknown algorithm or codec.
+void check_config(const core::Config& cfg) {
   if (cfg.algo != "auto" && cfg.algo != "ring") {
     const auto a = parse_algorithm(cfg.algo);
     BRAID_CHECK(a.has_value(), InvalidUsage,
@@ -79,40 +106,16 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   } catch (const Error& e) {
     throw Error(ErrorCode::InvalidUsage, std::string("BRAID_CODEC: ") + e.what());
   }
+}
 
-  // The k-th communicator of this name and size that each rank creates on a store
-  // gets namespace k: every rank counts its own creations, so all agree without
-  // talking. Two different groups that share a store and a name would collide;
-  // every rank claims its seat, so that is an error rather than a silent mix-up.
-  const std::string family = name + "/" + std::to_string(size);
-  const std::int64_t gen = base_store->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
-  store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base_store);
-  BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
-              "Communicator '" << name << "': rank " << rank << " of " << size
-                               << " is already taken in this store; two groups share the store under one name. "
-                                  "Give each group its own CommOptions::name or its own PrefixStore");
-
-  // Rank 0 picks the job's secret and communicator id; everyone else reads them.
-  std::string token = cfg.auth_token;
-  std::uint64_t comm_id = 0;
-  if (rank == 0) {
-    comm_id = random_u64();
-    if (token.empty()) token = hex(random_u64()) + hex(random_u64());
-    store->set("meta", hex(comm_id) + "\n" + token);
-  } else {
-    const std::string meta = store->get("meta", timeout);
-    const auto nl = meta.find('\n');
-    BRAID_CHECK(nl != std::string::npos, Network, "malformed communicator metadata in the store");
-    comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
-    if (token.empty()) token = meta.substr(nl + 1);
-  }
-  topology = std::make_shared<core::Topology>(
-      store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
-      timeout);
-
+/// The engine's options: the configuration's engine rows (spinning, waiting threads
+/// that help, inline size, transport, every row for the transports), the master address
+/// (else `address_hint`), and this communicator's identity, secret and topology.
+core::EngineOptions engine_options(const core::Config& cfg, const core::Membership& member, const std::string& name,
+                                   const JobSecret& secret, const std::string& address_hint) {
   core::EngineOptions eo;
-  eo.rank = rank;
-  eo.size = size;
+  eo.rank = member.rank;
+  eo.size = member.size;
   eo.comm_name = name;
   eo.spin_us = cfg.spin_us;
   eo.wait_helps = cfg.wait_helps;
@@ -123,18 +126,43 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     // all-reduce over shm: 4.3 us with 100 us of spin, 20-45 us without. With more
     // ranks than cores a spinning rank takes the core its peer needs to answer.
     const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-    const int local = cfg.local_size.value_or(cfg.world_size.value_or(size));
+    const int local = cfg.local_size.value_or(cfg.world_size.value_or(member.size));
     eo.spin_us = (cpus > 0 && local <= cpus) ? 100 : 0;
   }
   eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
-  eo.auth_token = token;
-  eo.comm_id = comm_id;
-  eo.connect_timeout = timeout;
+  eo.auth_token = secret.token;
+  eo.comm_id = secret.comm_id;
+  eo.connect_timeout = member.timeout;
   eo.transport_mode = cfg.transport;
   eo.settings = &cfg.settings;
-  eo.topology = topology;
-  engine = std::make_unique<core::Engine>(eo, store);
+  eo.topology = member.topology;
+  return eo;
+}
+
+}  // namespace
+
+Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options,
+                         const std::string& address_hint)
+    : cfg(core::Config::global()), rank(r), size(n), base_store(std::move(base)) {
+  BRAID_CHECK(base_store != nullptr, InvalidUsage, "Communicator: store is null");
+  BRAID_CHECK(n >= 1, InvalidUsage, "Communicator: size must be at least 1, got " << n);
+  BRAID_CHECK(r >= 0 && r < n, InvalidUsage, "Communicator: rank " << r << " is outside [0, " << n << ")");
+  BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, "Communicator: negative timeout");
+  BRAID_CHECK(options.chunk_bytes == 0 || options.chunk_bytes >= 4096, InvalidUsage,
+              "CommOptions::chunk_bytes " << options.chunk_bytes << " is too small: use 0 (BRAID_CHUNK_BYTES) or >= 4096");
+  name = options.name.empty() ? "braid" : options.name;
+  if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
+  timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
+  check_config(cfg);
+
+  std::int64_t gen = 0;
+  std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
+  const JobSecret secret = share_secret(*store, rank, cfg.auth_token, timeout);
+  topology = std::make_shared<core::Topology>(
+      store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
+      timeout);
   const core::Membership member{rank, size, timeout, store, topology};
+  engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
