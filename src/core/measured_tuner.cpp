@@ -236,21 +236,26 @@ std::string MeasuredTuner::explain(const PlanRequest& req) {
 }
 
 collectives::Tuner& MeasuredTuner::tuner_ref() {
-  // Made once (a throw, such as an unreadable BRAID_COST_MODEL, leaves it to the next
-  // call). Every rank prices with the same topology (from the store) and the same model
-  // (defaults, or BRAID_COST_MODEL), so every rank makes the same choice.
-  std::call_once(made_, [this] {
-    collectives::Topology topo;
-    topo.host_of = member_.topology->layout().host_of;
-    // The link classes of the transports the router gives a pair inside a host and
-    // between hosts.
-    const Router router(cfg_.transport);
-    topo.intra = link_class_of(router, true);
-    topo.inter = link_class_of(router, false);
-    collectives::TuneOptions to;
-    to.slice_bytes = cfg_.chunk_bytes;
-    tuner_ = std::make_unique<collectives::Tuner>(member_.size, std::move(topo), cost_model(), to);
-  });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tuner_) return *tuner_;
+  }
+  // Made outside the lock (the model may be read from a file; a throw, such as an
+  // unreadable BRAID_COST_MODEL, leaves it to the next call). Every rank prices with the
+  // same topology (from the store) and the same model (defaults, or BRAID_COST_MODEL),
+  // so every rank makes the same choice.
+  collectives::Topology topo;
+  topo.host_of = member_.topology->layout().host_of;
+  // The link classes of the transports the router gives a pair inside a host and
+  // between hosts.
+  const Router router(cfg_.transport);
+  topo.intra = link_class_of(router, true);
+  topo.inter = link_class_of(router, false);
+  collectives::TuneOptions to;
+  to.slice_bytes = cfg_.chunk_bytes;
+  auto made = std::make_unique<collectives::Tuner>(member_.size, std::move(topo), cost_model(), to);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tuner_) tuner_ = std::move(made);
   return *tuner_;
 }
 

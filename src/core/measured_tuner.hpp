@@ -84,10 +84,9 @@ class MeasuredTuner {
   const Membership member_;
   PlanCache& plans_;
   Poster& poster_;
-  std::once_flag made_;
-  std::unique_ptr<collectives::Tuner> tuner_;  ///< made by tuner_ref(), under made_
-  std::mutex mu_;                        ///< guards tunings_
-  std::map<TuneKey, Tuning> tunings_;    ///< node-based: Tuning references stay valid
+  std::mutex mu_;                              ///< guards tuner_ and tunings_
+  std::unique_ptr<collectives::Tuner> tuner_;  ///< made by tuner_ref(); never replaced once set
+  std::map<TuneKey, Tuning> tunings_;          ///< node-based: Tuning references stay valid
 };
 
 }  // namespace braid::core
