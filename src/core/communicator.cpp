@@ -1,5 +1,7 @@
-// braid::Communicator: argument checking, plan selection and caching, and the hand-off
-// to the engine. Bootstrapping from the environment and UniqueIds is in bootstrap.cpp.
+// braid::Communicator: the façade's calls, their argument checks, and the hand-off to
+// the engine. Plans come from core::PlanCache, automatic algorithms from
+// core::MeasuredTuner, compressed all-reduce from core::Compressor. Bootstrapping from
+// the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
 
 #include "base/check.hpp"
@@ -15,13 +17,14 @@
 
 #include <algorithm>
 #include <array>
-
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace braid {
 
@@ -46,20 +49,94 @@ void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
                    << " (use braid::ReduceOp: sum prod min max avg)");
 }
 
-/// The cost model's link class of the transport `router` gives a pair (inside a host or
-/// between hosts); tcp when the entry names a class the model does not know.
-collectives::LinkClass link_class_of(const core::Router& router, bool same_host) {
-  const char* name = router.entries()[router.choose({0, 1, same_host})]->link_class;
-  for (int c = 0; c < collectives::kNumLinkClasses; ++c)
-    if (std::string_view(name) == collectives::to_string(static_cast<collectives::LinkClass>(c)))
-      return static_cast<collectives::LinkClass>(c);
-  return collectives::LinkClass::tcp;
-}
-
 /// Timeouts beyond a year are treated as "a year": far enough for any job, and
 /// deadline arithmetic cannot overflow.
 std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
   return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
+}
+
+/// The job's secret and this communicator's id: rank 0 picks them (the token unless
+/// configured), everyone else reads them from the store.
+struct JobSecret {
+  std::uint64_t comm_id = 0;
+  std::string token;
+};
+
+JobSecret share_secret(Store& store, int rank, std::string token, std::chrono::milliseconds timeout) {
+  JobSecret s;
+  if (rank == 0) {
+    s.comm_id = random_u64();
+    s.token = token.empty() ? hex(random_u64()) + hex(random_u64()) : std::move(token);
+    store.set("meta", hex(s.comm_id) + "\n" + s.token);
+    return s;
+  }
+  const std::string meta = store.get("meta", timeout);
+  const auto nl = meta.find('\n');
+  BRAID_CHECK(nl != std::string::npos, Network, "malformed communicator metadata in the store");
+  s.comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
+  s.token = token.empty() ? meta.substr(nl + 1) : std::move(token);
+  return s;
+}
+
+/// The k-th communicator of this name and size that each rank creates on a store gets
+/// namespace k: every rank counts its own creations, so all agree without talking. Two
+/// different groups that share a store and a name would collide; every rank claims its
+/// seat, so that is an error rather than a silent mix-up. Returns the namespace and k.
+std::pair<std::shared_ptr<Store>, std::int64_t> claim_namespace(const std::shared_ptr<Store>& base,
+                                                                const std::string& name, int rank, int size) {
+  const std::string family = name + "/" + std::to_string(size);
+  const std::int64_t gen = base->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
+  auto store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base);
+  BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
+              "Communicator '" << name << "': rank " << rank << " of " << size
+                               << " is already taken in this store; two groups share the store under one name. "
+                                  "Give each group its own CommOptions::name or its own PrefixStore");
+  return {std::move(store), gen};
+}
+
+/// Refuses a configuration that names an unknown algorithm or codec.
+void check_config(const core::Config& cfg) {
+  if (cfg.algo != "auto" && cfg.algo != "ring") {
+    const auto a = parse_algorithm(cfg.algo);
+    BRAID_CHECK(a.has_value(), InvalidUsage,
+                "BRAID_ALGO='" << cfg.algo << "' is not an algorithm: use auto, ring, tree, rhd or hier");
+  }
+  try {
+    (void)compression::parse_codec(cfg.codec);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::InvalidUsage, std::string("BRAID_CODEC: ") + e.what());
+  }
+}
+
+/// The engine's options: the configuration's engine rows (spinning, waiting threads
+/// that help, inline size, transport, every row for the transports), the master address
+/// (else `address_hint`), and this communicator's identity, secret and topology.
+core::EngineOptions engine_options(const core::Config& cfg, const core::Membership& member, const std::string& name,
+                                   const JobSecret& secret, const std::string& address_hint) {
+  core::EngineOptions eo;
+  eo.rank = member.rank;
+  eo.size = member.size;
+  eo.comm_name = name;
+  eo.spin_us = cfg.spin_us;
+  eo.wait_helps = cfg.wait_helps;
+  eo.inline_bytes = cfg.inline_bytes;
+  if (eo.spin_us < 0) {
+    // Spinning pays when every rank of this host can have a core for its progress
+    // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB
+    // all-reduce over shm: 4.3 us with 100 us of spin, 20-45 us without. With more
+    // ranks than cores a spinning rank takes the core its peer needs to answer.
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    const int local = cfg.local_size.value_or(cfg.world_size.value_or(member.size));
+    eo.spin_us = (cpus > 0 && local <= cpus) ? 100 : 0;
+  }
+  eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
+  eo.auth_token = secret.token;
+  eo.comm_id = secret.comm_id;
+  eo.connect_timeout = member.timeout;
+  eo.transport_mode = cfg.transport;
+  eo.settings = &cfg.settings;
+  eo.topology = member.topology;
+  return eo;
 }
 
 }  // namespace
@@ -71,76 +148,23 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   BRAID_CHECK(n >= 1, InvalidUsage, "Communicator: size must be at least 1, got " << n);
   BRAID_CHECK(r >= 0 && r < n, InvalidUsage, "Communicator: rank " << r << " is outside [0, " << n << ")");
   BRAID_CHECK(options.timeout.count() >= 0, InvalidUsage, "Communicator: negative timeout");
-  name = options.name.empty() ? "braid" : options.name;
   BRAID_CHECK(options.chunk_bytes == 0 || options.chunk_bytes >= 4096, InvalidUsage,
               "CommOptions::chunk_bytes " << options.chunk_bytes << " is too small: use 0 (BRAID_CHUNK_BYTES) or >= 4096");
+  name = options.name.empty() ? "braid" : options.name;
   if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
-  if (cfg.algo != "auto" && cfg.algo != "ring") {
-    const auto a = parse_algorithm(cfg.algo);
-    BRAID_CHECK(a.has_value(), InvalidUsage,
-                "BRAID_ALGO='" << cfg.algo << "' is not an algorithm: use auto, ring, tree, rhd or hier");
-  }
-  try {
-    (void)compression::parse_codec(cfg.codec);
-  } catch (const Error& e) {
-    throw Error(ErrorCode::InvalidUsage, std::string("BRAID_CODEC: ") + e.what());
-  }
+  check_config(cfg);
 
-  // The k-th communicator of this name and size that each rank creates on a store
-  // gets namespace k: every rank counts its own creations, so all agree without
-  // talking. Two different groups that share a store and a name would collide;
-  // every rank claims its seat, so that is an error rather than a silent mix-up.
-  const std::string family = name + "/" + std::to_string(size);
-  const std::int64_t gen = base_store->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
-  store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base_store);
-  BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
-              "Communicator '" << name << "': rank " << rank << " of " << size
-                               << " is already taken in this store; two groups share the store under one name. "
-                                  "Give each group its own CommOptions::name or its own PrefixStore");
-
-  // Rank 0 picks the job's secret and communicator id; everyone else reads them.
-  std::string token = cfg.auth_token;
-  std::uint64_t comm_id = 0;
-  if (rank == 0) {
-    comm_id = random_u64();
-    if (token.empty()) token = hex(random_u64()) + hex(random_u64());
-    store->set("meta", hex(comm_id) + "\n" + token);
-  } else {
-    const std::string meta = store->get("meta", timeout);
-    const auto nl = meta.find('\n');
-    BRAID_CHECK(nl != std::string::npos, Network, "malformed communicator metadata in the store");
-    comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
-    if (token.empty()) token = meta.substr(nl + 1);
-  }
+  std::int64_t gen = 0;
+  std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
+  const JobSecret secret = share_secret(*store, rank, cfg.auth_token, timeout);
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
       timeout);
-
-  core::EngineOptions eo;
-  eo.rank = rank;
-  eo.size = size;
-  eo.comm_name = name;
-  eo.spin_us = cfg.spin_us;
-  eo.wait_helps = cfg.wait_helps;
-  eo.inline_bytes = cfg.inline_bytes;
-  if (eo.spin_us < 0) {
-    // Spinning pays when every rank of this host can have a core for its progress
-    // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB
-    // all-reduce over shm: 4.3 us with 100 us of spin, 20-45 us without. With more
-    // ranks than cores a spinning rank takes the core its peer needs to answer.
-    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-    const int local = cfg.local_size.value_or(cfg.world_size.value_or(size));
-    eo.spin_us = (cpus > 0 && local <= cpus) ? 100 : 0;
-  }
-  eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
-  eo.auth_token = token;
-  eo.comm_id = comm_id;
-  eo.connect_timeout = timeout;
-  eo.transport_mode = cfg.transport;
-  eo.settings = &cfg.settings;
-  eo.topology = topology;
-  engine = std::make_unique<core::Engine>(eo, store);
+  const core::Membership member{rank, size, timeout, store, topology};
+  engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
+  tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
+  compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");
 }
@@ -178,59 +202,51 @@ PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::
   return req;
 }
 
-std::shared_ptr<const collectives::Plan> Communicator::Impl::plan_for(const PlanRequest& req) {
-  const bool compressed = req.codec.kind != compression::CodecKind::none;
-  const auto key = std::make_tuple(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count,
-                                   req.elem_size,
-                                   static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) |
-                                       (req.root << 2),
-                                   compressed ? compression::name(req.codec) + (req.feedback ? "+ef" : "") : std::string());
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = plans.find(key); it != plans.end()) return it->second;
-  auto plan = collectives::build_plan(req);
-  if (cfg.plan_cache > 0) {
-    if (plans.size() >= cfg.plan_cache) {
-      plans.erase(plan_order.front());
-      plan_order.pop_front();
-    }
-    plans.emplace(key, plan);
-    plan_order.push_back(key);
-  }
-  return plan;
-}
-
-Work Communicator::Impl::post(std::shared_ptr<const collectives::Plan> plan, const void* in, void* out,
-                              DataType dtype, ReduceOp op, std::chrono::milliseconds call_timeout,
-                              const char* what, std::shared_ptr<void> keepalive,
-                              std::shared_ptr<detail::WorkState>* state, PostHints hints) {
-  BRAID_CHECK(call_timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
-  if (cfg.check_args && !hints.internal) check_same_call(*plan, dtype, op, what, hints.automatic);
+Work Communicator::Impl::post(core::Posting p) {
+  const char* what = p.what;
+  BRAID_CHECK(p.timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
+  if (cfg.check_args && !p.internal) check_same_call(*p.plan, p.dtype, p.op, what, p.automatic);
   BRAID_CHECK(!engine->failed(), Aborted,
               what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
   core::Operation o;
   o.seq = next_seq++;
-  o.plan = std::move(plan);
-  o.input = in;
-  o.output = out;
-  o.dtype = dtype;
-  o.op = op;
-  o.timeout = call_timeout.count() > 0 ? clamp_timeout(call_timeout) : timeout;
+  o.plan = std::move(p.plan);
+  o.input = p.in;
+  o.output = p.out;
+  o.dtype = p.dtype;
+  o.op = p.op;
+  o.timeout = p.timeout.count() > 0 ? clamp_timeout(p.timeout) : timeout;
   o.work = std::make_shared<detail::WorkState>();
-  o.keepalive = std::move(keepalive);
+  o.keepalive = std::move(p.keepalive);
   // Plain concatenation: this runs on every call, and a stream costs a microsecond.
   o.name.reserve(96);
   o.name.append(what).append(" #").append(std::to_string(o.seq)).append(" (");
-  o.name.append(hints.deferred ? "auto" : o.plan->name())
+  o.name.append(p.deferred ? "auto" : o.plan->name())
       .append(", ")
       .append(std::to_string(o.plan->request.count));
-  o.deferred = std::move(hints.deferred);
-  o.feedback[0] = hints.feedback[0];
-  o.feedback[1] = hints.feedback[1];
-  o.codec_step = hints.codec_step;
-  o.name.append(" x ").append(to_string(dtype)).append(", ").append(to_string(op)).append(") on rank ");
+  o.deferred = std::move(p.deferred);
+  o.feedback[0] = p.feedback[0];
+  o.feedback[1] = p.feedback[1];
+  o.codec_step = p.codec_step;
+  o.name.append(" x ").append(to_string(p.dtype)).append(", ").append(to_string(p.op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
-  if (state) *state = o.work;
+  if (p.state) *p.state = o.work;
+  engine->submit(std::move(o));
+  return w;
+}
+
+Work Communicator::Impl::post_task(std::function<void()> task, std::string what, std::shared_ptr<void> keepalive) {
+  BRAID_CHECK(!engine->failed(), Aborted,
+              what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
+  core::Operation o;
+  o.seq = next_seq++;
+  o.task = std::move(task);
+  o.timeout = timeout;
+  o.work = std::make_shared<detail::WorkState>();
+  o.keepalive = std::move(keepalive);
+  o.name = what + " #" + std::to_string(o.seq) + " on rank " + std::to_string(rank) + "/" + std::to_string(size);
+  Work w(o.work);
   engine->submit(std::move(o));
   return w;
 }
@@ -332,289 +348,125 @@ void check_layout(collectives::Collective c, const void* send, void* recv, std::
                       "use disjoint buffers otherwise");
 }
 
+/// What every collective method hands Impl::collective from its arguments and the
+/// options all collectives share; each method then adds what its options struct adds
+/// (op, root, algorithm, deterministic).
+core::CollectiveCall call_of(Collective c, const char* what, const void* send, void* recv, std::size_t count,
+                             DataType dtype, const CollectiveOptions& options) {
+  core::CollectiveCall call{c, what, send, recv, count, dtype};
+  call.timeout = options.timeout;
+  return call;
+}
+
 }  // namespace
 
-Work Communicator::Impl::collective(collectives::Collective c, const void* send, void* recv, std::size_t count,
-                                    DataType dtype, ReduceOp op, int root, Algorithm algo, bool deterministic,
-                                    std::chrono::milliseconds call_timeout, const char* what) {
+Work Communicator::Impl::collective(const core::CollectiveCall& call) {
+  const Collective c = call.collective;
+  const char* what = call.what;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
-  check_dtype_op(dtype, reduces ? op : ReduceOp::sum, what);
+  check_dtype_op(call.dtype, reduces ? call.op : ReduceOp::sum, what);
   if (c == Collective::broadcast || c == Collective::reduce)
-    BRAID_CHECK(root >= 0 && root < size, InvalidUsage,
-                what << ": root " << root << " is outside [0, " << size << ")");
-  BRAID_CHECK(static_cast<int>(algo) < kNumAlgorithms, InvalidUsage, what << ": unknown algorithm value " << static_cast<int>(algo));
-  PlanRequest req = request(c, count, dtype_size(dtype), reduces ? op : ReduceOp::sum);
-  req.root = root;
-  req.deterministic = reduces && (deterministic || cfg.deterministic);
+    BRAID_CHECK(call.root >= 0 && call.root < size, InvalidUsage,
+                what << ": root " << call.root << " is outside [0, " << size << ")");
+  BRAID_CHECK(static_cast<int>(call.algorithm) < kNumAlgorithms, InvalidUsage,
+              what << ": unknown algorithm value " << static_cast<int>(call.algorithm));
+  PlanRequest req = request(c, call.count, dtype_size(call.dtype), reduces ? call.op : ReduceOp::sum);
+  req.root = call.root;
+  req.deterministic = reduces && (call.deterministic || cfg.deterministic);
   const auto counts = collectives::buffer_counts(req);
   // Broadcast reads send only on the root; reduce writes recv only on the root.
-  const bool need_send = !(c == Collective::broadcast && rank != root);
-  const bool need_recv = !(c == Collective::reduce && rank != root);
-  check_layout(c, send, recv, counts.input, counts.output, req.elem_size, rank, count, need_send, need_recv, what);
+  const bool need_send = !(c == Collective::broadcast && rank != call.root);
+  const bool need_recv = !(c == Collective::reduce && rank != call.root);
+  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, rank, call.count, need_send,
+               need_recv, what);
+  Algorithm algo = call.algorithm;
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = topology->host_of();
-  Pick pick;
-  if (algo == Algorithm::automatic) pick = choose_algorithm(req);
+  core::MeasuredTuner::Pick pick;
+  if (algo == Algorithm::automatic) pick = tuner->choose_algorithm(req);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
-  PostHints hints;
-  hints.deferred = std::move(pick.deferred);
-  hints.automatic = algo == Algorithm::automatic;
+  core::Posting p;
+  p.in = need_send ? call.send : nullptr;
+  p.out = need_recv ? call.recv : nullptr;
+  p.dtype = call.dtype;
+  p.op = req.op;
+  p.timeout = call.timeout;
+  p.what = what;
+  p.deferred = std::move(pick.deferred);
+  p.automatic = algo == Algorithm::automatic;
   Work w;
   try {
-    w = post(plan_for(req), need_send ? send : nullptr, need_recv ? recv : nullptr, dtype, req.op, call_timeout, what,
-             nullptr, nullptr, std::move(hints));
+    p.plan = plans.plan_for(req);
+    w = post(std::move(p));
   } catch (const Error& e) {
     // The bucket's first call did not go out: neither will its trials.
-    if (pick.then_measure) abandon_tuning(*pick.tuning, e.what());
+    tuner->abandon_tuning(pick, e.what());
     throw;
   }
-  if (pick.then_measure) {
-    try {
-      measure(req, dtype, *pick.then_measure, *pick.tuning, call_timeout);
-    } catch (const Error& e) {
-      // Only when the communicator has failed meanwhile (post refuses then): the call
-      // itself is out and its Work reports what happened.
-      abandon_tuning(*pick.tuning, e.what());
-    }
-  }
+  tuner->measure(pick, req, call.dtype, call.timeout);
   return w;
-}
-
-void Communicator::Impl::abandon_tuning(Tuning& tu, const std::string& why) {
-  settle(tu, tu.model->algorithm, tu.model->explanation + " (not measured: " + why + ")");
-}
-
-void Communicator::Impl::settle(Tuning& tu, Algorithm verdict, std::string explanation) {
-  std::vector<std::pair<PlanRequest, DeferredPlan>> waiting;
-  {
-    std::lock_guard<std::mutex> lock(tune_mu);
-    if (tu.verdict) return;
-    tu.verdict = verdict;
-    tu.explanation = std::move(explanation);
-    waiting.swap(tu.waiting);
-  }
-  BRAID_LOG(info, "tuner: " << tu.explanation);
-  for (auto& [r, slot] : waiting) {
-    r.algorithm = verdict;
-    *slot = plan_for(r);
-  }
-}
-
-Communicator::Impl::TuneKey Communicator::Impl::tune_key(const PlanRequest& req) const {
-  const int bucket = collectives::Tuner::size_bucket(collectives::size_bytes(req.collective, req.count, req.elem_size, size));
-  return {static_cast<int>(req.collective), req.elem_size, static_cast<int>(req.op), req.deterministic, bucket,
-          req.collective == Collective::allreduce ? 0 : req.root};
-}
-
-Communicator::Impl::Pick Communicator::Impl::choose_algorithm(const PlanRequest& req) {
-  Pick pick;
-  // Collectives with a single plan need no tuning.
-  if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
-      req.collective != Collective::reduce)
-    return pick;
-  pick.algorithm = Algorithm::ring;
-  if (size == 1) return pick;
-  collectives::Tuner* t = &tuner_ref();
-  bool first = false;
-  std::shared_ptr<const collectives::Choice> model;
-  try {
-    model = t->choose(req.collective, req.count, req.elem_size, req.op, &first, req.root, req.deterministic);
-  } catch (const Error& e) {
-    BRAID_LOG(warn, "tuner could not price " << to_string(req.collective) << ": " << e.what() << "; using the default plan");
-    pick.algorithm = Algorithm::automatic;
-    return pick;
-  }
-  pick.algorithm = model->algorithm;
-  if (!cfg.tune_measure) {
-    if (first) BRAID_LOG(info, "tuner: " << model->explanation);
-    return pick;
-  }
-  std::unique_lock<std::mutex> lock(tune_mu);
-  auto [it, inserted] = tunings.try_emplace(tune_key(req));
-  Tuning& tu = it->second;
-  if (inserted) {
-    tu.model = model;
-    // A trial is a block of calls spanning about 100 us by the model (1 to 16 calls):
-    // single small calls are dominated by wake-ups and arrival skew. Rounds: enough for
-    // about 8 ms of predicted time per candidate, 3 to 31. Above kMaxTrialBytes the
-    // scratch buffer would cost too much memory and the trials too much time; there
-    // bandwidth decides and the model ranks well.
-    constexpr double kMaxTrialBytes = 64.0 * 1024 * 1024;
-    const double bytes = static_cast<double>(req.count) * static_cast<double>(req.elem_size);
-    const double predicted = std::max(model->seconds, 1e-7);
-    const int block = static_cast<int>(std::clamp(std::ceil(100e-6 / predicted), 1.0, 16.0));
-    const int rounds = static_cast<int>(std::clamp(std::ceil(8e-3 / (block * predicted)), 3.0, 31.0));
-    const auto experiment =
-        collectives::Experiment::plan(*model, bytes <= kMaxTrialBytes ? rounds : 0, 4.0, block);
-    if (experiment.schedule.empty()) {
-      tu.verdict = model->algorithm;
-      tu.explanation = model->explanation;
-      BRAID_LOG(info, "tuner: " << tu.explanation);
-    } else {
-      // This call runs the model's choice, as without measuring (so it fails, if it
-      // fails, with its own error); the trials follow it.
-      pick.then_measure = experiment;
-      pick.tuning = &tu;
-      return pick;
-    }
-  }
-  if (tu.verdict) {
-    pick.algorithm = *tu.verdict;
-    return pick;
-  }
-  // The verdict comes from operations already issued: this call's plan is filled in
-  // then (before it can start, since operations start in issue order). Its placeholder
-  // plan, the model's, only names the call.
-  pick.deferred = std::make_shared<std::shared_ptr<const collectives::Plan>>();
-  tu.waiting.emplace_back(req, pick.deferred);
-  return pick;
-}
-
-void Communicator::Impl::measure(const PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& tu,
-                                 std::chrono::milliseconds call_timeout) {
-  // The trials are calls of their own, in place on a zeroed scratch buffer of the
-  // call's size: every rank issues them at the same point (the first call of this
-  // bucket, which every rank issues in the same order), and the caller's data only
-  // ever sees the chosen algorithm. Nothing here waits for peers: the times are read,
-  // exchanged and judged by operations that run after the trials, in issue order.
-  // Small trials run on this thread while peers keep pace, as the caller's own calls
-  // of their size do (Engine::submit), so that they are timed on the same path.
-  struct Run {
-    std::vector<std::byte> scratch;
-    std::vector<std::shared_ptr<detail::WorkState>> works;
-    std::vector<double> seconds;
-  };
-  auto run = std::make_shared<Run>();
-  // Sized once, before anything is queued: the exchange below holds its data pointer,
-  // and the read task may run (on the engine thread) before this function returns.
-  run->seconds.assign(e.schedule.size(), 0.0);
-  const auto counts = collectives::buffer_counts(req);
-  run->scratch.assign(std::max(counts.input, counts.output) * req.elem_size, std::byte{0});
-  PostHints internal;
-  internal.internal = true;
-  const char* what = req.collective == Collective::allreduce   ? "allreduce (tuner trial)"
-                     : req.collective == Collective::broadcast ? "broadcast (tuner trial)"
-                                                               : "reduce (tuner trial)";
-  // works[2i], works[2i+1]: the first and last call of trial i.
-  for (const Algorithm a : e.schedule) {
-    PlanRequest r = req;
-    r.algorithm = a;
-    const auto plan = plan_for(r);
-    for (int k = 0; k < e.block; ++k) {
-      std::shared_ptr<detail::WorkState> state;
-      post(plan, run->scratch.data(), run->scratch.data(), dtype, req.op, call_timeout, what, run, &state, internal);
-      if (k == 0) run->works.push_back(state);
-      if (k == e.block - 1) run->works.push_back(std::move(state));
-    }
-  }
-  // Runs once every trial has completed (a non-concurrent task waits for everything
-  // issued before it).
-  post_task(
-      [run, block = e.block] {
-        // Every collective is stamped when admitted (engine.cpp), so `started` is set.
-        for (std::size_t i = 0; i < run->seconds.size(); ++i) {
-          const auto& first = run->works[2 * i];
-          const auto& last = run->works[2 * i + 1];
-          run->seconds[i] = std::chrono::duration<double>(last->ended - first->started).count() / block;
-        }
-      },
-      "tuner: read trial times", run);
-  // Per trial, the longest time over ranks, as a benchmark reports the slowest rank
-  // (a block's span makes the arrival skew of its first call small).
-  PlanRequest x = request(Collective::allreduce, run->seconds.size(), sizeof(double), ReduceOp::max);
-  x.algorithm = Algorithm::ring;
-  x.host_of = topology->host_of();
-  post(plan_for(x), run->seconds.data(), run->seconds.data(), DataType::f64, ReduceOp::max, call_timeout,
-       "allreduce (tuner's exchange of trial times)", run, nullptr, internal);
-  post_task(
-      [this, run, e, &tu] {
-        const std::vector<double> agreed = e.medians(run->seconds);
-        settle(tu, e.verdict(agreed), tu.model->explanation + "; " + e.explain(agreed));
-      },
-      "tuner: verdict", run);
-}
-
-collectives::Tuner& Communicator::Impl::tuner_ref() {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (tuner) return *tuner;
-  }
-  {
-    // Every rank prices with the same topology (from the store) and the same model
-    // (defaults, or BRAID_COST_MODEL), so every rank makes the same choice.
-    collectives::Topology topo;
-    topo.host_of = topology->layout().host_of;
-    // The link classes of the transports the router gives a pair inside a host and
-    // between hosts.
-    const core::Router router(cfg.transport);
-    topo.intra = link_class_of(router, true);
-    topo.inter = link_class_of(router, false);
-    collectives::TuneOptions to;
-    to.slice_bytes = cfg.chunk_bytes;
-    auto made = std::make_unique<collectives::Tuner>(size, std::move(topo), cost_model(), to);
-    std::lock_guard<std::mutex> lock(mu);
-    if (!tuner) tuner = std::move(made);
-    return *tuner;
-  }
-}
-
-collectives::CostModel Communicator::Impl::cost_model() const {
-  if (cfg.cost_model.empty()) return collectives::CostModel::defaults();
-  std::ifstream f(cfg.cost_model);
-  BRAID_CHECK(f.good(), InvalidUsage,
-              "BRAID_COST_MODEL='" << cfg.cost_model << "' cannot be read; give a file written by "
-                                      "collectives::serialize (docs/cost-model.md) or unset it");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return collectives::deserialize(ss.str());
 }
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  const auto spec = impl_->resolve_codec(options, count, dtype, op);
+  const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
   if (spec.kind != compression::CodecKind::none)
-    return impl_->compressed_allreduce(send, recv, count, dtype, op, spec, options);
-  return impl_->collective(Collective::allreduce, send, recv, count, dtype, op, 0, options.algorithm,
-                           options.deterministic, options.timeout, "allreduce");
+    return impl_->compressor->allreduce(send, recv, count, dtype, op, spec, options);
+  core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", send, recv, count, dtype, options);
+  call.op = op;
+  call.algorithm = options.algorithm;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
                              const BroadcastOptions& options) {
-  return impl_->collective(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, options.root,
-                           Algorithm::automatic, false, options.timeout, "broadcast");
+  core::CollectiveCall call = call_of(Collective::broadcast, "broadcast", send, recv, count, dtype, options);
+  call.root = options.root;
+  return impl_->collective(call);
 }
 
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                           const ReduceOptions& options) {
-  return impl_->collective(Collective::reduce, send, recv, count, dtype, op, options.root, Algorithm::automatic,
-                           options.deterministic, options.timeout, "reduce");
+  core::CollectiveCall call = call_of(Collective::reduce, "reduce", send, recv, count, dtype, options);
+  call.op = op;
+  call.root = options.root;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype,
                              const AllgatherOptions& options) {
-  return impl_->collective(Collective::allgather, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
-                           false, options.timeout, "allgather");
+  return impl_->collective(call_of(Collective::allgather, "allgather", send, recv, count, dtype, options));
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                                   const ReduceScatterOptions& options) {
-  return impl_->collective(Collective::reduce_scatter, send, recv, count, dtype, op, 0, Algorithm::automatic,
-                           options.deterministic, options.timeout, "reduce_scatter");
+  core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", send, recv, count, dtype, options);
+  call.op = op;
+  call.deterministic = options.deterministic;
+  return impl_->collective(call);
 }
 
 Work Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                             const AlltoallOptions& options) {
-  return impl_->collective(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0, Algorithm::automatic,
-                           false, options.timeout, "alltoall");
+  return impl_->collective(call_of(Collective::alltoall, "alltoall", send, recv, count, dtype, options));
 }
 
 Work Communicator::barrier(const BarrierOptions& options) {
   auto buf = std::make_shared<std::array<std::int32_t, 2>>();
   PlanRequest req = impl_->request(Collective::allreduce, 1, 4, ReduceOp::sum);
   req.algorithm = Algorithm::ring;
-  return impl_->post(impl_->plan_for(req), &(*buf)[0], &(*buf)[1], DataType::i32, ReduceOp::sum, options.timeout,
-                     "barrier", buf);
+  core::Posting p;
+  p.plan = impl_->plans.plan_for(req);
+  p.in = &(*buf)[0];
+  p.out = &(*buf)[1];
+  p.dtype = DataType::i32;
+  p.timeout = options.timeout;
+  p.what = "barrier";
+  p.keepalive = std::move(buf);
+  return impl_->post(std::move(p));
 }
 
 Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer,
@@ -712,23 +564,26 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
     return "allreduce " + bytes + ": BRAID_ALGO=" + im.cfg.algo + " forces " +
            std::string(to_string(*parse_algorithm(im.cfg.algo)));
   if (im.size == 1) return "allreduce " + bytes + " x 1 rank: ring (a local copy)";
-  // What calls of this bucket run: the bucket's recorded verdict when there is one;
-  // else a fresh pricing that leaves the tuner's cache alone (the cache decides for a
-  // whole bucket at its first call, which must be the same call on every rank, while
-  // this may be called on one rank only).
-  {
-    std::lock_guard<std::mutex> lock(im.tune_mu);
-    const auto it = im.tunings.find(im.tune_key(req));
-    if (it != im.tunings.end()) {
-      if (it->second.verdict) return it->second.explanation;
-      return it->second.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
-    }
-  }
-  const auto choice =
-      im.tuner_ref().price(Collective::allreduce, req.count, req.elem_size, req.op, 0, req.deterministic);
-  if (!im.cfg.tune_measure) return choice.explanation;
-  return choice.explanation + " (BRAID_TUNE=measure: no call of this size yet)";
+  return im.tuner->explain(req);
 }
+
+// --- error feedback: public API ---
+
+void Communicator::save_error_feedback(std::ostream& os) const { impl_->compressor->error_feedback().save(os); }
+void Communicator::restore_error_feedback(std::istream& is) { impl_->compressor->error_feedback().restore(is); }
+void Communicator::save_error_feedback(std::ostream& os, const std::string& key_prefix) const {
+  impl_->compressor->error_feedback().save(os, key_prefix);
+}
+void Communicator::restore_error_feedback(std::istream& is, const std::string& key_prefix) {
+  impl_->compressor->error_feedback().restore(is, key_prefix);
+}
+void Communicator::reset_error_feedback(const std::string& ef_key) {
+  if (ef_key.empty())
+    impl_->compressor->error_feedback().reset_all();
+  else
+    impl_->compressor->error_feedback().reset(ef_key);
+}
+std::size_t Communicator::error_feedback_bytes() const { return impl_->compressor->error_feedback().bytes(); }
 
 std::string Communicator::describe_topology() const {
   Impl& im = *impl_;
