@@ -74,6 +74,13 @@ class ConnectionTable {
     return *slot;
   }
   const std::vector<Conn*>& all() const noexcept { return order_; }
+  /// Runs `step` on every connection (ones made meanwhile included); true if any moved.
+  template <class Step>
+  bool step_all(Step&& step) {
+    bool moved = false;
+    for (std::size_t i = 0; i < order_.size(); ++i) moved |= step(*order_[i]);
+    return moved;
+  }
 
  private:
   std::vector<std::unique_ptr<Conn>> by_rank_;
@@ -138,9 +145,6 @@ class Skeleton : public Transport {
   /// Starts serving `listen_fd` (bound, listening, non-blocking): watches it and makes the
   /// deadline timer. Throws Error(System) when the timer cannot be made.
   void serve(base::UniqueFd listen_fd);
-  /// Closes the listener, the timer and the sockets still in their hello. Idempotent; a
-  /// transport's destructor calls it before releasing its own resources.
-  void shutdown_skeleton() noexcept;
 
   // --- What a transport supplies -------------------------------------------------------
   /// A complete hello arrived on `pa` (its buf holds the fixed part and the tail). Return
@@ -192,6 +196,8 @@ class Skeleton : public Transport {
   PeerDirectory& directory_;
 
  private:
+  /// Closes the listener, the timer and the sockets still in their hello. Idempotent.
+  void shutdown_skeleton() noexcept;
   void accept_all();
   /// 1: complete, 0: needs more bytes, -1: not a valid hello.
   int read_hello(PendingAccept& pa);

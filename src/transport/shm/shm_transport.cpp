@@ -381,9 +381,10 @@ ShmTransport::ShmTransport(const ShmOptions& options, Poller& poller, PeerDirect
 ShmTransport::~ShmTransport() {
   // Requests may already be gone; only fds, mappings and names are released here
   // (close_all fails pending requests and is what an orderly shutdown calls first).
-  for (ShmConnection* c : conns_.all()) close_socket(*c);
-  shutdown_skeleton();
-  for (ShmConnection* c : conns_.all()) c->map_.reset();
+  for (ShmConnection* c : conns_.all()) {
+    close_socket(*c);
+    c->map_.reset();
+  }
   cleanup_names();
 }
 
@@ -504,10 +505,7 @@ bool ShmTransport::prepare_sleep() {
 // Progress.
 
 bool ShmTransport::progress_connections() {
-  bool moved = false;
-  const auto& all = conns_.all();
-  for (std::size_t i = 0; i < all.size(); ++i) moved |= progress_connection(*all[i]);
-  return moved;
+  return conns_.step_all([this](ShmConnection& c) { return progress_connection(c); });
 }
 
 bool ShmTransport::progress_connection(ShmConnection& c) {

@@ -406,7 +406,6 @@ TcpTransport::~TcpTransport() {
   // Requests may already be gone; only the fds are released here (close_all fails
   // pending requests and is what an orderly shutdown calls first).
   close_socks();
-  shutdown_skeleton();
 }
 
 void TcpTransport::close_socks() noexcept {
@@ -500,10 +499,7 @@ void TcpTransport::set_want_out(Sock& s, bool on) {
 // Progress.
 
 bool TcpTransport::progress_connections() {
-  bool moved = false;
-  const auto& all = conns_.all();
-  for (std::size_t i = 0; i < all.size(); ++i) moved |= progress_connection(*all[i]);
-  return moved;
+  return conns_.step_all([this](TcpConnection& c) { return progress_connection(c); });
 }
 
 bool TcpTransport::progress_connection(TcpConnection& c) {
