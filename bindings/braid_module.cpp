@@ -16,9 +16,13 @@
 
 #include <braid/braid.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -203,6 +207,116 @@ void on_complete(const braid::Work& w, py::function fn) {
   });
 }
 
+/// Completion of sets of Works for Python threads (the torch backend's futures). watch()
+/// registers Work::on_complete callbacks that only queue, so braid's progress thread never
+/// takes the GIL; next() hands the finished sets, in the order they finished, to whichever
+/// Python thread asks. Python callbacks that wait for other collectives (torch's PowerSGD
+/// hook does) thus run on Python's threads, never on braid's.
+class CompletionQueue {
+ public:
+  CompletionQueue() : s_(std::make_shared<Shared>()) {}
+  ~CompletionQueue() { close(); }
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  /// Reports (token, error) once every Work of `works` has completed; error is the failure
+  /// of the first failed Work in list order, or None. An empty list is reported at once.
+  void watch(const std::vector<braid::Work>& works, py::object token) {
+    auto set = std::shared_ptr<Set>(new Set, [](Set* p) {
+      // Dropped on a Python thread (GIL held: re-entrant) or, after close, wherever the
+      // last callback runs; once the interpreter finalizes the token is leaked on purpose.
+      if (p->token && !interpreter_finalizing()) {
+        py::gil_scoped_acquire gil;
+        Py_DECREF(p->token);
+      }
+      delete p;
+    });
+    set->token = token.release().ptr();
+    set->errors.resize(works.size());
+    set->left = works.size();
+    if (works.empty()) {
+      push(s_, set);
+      return;
+    }
+    for (std::size_t i = 0; i < works.size(); ++i) {
+      works[i].on_complete([s = s_, set, i](std::exception_ptr error) {
+        bool last = false;
+        {
+          std::lock_guard<std::mutex> lock(s->mu);
+          set->errors[i] = error;
+          last = --set->left == 0;
+        }
+        if (last) push(s, set);
+      });
+    }
+  }
+
+  /// The next finished set as (token, error); None after `timeout` seconds (forever when
+  /// None) or once the queue is closed and drained. Waits without the GIL.
+  py::object next(std::optional<double> timeout) {
+    std::shared_ptr<Set> set;
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lock(s_->mu);
+      auto ready = [&] { return !s_->done.empty() || s_->closed; };
+      if (!timeout) {
+        s_->cv.wait(lock, ready);
+      } else if (!s_->cv.wait_for(lock, std::chrono::duration<double>(std::max(0.0, *timeout)), ready)) {
+        return py::none();  // (no Python object was touched without the GIL)
+      }
+      if (s_->done.empty()) return py::none();  // closed
+      set = std::move(s_->done.front());
+      s_->done.pop_front();
+    }
+    std::exception_ptr error;
+    for (const auto& e : set->errors)
+      if (e && !error) error = e;
+    py::object token = py::reinterpret_borrow<py::object>(set->token);
+    return py::make_tuple(token, exception_object(error));
+  }
+
+  /// Wakes every next() caller; they return what is already queued, then None.
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->closed = true;
+    }
+    s_->cv.notify_all();
+  }
+
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->closed;
+  }
+
+  std::size_t ready() const {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->done.size();
+  }
+
+ private:
+  struct Set {
+    PyObject* token = nullptr;
+    std::vector<std::exception_ptr> errors;
+    std::size_t left = 0;
+  };
+  struct Shared {
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Set>> done;
+    bool closed = false;
+  };
+  static void push(const std::shared_ptr<Shared>& s, std::shared_ptr<Set> set) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->done.push_back(std::move(set));
+    }
+    s->cv.notify_one();
+  }
+
+  std::shared_ptr<Shared> s_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -299,6 +413,14 @@ PYBIND11_MODULE(_C, m) {
       .def("test", &braid::Work::test)
       .def("exception", [](const braid::Work& w) -> py::object { return exception_object(w.exception()); })
       .def("on_complete", &on_complete, py::arg("callback"));
+
+  py::class_<CompletionQueue>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def("watch", &CompletionQueue::watch, py::arg("works"), py::arg("token"))
+      .def("next", &CompletionQueue::next, py::arg("timeout") = py::none())
+      .def("close", &CompletionQueue::close)
+      .def_property_readonly("closed", &CompletionQueue::closed)
+      .def("ready", &CompletionQueue::ready);
 
   // --- stores ---------------------------------------------------------------------
   py::class_<braid::Store, PyStore, std::shared_ptr<braid::Store>>(m, "Store")

@@ -9,9 +9,9 @@
 
 The backend is a torch ProcessGroup written in Python over braid's Communicator.
 Each call posts braid collectives at once (issue order is the call order) and returns
-a torch Work wrapping a torch Future; a completion thread per group waits for braid's
-Works in issue order (without the GIL), finishes copies, and completes the futures,
-so DDP overlaps communication with backward as it does on gloo.
+a torch Work wrapping a torch Future; braid reports finished Works through a completion
+queue (Work.on_complete underneath), and Python threads of the group finish copies and
+complete the futures, so DDP overlaps communication with backward as it does on gloo.
 
 braidrun serves braid's own store at MASTER_ADDR:MASTER_PORT, which torch's env://
 rendezvous cannot use; the "braid://" rendezvous registered here starts a torch TCPStore
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import queue
 import threading
 import time
 import weakref
@@ -88,11 +87,13 @@ def _unwrap(src: Future) -> Any:
 class _Completer:
     """Completes torch futures as braid's Works finish.
 
-    One waiter thread waits for braid's Works in issue order (without the GIL) and runs
-    our own finishing copies. Completing a future runs its then-callbacks inline, and a
-    callback may itself post a collective and block on its future (torch's PowerSGD hook
-    does); so futures are completed by helper threads, a new one whenever all are busy,
-    never by the waiter, which must stay free to finish that inner collective.
+    braid reports each finished set of Works through a CompletionQueue (Work.on_complete
+    underneath: braid's progress thread only queues, it never takes the GIL). Python
+    dispatcher threads take the finished sets, run our finishing copies and complete the
+    futures. Completing a future runs its then-callbacks inline, and a callback may itself
+    post a collective and block on its future (torch's PowerSGD hook does), so one
+    dispatcher always stays waiting: when the last idle one takes a set, it starts another
+    (the pool is two threads in steady state; a third only while two callbacks wait).
 
     A Python-side Future.set_exception only wraps the error for Python callers; torch's
     C++ side (Work.wait, DDP) would see success. So a private future is completed with
@@ -101,74 +102,68 @@ class _Completer:
 
     def __init__(self, name: str):
         self._name = name
-        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._ready: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._q = _C.CompletionQueue()
         self._lock = threading.Lock()
         self._idle = 0
-        self._helpers: "list[threading.Thread]" = []
-        self._t = threading.Thread(target=self._run, name=f"braid-waiter-{name}", daemon=True)
-        self._t.start()
+        self._threads: "list[threading.Thread]" = []
+        with self._lock:
+            self._spawn()
 
     def submit(self, works: list, finish: Callable[[], Any]):
-        """Queues; returns (private future of (error, value), public future of the value)."""
+        """Watches; returns (private future of (error, value), public future of the value)."""
         src: Future = Future()
         out = src.then(_unwrap)
-        self._q.put((works, src, finish))
+        self._q.watch(works, (src, finish))
         return src, out
 
     def stop(self) -> None:
-        """Ends the waiter and the helpers and waits for them. They must be gone before
-        the interpreter finalizes: a thread that drops its last reference to a torch
-        future or tensor then (Thread.run deletes its target's arguments on the way
-        out) has its GIL request answered with pthread_exit, whose unwind through
-        torch's noexcept destructors aborts the process ("terminate called without an
-        active exception", seen at exit of the digits example one run in ten)."""
-        self._q.put(None)
+        """Lets the dispatchers finish what is queued, ends them and waits for them. They
+        must be gone before the interpreter finalizes: a thread that drops its last
+        reference to a torch future or tensor then (Thread.run deletes its target's
+        arguments on the way out) has its GIL request answered with pthread_exit, whose
+        unwind through torch's noexcept destructors aborts the process ("terminate called
+        without an active exception", seen at exit of the digits example one run in ten).
+        Call it after the communicator is closed, so that every watched Work has finished."""
+        self._q.close()
         me = threading.current_thread()
         deadline = time.monotonic() + 60
-        if self._t is not me:
-            self._t.join(timeout=60)
         with self._lock:
-            helpers = list(self._helpers)
-        for _ in helpers:
-            self._ready.put(None)
-        for t in helpers:
+            threads = list(self._threads)
+        for t in threads:
             if t is not me:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
 
+    def _spawn(self) -> None:  # under self._lock
+        if self._q.closed:
+            return
+        t = threading.Thread(target=self._run, name=f"braid-done-{self._name}-{len(self._threads) + 1}", daemon=True)
+        self._threads.append(t)
+        self._idle += 1
+        t.start()  # under the lock: stop() never misses a thread it must join
+
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
-                return
-            works, src, finish = item
-            done: tuple
-            try:
-                for w in works:
-                    w.wait()  # releases the GIL
-                done = (None, finish())
-            except BaseException as e:  # noqa: BLE001 — handed to the waiter
-                done = (e, None)
-            self._complete(src, done)
-
-    def _complete(self, src: Future, done: tuple) -> None:
-        with self._lock:
-            if self._idle > 0:
+            item = self._q.next()  # waits without the GIL; None once closed and drained
+            with self._lock:
                 self._idle -= 1
-                self._ready.put((src, done))
-                return
-            t = threading.Thread(target=self._helper, args=((src, done),),
-                                 name=f"braid-done-{self._name}-{len(self._helpers) + 1}", daemon=True)
-            self._helpers.append(t)
-            t.start()  # under the lock: stop() never sees a helper it cannot join
-
-    def _helper(self, item) -> None:
-        while item is not None:
-            src, done = item
+                if item is None:
+                    return
+                if self._idle == 0:
+                    self._spawn()  # this set's callbacks may wait for a later one
+            (src, finish), err = item
+            item = None
+            done: tuple
+            if err is None:
+                try:
+                    done = (None, finish())
+                except BaseException as e:  # noqa: BLE001 — handed to the future
+                    done = (e, None)
+            else:
+                done = (err, None)
             src.set_result(done)  # runs the callbacks (DDP's, a comm hook's) on this thread
+            src = finish = done = None
             with self._lock:
                 self._idle += 1
-            item = self._ready.get()
 
 
 class _Work(dist.Work):
@@ -571,8 +566,8 @@ class BraidProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        self._comm.close()  # every Work finishes (or fails) here; then the futures complete
         self._done.stop()
-        self._comm.close()
 
     def abort(self) -> None:
         self._comm.abort()
@@ -584,8 +579,8 @@ _groups: "weakref.WeakSet[BraidProcessGroup]" = weakref.WeakSet()
 
 @atexit.register
 def _shutdown_all() -> None:
-    # Runs before braid's own exit hook (registered earlier): stop the waiter threads
-    # while the interpreter is whole, then close the communicators.
+    # Runs before braid's own exit hook (registered earlier): close the communicators and
+    # stop the completion threads while the interpreter is whole.
     for pg in list(_groups):
         try:
             pg.shutdown()

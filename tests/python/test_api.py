@@ -135,3 +135,27 @@ def test_torch_tensors_without_copy(comm):
     comm.allreduce(view, op="max")
     g = comm.allgather(torch.ones(3, dtype=torch.bfloat16))
     assert g.dtype == torch.bfloat16 and g.shape == (1, 3)
+
+
+def test_completion_queue_reports_each_set_once_all_its_works_finished(comm):
+    # The torch backend completes its futures from this queue (Work.on_complete underneath).
+    from braid import _C
+
+    q = _C.CompletionQueue()
+    assert q.next(timeout=0.05) is None and q.ready() == 0  # nothing watched: times out
+    a, b = np.ones(1 << 16, np.float32), np.ones(1 << 10, np.float64)
+    works = [comm._impl.allreduce(x.ctypes.data, x.ctypes.data, x.size, dt, _C.ReduceOp.sum, 30.0,
+                                  _C.Algorithm.auto, "", "", False)
+             for x, dt in ((a, _C.DataType.f32), (b, _C.DataType.f64))]
+    token = object()
+    q.watch(works, token)
+    got = q.next(timeout=30)
+    assert got is not None and got[0] is token and got[1] is None
+    assert all(w.test() for w in works)
+    q.watch([], "empty set")  # reported at once
+    assert q.next(timeout=5) == ("empty set", None)
+    q.watch([_C.Work()], "before close")
+    q.close()
+    assert q.closed
+    assert q.next() == ("before close", None)  # what finished before close() is still handed out
+    assert q.next() is None  # then None, at once
