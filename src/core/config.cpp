@@ -90,6 +90,9 @@ std::vector<Setting> make_table() {
        "engine thread."},
       {"BRAID_PLAN_CACHE", SettingType::integer, "64", "Plans kept per communicator (0 disables the cache).", true,
        0, 1'000'000},
+      {"BRAID_UCX_LIBRARY", SettingType::text, "libucp.so.0",
+       "The UCX library braid loads at run time (a path to libucp.so, e.g. HPC-X's or the PyPI "
+       "wheel's copy); braid_info prints what it finds. Ignored by builds without UCX support."},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -210,6 +213,7 @@ Config Config::parse(const Lookup& lookup) {
   c.check_args = s.boolean("BRAID_CHECK_ARGS");
   c.deterministic = s.boolean("BRAID_DETERMINISTIC");
   c.cost_model = s.text("BRAID_COST_MODEL");
+  c.ucx_library = s.text("BRAID_UCX_LIBRARY");
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.host_id = s.text("BRAID_HOST_ID");
   c.store_external = s.boolean("BRAID_STORE_EXTERNAL");

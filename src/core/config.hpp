@@ -50,6 +50,7 @@ struct Config {
   bool check_args = false;
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
+  std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens
   // --- identity and security ---
   std::string auth_token;
   std::string host_id;

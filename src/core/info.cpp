@@ -7,6 +7,9 @@
 #if BRAID_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
 #endif
+#if BRAID_HAVE_UCX
+#include "transport/ucx/ucx_probe.hpp"
+#endif
 
 #include <iomanip>
 #include <sstream>
@@ -50,7 +53,15 @@ std::string build_features() {
   };
   for (const auto* e : transport::registry()) line(e->name, 1, e->summary);  // the transports of this build
   line("cuda", BRAID_HAVE_CUDA, "CUDA kernels (reduce, every codec); device buffers in collectives: not yet");
-  line("ucx", BRAID_HAVE_UCX, "UCX transport");
+#if BRAID_HAVE_UCX
+  // The loader and braid_info's report are built; the ucx transport itself is not yet.
+  line("ucx", 1, ("UCX, loaded at run time: " +
+                  transport::ucx::describe(transport::ucx::probe(core::Config::global().ucx_library)) +
+                  "; the ucx transport: not yet")
+                     .c_str());
+#else
+  line("ucx", 0, "UCX support (built when libucx-dev's headers are found)");
+#endif
   line("ibverbs", BRAID_HAVE_IBVERBS, "RDMA verbs transport");
   line("mpi", BRAID_HAVE_MPI, "Open MPI comparisons in allreduce_bench");
   return os.str();
