@@ -35,7 +35,8 @@ from torch.futures import Future
 import braid as _braid
 from braid import _C
 
-__all__ = ["BraidProcessGroup", "CompressionHookState", "compression_hook", "powersgd_hook", "init_process_group", "get_communicator"]
+__all__ = ["BraidProcessGroup", "CompressionHookState", "compression_hook", "powersgd_hook", "init_process_group",
+           "get_communicator", "monitored_barrier"]
 
 _RED = (  # torch hands a ReduceOp object that compares equal to these, but hashes apart
     (dist.ReduceOp.SUM, _C.ReduceOp.sum),
@@ -65,6 +66,7 @@ def _check(t: torch.Tensor, what: str) -> torch.Tensor:
 
 _TorchStore = _braid._TorchStore
 _ALLTOALLV_TAG = 0x7a11  # point-to-point tag of all_to_all with split sizes
+_MONITORED_TAG = 0x7a12  # point-to-point tag of monitored_barrier
 
 
 def _unflatten(flat: torch.Tensor, tensors) -> list:
@@ -521,6 +523,51 @@ class BraidProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._work([self._c.barrier(self._timeout)], lambda: [])
 
+    def monitored_barrier(self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive, as ProcessGroupGloo's
+        monitoredBarrier: every rank sends to rank 0, which waits up to `timeout` (default:
+        the group's timeout) and then answers every rank. Rank 0 raises braid.TimeoutError
+        naming the first rank that did not arrive (every such rank with wait_all_ranks=True);
+        the others raise braid.TimeoutError when rank 0's answer does not come within
+        `timeout`. Blocking, like gloo's. After a failure the group is failed (later calls
+        raise at once): destroy it or end the job, as with gloo."""
+        limit = timeout.total_seconds() if timeout is not None else self._timeout
+        r, n = self.rank(), self.size()
+        if n == 1:
+            return
+        c = self._c
+        token = torch.zeros(1, dtype=torch.int32)
+        b = self._buf(token, "monitored_barrier token")
+        shown = f"{limit:g} s" if limit else "the group's timeout"
+        if r != 0:
+            c.send(b.ptr, 1, b.dtype, 0, _MONITORED_TAG, limit).wait()
+            try:
+                c.recv(b.ptr, 1, b.dtype, 0, _MONITORED_TAG, limit).wait()
+            except _braid.Error as e:
+                raise _braid._timeout(f"rank {r}: monitored_barrier got no answer from rank 0 within {shown} "
+                                      f"(rank 0 found ranks missing, or did not arrive itself): {e}") from e
+            return
+        tokens = [torch.zeros(1, dtype=torch.int32) for _ in range(n)]
+        works = {q: c.recv(self._buf(tokens[q], "monitored_barrier token").ptr, 1, b.dtype, q, _MONITORED_TAG, limit)
+                 for q in range(1, n)}
+        missing, why = [], {}
+        for q, w in works.items():  # every receive has its own deadline: waiting in order costs nothing
+            try:
+                w.wait()
+            except _braid.Error as e:
+                missing.append(q)
+                why[q] = str(e)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            named = ", ".join(str(q) for q in missing)
+            err = _braid._timeout(f"monitored_barrier: rank{'s' if len(missing) > 1 else ''} {named} did not "
+                                  f"arrive within {shown} (first: {why[missing[0]]})")
+            err.peer = missing[0]
+            raise err
+        for q in range(1, n):
+            c.send(b.ptr, 1, b.dtype, q, _MONITORED_TAG, limit).wait()
+
     def send(self, tensors, dst, tag=0):
         works = []
         for k, t in enumerate(tensors):
@@ -586,6 +633,18 @@ def _shutdown_all() -> None:
             pg.shutdown()
         except Exception:  # noqa: BLE001 — exiting anyway
             pass
+
+
+def monitored_barrier(group: Optional[dist.ProcessGroup] = None, timeout: Optional[timedelta] = None,
+                      wait_all_ranks: bool = False) -> None:
+    """torch.distributed.monitored_barrier for braid groups (torch's own accepts gloo groups
+    only): a barrier whose rank 0 names the ranks that did not arrive within `timeout`.
+    See BraidProcessGroup.monitored_barrier."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _braid._usage("braid.torch.monitored_barrier needs a braid process group (backend 'braid'); "
+                            "for a gloo group use torch.distributed.monitored_barrier")
+    pg.monitored_barrier(timeout, wait_all_ranks)
 
 
 def _create(store, rank, size, timeout):

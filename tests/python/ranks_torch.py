@@ -426,6 +426,43 @@ def dead_peer(braid_pg, gloo_pg):
     os._exit(0)  # the gloo group would wait for rank 1 at shutdown
 
 
+def monitored(braid_pg, gloo_pg):
+    """monitored_barrier as gloo's: passes when every rank arrives; otherwise rank 0 names
+    the ranks that did not (all of them with wait_all_ranks) and the others time out
+    waiting for rank 0's answer."""
+    import os
+    import time
+    from datetime import timedelta
+
+    r = dist.get_rank()
+    bt.monitored_barrier(braid_pg, timeout=timedelta(seconds=20))
+    braid_pg.monitored_barrier(timedelta(seconds=20), wait_all_ranks=True)
+    print(f"rank {r}: monitored_barrier passed")
+    t0 = time.monotonic()
+    if r >= 2:  # ranks 2 and 3 never arrive
+        time.sleep(4)
+        os._exit(0)
+    try:
+        bt.monitored_barrier(braid_pg, timeout=timedelta(seconds=1), wait_all_ranks=True)
+    except braid.TimeoutError as e:
+        took = time.monotonic() - t0
+        assert took < 3.5, f"took {took:.1f} s with a 1 s timeout"
+        if r == 0:
+            assert "ranks 2, 3 did not arrive within 1 s" in str(e) and e.peer == 2, str(e)
+        else:
+            assert "rank 1: monitored_barrier got no answer from rank 0 within 1 s" in str(e), str(e)
+        print(f"rank {r}: named: {str(e).splitlines()[0][:100]}")
+    else:
+        raise AssertionError("monitored_barrier passed without ranks 2 and 3")
+    try:
+        bt.monitored_barrier(gloo_pg)
+    except braid.InvalidUsageError as e:
+        assert "needs a braid process group" in str(e), str(e)
+    else:
+        raise AssertionError("braid's monitored_barrier accepted a gloo group")
+    os._exit(0)  # the gloo group would wait for ranks 2 and 3 at shutdown
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")

@@ -45,6 +45,13 @@ def test_work_wait_honors_its_timeout(run_ranks):
     assert p.stdout.count("Work.wait(timeout) ok") == 2, p.stdout
 
 
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive(run_ranks):
+    p = run_ranks(4, "ranks_torch.py", "monitored", env=ENV, timeout=150)
+    assert p.stdout.count("monitored_barrier passed") == 4, p.stdout
+    assert "rank 0: named: braid Timeout: monitored_barrier: ranks 2, 3 did not arrive" in p.stdout, p.stdout
+    assert "rank 1: named: braid Timeout: rank 1: monitored_barrier got no answer from rank 0" in p.stdout, p.stdout
+
+
 def test_dead_peer_fails_the_work(run_ranks):
     p = run_ranks(2, "ranks_torch.py", "dead_peer", env=ENV, timeout=120)
     assert "rank 0: RemoteError(peer=1)" in p.stdout, p.stdout
