@@ -305,12 +305,16 @@ TEST(Failures, KilledRankIsNamedOnEverySurvivor) {
         std::fprintf(stderr, "[fault] rank %d: error %.1f ms after rank %d died: %s\n", r, (now - died) / 1000.0,
                      victim, msg.c_str());
         const auto* re = dynamic_cast<const RemoteError*>(&e);
-        EXPECT_TRUE(re != nullptr || e.code() == ErrorCode::Timeout) << msg;
+        // A call posted after the communicator failed (a background tuner trial may be
+        // the call that met the death) is refused at once with Aborted, carrying the
+        // first failure; that failure must still name the dead rank.
+        const bool refused = e.code() == ErrorCode::Aborted && msg.find("failed earlier") != std::string::npos;
+        EXPECT_TRUE(re != nullptr || e.code() == ErrorCode::Timeout || refused) << msg;
         if (re) {
           EXPECT_EQ(re->peer(), victim) << msg;
         }
         EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
-        EXPECT_NE(msg.find("allreduce #"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("allreduce"), std::string::npos) << msg;
         EXPECT_LT(now - died, 5'000'000) << "error came too late";
         EXPECT_TRUE(c.failed());
         EXPECT_THROW(c.allreduce(x.data(), x.data(), 1, DataType::f32, ReduceOp::sum).wait(), Error);
