@@ -45,15 +45,10 @@ std::shared_ptr<const std::vector<int>> hosts(int world, int per_host) {
 
 PlanRequest request(const Variant& v, int world, std::uint64_t count, std::size_t slice_bytes, int root = 0,
                     ReduceOp op = ReduceOp::sum) {
-  PlanRequest req;
-  req.collective = v.collective;
+  PlanRequest req(v.collective, world, count, 4, op);
   req.algorithm = v.algorithm;
-  req.world = world;
-  req.count = count;
-  req.elem_size = 4;
   req.slice_bytes = slice_bytes;
   req.root = root;
-  req.op = op;
   req.deterministic = v.deterministic;
   if (v.hosts) req.host_of = hosts(world, world % 4 == 0 ? 4 : world % 3 == 0 ? 3 : 2);
   return req;
@@ -464,18 +459,11 @@ TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
     Plan q;
     q.request = p.request;
     q.phase_names = p.phase_names;
-    q.add([&] { Step s; s.kind = StepKind::copy; s.src = {Buffer::input, r * c, c}; s.dst = {Buffer::output, r * c, c}; return s; }());
+    q.add(Step(StepKind::copy, -1, {Buffer::input, r * c, c}, {Buffer::output, r * c, c}));
     for (std::uint64_t k = 1; k < n; ++k) {
-      Step s;
-      s.kind = StepKind::send;
-      s.peer = static_cast<int>((r + k) % n);
-      s.src = {Buffer::input, (r + k) % n * c, c};
-      q.add(s);
-      Step t;
-      t.kind = StepKind::recv;
-      t.peer = static_cast<int>((r + n - k) % n);
-      t.dst = {Buffer::output, (r + n - k) % n * c, c};
-      q.add(t);
+      const std::uint64_t to = (r + k) % n, from = (r + n - k) % n;
+      q.add(Step(StepKind::send, static_cast<int>(to), {Buffer::input, to * c, c}, {}));
+      q.add(Step(StepKind::recv, static_cast<int>(from), {}, {Buffer::output, from * c, c}));
     }
     q.seal();
     p = q;
@@ -519,11 +507,8 @@ TEST(AlgorithmTable, CoversTheEnumAndDrivesDispatch) {
     EXPECT_EQ(find_algorithm(row.collective, row.algorithm), &row);
     const auto offered = algorithms_for(row.collective);
     EXPECT_NE(std::find(offered.begin(), offered.end(), row.algorithm), offered.end());
-    PlanRequest req;
-    req.collective = row.collective;
+    PlanRequest req(row.collective, 4, 10);
     req.algorithm = row.algorithm;
-    req.world = 4;
-    req.count = 10;
     const auto plan = build_plan(req);
     if (plan->request.algorithm == row.algorithm) {  // hierarchical falls back without a host map
       EXPECT_EQ(std::string(plan->name()), row.label ? row.label : std::string(to_string(row.algorithm)));
