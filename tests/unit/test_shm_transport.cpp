@@ -102,13 +102,10 @@ void run_ranks(int size, const std::function<bt::ShmOptions(int)>& opts,
 
 bt::ShmOptions options(std::uint64_t comm, int rank, int size) {
   bt::ShmOptions o;
-  o.rank = rank;
-  o.size = size;
+  static_cast<bt::CommonOptions&>(o) = common_options(rank, size, comm);
   o.auth_token = kToken;
-  o.comm_id = comm;
   o.slot_bytes = kSlot;
   o.slots = kSlots;
-  o.connect_timeout = 10s;
   return o;
 }
 
