@@ -391,16 +391,21 @@ VerifyResult run_broken(const PlanRequest& req, const std::function<void(Plan&)>
   o.in_place = in_place;
   return verify_plans(req, o, mutated(f));
 }
+/// A mutation for run_broken: `f` on every step of kind `kind` in the plan of `rank`
+/// (of every rank with -1).
+std::function<void(Plan&)> on_steps(int rank, StepKind kind, std::function<void(Step&)> f) {
+  return [rank, kind, f](Plan& p) {
+    if (rank != -1 && p.request.rank != rank) return;
+    for (auto& s : p.steps)
+      if (s.kind == kind) f(s);
+  };
+}
 }  // namespace
 
 TEST(VerifierCatches, MisindexedAlltoall) {
   // Rank 2 sends each peer the block meant for the next rank.
   auto req = request({Collective::alltoall, Algorithm::ring}, 5, 4, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank != 2) return;
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::send) s.src.offset = (s.src.offset + 4) % 20;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::send, [](Step& s) { s.src.offset = (s.src.offset + 4) % 20; }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("element"), std::string::npos) << r.error;
 }
@@ -408,21 +413,18 @@ TEST(VerifierCatches, MisindexedAlltoall) {
 TEST(VerifierCatches, AllgatherBlocksInTheWrongPlace) {
   // Rank 1 stores the block it receives one block too far.
   auto req = request({Collective::allgather, Algorithm::ring}, 4, 3, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank != 1) return;
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::recv && s.dst.offset == 0) s.dst.offset = 3;
-  });
+  auto r = run_broken(req, on_steps(1, StepKind::recv, [](Step& s) {
+                        if (s.dst.offset == 0) s.dst.offset = 3;
+                      }));
   EXPECT_FALSE(r.ok);
 }
 
 TEST(VerifierCatches, ReduceScatterOwnerKeepingTheWrongBlock) {
   // Every rank reduces its last message with its input block shifted by one element.
   auto req = request({Collective::reduce_scatter, Algorithm::ring}, 3, 5, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::recv_reduce && s.dst.buf == Buffer::output) s.src.offset += s.src.offset > 0 ? -1 : 1;
-  });
+  auto r = run_broken(req, on_steps(-1, StepKind::recv_reduce, [](Step& s) {
+                        if (s.dst.buf == Buffer::output) s.src.offset += s.src.offset > 0 ? -1 : 1;
+                      }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("with element"), std::string::npos) << r.error;
 }
@@ -430,22 +432,14 @@ TEST(VerifierCatches, ReduceScatterOwnerKeepingTheWrongBlock) {
 TEST(VerifierCatches, BroadcastReadingANonRootInput) {
   // A non-root forwards its own input instead of what it received.
   auto req = request({Collective::broadcast, Algorithm::ring}, 4, 8, 1 << 20, 1);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank == 2)
-      for (auto& s : p.steps)
-        if (s.kind == StepKind::send) s.src.buf = Buffer::input;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::send, [](Step& s) { s.src.buf = Buffer::input; }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("outside its buffer"), std::string::npos) << r.error;
 }
 
 TEST(VerifierCatches, ReduceWritingANonRootOutput) {
   auto req = request({Collective::reduce, Algorithm::tree}, 4, 8, 1 << 20, 0);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank == 2)
-      for (auto& s : p.steps)
-        if (s.kind == StepKind::recv_reduce) s.dst.buf = Buffer::output;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::recv_reduce, [](Step& s) { s.dst.buf = Buffer::output; }));
   EXPECT_FALSE(r.ok);
 }
 
