@@ -100,6 +100,20 @@ void run_ranks(int size, const std::function<bt::ShmOptions(int)>& opts,
       fn);
 }
 
+/// Two ranks with options `opts` each receive from the other where setting up the
+/// connection must fail; returns each rank's failed request (its error, the rank blamed).
+std::vector<bt::Request> failed_receives(const std::function<bt::ShmOptions(int)>& opts) {
+  std::vector<bt::Request> reqs(2);
+  run_ranks(2, opts, [&](TransportRank& r) {
+    std::uint64_t v = 0;
+    bt::Request& q = reqs[static_cast<std::size_t>(r.rank)];
+    r.to(1 - r.rank)->recv(&v, sizeof v, 1, &q);
+    ASSERT_TRUE(r.drive({&q}, 10s));
+    ASSERT_EQ(q.state, State::failed);
+  });
+  return reqs;
+}
+
 bt::ShmOptions options(std::uint64_t comm, int rank, int size) {
   bt::ShmOptions o;
   static_cast<bt::CommonOptions&>(o) = common_options(rank, size, comm);
@@ -126,23 +140,13 @@ TEST(ShmTransport, SegmentNameIsGoneOnceTheConnectionIsUp) {
 
 TEST(ShmTransport, MismatchedSlotSettingsAreReportedOnBothSides) {
   const std::uint64_t comm = fresh_comm_id();
-  std::vector<std::string> errors(2);
-  run_ranks(2,
-            [&](int r) {
-              auto o = options(comm, r, 2);
-              if (r == 1) o.slots = kSlots * 2;
-              return o;
-            },
-            [&](TransportRank& r) {
-              std::uint64_t v = 0;
-              bt::Request q;
-              r.to(1 - r.rank)->recv(&v, sizeof v, 1, &q);
-              ASSERT_TRUE(r.drive({&q}, 10s));
-              ASSERT_EQ(q.state, State::failed);
-              errors[static_cast<std::size_t>(r.rank)] = q.error;
-            });
-  for (const std::string& e : errors) {
-    EXPECT_TRUE(contains(e, "rank 0 uses 4 slots of 65536 bytes, rank 1 uses 8 slots of 65536 bytes")) << e;
+  const auto reqs = failed_receives([&](int r) {
+    auto o = options(comm, r, 2);
+    if (r == 1) o.slots = kSlots * 2;
+    return o;
+  });
+  for (const bt::Request& q : reqs) {
+    EXPECT_TRUE(contains(q.error, "rank 0 uses 4 slots of 65536 bytes, rank 1 uses 8 slots of 65536 bytes")) << q.error;
   }
   EXPECT_TRUE(leftovers(comm).empty()) << joined(leftovers(comm));
 }
@@ -253,23 +257,17 @@ TEST(ShmTransport, SegmentLargerThanDevShmGivesAClearErrorOnBothSides) {
   const int slots = 64;
   if (free_bytes >= bt::shm_segment_bytes(slot, slots)) GTEST_SKIP() << "/dev/shm has more than 128 GiB free";
   const std::uint64_t comm = fresh_comm_id();
-  std::vector<std::string> errors(2);
-  run_ranks(2,
-            [&](int r) {
-              auto o = options(comm, r, 2);
-              o.slot_bytes = slot;
-              o.slots = slots;
-              return o;
-            },
-            [&](TransportRank& r) {
-              std::uint64_t v = 0;
-              bt::Request q;
-              r.to(1 - r.rank)->recv(&v, sizeof v, 1, &q);
-              ASSERT_TRUE(r.drive({&q}, 10s));
-              ASSERT_EQ(q.state, State::failed);
-              EXPECT_EQ(q.failed_peer, 1 - r.rank);
-              errors[static_cast<std::size_t>(r.rank)] = q.error;
-            });
+  const auto reqs = failed_receives([&](int r) {
+    auto o = options(comm, r, 2);
+    o.slot_bytes = slot;
+    o.slots = slots;
+    return o;
+  });
+  std::vector<std::string> errors;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(reqs[static_cast<std::size_t>(r)].failed_peer, 1 - r);
+    errors.push_back(reqs[static_cast<std::size_t>(r)].error);
+  }
   for (const std::string& e : errors) {
     EXPECT_TRUE(contains(e, "/dev/shm is too small")) << e;
     EXPECT_TRUE(contains(e, "free of")) << e;
@@ -283,21 +281,12 @@ TEST(ShmTransport, SegmentLargerThanDevShmGivesAClearErrorOnBothSides) {
 
 TEST(ShmTransport, MissingSegmentDirectoryIsNamedInTheError) {
   const std::uint64_t comm = fresh_comm_id();
-  std::string error;
-  run_ranks(2,
-            [&](int r) {
-              auto o = options(comm, r, 2);
-              o.segment_dir = "/nonexistent-braid-shm-dir";
-              return o;
-            },
-            [&](TransportRank& r) {
-              std::uint64_t v = 0;
-              bt::Request q;
-              r.to(1 - r.rank)->recv(&v, sizeof v, 1, &q);
-              ASSERT_TRUE(r.drive({&q}, 10s));
-              ASSERT_EQ(q.state, State::failed);
-              if (r.rank == 0) error = q.error;
-            });
+  const auto reqs = failed_receives([&](int r) {
+    auto o = options(comm, r, 2);
+    o.segment_dir = "/nonexistent-braid-shm-dir";
+    return o;
+  });
+  const std::string& error = reqs[0].error;
   EXPECT_TRUE(contains(error, "cannot use /nonexistent-braid-shm-dir: No such file or directory")) << error;
 }
 
