@@ -416,18 +416,6 @@ int raw_connect(const std::string& name) {
   return fd;
 }
 
-bool wait_closed(int fd, Clock::duration limit = 5s) {
-  const auto deadline = Clock::now() + limit;
-  char buf[256];
-  while (Clock::now() < deadline) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 50) <= 0) continue;
-    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
-  }
-  return false;
-}
-
 std::string hello(std::uint64_t comm, int from, int to, const std::string& token = kToken) {
   wire::Hello h;
   h.token_bytes = static_cast<std::uint16_t>(token.size());
@@ -442,25 +430,9 @@ std::string hello(std::uint64_t comm, int from, int to, const std::string& token
 TEST(ShmTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {
   const std::uint64_t comm = fresh_comm_id();
   MemDirectory dir;
-  const auto data = pattern(1000, 77);
-  std::atomic<bool> impostors_done{false}, real_peer_started{false};
+  RankDirectory d0(dir, 0), d1(dir, 1);
   std::atomic<int> refused{0};
-  bool finished_early = false;
-  bt::Request q;
-  std::vector<std::uint8_t> in(data.size());
-  std::thread t1([&] {
-    RankDirectory d(dir, 1);
-    auto o = options(comm, 1, 2);
-    o.on_refused = [&](const std::string&) { ++refused; };
-    Rank r(d, o);
-    r.to(0)->recv(in.data(), in.size(), 3, &q);
-    r.drive({&q});
-    finished_early = !real_peer_started;
-    const auto deadline = Clock::now() + 5s;
-    while (!impostors_done && Clock::now() < deadline) r.step();
-  });
-  const std::string name = dir.lookup(1, "shm", 10s);
-  const std::vector<std::pair<const char*, std::string>> impostors = {
+  const Impostors impostors = {
       {"wrong token", hello(comm, 0, 1, "not-the-token")},
       {"empty token", hello(comm, 0, 1, "")},
       {"other communicator", hello(comm + 1, 0, 1)},
@@ -469,31 +441,14 @@ TEST(ShmTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {
       {"addressed to another rank", hello(comm, 0, 2)},
       {"not a hello", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
   };
-  for (const auto& imp : impostors) {
-    const int fd = raw_connect(name);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::send(fd, imp.second.data(), imp.second.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(imp.second.size()));
-    EXPECT_TRUE(wait_closed(fd)) << imp.first << ": the listener did not close the socket";
-    ::close(fd);
-  }
+  expect_impostors_refused(
+      [&](int r) {
+        auto o = options(comm, r, 2);
+        if (r == 1) o.on_refused = [&](const std::string&) { ++refused; };
+        return std::make_unique<Rank>(r == 0 ? d0 : d1, o);
+      },
+      [&] { return raw_connect(dir.lookup(1, "shm", 10s)); }, impostors);
   EXPECT_EQ(refused.load(), static_cast<int>(impostors.size()));
-  real_peer_started = true;
-  std::thread t0([&] {
-    RankDirectory d(dir, 0);
-    Rank r(d, options(comm, 0, 2));
-    bt::Request s;
-    r.to(1)->send(data.data(), data.size(), 3, &s);
-    ASSERT_TRUE(r.drive({&s}));
-    EXPECT_DONE(s);
-    impostors_done = true;
-    r.step_for(50ms);
-  });
-  t0.join();
-  t1.join();
-  EXPECT_FALSE(finished_early) << "an impostor disturbed the real connection: " << q.error;
-  EXPECT_DONE(q);
-  EXPECT_TRUE(in == data);
 }
 
 TEST(ShmTransport, PeerWithAnotherTokenIsRefusedAndTheConnectorSaysWhy) {
