@@ -46,7 +46,10 @@
 
 namespace {
 
+using braid::bench::add_sweep_flags;
 using braid::bench::parse_size;
+using braid::bench::print_sweep_summary;
+using braid::bench::SweepFlags;
 
 using braid::DataType;
 using braid::ReduceOp;
@@ -70,13 +73,13 @@ double input_value(ReduceOp op, int rank, std::size_t i, DataType t) {
   return perf::input_value(to_perf(op), rank, i, to_perf(t));
 }
 void store_value(DataType t, void* buf, std::size_t i, double v) { perf::store_value(to_perf(t), buf, i, v); }
-void expected_value(DataType t, ReduceOp op, int world, std::size_t i, void* out) {
-  perf::expected_value(to_perf(t), to_perf(op), world, i, out);
+/// Elements of the all-reduce result `out` (`count` of them) that are wrong.
+long long count_wrong(DataType t, ReduceOp op, int world, const void* out, std::size_t count) {
+  return perf::count_wrong_allreduce(to_perf(t), to_perf(op), world, static_cast<const std::byte*>(out), count,
+                                     braid::dtype_size(t));
 }
 
-struct Result {
-  double time_us = 0, algbw = 0, busbw = 0;
-  long long wrong = 0;
+struct Result : braid::bench::SweepResult {
   double relerr = 0;  ///< --codec: relative L2 error against the exact all-reduce
 };
 
@@ -301,7 +304,7 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
     std::printf(" %8s %9s %7s %9s  %s\n", "best", "auto/best", "picked", "pick/best", "tuner (model; measured)");
     open_csv(csvf, csv, "size,count,algo,round,time_us");
   }
-  std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
+  std::vector<std::byte> send(hi + 64), recv(hi + 64);
   long long total_wrong = 0;
   for (double size_d = static_cast<double>(lo);; size_d *= factor) {
     const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
@@ -318,11 +321,7 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
         times[a].push_back(us);
         if (csvf) csvf << count * es << ',' << count << ',' << names[a] << ',' << round << ',' << us << '\n';
         if (check && round == 0) {
-          long long wrong = 0;
-          for (std::size_t i = 0; i < count; ++i) {
-            expected_value(dtype, op, world, i, expect.data());
-            if (std::memcmp(expect.data(), recv.data() + i * es, es) != 0) ++wrong;
-          }
+          long long wrong = count_wrong(dtype, op, world, recv.data(), count);
           comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
           if (wrong && rank == 0)
             std::printf("# %zu bytes, %s: %lld wrong elements\n", count * es, names[a].c_str(), wrong);
@@ -365,15 +364,9 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
 int run(int argc, char** argv, const MpiBootstrap& mpi) {
   CLI::App app{"allreduce_bench: all-reduce bandwidth and correctness, nccl-tests style. Run under braidrun, "
                "mpirun, torchrun or srun."};
-  std::string minb = "1K", maxb = "64M", dname = "float", oname = "sum", aname = "auto", csv;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1;
-  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
+  std::string dname = "float", oname = "sum", aname = "auto", csv;
+  SweepFlags sweep;
+  add_sweep_flags(app, sweep);
   bool blocking = false;
   app.add_option("-z,--blocking", blocking,
                  "1: wait for each all-reduce before posting the next (a training step's pattern; the time is then "
@@ -423,16 +416,16 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   const bool algo = algos_ok && !algos.empty();
   std::size_t lo = 0, hi = 0;
   try {
-    lo = parse_size(minb);
-    hi = parse_size(maxb);
+    lo = parse_size(sweep.minb);
+    hi = parse_size(sweep.maxb);
   } catch (const std::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";
     return 2;
   }
-  if (!dtype || !op || !algo || factor <= 1.0 || hi < lo) {
+  if (!dtype || !op || !algo || sweep.factor <= 1.0 || hi < lo) {
     std::cerr << "allreduce_bench: bad arguments: " << (!dtype ? "unknown -d " + dname + "; " : "")
               << (!op ? "unknown -o " + oname + "; " : "") << (!algo ? "unknown --algo " + aname + "; " : "")
-              << (factor <= 1.0 ? "-f must be > 1; " : "") << (hi < lo ? "-e must be >= -b; " : "") << "\n";
+              << (sweep.factor <= 1.0 ? "-f must be > 1; " : "") << (hi < lo ? "-e must be >= -b; " : "") << "\n";
     return 2;
   }
 
@@ -448,8 +441,8 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         throw braid::Error(braid::ErrorCode::InvalidUsage,
                            "a list of --algo runs uncompressed sweeps only; drop --codec / --idle-seconds or give "
                            "one algorithm");
-      return side_by_side(comm, anames, algos, lo, hi, factor, iters, warmup, rounds, check, blocking, *dtype, *op, oname,
-                          csv);
+      return side_by_side(comm, anames, algos, lo, hi, sweep.factor, sweep.iters, sweep.warmup, rounds, sweep.check,
+                          blocking, *dtype, *op, oname, csv);
     }
     if (codec.find(',') != std::string::npos) {
       if (algos.size() > 1 || idle_seconds > 0 || *dtype != DataType::f32 ||
@@ -457,8 +450,8 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         throw braid::Error(braid::ErrorCode::InvalidUsage,
                            "a list of --codec runs f32 sum/avg sweeps with one --algo; drop --idle-seconds, -d or the "
                            "--algo list");
-      return codec_side_by_side(comm, split_commas(codec), lo, hi, factor, iters, warmup, rounds, check, blocking, no_ef, *op,
-                                oname, csv);
+      return codec_side_by_side(comm, split_commas(codec), lo, hi, sweep.factor, sweep.iters, sweep.warmup, rounds,
+                                sweep.check, blocking, no_ef, *op, oname, csv);
     }
     if (compressed) {
       opts.codec = codec;
@@ -490,8 +483,8 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     std::ofstream csvf;
     if (rank == 0) {
       std::printf("# braid %s allreduce_bench: %d ranks, type %s, op %s, algo %s, iters %d, warmup %d, check %d%s\n",
-                  braid::version().c_str(), world, nccl_type_name(*dtype), oname.c_str(), aname.c_str(), iters,
-                  warmup, check, blocking ? ", blocking" : "");
+                  braid::version().c_str(), world, nccl_type_name(*dtype), oname.c_str(), aname.c_str(), sweep.iters,
+                  sweep.warmup, sweep.check, blocking ? ", blocking" : "");
       if (compressed)
         std::printf("# codec %s%s: busbw is effective (uncompressed bytes / time); #wrong shows the relative L2 "
                     "error against the exact all-reduce\n",
@@ -507,17 +500,17 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     }
 
     const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
-    std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
+    std::vector<std::byte> send(hi + 64), recv(hi + 64);
     long long total_wrong = 0;
     double busbw_sum = 0;
     int nsizes = 0;
-    for (double size_d = static_cast<double>(lo);; size_d *= factor) {
+    for (double size_d = static_cast<double>(lo);; size_d *= sweep.factor) {
       const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
       const std::size_t count = size / es;
       Result res[2];
       if (progress) {
         std::fprintf(stderr, "\r\033[K# measuring %zu bytes (%d+%d iterations, out-of-place and in-place)...",
-                     (size / es) * es, warmup, iters);
+                     (size / es) * es, sweep.warmup, sweep.iters);
         std::fflush(stderr);
       }
       for (int inplace = 0; inplace < 2; ++inplace) {
@@ -535,25 +528,25 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         if (compressed && !no_ef) opts.ef_key = "bench-" + std::to_string(count) + (inplace ? "-in" : "-out");
         fill();
         comm.barrier().wait();
-        for (int w = 0; w < warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+        for (int w = 0; w < sweep.warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
         if (inplace) fill();
         comm.barrier().wait();
         const auto t0 = std::chrono::steady_clock::now();
         braid::Work last;
-        for (int it = 0; it < iters; ++it) {
+        for (int it = 0; it < sweep.iters; ++it) {
           last = comm.allreduce(in, out, count, *dtype, *op, opts);
           if (blocking) last.wait();
         }
         last.wait();
         const double us =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / sweep.iters;
         double slowest = us;
         comm.allreduce(&slowest, &slowest, 1, DataType::f64, ReduceOp::max).wait();
         Result& r = res[inplace];
         r.time_us = slowest;
         r.algbw = static_cast<double>(count * es) / (slowest * 1e3);
         r.busbw = world > 1 ? r.algbw * 2.0 * (world - 1) / world : r.algbw;
-        if (check && compressed) {
+        if (sweep.check && compressed) {
           // One fresh step (residuals reset, so the error is the codec's, not history's).
           comm.reset_error_feedback(opts.ef_key);
           fill();
@@ -571,26 +564,19 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
           r.relerr = sq[1] > 0 ? std::sqrt(sq[0] / sq[1]) : std::sqrt(sq[0]);
           r.wrong = std::isfinite(r.relerr) ? 0 : 1;
           total_wrong += r.wrong;
-        } else if (check) {
+        } else if (sweep.check) {
           fill();
           comm.allreduce(in, out, count, *dtype, *op, opts).wait();
-          long long wrong = 0;
-          for (std::size_t i = 0; i < count; ++i) {
-            expected_value(*dtype, *op, world, i, expect.data());
-            if (std::memcmp(expect.data(), static_cast<std::byte*>(out) + i * es, es) != 0) ++wrong;
-          }
+          long long wrong = count_wrong(*dtype, *op, world, out, count);
           comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
           r.wrong = wrong;
           total_wrong += wrong;
-        } else {
-          r.wrong = -1;
         }
       }
       if (progress) std::fprintf(stderr, "\r\033[K");
       if (rank == 0) {
-        auto wrong_text = [&](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
         auto col = [&](const Result& x) {
-          if (!compressed || x.wrong < 0) return wrong_text(x.wrong);
+          if (!compressed || x.wrong < 0) return braid::bench::wrong_text(x.wrong);
           char b[32];
           std::snprintf(b, sizeof b, "%.1e", x.relerr);
           return std::string(b);
@@ -609,10 +595,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
       ++nsizes;
       if (size >= hi) break;
     }
-    if (rank == 0) {
-      std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-      std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", nsizes ? busbw_sum / nsizes : 0.0);
-    }
+    if (rank == 0) print_sweep_summary(total_wrong, busbw_sum, nsizes);
     return total_wrong ? 1 : 0;
   } catch (const braid::Error& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";

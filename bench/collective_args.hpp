@@ -11,10 +11,9 @@
 
 namespace braid::bench {
 
-struct SweepArgs {
-  std::string coll = "allreduce", minb = "1K", maxb = "64M", dtype = "float", op = "sum", csv;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1, root = 0, blocking = 0;
+struct SweepArgs : SweepFlags {
+  std::string coll = "allreduce", dtype = "float", op = "sum", csv;
+  int root = 0, blocking = 0;
   bool quiet = false;
 };
 
@@ -22,14 +21,7 @@ struct SweepArgs {
 inline void add_sweep_options(CLI::App& app, SweepArgs& a, const char* dtypes, const char* ops, const char* blocking) {
   app.add_option("--coll", a.coll, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv")
       ->capture_default_str();
-  app.add_option("-b,--minbytes", a.minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", a.maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", a.factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", a.iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", a.warmup, "warm-up iterations per size")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", a.check, "check results (1) or not (0)")->capture_default_str();
+  add_sweep_flags(app, a);
   app.add_option("-d,--datatype", a.dtype, dtypes)->capture_default_str();
   app.add_option("-o,--op", a.op, ops)->capture_default_str();
   app.add_option("-r,--root", a.root, "root rank of broadcast and reduce")->capture_default_str();
@@ -56,14 +48,7 @@ inline std::string resolve(const SweepArgs& a, const char* program, SweepOptions
   if (!o->coll) err += "unknown --coll " + a.coll + "; ";
   if (!o->type) err += "unknown -d " + a.dtype + "; ";
   if (!parse_op(a.op, &o->op)) err += "unknown -o " + a.op + "; ";
-  try {
-    o->lo = parse_size(a.minb);
-    o->hi = parse_size(a.maxb);
-  } catch (const std::exception& e) {
-    err += std::string(e.what()) + "; ";
-  }
-  if (a.factor <= 1.0) err += "-f must be > 1; ";
-  if (o->hi < o->lo) err += "-e must be >= -b; ";
+  err += read_sweep(a, &o->lo, &o->hi);
   return err;
 }
 

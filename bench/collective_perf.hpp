@@ -10,6 +10,8 @@
 // sendrecv: each rank sends to rank+1 and receives from rank-1 (no in-place form).
 #pragma once
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -200,6 +202,19 @@ inline void expected_value(Type t, Op op, int world, std::size_t i, void* out) {
   }
 }
 
+/// Elements of `out` (`count` elements of `es` bytes) that differ from the all-reduce
+/// (`op`) of element i over every rank's input.
+inline long long count_wrong_allreduce(Type t, Op op, int world, const std::byte* out, std::size_t count,
+                                       std::size_t es) {
+  std::byte want[8];
+  long long wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    expected_value(t, op, world, i, want);
+    wrong += std::memcmp(want, out + i * es, es) != 0;
+  }
+  return wrong;
+}
+
 // --- the sweep -----------------------------------------------------------------------
 
 /// Where a call reads and writes (in-place layouts differ between collectives and, for
@@ -272,10 +287,7 @@ inline long long count_wrong(const SweepOptions& o, int rank, int world, const s
     case Coll::allreduce:
     case Coll::reduce:
       if (o.coll->coll == Coll::reduce && rank != o.root) return 0;
-      for (std::size_t i = 0; i < count; ++i) {
-        expected_value(t, o.op, world, i, want);
-        wrong += std::memcmp(want, at(i), es) != 0;
-      }
+      wrong = count_wrong_allreduce(t, o.op, world, out, count, es);
       break;
     case Coll::reduce_scatter:
       for (std::size_t i = 0; i < count; ++i) {
@@ -393,10 +405,7 @@ inline int sweep(Backend& b, const SweepOptions& o) {
     ++nsizes;
     if (size >= o.hi) break;
   }
-  if (rank == 0) {
-    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", nsizes ? busbw_sum / nsizes : 0.0);
-  }
+  if (rank == 0) print_sweep_summary(total_wrong, busbw_sum, nsizes);
   return total_wrong ? 1 : 0;
 }
 

@@ -58,15 +58,12 @@
 
 namespace {
 
-using braid::bench::parse_size;
 
 enum class Op { sum, prod, min, max };
 
-struct Args {
-  std::string minb = "1K", maxb = "64M", dname = "float", oname = "sum", algo = "ring_chunked", csv, store, iface,
-              hostname;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1, timeout_s = 300;
+struct Args : braid::bench::SweepFlags {
+  std::string dname = "float", oname = "sum", algo = "ring_chunked", csv, store, iface, hostname;
+  int timeout_s = 300;
   bool quiet = false;
 };
 
@@ -173,10 +170,7 @@ void barrier(const std::shared_ptr<gloo::Context>& ctx) {
   gloo::barrier(o);
 }
 
-struct Result {
-  double time_us = 0, algbw = 0, busbw = 0;
-  long long wrong = 0;
-};
+using Result = braid::bench::SweepResult;
 
 template <typename T>
 int sweep(const std::shared_ptr<gloo::Context>& ctx, const Args& a, Op op, std::size_t lo, std::size_t hi) {
@@ -252,31 +246,15 @@ int sweep(const std::shared_ptr<gloo::Context>& ctx, const Args& a, Op op, std::
         }
         r.wrong = total(ctx, wrong);
         total_wrong += r.wrong;
-      } else {
-        r.wrong = -1;
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
-    if (rank == 0) {
-      auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
-      std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
-                  a.dname.c_str(), a.oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw,
-                  wrong_text(res[0].wrong).c_str(), res[1].time_us, res[1].algbw, res[1].busbw,
-                  wrong_text(res[1].wrong).c_str());
-      std::fflush(stdout);
-      if (csvf)
-        csvf << count * es << ',' << count << ',' << a.dname << ',' << a.oname << ',' << res[0].time_us << ','
-             << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ',' << res[1].time_us << ','
-             << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << '\n';
-    }
+    if (rank == 0) braid::bench::print_sweep_row(count, es, a.dname, a.oname, res, csvf);
     busbw_sum += res[0].busbw;
     ++nsizes;
     if (size >= hi) break;
   }
-  if (rank == 0) {
-    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", nsizes ? busbw_sum / nsizes : 0.0);
-  }
+  if (rank == 0) braid::bench::print_sweep_summary(total_wrong, busbw_sum, nsizes);
   return total_wrong ? 1 : 0;
 }
 
@@ -313,12 +291,7 @@ int main(int argc, char** argv) {
 
   Args a;
   CLI::App app{"gloo_allreduce_bench: allreduce_bench's sweep over Gloo's all-reduce. Run under mpirun."};
-  app.add_option("-b,--minbytes", a.minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", a.maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", a.factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", a.iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", a.warmup, "warm-up iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", a.check, "check results (1) or not (0)")->capture_default_str();
+  braid::bench::add_sweep_flags(app, a);
   app.add_option("-d,--datatype", a.dname, "float, double, int8, uint8, int32, int64")->capture_default_str();
   app.add_option("-o,--op", a.oname, "sum, prod, min, max")->capture_default_str();
   app.add_option("--algo", a.algo, "ring, ring_chunked, halving_doubling, bcube, allreduce_ring, allreduce_bcube")
@@ -351,14 +324,7 @@ int main(int argc, char** argv) {
   if (std::find(std::begin(algos), std::end(algos), a.algo) == std::end(algos))
     err += "unknown --algo " + a.algo + " (ring, ring_chunked, halving_doubling, bcube, allreduce_ring, allreduce_bcube); ";
   std::size_t lo = 0, hi = 0;
-  try {
-    lo = parse_size(a.minb);
-    hi = parse_size(a.maxb);
-  } catch (const std::exception& e) {
-    err += std::string(e.what()) + "; ";
-  }
-  if (a.factor <= 1.0) err += "-f must be > 1; ";
-  if (hi < lo) err += "-e must be >= -b; ";
+  err += braid::bench::read_sweep(a, &lo, &hi);
   if (hi > static_cast<std::size_t>(INT_MAX)) err += "-e must be below 2 GiB (Gloo counts elements in int); ";
   const char* types[] = {"float", "double", "int8", "uint8", "int32", "int64"};
   if (std::find_if(std::begin(types), std::end(types), [&](const char* t) { return a.dname == t; }) == std::end(types))

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_args.hpp"
+#include "collective_perf.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -30,10 +31,18 @@
 
 namespace {
 
-using braid::bench::parse_size;
+using braid::bench::add_sweep_flags;
+using braid::bench::print_sweep_row;
+using braid::bench::print_sweep_summary;
+using braid::bench::read_sweep;
+using braid::bench::SweepFlags;
 
-enum class Op { sum, prod, min, max };
-enum class Type { f32, f64, i8, u8, i32, i64 };
+// Types, inputs and expected results are collective_bench's (collective_perf.hpp).
+using braid::bench::count_wrong_allreduce;
+using braid::bench::input_value;
+using braid::bench::Op;
+using braid::bench::store_value;
+using braid::bench::Type;
 
 struct TypeInfo {
   const char* name;
@@ -42,43 +51,7 @@ struct TypeInfo {
   std::size_t size;
 };
 
-// The same inputs as allreduce_bench: small integers, exact in every type.
-double input_value(Op op, int rank, std::size_t i, Type t) {
-  const auto k = static_cast<long long>((static_cast<std::size_t>(rank) * 7 + i * 13) % 5);
-  if (op == Op::prod) return (k == 0 && t != Type::u8) ? -1.0 : 1.0;
-  if (t == Type::u8) return static_cast<double>(k % 3);
-  return static_cast<double>(k % 3 - 1);  // -1, 0, 1
-}
-
-void store_value(Type t, void* buf, std::size_t i, double v) {
-  switch (t) {
-    case Type::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case Type::f64: static_cast<double*>(buf)[i] = v; break;
-    case Type::i8: static_cast<std::int8_t*>(buf)[i] = static_cast<std::int8_t>(v); break;
-    case Type::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
-    case Type::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-    case Type::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
-  }
-}
-
-void expected_value(Type t, Op op, int world, std::size_t i, void* out) {
-  double acc = input_value(op, 0, i, t);
-  for (int r = 1; r < world; ++r) {
-    const double v = input_value(op, r, i, t);
-    switch (op) {
-      case Op::sum: acc += v; break;
-      case Op::prod: acc *= v; break;
-      case Op::min: acc = std::min(acc, v); break;
-      case Op::max: acc = std::max(acc, v); break;
-    }
-  }
-  store_value(t, out, 0, acc);
-}
-
-struct Result {
-  double time_us = 0, algbw = 0, busbw = 0;
-  long long wrong = 0;
-};
+using Result = braid::bench::SweepResult;
 
 }  // namespace
 
@@ -93,15 +66,9 @@ int main(int argc, char** argv) {
   };
 
   CLI::App app{"mpi_allreduce_bench: allreduce_bench's sweep over MPI_Allreduce. Run under mpirun."};
-  std::string minb = "1K", maxb = "64M", dname = "float", oname = "sum", aname = "auto", csv;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1;
-  app.add_option("-b,--minbytes", minb, "smallest size in bytes (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", maxb, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplication factor between sizes")->capture_default_str();
-  app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per size")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "check results (1) or not (0)")->capture_default_str();
+  std::string dname = "float", oname = "sum", aname = "auto", csv;
+  SweepFlags sweep;
+  add_sweep_flags(app, sweep);
   app.add_option("-d,--datatype", dname, "float, double, int8, uint8, int32, int64 (no half/bfloat16 in MPI)")->capture_default_str();
   app.add_option("-o,--op", oname, "sum, prod, min, max (no avg in MPI)")->capture_default_str();
   app.add_option("--algo", aname, "accepted for compatibility and ignored: MPI picks its own algorithm")->capture_default_str();
@@ -142,14 +109,7 @@ int main(int argc, char** argv) {
   else if (oname == "avg") err += "-o avg is unsupported by MPI (MPI_Allreduce has no average; use sum); ";
   else err += "unknown -o " + oname + "; ";
   std::size_t lo = 0, hi = 0;
-  try {
-    lo = parse_size(minb);
-    hi = parse_size(maxb);
-  } catch (const std::exception& e) {
-    err += std::string(e.what()) + "; ";
-  }
-  if (factor <= 1.0) err += "-f must be > 1; ";
-  if (hi < lo) err += "-e must be >= -b; ";
+  err += read_sweep(sweep, &lo, &hi);
   if (ti && hi / ti->size > static_cast<std::size_t>(INT_MAX)) err += "-e too large for an MPI int count; ";
   if (!err.empty()) {
     if (rank == 0) std::cerr << "mpi_allreduce_bench: " << err.substr(0, err.size() - 2) << "\n";
@@ -166,7 +126,7 @@ int main(int argc, char** argv) {
     std::string libname(lib, static_cast<std::size_t>(len));
     libname = libname.substr(0, libname.find_first_of(",\n"));
     std::printf("# %s mpi_allreduce_bench: %d ranks, type %s, op %s, algo mpi, iters %d, warmup %d, check %d\n",
-                libname.c_str(), world, ti->name, oname.c_str(), iters, warmup, check);
+                libname.c_str(), world, ti->name, oname.c_str(), sweep.iters, sweep.warmup, sweep.check);
     if (aname != "auto") std::printf("# --algo %s ignored: MPI picks its own algorithm\n", aname.c_str());
     std::printf("#%77s%38s\n", "out-of-place", "in-place");
     std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop", "time",
@@ -185,12 +145,12 @@ int main(int argc, char** argv) {
   MPI_Bcast(&csv_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!csv_ok) return finish(1);
 
-  std::vector<std::byte> send(hi + 64), recv(hi + 64), expect(hi + 64);
+  std::vector<std::byte> send(hi + 64), recv(hi + 64);
   long long total_wrong = 0;
   double busbw_sum = 0;
   int nsizes = 0;
   const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
-  for (double size_d = static_cast<double>(lo);; size_d *= factor) {
+  for (double size_d = static_cast<double>(lo);; size_d *= sweep.factor) {
     const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
     const std::size_t count = size / es;
     const int n = static_cast<int>(count);
@@ -208,53 +168,34 @@ int main(int argc, char** argv) {
       };
       fill();
       MPI_Barrier(MPI_COMM_WORLD);
-      for (int w = 0; w < warmup; ++w) MPI_Allreduce(sendarg, out, n, dt, mop, MPI_COMM_WORLD);
+      for (int w = 0; w < sweep.warmup; ++w) MPI_Allreduce(sendarg, out, n, dt, mop, MPI_COMM_WORLD);
       if (inplace) fill();
       MPI_Barrier(MPI_COMM_WORLD);
       const auto t0 = std::chrono::steady_clock::now();
-      for (int it = 0; it < iters; ++it) MPI_Allreduce(sendarg, out, n, dt, mop, MPI_COMM_WORLD);
+      for (int it = 0; it < sweep.iters; ++it) MPI_Allreduce(sendarg, out, n, dt, mop, MPI_COMM_WORLD);
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / sweep.iters;
       double slowest = us;
       MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       Result& r = res[inplace];
       r.time_us = slowest;
       r.algbw = static_cast<double>(count * es) / (slowest * 1e3);
       r.busbw = world > 1 ? r.algbw * 2.0 * (world - 1) / world : r.algbw;
-      if (check) {
+      if (sweep.check) {
         fill();
         MPI_Allreduce(sendarg, out, n, dt, mop, MPI_COMM_WORLD);
-        long long wrong = 0;
-        for (std::size_t i = 0; i < count; ++i) {
-          expected_value(ti->type, op, world, i, expect.data());
-          if (std::memcmp(expect.data(), static_cast<std::byte*>(out) + i * es, es) != 0) ++wrong;
-        }
+        long long wrong = count_wrong_allreduce(ti->type, op, world, static_cast<std::byte*>(out), count, es);
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
         r.wrong = wrong;
         total_wrong += wrong;
-      } else {
-        r.wrong = -1;
       }
     }
     if (progress) std::fprintf(stderr, "\r\033[K");
-    if (rank == 0) {
-      auto wrong_text = [](long long w) { return w < 0 ? std::string("N/A") : std::to_string(w); };
-      std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count, ti->name,
-                  oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw, wrong_text(res[0].wrong).c_str(),
-                  res[1].time_us, res[1].algbw, res[1].busbw, wrong_text(res[1].wrong).c_str());
-      std::fflush(stdout);
-      if (csvf)
-        csvf << count * es << ',' << count << ',' << ti->name << ',' << oname << ',' << res[0].time_us << ','
-             << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ',' << res[1].time_us << ','
-             << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << '\n';
-    }
+    if (rank == 0) print_sweep_row(count, es, ti->name, oname, res, csvf);
     busbw_sum += res[0].busbw;
     ++nsizes;
     if (size >= hi) break;
   }
-  if (rank == 0) {
-    std::printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", nsizes ? busbw_sum / nsizes : 0.0);
-  }
+  if (rank == 0) print_sweep_summary(total_wrong, busbw_sum, nsizes);
   return finish(total_wrong ? 1 : 0);
 }

@@ -211,13 +211,8 @@ int main(int argc, char** argv) {
     wr.hosts = topo.num_hosts();
     std::vector<std::string> unavailable;
     for (Algorithm a : algos) {
-      PlanRequest probe;
-      probe.collective = *coll;
+      PlanRequest probe(*coll, world, std::max<std::uint64_t>(1, lo / es), es, *op);
       probe.algorithm = a;
-      probe.world = world;
-      probe.count = std::max<std::uint64_t>(1, lo / es);
-      probe.elem_size = es;
-      probe.op = *op;
       probe.slice_bytes = slice;
       probe.host_of = std::make_shared<const std::vector<int>>(topo.host_of);
       try {
@@ -254,13 +249,8 @@ int main(int argc, char** argv) {
     std::atomic<std::size_t> next{0};
     auto worker = [&] {
       for (std::size_t i; (i = next.fetch_add(1)) < ntasks;) {
-        PlanRequest req;
-        req.collective = *coll;
-        req.world = world;
-        req.elem_size = es;
-        req.op = *op;
+        PlanRequest req(*coll, world, counts[i / wr.offered.size()], es, *op);
         req.slice_bytes = slice;
-        req.count = counts[i / wr.offered.size()];
         req.algorithm = wr.offered[i % wr.offered.size()];
         SimOptions so;
         so.max_steps = max_steps;

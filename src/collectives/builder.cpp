@@ -92,47 +92,31 @@ std::uint32_t Builder::emit(const Step& s, std::initializer_list<const Region*> 
   return i;
 }
 
-namespace {
-
-Step make_step(StepKind kind, std::uint32_t phase, const Region& src, const Region& dst, bool finalize = false,
-               int peer = -1) {
-  Step s;
-  s.kind = kind;
-  s.phase = phase;
-  s.src = src;
-  s.dst = dst;
-  s.finalize = finalize;
-  s.peer = peer;
-  return s;
-}
-
-}  // namespace
-
 std::uint32_t Builder::send(int peer, const Region& src, std::uint32_t phase, const std::vector<std::uint32_t>& after) {
   if (src.count == 0) return kNoStep;
-  return emit(make_step(StepKind::send, phase, src, {}, false, peer), {&src}, {}, after);
+  return emit(Step(StepKind::send, peer, src, {}, false, phase), {&src}, {}, after);
 }
 
 std::uint32_t Builder::recv(int peer, const Region& dst, std::uint32_t phase, bool finalize,
                             const std::vector<std::uint32_t>& after) {
   if (dst.count == 0) return kNoStep;
-  return emit(make_step(StepKind::recv, phase, {}, dst, finalize, peer), {}, {&dst}, after);
+  return emit(Step(StepKind::recv, peer, {}, dst, finalize, phase), {}, {&dst}, after);
 }
 
 std::uint32_t Builder::recv_reduce(int peer, const Region& src, const Region& dst, std::uint32_t phase, bool finalize,
                                    const std::vector<std::uint32_t>& after) {
   if (dst.count == 0) return kNoStep;
-  return emit(make_step(StepKind::recv_reduce, phase, src, dst, finalize, peer), {&src}, {&dst}, after);
+  return emit(Step(StepKind::recv_reduce, peer, src, dst, finalize, phase), {&src}, {&dst}, after);
 }
 
 std::uint32_t Builder::copy(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  return emit(make_step(StepKind::copy, phase, src, dst, finalize), {&src}, {&dst}, {});
+  return emit(Step(StepKind::copy, -1, src, dst, finalize, phase), {&src}, {&dst}, {});
 }
 
 std::uint32_t Builder::reduce(const Region& a, const Region& b, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s = make_step(StepKind::reduce, phase, a, dst, finalize);
+  Step s(StepKind::reduce, -1, a, dst, finalize, phase);
   s.src2 = b;
   return emit(s, {&a, &b}, {&dst}, {});
 }
@@ -140,7 +124,7 @@ std::uint32_t Builder::reduce(const Region& a, const Region& b, const Region& ds
 std::uint32_t Builder::encode(const Region& src, const Region& residual, const Region& dst, std::uint8_t stream,
                               int stream_rank, std::uint64_t at, std::uint32_t phase) {
   if (src.count == 0) return kNoStep;
-  Step s = make_step(StepKind::encode, phase, src, dst);
+  Step s(StepKind::encode, -1, src, dst, false, phase);
   s.src2 = residual;
   s.stream = stream;
   s.stream_rank = stream_rank;
@@ -152,14 +136,14 @@ std::uint32_t Builder::encode(const Region& src, const Region& residual, const R
 std::uint32_t Builder::decode(const Region& src, const Region& dst, std::uint32_t phase, bool sum_start,
                               bool finalize) {
   if (dst.count == 0) return kNoStep;
-  Step s = make_step(StepKind::decode, phase, src, dst, finalize);
+  Step s(StepKind::decode, -1, src, dst, finalize, phase);
   s.sum_start = sum_start;
   return emit(s, {&src}, {&dst}, {});
 }
 
 std::uint32_t Builder::decode_add(const Region& src, const Region& dst, std::uint32_t phase, bool finalize) {
   if (dst.count == 0) return kNoStep;
-  return emit(make_step(StepKind::decode_add, phase, src, dst, finalize), {&src, &dst}, {&dst}, {});
+  return emit(Step(StepKind::decode_add, -1, src, dst, finalize, phase), {&src, &dst}, {&dst}, {});
 }
 
 std::vector<int> topology_order(const PlanRequest& req) {

@@ -598,11 +598,7 @@ double bus_factor(Collective c, int world) noexcept {
 }
 
 double size_bytes(Collective c, std::uint64_t count, std::size_t elem_size, int world) noexcept {
-  PlanRequest req;
-  req.collective = c;
-  req.count = count;
-  req.world = world;
-  const BufferCounts bc = buffer_counts(req);
+  const BufferCounts bc = buffer_counts(PlanRequest(c, world, count));
   return static_cast<double>(std::max(bc.input, bc.output)) * static_cast<double>(elem_size);
 }
 

@@ -92,6 +92,13 @@ constexpr bool is_local(StepKind k) noexcept {
 
 /// One step of one rank's plan.
 struct Step {
+  Step() = default;
+  /// A step of `step_kind` with `peer_rank` (-1: a local step) from `from` to `to` (an
+  /// empty Region where the kind has no such side); the other fields keep their defaults.
+  Step(StepKind step_kind, int peer_rank, const Region& from, const Region& to, bool finish = false,
+       std::uint32_t phase_index = 0)
+      : kind(step_kind), finalize(finish), peer(peer_rank), src(from), dst(to), phase(phase_index) {}
+
   StepKind kind = StepKind::copy;
   bool finalize = false;  ///< apply the op's finishing touch to dst when done
   std::int32_t peer = -1;
@@ -110,6 +117,14 @@ struct Step {
 
 /// What an algorithm is asked to plan.
 struct PlanRequest {
+  PlanRequest() = default;
+  /// `what` over `elements` elements (the per-call count) of `bytes_per_element` bytes
+  /// on `ranks` ranks; the other fields keep their defaults (rank 0, ring, default
+  /// slices, ...) for the caller to set.
+  PlanRequest(Collective what, int ranks, std::uint64_t elements, std::size_t bytes_per_element = 4,
+              ReduceOp reduce_op = ReduceOp::sum)
+      : collective(what), world(ranks), count(elements), elem_size(bytes_per_element), op(reduce_op) {}
+
   Collective collective = Collective::allreduce;
   Algorithm algorithm = Algorithm::ring;
   int rank = 0;

@@ -43,12 +43,7 @@ std::string explain(Collective collective, double bytes, int world, int hosts, c
 
 Choice choose(Collective collective, std::uint64_t count, std::size_t elem_size, ReduceOp op, int world,
               const Topology& topo, const CostModel& model, const TuneOptions& options) {
-  PlanRequest req;
-  req.collective = collective;
-  req.world = world;
-  req.count = count;
-  req.elem_size = elem_size;
-  req.op = op;
+  PlanRequest req(collective, world, count, elem_size, op);
   req.slice_bytes = options.slice_bytes;
   req.root = options.root;
   req.deterministic = options.deterministic;

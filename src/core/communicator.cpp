@@ -191,13 +191,8 @@ Communicator::Impl::~Impl() {
 }
 
 PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::size_t elem_size, ReduceOp op) const {
-  PlanRequest req;
-  req.collective = c;
+  PlanRequest req(c, size, count, elem_size, op);
   req.rank = rank;
-  req.world = size;
-  req.count = count;
-  req.elem_size = elem_size;
-  req.op = op;
   req.slice_bytes = cfg.chunk_bytes;
   return req;
 }
@@ -488,11 +483,9 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
   plan->request.count = count;
   plan->request.elem_size = es;
   plan->phase_names = {is_send ? "send" : "recv"};
-  collectives::Step st;
-  st.kind = is_send ? collectives::StepKind::send : collectives::StepKind::recv;
-  st.peer = peer;
-  (is_send ? st.src : st.dst) = {is_send ? collectives::Buffer::input : collectives::Buffer::output, 0, count};
-  plan->add(st);
+  const collectives::Region user{is_send ? collectives::Buffer::input : collectives::Buffer::output, 0, count};
+  plan->add(is_send ? collectives::Step(collectives::StepKind::send, peer, user, {})
+                    : collectives::Step(collectives::StepKind::recv, peer, {}, user));
   plan->seal();
   core::Operation o;
   o.seq = 0;

@@ -20,6 +20,7 @@
 
 #include "base/fd.hpp"
 #include "base/text.hpp"
+#include "core/store_limits.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -47,8 +48,8 @@ constexpr char kMagic[] = "BRAIDFS1";
 constexpr std::size_t kMagicSize = 8;
 constexpr std::size_t kHeaderSize = 16;  // magic + 8 random bytes
 constexpr std::size_t kRecordHead = 9;   // type + key length + value length
-constexpr std::size_t kMaxKey = 4096;
-constexpr std::size_t kMaxValue = std::size_t{64} << 20;
+constexpr std::size_t kMaxKey = core::kMaxStoreKey;
+constexpr std::size_t kMaxValue = core::kMaxStoreValue;
 constexpr std::int64_t kMaxTimeoutMs = 10ll * 365 * 24 * 3600 * 1000;
 constexpr milliseconds kFirstPoll{1}, kMaxPoll{50};
 
@@ -209,12 +210,7 @@ struct FileStore::Impl {
     }
   }
 
-  void check_key(const std::string& key, const char* op) const {
-    if (key.size() > kMaxKey)
-      throw Error(ErrorCode::InvalidUsage, "FileStore " + path + ": " + op + ": key of " +
-                                               std::to_string(key.size()) + " bytes exceeds " +
-                                               std::to_string(kMaxKey));
-  }
+  void check_key(const std::string& key, const char* op) const { core::check_store_key("FileStore", path, key, op); }
 
   /// Polls `ready` (called under the lock) with growing sleeps until it is true or the
   /// deadline passes; returns whether it became true.
@@ -240,10 +236,7 @@ FileStore::~FileStore() = default;
 
 void FileStore::set(const std::string& key, const std::string& value) {
   impl_->check_key(key, "set");
-  if (value.size() > kMaxValue)
-    throw Error(ErrorCode::InvalidUsage, "FileStore " + impl_->path + ": set(" + quote(key) +
-                                             "): value of " + std::to_string(value.size()) +
-                                             " bytes exceeds " + std::to_string(kMaxValue));
+  core::check_store_value("FileStore", impl_->path, key, value);
   impl_->locked(true, [&](int fd) {
     impl_->append(fd, 'S', key, value);
     return 0;

@@ -30,6 +30,7 @@
 #include "base/logging.hpp"
 #include "base/poller.hpp"
 #include "base/text.hpp"
+#include "core/store_limits.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -65,8 +66,8 @@ using std::chrono::milliseconds;
 constexpr std::uint32_t kMagic = 0x53445242;  // bytes "BRDS"
 constexpr std::uint16_t kVersion = 1;
 constexpr std::size_t kHelloSize = 8;
-constexpr std::size_t kMaxKey = 4096;
-constexpr std::size_t kMaxValue = std::size_t{64} << 20;
+constexpr std::size_t kMaxKey = core::kMaxStoreKey;
+constexpr std::size_t kMaxValue = core::kMaxStoreValue;
 constexpr std::size_t kMaxKeysPerRequest = 65536;
 constexpr std::size_t kMaxFrame = kMaxValue + kMaxKey + 64;
 constexpr std::size_t kMaxPendingOutput = std::size_t{512} << 20;  // per connection
@@ -797,12 +798,7 @@ struct TcpStore::Impl {
                 "TcpStore " + addr + ": " + what + ": malformed reply from the server");
   }
   Clock::time_point io_deadline() const { return Clock::now() + io_timeout; }
-  void check_key(const std::string& key, const char* op) const {
-    if (key.size() > kMaxKey)
-      throw Error(ErrorCode::InvalidUsage, std::string("TcpStore ") + addr + ": " + op +
-                                               ": key of " + std::to_string(key.size()) +
-                                               " bytes exceeds " + std::to_string(kMaxKey));
-  }
+  void check_key(const std::string& key, const char* op) const { core::check_store_key("TcpStore", addr, key, op); }
 };
 
 TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_server,
@@ -964,10 +960,7 @@ std::uint16_t TcpStore::port() const noexcept { return impl_->port; }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
   impl_->check_key(key, "set");
-  if (value.size() > kMaxValue)
-    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": set(" + quote(key) +
-                                             "): value of " + std::to_string(value.size()) +
-                                             " bytes exceeds " + std::to_string(kMaxValue));
+  core::check_store_value("TcpStore", impl_->addr, key, value);
   Encoder e = impl_->request(kSet);
   e.str(key);
   e.str(value);

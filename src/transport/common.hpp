@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace braid::transport {
@@ -94,6 +96,46 @@ inline std::uint64_t get(const unsigned char* p, int n) {
   std::uint64_t v = 0;
   for (int i = 0; i < n; ++i) v |= std::uint64_t{p[i]} << (8 * i);
   return v;
+}
+
+// A fixed-size record (a hello, a part header) lists its integer fields once, in wire
+// order, as a tuple of references (std::tie); they are packed back to back, each in
+// its own width, signed ones as two's complement. Encoder and decoder walk the same
+// list, so they cannot disagree on an offset.
+
+/// Bytes of the packed record whose field list has type `Fields`.
+template <class Fields>
+struct Packed;
+template <class... T>
+struct Packed<std::tuple<T&...>> {
+  static constexpr std::size_t bytes = (sizeof(T) + ... + 0);
+};
+
+/// Writes the fields of `fields` from `out` on.
+template <class... T>
+void put_fields(unsigned char* out, const std::tuple<T&...>& fields) {
+  std::apply(
+      [out](const auto&... f) {
+        std::size_t at = 0;
+        ((put(out + at, static_cast<std::make_unsigned_t<std::decay_t<decltype(f)>>>(f), static_cast<int>(sizeof f)),
+          at += sizeof f),
+         ...);
+      },
+      fields);
+}
+
+/// Reads the fields of `fields` from `in` on.
+template <class... T>
+void get_fields(const unsigned char* in, const std::tuple<T&...>& fields) {
+  std::apply(
+      [in](auto&... f) {
+        std::size_t at = 0;
+        ((f = static_cast<std::decay_t<decltype(f)>>(static_cast<std::make_unsigned_t<std::decay_t<decltype(f)>>>(
+              get(in + at, static_cast<int>(sizeof f)))),
+          at += sizeof f),
+         ...);
+      },
+      fields);
 }
 }  // namespace le
 

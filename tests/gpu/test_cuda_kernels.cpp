@@ -422,26 +422,12 @@ void device_encode(const comp::CodecSpec& s, const float* in, const float* add, 
     const std::size_t ws = cu::topk_workspace_bytes(n, k);
     ASSERT_GT(ws, 0u);
     Dev w(ws);
-    cu::TopkEncodeArgs a;
-    a.in = in;
-    a.add = add;
-    a.n = n;
-    a.k = k;
-    a.out = out;
-    a.residual = residual;
-    a.workspace = w.get();
-    a.workspace_bytes = ws;
+    const cu::TopkEncodeArgs a{in, add, n, k, out, residual, w.get(), ws};
     ASSERT_EQ(cu::topk_encode(a, st), 0);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     return;
   }
-  cu::EncodeArgs a;
-  a.codec = to_device(s, step, offset);
-  a.in = in;
-  a.add = add;
-  a.n = n;
-  a.out = out;
-  a.residual = residual;
+  const cu::EncodeArgs a{to_device(s, step, offset), in, add, n, out, residual};
   ASSERT_EQ(cu::encode(a, st), 0);
 }
 
@@ -449,13 +435,7 @@ void device_decode(const comp::CodecSpec& s, const std::uint8_t* in, std::size_t
                    cudaStream_t st, int* status_out = nullptr) {
   if (s.kind == comp::CodecKind::topk) {
     Dev status(sizeof(int));
-    cu::TopkDecodeArgs a;
-    a.in = in;
-    a.n = n;
-    a.k = comp::topk_k(s, n);
-    a.out = out;
-    a.accumulate = acc;
-    a.status = status.get<int>();
+    const cu::TopkDecodeArgs a{in, n, comp::topk_k(s, n), out, acc, status.get<int>()};
     ASSERT_EQ(cu::topk_decode(a, st), 0);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
     const int v = status.take<int>(1)[0];
@@ -465,12 +445,7 @@ void device_decode(const comp::CodecSpec& s, const std::uint8_t* in, std::size_t
       ASSERT_EQ(v, 0);
     return;
   }
-  cu::DecodeArgs a;
-  a.codec = to_device(s, 0, 0);
-  a.in = in;
-  a.n = n;
-  a.out = out;
-  a.accumulate = acc;
+  const cu::DecodeArgs a{to_device(s, 0, 0), in, n, out, acc};
   ASSERT_EQ(cu::decode(a, st), 0);
 }
 

@@ -12,6 +12,8 @@
 //                              counting for 500 ms, write the count to DIR/count.<rank>, exit 0
 //   selfkill R SIG             rank R kills itself with signal SIG, the others sleep
 //   exit CODE                  exit with CODE
+#include "rank_env.hpp"
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,16 +29,9 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
-
 namespace {
 
-std::string env(const char* name) {
-  const std::size_t len = std::strlen(name);
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  return "";
-}
+using launcher_test::env;
 
 int rank() { return std::atoi(env("BRAID_RANK").c_str()); }
 int world() { return std::atoi(env("BRAID_WORLD_SIZE").c_str()); }

@@ -1,6 +1,8 @@
 // A rank program for braidrun's store test: connects a braid::TcpStore client to the
 // store braidrun hosts (BRAID_MASTER_ADDR:BRAID_MASTER_PORT, BRAID_STORE_EXTERNAL=1),
 // publishes one key per rank and reads every other rank's key back.
+#include "rank_env.hpp"
+
 #include <braid/store.hpp>
 #include <chrono>
 #include <cstdio>
@@ -9,18 +11,7 @@
 #include <exception>
 #include <string>
 
-extern char** environ;
-
-namespace {
-
-std::string env(const char* name) {
-  const std::size_t len = std::strlen(name);
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, name, len) == 0 && (*e)[len] == '=') return *e + len + 1;
-  return "";
-}
-
-}  // namespace
+using launcher_test::env;
 
 int main() {
   try {

@@ -5,11 +5,14 @@
 #include <braid/error.hpp>
 
 #include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -221,5 +224,58 @@ double thread_cpu_ms() {
 }
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+bool wait_closed(int fd, Clock::duration limit) {
+  const auto deadline = Clock::now() + limit;
+  char buf[256];
+  while (Clock::now() < deadline) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+  }
+  return false;
+}
+
+void expect_impostors_refused(const std::function<std::unique_ptr<TransportRank>(int)>& make_rank,
+                              const std::function<int()>& connect_raw, const Impostors& impostors) {
+  const auto data = pattern(1000, 77);
+  std::atomic<bool> impostors_done{false}, real_peer_started{false};
+  bool finished_early = false;
+  bt::Request q;
+  std::vector<std::uint8_t> in(data.size());
+  std::thread t1([&] {
+    auto r = make_rank(1);
+    r->to(0)->recv(in.data(), in.size(), 3, &q);
+    r->drive({&q});
+    finished_early = !real_peer_started;
+    const auto deadline = Clock::now() + 5s;
+    while (!impostors_done && Clock::now() < deadline) r->step();
+  });
+  for (const auto& imp : impostors) {
+    const int fd = connect_raw();
+    if (fd < 0) continue;  // connect_raw said why
+    EXPECT_EQ(::send(fd, imp.second.data(), imp.second.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(imp.second.size()))
+        << imp.first;
+    EXPECT_TRUE(wait_closed(fd)) << imp.first << ": the listener did not close the socket";
+    ::close(fd);
+  }
+  real_peer_started = true;
+  std::thread t0([&] {
+    auto r = make_rank(0);
+    bt::Request s;
+    r->to(1)->send(data.data(), data.size(), 3, &s);
+    ASSERT_TRUE(r->drive({&s}));
+    EXPECT_DONE(s);
+    impostors_done = true;
+    r->step_for(50ms);
+  });
+  t0.join();
+  t1.join();
+  EXPECT_FALSE(finished_early) << "an impostor disturbed the real connection: " << q.error;
+  EXPECT_DONE(q);
+  EXPECT_TRUE(in == data);
+}
 
 }  // namespace braid::test

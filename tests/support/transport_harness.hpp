@@ -96,6 +96,7 @@ std::uint64_t fresh_comm_id();
 struct TransportRank {
   TransportRank(bt::PeerDirectory& d, const bt::CommonOptions& o, const TransportFactory& make)
       : rank(o.rank), transport(make(o, poller, d)) {}
+  virtual ~TransportRank() = default;  // transports' tests derive their Rank from it
 
   bt::Connection* to(int peer) { return transport->connection(peer); }
   /// What the engine does: progress, and when nothing moved, arm and block briefly.
@@ -127,6 +128,20 @@ void run_thread_ranks(int size, const std::function<bt::CommonOptions(int)>& opt
 /// fails the test.
 void run_process_ranks(int size, const std::function<bt::CommonOptions(int)>& options, const TransportFactory& make,
                        const std::function<void(TransportRank&)>& fn);
+
+/// True once the other end of socket `fd` has closed it (EOF or an error); false when it
+/// is still open after `limit`.
+bool wait_closed(int fd, Clock::duration limit = std::chrono::seconds(5));
+
+/// Bytes an impostor sends to a listener, after what they are (for failure messages).
+using Impostors = std::vector<std::pair<const char*, std::string>>;
+/// Proves that a transport's listener refuses impostors without disturbing the real
+/// peer: rank 1 (`make_rank(1)`) posts a receive from rank 0; each impostor connects
+/// (`connect_raw()`, a socket to rank 1's published address), sends its bytes and must
+/// see the socket closed; then rank 0 (`make_rank(0)`) connects and sends, and its
+/// message must complete the receive intact, which no impostor may have done before.
+void expect_impostors_refused(const std::function<std::unique_ptr<TransportRank>(int)>& make_rank,
+                              const std::function<int()>& connect_raw, const Impostors& impostors);
 
 /// `n` bytes of a pseudo-random pattern determined by `seed`.
 std::vector<std::uint8_t> pattern(std::size_t n, std::uint64_t seed);

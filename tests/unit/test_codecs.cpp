@@ -5,6 +5,7 @@
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "compression/reference.hpp"
+#include "kernels/host/bits.hpp"
 #include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/reduce.hpp"
 #include "kernels/host/rng.hpp"
@@ -26,6 +27,8 @@ namespace {
 
 using namespace braid::compression;
 namespace k = braid::kernels;
+using braid::kernels::bits::f2u;
+using braid::kernels::bits::u2f;
 
 const char* const kAllNames[] = {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:0.1"};
 const std::size_t kCounts[] = {0, 1, 7, 8, 255, 256, 257, 1001, 4099};
@@ -41,16 +44,6 @@ std::vector<float> randn(std::size_t n, std::uint32_t seed, float sigma = 1.0f) 
 // memcmp that accepts empty ranges (whose pointers may be null).
 int bytes_cmp(const void* a, const void* b, std::size_t n) { return n == 0 ? 0 : std::memcmp(a, b, n); }
 
-std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 std::vector<std::uint8_t> enc(const CodecSpec& s, const std::vector<float>& x, std::uint64_t step = 0,
                               std::uint64_t offset = 0) {
@@ -261,7 +254,7 @@ TEST(CodecInt, HandBuiltPayloadsDecodeBitExact) {
       } else {
         expect = ((p[4 * nb + i / 8] >> (i % 8)) & 1) ? -sc : sc;
       }
-      ASSERT_EQ(bits(d[i]), bits(expect)) << n << " i=" << i;
+      ASSERT_EQ(f2u(d[i]), f2u(expect)) << n << " i=" << i;
     }
     // decode_accumulate adds exactly the decoded values.
     std::vector<float> acc(count, 1.5f);
@@ -349,7 +342,7 @@ TEST(CodecStochastic, ReproducibleAndKeyedOnSeedStepOffset) {
 TEST(CodecHalf, MatchesReferenceConversionsOnEveryPath) {
   std::mt19937 g(17);
   std::vector<float> x(100003);
-  for (auto& v : x) v = from_bits(g());  // every exponent, NaN and inf included
+  for (auto& v : x) v = u2f(g());  // every exponent, NaN and inf included
   const float specials[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 65519.99f, 1e-8f, -1e-7f, 5.96e-8f,
                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::quiet_NaN(), 3.0e38f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f};
@@ -367,7 +360,7 @@ TEST(CodecHalf, MatchesReferenceConversionsOnEveryPath) {
         const std::uint16_t ref = f16 ? k::float_to_half(x[i]) : k::float_to_bf16(x[i]);
         ASSERT_EQ(h, ref) << n << " i=" << i << " x=" << x[i] << " portable=" << portable;
         const float back = f16 ? k::half_to_float(h) : k::bf16_to_float(h);
-        ASSERT_EQ(bits(d[i]), bits(back)) << n << " i=" << i;
+        ASSERT_EQ(f2u(d[i]), f2u(back)) << n << " i=" << i;
       }
       // Every non-NaN 16-bit pattern decodes and re-encodes to itself.
       std::vector<std::uint8_t> all(2 * 65536);
@@ -380,7 +373,7 @@ TEST(CodecHalf, MatchesReferenceConversionsOnEveryPath) {
       }
       const auto p2 = enc(s, vals);
       const auto d2 = dec(s, p2, vals.size());
-      for (std::size_t i = 0; i < vals.size(); ++i) ASSERT_EQ(bits(d2[i]), bits(vals[i])) << n;
+      for (std::size_t i = 0; i < vals.size(); ++i) ASSERT_EQ(f2u(d2[i]), f2u(vals[i])) << n;
     }
   }
   k::force_portable_path(false);
@@ -463,7 +456,7 @@ TEST(CodecFp8, EveryRepresentableValueRoundTripsBitExact) {
     EXPECT_EQ(scale_at(p, 0), 1.0f);
     EXPECT_EQ(0, bytes_cmp(p.data() + 4, codes.data(), codes.size()));
     const auto d = dec(s, p, x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(d[i]), bits(x[i])) << n << " code " << int(codes[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(f2u(d[i]), f2u(x[i])) << n << " code " << int(codes[i]);
   }
 }
 

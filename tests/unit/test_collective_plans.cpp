@@ -45,15 +45,10 @@ std::shared_ptr<const std::vector<int>> hosts(int world, int per_host) {
 
 PlanRequest request(const Variant& v, int world, std::uint64_t count, std::size_t slice_bytes, int root = 0,
                     ReduceOp op = ReduceOp::sum) {
-  PlanRequest req;
-  req.collective = v.collective;
+  PlanRequest req(v.collective, world, count, 4, op);
   req.algorithm = v.algorithm;
-  req.world = world;
-  req.count = count;
-  req.elem_size = 4;
   req.slice_bytes = slice_bytes;
   req.root = root;
-  req.op = op;
   req.deterministic = v.deterministic;
   if (v.hosts) req.host_of = hosts(world, world % 4 == 0 ? 4 : world % 3 == 0 ? 3 : 2);
   return req;
@@ -396,16 +391,21 @@ VerifyResult run_broken(const PlanRequest& req, const std::function<void(Plan&)>
   o.in_place = in_place;
   return verify_plans(req, o, mutated(f));
 }
+/// A mutation for run_broken: `f` on every step of kind `kind` in the plan of `rank`
+/// (of every rank with -1).
+std::function<void(Plan&)> on_steps(int rank, StepKind kind, std::function<void(Step&)> f) {
+  return [rank, kind, f](Plan& p) {
+    if (rank != -1 && p.request.rank != rank) return;
+    for (auto& s : p.steps)
+      if (s.kind == kind) f(s);
+  };
+}
 }  // namespace
 
 TEST(VerifierCatches, MisindexedAlltoall) {
   // Rank 2 sends each peer the block meant for the next rank.
   auto req = request({Collective::alltoall, Algorithm::ring}, 5, 4, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank != 2) return;
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::send) s.src.offset = (s.src.offset + 4) % 20;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::send, [](Step& s) { s.src.offset = (s.src.offset + 4) % 20; }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("element"), std::string::npos) << r.error;
 }
@@ -413,21 +413,18 @@ TEST(VerifierCatches, MisindexedAlltoall) {
 TEST(VerifierCatches, AllgatherBlocksInTheWrongPlace) {
   // Rank 1 stores the block it receives one block too far.
   auto req = request({Collective::allgather, Algorithm::ring}, 4, 3, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank != 1) return;
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::recv && s.dst.offset == 0) s.dst.offset = 3;
-  });
+  auto r = run_broken(req, on_steps(1, StepKind::recv, [](Step& s) {
+                        if (s.dst.offset == 0) s.dst.offset = 3;
+                      }));
   EXPECT_FALSE(r.ok);
 }
 
 TEST(VerifierCatches, ReduceScatterOwnerKeepingTheWrongBlock) {
   // Every rank reduces its last message with its input block shifted by one element.
   auto req = request({Collective::reduce_scatter, Algorithm::ring}, 3, 5, 1 << 20);
-  auto r = run_broken(req, [](Plan& p) {
-    for (auto& s : p.steps)
-      if (s.kind == StepKind::recv_reduce && s.dst.buf == Buffer::output) s.src.offset += s.src.offset > 0 ? -1 : 1;
-  });
+  auto r = run_broken(req, on_steps(-1, StepKind::recv_reduce, [](Step& s) {
+                        if (s.dst.buf == Buffer::output) s.src.offset += s.src.offset > 0 ? -1 : 1;
+                      }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("with element"), std::string::npos) << r.error;
 }
@@ -435,22 +432,14 @@ TEST(VerifierCatches, ReduceScatterOwnerKeepingTheWrongBlock) {
 TEST(VerifierCatches, BroadcastReadingANonRootInput) {
   // A non-root forwards its own input instead of what it received.
   auto req = request({Collective::broadcast, Algorithm::ring}, 4, 8, 1 << 20, 1);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank == 2)
-      for (auto& s : p.steps)
-        if (s.kind == StepKind::send) s.src.buf = Buffer::input;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::send, [](Step& s) { s.src.buf = Buffer::input; }));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.error.find("outside its buffer"), std::string::npos) << r.error;
 }
 
 TEST(VerifierCatches, ReduceWritingANonRootOutput) {
   auto req = request({Collective::reduce, Algorithm::tree}, 4, 8, 1 << 20, 0);
-  auto r = run_broken(req, [](Plan& p) {
-    if (p.request.rank == 2)
-      for (auto& s : p.steps)
-        if (s.kind == StepKind::recv_reduce) s.dst.buf = Buffer::output;
-  });
+  auto r = run_broken(req, on_steps(2, StepKind::recv_reduce, [](Step& s) { s.dst.buf = Buffer::output; }));
   EXPECT_FALSE(r.ok);
 }
 
@@ -464,18 +453,11 @@ TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
     Plan q;
     q.request = p.request;
     q.phase_names = p.phase_names;
-    q.add([&] { Step s; s.kind = StepKind::copy; s.src = {Buffer::input, r * c, c}; s.dst = {Buffer::output, r * c, c}; return s; }());
+    q.add(Step(StepKind::copy, -1, {Buffer::input, r * c, c}, {Buffer::output, r * c, c}));
     for (std::uint64_t k = 1; k < n; ++k) {
-      Step s;
-      s.kind = StepKind::send;
-      s.peer = static_cast<int>((r + k) % n);
-      s.src = {Buffer::input, (r + k) % n * c, c};
-      q.add(s);
-      Step t;
-      t.kind = StepKind::recv;
-      t.peer = static_cast<int>((r + n - k) % n);
-      t.dst = {Buffer::output, (r + n - k) % n * c, c};
-      q.add(t);
+      const std::uint64_t to = (r + k) % n, from = (r + n - k) % n;
+      q.add(Step(StepKind::send, static_cast<int>(to), {Buffer::input, to * c, c}, {}));
+      q.add(Step(StepKind::recv, static_cast<int>(from), {}, {Buffer::output, from * c, c}));
     }
     q.seal();
     p = q;
@@ -519,11 +501,8 @@ TEST(AlgorithmTable, CoversTheEnumAndDrivesDispatch) {
     EXPECT_EQ(find_algorithm(row.collective, row.algorithm), &row);
     const auto offered = algorithms_for(row.collective);
     EXPECT_NE(std::find(offered.begin(), offered.end(), row.algorithm), offered.end());
-    PlanRequest req;
-    req.collective = row.collective;
+    PlanRequest req(row.collective, 4, 10);
     req.algorithm = row.algorithm;
-    req.world = 4;
-    req.count = 10;
     const auto plan = build_plan(req);
     if (plan->request.algorithm == row.algorithm) {  // hierarchical falls back without a host map
       EXPECT_EQ(std::string(plan->name()), row.label ? row.label : std::string(to_string(row.algorithm)));

@@ -26,13 +26,8 @@ namespace {
 
 PlanRequest compressed_request(int world, std::uint64_t count, const char* codec, bool feedback,
                                ReduceOp op = ReduceOp::sum) {
-  PlanRequest req;
-  req.collective = Collective::allreduce;
+  PlanRequest req(Collective::allreduce, world, count, 4, op);
   req.algorithm = Algorithm::automatic;
-  req.world = world;
-  req.count = count;
-  req.elem_size = 4;
-  req.op = op;
   req.codec = compression::parse_codec(codec);
   req.feedback = feedback;
   return req;
@@ -256,12 +251,7 @@ TEST(CompressedPlans, CostModelPricesTheCodecsBytes) {
   m.copy_beta = 1e-10;
   const auto topo = Topology::hosts(4, 1, LinkClass::shm, LinkClass::tcp);
   const std::uint64_t count = 4 << 20;  // 16 MiB of f32
-  PlanRequest plain;
-  plain.collective = Collective::allreduce;
-  plain.algorithm = Algorithm::ring;
-  plain.world = 4;
-  plain.count = count;
-  plain.elem_size = 4;
+  const PlanRequest plain(Collective::allreduce, 4, count);  // ring
   const Prediction none = simulate(plain, topo, m);
   const Prediction fp16 = simulate(compressed_request(4, count, "fp16", false), topo, m);
   const Prediction int8 = simulate(compressed_request(4, count, "int8", true), topo, m);

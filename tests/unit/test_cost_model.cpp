@@ -54,27 +54,14 @@ PlanBuilder hand_made(std::function<void(int, Plan&)> make) {
   };
 }
 
-Step send_to(int peer, std::uint64_t count) {
-  Step s;
-  s.kind = StepKind::send;
-  s.peer = peer;
-  s.src = {Buffer::input, 0, count};
-  return s;
-}
+Step send_to(int peer, std::uint64_t count) { return Step(StepKind::send, peer, {Buffer::input, 0, count}, {}); }
 Step recv_from(int peer, std::uint64_t count, bool reduce = false) {
-  Step s;
-  s.kind = reduce ? StepKind::recv_reduce : StepKind::recv;
-  s.peer = peer;
-  s.src = {Buffer::input, 0, count};
-  s.dst = {Buffer::output, 0, count};
-  return s;
+  return Step(reduce ? StepKind::recv_reduce : StepKind::recv, peer, {Buffer::input, 0, count},
+                   {Buffer::output, 0, count});
 }
 
 PlanRequest request(int world, std::uint64_t count, Algorithm algo = Algorithm::ring, std::size_t slice = 1 << 30) {
-  PlanRequest req;
-  req.world = world;
-  req.count = count;
-  req.elem_size = 4;
+  PlanRequest req(Collective::allreduce, world, count);
   req.algorithm = algo;
   req.slice_bytes = slice;
   return req;
@@ -168,11 +155,7 @@ TEST(SimRules, ReductionsCostGammaAndSerializeOnTheRank) {
   // then waits for the first one's (8000 ns) to finish.
   EXPECT_DOUBLE_EQ(two, 1e-6 + 4 * kB * 1e-9 + 2 * 4 * kB * 2e-9);
   const double copy = sim(1, Topology::single_host(1), [](int, Plan& p) {
-    Step s;
-    s.kind = StepKind::copy;
-    s.src = {Buffer::input, 0, 1000};
-    s.dst = {Buffer::output, 0, 1000};
-    p.add(s);
+    p.add(Step(StepKind::copy, -1, {Buffer::input, 0, 1000}, {Buffer::output, 0, 1000}));
   });
   EXPECT_DOUBLE_EQ(copy, 4000 * 0.5e-9);
 }

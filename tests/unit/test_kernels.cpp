@@ -3,6 +3,7 @@
 // propagation, integer wrap-around, divide(), and the f16/bf16 conversions (exhaustive
 // over all 65536 bit patterns, and at every rounding tie). The references below use
 // double arithmetic and std::rint, not the bit tricks of the kernels.
+#include "kernels/host/bits.hpp"
 #include "kernels/host/reduce.hpp"
 
 #include <gtest/gtest.h>
@@ -22,6 +23,8 @@
 
 using namespace braid;
 using namespace braid::kernels;
+using bits::f2u;
+using bits::u2f;
 
 namespace {
 
@@ -29,17 +32,6 @@ __extension__ typedef __int128 i128;
 __extension__ typedef unsigned __int128 u128;
 
 constexpr std::size_t kLengths[] = {0, 1, 7, 1000, 4099};
-
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // --- Reference conversions ------------------------------------------------------------
 
@@ -50,7 +42,7 @@ float ref_half_to_float(std::uint16_t h) {
   const int m = h & 0x3ff;
   if (e == 31) {
     if (m == 0) return neg ? -INFINITY : INFINITY;
-    return float_of((neg ? 0x80000000u : 0u) | 0x7fc00000u | (static_cast<std::uint32_t>(m) << 13));
+    return u2f((neg ? 0x80000000u : 0u) | 0x7fc00000u | (static_cast<std::uint32_t>(m) << 13));
   }
   const double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
   return static_cast<float>(neg ? -v : v);
@@ -77,20 +69,20 @@ std::uint32_t ref_encode(double x, int mbits, int bias, int emax_field) {
 }
 
 std::uint16_t ref_float_to_half(float f) {
-  const std::uint32_t sign = (bits_of(f) >> 16) & 0x8000u;
-  if (std::isnan(f)) return static_cast<std::uint16_t>(sign | 0x7e00u | ((bits_of(f) >> 13) & 0x3ffu));
+  const std::uint32_t sign = (f2u(f) >> 16) & 0x8000u;
+  if (std::isnan(f)) return static_cast<std::uint16_t>(sign | 0x7e00u | ((f2u(f) >> 13) & 0x3ffu));
   if (std::isinf(f)) return static_cast<std::uint16_t>(sign | 0x7c00u);
   return static_cast<std::uint16_t>(sign | ref_encode(std::fabs(static_cast<double>(f)), 10, 15, 31));
 }
 
 std::uint16_t ref_float_to_bf16(float f) {
-  const std::uint32_t sign = (bits_of(f) >> 16) & 0x8000u;
-  if (std::isnan(f)) return static_cast<std::uint16_t>((bits_of(f) >> 16) | 0x40u);
+  const std::uint32_t sign = (f2u(f) >> 16) & 0x8000u;
+  if (std::isnan(f)) return static_cast<std::uint16_t>((f2u(f) >> 16) | 0x40u);
   if (std::isinf(f)) return static_cast<std::uint16_t>(sign | 0x7f80u);
   return static_cast<std::uint16_t>(sign | ref_encode(std::fabs(static_cast<double>(f)), 7, 127, 255));
 }
 
-float ref_bf16_to_float(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
+float ref_bf16_to_float(std::uint16_t h) { return u2f(static_cast<std::uint32_t>(h) << 16); }
 
 bool half_is_nan(std::uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 bool bf16_is_nan(std::uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
@@ -546,7 +538,7 @@ TEST(Divide, MatchesReferenceAllTypes) {
         {
           const auto v = random_data<float>(DataType::f32, n, 5);
           const auto r = divided(DataType::f32, v, d);
-          for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(bits_of(r[i]), bits_of(v[i] / static_cast<float>(d)));
+          for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(f2u(r[i]), f2u(v[i] / static_cast<float>(d)));
         }
         {
           const auto v = random_data<double>(DataType::f64, n, 6);
@@ -622,7 +614,7 @@ TEST(HalfConversion, ExhaustiveRoundTrip) {
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto x = static_cast<std::uint16_t>(h);
     const float f = half_to_float(x);
-    ASSERT_EQ(bits_of(f), bits_of(ref_half_to_float(x))) << std::hex << h;
+    ASSERT_EQ(f2u(f), f2u(ref_half_to_float(x))) << std::hex << h;
     const std::uint16_t back = float_to_half(f);
     if (half_is_nan(x)) {
       ASSERT_TRUE(std::isnan(f)) << std::hex << h;
@@ -642,7 +634,7 @@ TEST(HalfConversion, RoundingAtTiesMatchesReference) {
     for (std::uint32_t m = 0; m < (1u << 23); m += (1u << 13)) {  // each f16 mantissa step
       for (std::uint32_t low : {0x0u, 0x1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, 0x7ffu, 0x801u}) {
         for (std::uint32_t sign : {0u, 0x80000000u}) {
-          const float f = float_of(sign | (static_cast<std::uint32_t>(fexp) << 23) | m | low);
+          const float f = u2f(sign | (static_cast<std::uint32_t>(fexp) << 23) | m | low);
           ASSERT_EQ(float_to_half(f), ref_float_to_half(f)) << std::hexfloat << f;
         }
       }
@@ -673,8 +665,8 @@ TEST(HalfConversion, RoundingAtTiesMatchesReference) {
   EXPECT_EQ(float_to_half(0x1p-25f), 0x0000);     // tie -> even (0)
   EXPECT_EQ(float_to_half(0x1.8p-24f), 0x0002);   // tie -> even (2)
   EXPECT_EQ(float_to_half(0x1.ffcp-15f), 0x0400); // rounds up into the smallest normal
-  EXPECT_EQ(float_to_half(float_of(0x7f800001u)), 0x7e00);  // signaling NaN -> quiet
-  EXPECT_EQ(float_to_half(float_of(0xffc02000u)), 0xfe01);  // sign and top payload kept
+  EXPECT_EQ(float_to_half(u2f(0x7f800001u)), 0x7e00);  // signaling NaN -> quiet
+  EXPECT_EQ(float_to_half(u2f(0xffc02000u)), 0xfe01);  // sign and top payload kept
 }
 
 // The F16C hardware conversion is a second reference: squares of random halves (every
@@ -704,7 +696,7 @@ TEST(Bf16Conversion, ExhaustiveRoundTrip) {
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto x = static_cast<std::uint16_t>(h);
     const float f = bf16_to_float(x);
-    ASSERT_EQ(bits_of(f), h << 16);
+    ASSERT_EQ(f2u(f), h << 16);
     const std::uint16_t back = float_to_bf16(f);
     if (bf16_is_nan(x))
       ASSERT_EQ(back, x | 0x40) << std::hex << h;
@@ -718,7 +710,7 @@ TEST(Bf16Conversion, RoundingAtTiesMatchesReference) {
     for (std::uint32_t m = 0; m < (1u << 23); m += (1u << 16) * 3) {
       for (std::uint32_t low : {0x0u, 0x1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x10000u, 0x18000u}) {
         for (std::uint32_t sign : {0u, 0x80000000u}) {
-          const float f = float_of(sign | (static_cast<std::uint32_t>(fexp) << 23) | ((m | low) & 0x7fffffu));
+          const float f = u2f(sign | (static_cast<std::uint32_t>(fexp) << 23) | ((m | low) & 0x7fffffu));
           ASSERT_EQ(float_to_bf16(f), ref_float_to_bf16(f)) << std::hexfloat << f;
         }
       }
@@ -727,10 +719,10 @@ TEST(Bf16Conversion, RoundingAtTiesMatchesReference) {
   EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);          // tie -> even (down)
   EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);      // tie -> even (up)
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // overflow -> inf
-  EXPECT_EQ(float_to_bf16(float_of(0x00008000u)), 0x0000);    // subnormal tie -> even
-  EXPECT_EQ(float_to_bf16(float_of(0x00018000u)), 0x0002);
-  EXPECT_EQ(float_to_bf16(float_of(0x7f800001u)), 0x7fc0);    // signaling NaN -> quiet
-  EXPECT_EQ(float_to_bf16(float_of(0xff810000u)), 0xffc1);
+  EXPECT_EQ(float_to_bf16(u2f(0x00008000u)), 0x0000);    // subnormal tie -> even
+  EXPECT_EQ(float_to_bf16(u2f(0x00018000u)), 0x0002);
+  EXPECT_EQ(float_to_bf16(u2f(0x7f800001u)), 0x7fc0);    // signaling NaN -> quiet
+  EXPECT_EQ(float_to_bf16(u2f(0xff810000u)), 0xffc1);
 }
 
 }  // namespace

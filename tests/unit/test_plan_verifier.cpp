@@ -15,13 +15,8 @@ using namespace braid::collectives;
 namespace {
 
 PlanRequest ring_request(int world, std::uint64_t count, std::size_t slice_bytes, ReduceOp op = ReduceOp::sum) {
-  PlanRequest req;
-  req.collective = Collective::allreduce;
+  PlanRequest req(Collective::allreduce, world, count, 4, op);
   req.algorithm = Algorithm::ring;
-  req.world = world;
-  req.count = count;
-  req.elem_size = 4;
-  req.op = op;
   req.slice_bytes = slice_bytes;
   return req;
 }
@@ -193,15 +188,6 @@ PlanBuilder hand_built(const std::function<void(const PlanRequest&, Plan&)>& f) 
     return std::shared_ptr<const Plan>(p);
   };
 }
-Step make(StepKind kind, int peer, Region src, Region dst, bool finalize = false) {
-  Step s;
-  s.kind = kind;
-  s.peer = peer;
-  s.src = src;
-  s.dst = dst;
-  s.finalize = finalize;
-  return s;
-}
 }  // namespace
 
 TEST(Verifier, CatchesReducingDifferentElements) {
@@ -225,10 +211,10 @@ TEST(Verifier, CatchesResultsThatDifferBetweenRanks) {
   PlanRequest req = ring_request(n, 5, 1 << 20);
   auto builder = hand_built([](const PlanRequest& q, Plan& p) {
     const Region in{Buffer::input, 0, q.count}, out{Buffer::output, 0, q.count};
-    for (int k = 1; k < q.world; ++k) p.add(make(StepKind::send, (q.rank + k) % q.world, in, {}));
+    for (int k = 1; k < q.world; ++k) p.add(Step(StepKind::send, (q.rank + k) % q.world, in, {}));
     std::uint32_t last = kNoStep;
     for (int k = 1; k < q.world; ++k)
-      last = p.add(make(StepKind::recv_reduce, (q.rank + q.world - k) % q.world, k == 1 ? in : out, out), {last});
+      last = p.add(Step(StepKind::recv_reduce, (q.rank + q.world - k) % q.world, k == 1 ? in : out, out), {last});
   });
   auto r = verify_plans(req, false, 1, builder);
   EXPECT_FALSE(r.ok);
@@ -239,15 +225,12 @@ TEST(Verifier, RendezvousCatchesPlansThatNeedEagerSends) {
   // Two ranks swap blocks (alltoall) but each receives only after its own send has
   // completed: fine if sends complete into a buffer, a deadlock when a send waits for
   // its receive to be posted (the engine over TCP).
-  PlanRequest req;
-  req.collective = Collective::alltoall;
-  req.world = 2;
-  req.count = 3;
+  const PlanRequest req(Collective::alltoall, 2, 3);
   auto builder = hand_built([](const PlanRequest& q, Plan& p) {
     const std::uint64_t c = q.count, me = static_cast<std::uint64_t>(q.rank), other = 1 - me;
-    p.add(make(StepKind::copy, -1, {Buffer::input, me * c, c}, {Buffer::output, me * c, c}));
-    const auto s = p.add(make(StepKind::send, static_cast<int>(other), {Buffer::input, other * c, c}, {}));
-    p.add(make(StepKind::recv, static_cast<int>(other), {}, {Buffer::output, other * c, c}), {s});
+    p.add(Step(StepKind::copy, -1, {Buffer::input, me * c, c}, {Buffer::output, me * c, c}));
+    const auto s = p.add(Step(StepKind::send, static_cast<int>(other), {Buffer::input, other * c, c}, {}));
+    p.add(Step(StepKind::recv, static_cast<int>(other), {}, {Buffer::output, other * c, c}), {s});
   });
   VerifyOptions eager;
   eager.rendezvous = false;
@@ -270,16 +253,16 @@ TEST(Verifier, ModelsTheEnginesStagingBuffers) {
     auto in = [](std::uint64_t i, std::uint64_t c) { return Region{Buffer::input, i, c}; };
     p.scratch_count = 1;
     if (q.rank == 0) {
-      const auto token = p.add(make(StepKind::recv, 1, {}, {Buffer::scratch, 0, 1}));
-      p.add(make(StepKind::send, 1, in(0, 1), {}), {token});
-      p.add(make(StepKind::send, 1, in(1, 1), {}), {token});
+      const auto token = p.add(Step(StepKind::recv, 1, {}, {Buffer::scratch, 0, 1}));
+      p.add(Step(StepKind::send, 1, in(0, 1), {}), {token});
+      p.add(Step(StepKind::send, 1, in(1, 1), {}), {token});
     } else if (q.rank == 2) {
-      p.add(make(StepKind::send, 1, in(2, 2), {}));
+      p.add(Step(StepKind::send, 1, in(2, 2), {}));
     } else {
-      p.add(make(StepKind::recv_reduce, 0, out(0, 1), out(0, 1)));
-      p.add(make(StepKind::recv_reduce, 0, out(1, 1), out(1, 1)));
-      const auto third = p.add(make(StepKind::recv_reduce, 2, out(2, 2), out(2, 2)));
-      p.add(make(StepKind::send, 0, out(2, 1), {}), {third});
+      p.add(Step(StepKind::recv_reduce, 0, out(0, 1), out(0, 1)));
+      p.add(Step(StepKind::recv_reduce, 0, out(1, 1), out(1, 1)));
+      const auto third = p.add(Step(StepKind::recv_reduce, 2, out(2, 2), out(2, 2)));
+      p.add(Step(StepKind::send, 0, out(2, 1), {}), {third});
     }
   });
   // The deadlock needs both early receives posted before the third one: the random

@@ -111,18 +111,6 @@ bool read_all(int fd, void* data, std::size_t n, Clock::duration limit = 10s) {
 }
 
 /// True once the other side has closed `fd` (EOF or reset) within the deadline.
-bool wait_closed(int fd, Clock::duration limit = 5s) {
-  const auto deadline = Clock::now() + limit;
-  char buf[256];
-  while (Clock::now() < deadline) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, 50) <= 0) continue;
-    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
-  }
-  return false;
-}
-
 std::string hello(int from, int to, int index = 0, int sockets = 1, std::uint64_t comm = kCommId,
                   const std::string& token = kToken) {
   wire::Hello h;
@@ -279,55 +267,21 @@ TEST(TcpTransport, RefusedConnectRetriesUntilTheTimeoutThenFails) {
 
 TEST(TcpTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {
   MemDirectory dir;
-  const auto data = pattern(1000, 77);
-  std::atomic<bool> impostors_done{false}, real_peer_started{false};
-  bool finished_early = false;
-  bt::Request q;
-  std::vector<std::uint8_t> in(data.size());
-  std::thread t1([&] {
-    Rank r(dir, options(1, 2));
-    r.to(0)->recv(in.data(), in.size(), 3, &q);
-    r.drive({&q});
-    finished_early = !real_peer_started;
-    const auto deadline = Clock::now() + 5s;
-    while (!impostors_done && Clock::now() < deadline) r.step();
-  });
-  const std::string addr = dir.lookup(1, "tcp", 10s);
   std::string big_token = hello(0, 1);
   big_token[10] = '\xff';  // token length 0xff.. > the limit
   big_token[11] = '\xff';
-  const std::vector<std::pair<const char*, std::string>> impostors = {
-      {"wrong token", hello(0, 1, 0, 1, kCommId, "not-the-token")},
-      {"empty token", hello(0, 1, 0, 1, kCommId, "")},
-      {"other communicator", hello(0, 1, 0, 1, kCommId + 1)},
-      {"rank out of range", hello(5, 1)},
-      {"rank that should accept, not connect", hello(1, 1)},
-      {"addressed to another rank", hello(0, 2)},
-      {"oversized token", big_token},
-      {"not a hello", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
-  };
-  for (const auto& imp : impostors) {
-    const int fd = raw_connect(addr);
-    ASSERT_GE(fd, 0);
-    write_all(fd, imp.second.data(), imp.second.size());
-    EXPECT_TRUE(wait_closed(fd)) << imp.first << ": the listener did not close the socket";
-    ::close(fd);
-  }
-  real_peer_started = true;
-  std::thread t0([&] {
-    Rank r(dir, options(0, 2));
-    bt::Request s;
-    r.to(1)->send(data.data(), data.size(), 3, &s);
-    ASSERT_TRUE(r.drive({&s}));
-    EXPECT_DONE(s);
-    impostors_done = true;
-    r.step_for(50ms);
-  });
-  t0.join();
-  t1.join();
-  EXPECT_FALSE(finished_early) << "an impostor disturbed the real connection: " << q.error;
-  EXPECT_DONE(q);
-  EXPECT_TRUE(in == data);
+  expect_impostors_refused([&](int r) { return std::make_unique<Rank>(dir, options(r, 2)); },
+                           [&] { return raw_connect(dir.lookup(1, "tcp", 10s)); },
+                           {
+                               {"wrong token", hello(0, 1, 0, 1, kCommId, "not-the-token")},
+                               {"empty token", hello(0, 1, 0, 1, kCommId, "")},
+                               {"other communicator", hello(0, 1, 0, 1, kCommId + 1)},
+                               {"rank out of range", hello(5, 1)},
+                               {"rank that should accept, not connect", hello(1, 1)},
+                               {"addressed to another rank", hello(0, 2)},
+                               {"oversized token", big_token},
+                               {"not a hello", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+                           });
 }
 
 TEST(TcpTransport, SilentConnectionIsDroppedAtTheHelloDeadline) {

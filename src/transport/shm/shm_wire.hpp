@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace braid::transport::shm_wire {
 
@@ -134,33 +136,26 @@ struct Ack {
 };
 constexpr std::size_t kAckBytes = 12;
 
-namespace detail = ::braid::transport::le;
-
-inline void encode(const Hello& h, unsigned char* out) {
-  detail::put(out + 0, h.magic, 4);
-  detail::put(out + 4, h.version, 2);
-  detail::put(out + 6, h.status, 2);
-  detail::put(out + 8, h.token_bytes, 2);
-  detail::put(out + 10, h.reason_bytes, 2);
-  detail::put(out + 12, static_cast<std::uint32_t>(h.from_rank), 4);
-  detail::put(out + 16, static_cast<std::uint32_t>(h.to_rank), 4);
-  detail::put(out + 20, h.slots, 4);
-  detail::put(out + 24, h.comm_id, 8);
-  detail::put(out + 32, h.slot_bytes, 8);
+/// Hello's fields in wire order (transport/common.hpp, le::put_fields).
+template <class H>
+auto hello_fields(H& h) {
+  return std::tie(h.magic, h.version, h.status, h.token_bytes, h.reason_bytes, h.from_rank, h.to_rank, h.slots,
+                  h.comm_id, h.slot_bytes);
 }
+static_assert(le::Packed<decltype(hello_fields(std::declval<Hello&>()))>::bytes == kHelloBytes, "Hello layout");
+
+/// Ack's fields in wire order; two zero bytes of padding follow them.
+template <class A>
+auto ack_fields(A& a) {
+  return std::tie(a.magic, a.version, a.status, a.reason_bytes);
+}
+static_assert(le::Packed<decltype(ack_fields(std::declval<Ack&>()))>::bytes + 2 == kAckBytes, "Ack layout");
+
+inline void encode(const Hello& h, unsigned char* out) { le::put_fields(out, hello_fields(h)); }
 
 inline Hello decode_hello(const unsigned char* in) {
   Hello h;
-  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
-  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
-  h.status = static_cast<std::uint16_t>(detail::get(in + 6, 2));
-  h.token_bytes = static_cast<std::uint16_t>(detail::get(in + 8, 2));
-  h.reason_bytes = static_cast<std::uint16_t>(detail::get(in + 10, 2));
-  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 12, 4)));
-  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 16, 4)));
-  h.slots = static_cast<std::uint32_t>(detail::get(in + 20, 4));
-  h.comm_id = detail::get(in + 24, 8);
-  h.slot_bytes = detail::get(in + 32, 8);
+  le::get_fields(in, hello_fields(h));
   return h;
 }
 
@@ -173,20 +168,13 @@ inline std::string hello_bytes(const Hello& h, const std::string& token, const s
 
 inline std::string ack_bytes(const Ack& a, const std::string& reason) {
   std::string out(kAckBytes, '\0');
-  auto* p = reinterpret_cast<unsigned char*>(&out[0]);
-  detail::put(p + 0, a.magic, 4);
-  detail::put(p + 4, a.version, 2);
-  detail::put(p + 6, a.status, 2);
-  detail::put(p + 8, a.reason_bytes, 2);
+  le::put_fields(reinterpret_cast<unsigned char*>(&out[0]), ack_fields(a));
   return out + reason;
 }
 
 inline Ack decode_ack(const unsigned char* in) {
   Ack a;
-  a.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
-  a.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
-  a.status = static_cast<std::uint16_t>(detail::get(in + 6, 2));
-  a.reason_bytes = static_cast<std::uint16_t>(detail::get(in + 8, 2));
+  le::get_fields(in, ack_fields(a));
   return a;
 }
 

@@ -283,6 +283,11 @@ class TcpTransport final : public Skeleton {
   bool progress_connection(TcpConnection& c);
   std::size_t write_some(TcpConnection& c, Sock& s);
   std::size_t read_some(TcpConnection& c, Sock& s);
+  /// What a recv or readv on `s` that returned `r` means to read_some's loop: bytes
+  /// arrived, try again (EINTR), the socket is drained (readable cleared), or the
+  /// connection ended (EOF or an error, already reported through on_eof or fail_io).
+  enum class ReadOutcome { got, retry, drained, ended };
+  ReadOutcome read_outcome(TcpConnection& c, Sock& s, ssize_t r, bool eof_at_boundary);
   bool match_part(TcpConnection& c, Sock& s, const RecvPart& p, RecvOp& op);
   void on_eof(TcpConnection& c, Sock& s, bool at_boundary);
   bool complete(TcpConnection& c);
@@ -603,20 +608,10 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     if (s.hdr_got < kHeader) {
       if (!s.readable) break;
       const ssize_t r = ::recv(s.fd, s.hdr + s.hdr_got, kHeader - s.hdr_got, 0);
-      if (r == 0) {
-        on_eof(c, s, s.hdr_got == 0);
-        return total;
-      }
-      if (r < 0) {
-        const int err = errno;
-        if (err == EINTR) continue;
-        if (err == EAGAIN || err == EWOULDBLOCK) {
-          s.readable = false;
-          break;
-        }
-        fail_io(c, err, "recv");
-        return total;
-      }
+      const ReadOutcome o = read_outcome(c, s, r, s.hdr_got == 0);
+      if (o == ReadOutcome::retry) continue;
+      if (o == ReadOutcome::drained) break;
+      if (o == ReadOutcome::ended) return total;
       s.hdr_got += static_cast<std::size_t>(r);
       total += static_cast<std::size_t>(r);
       if (s.hdr_got < kHeader) {
@@ -657,20 +652,10 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
       // When this read can finish the part, also take the next header if it is there.
       iovec iov[2] = {{p.data + s.payload_got, take}, {s.hdr, kHeader}};
       const ssize_t r = ::readv(s.fd, iov, take == rest ? 2 : 1);
-      if (r == 0) {
-        on_eof(c, s, false);
-        return total;
-      }
-      if (r < 0) {
-        const int err = errno;
-        if (err == EINTR) continue;
-        if (err == EAGAIN || err == EWOULDBLOCK) {
-          s.readable = false;
-          break;
-        }
-        fail_io(c, err, "recv");
-        return total;
-      }
+      const ReadOutcome o = read_outcome(c, s, r, false);
+      if (o == ReadOutcome::retry) continue;
+      if (o == ReadOutcome::drained) break;
+      if (o == ReadOutcome::ended) return total;
       const auto got = static_cast<std::size_t>(r);
       total += got;
       const std::size_t payload = std::min(got, take);
@@ -686,6 +671,22 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     s.matched = false;
   }
   return total;
+}
+
+TcpTransport::ReadOutcome TcpTransport::read_outcome(TcpConnection& c, Sock& s, ssize_t r, bool eof_at_boundary) {
+  if (r > 0) return ReadOutcome::got;
+  if (r == 0) {
+    on_eof(c, s, eof_at_boundary);
+    return ReadOutcome::ended;
+  }
+  const int err = errno;
+  if (err == EINTR) return ReadOutcome::retry;
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    s.readable = false;
+    return ReadOutcome::drained;
+  }
+  fail_io(c, err, "recv");
+  return ReadOutcome::ended;
 }
 
 bool TcpTransport::match_part(TcpConnection& c, Sock& s, const RecvPart& p, RecvOp& op) {

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace braid::transport::tcp_wire {
 
@@ -47,29 +49,27 @@ struct PartHeader {
 };
 constexpr std::size_t kPartHeaderBytes = 40;
 
-namespace detail = ::braid::transport::le;
-
-inline void encode(const Hello& h, unsigned char* out) {
-  detail::put(out + 0, h.magic, 4);
-  detail::put(out + 4, h.version, 2);
-  detail::put(out + 6, h.socket_index, 2);
-  detail::put(out + 8, h.sockets_per_peer, 2);
-  detail::put(out + 10, h.token_bytes, 2);
-  detail::put(out + 12, static_cast<std::uint32_t>(h.from_rank), 4);
-  detail::put(out + 16, static_cast<std::uint32_t>(h.to_rank), 4);
-  detail::put(out + 20, h.comm_id, 8);
+/// Hello's fields in wire order (transport/common.hpp, le::put_fields).
+template <class H>
+auto hello_fields(H& h) {
+  return std::tie(h.magic, h.version, h.socket_index, h.sockets_per_peer, h.token_bytes, h.from_rank, h.to_rank,
+                  h.comm_id);
 }
+static_assert(le::Packed<decltype(hello_fields(std::declval<Hello&>()))>::bytes == kHelloBytes, "Hello layout");
+
+/// PartHeader's fields in wire order.
+template <class H>
+auto part_fields(H& h) {
+  return std::tie(h.magic, h.version, h.part_index, h.seq, h.tag, h.msg_bytes, h.part_bytes);
+}
+static_assert(le::Packed<decltype(part_fields(std::declval<PartHeader&>()))>::bytes == kPartHeaderBytes,
+              "PartHeader layout");
+
+inline void encode(const Hello& h, unsigned char* out) { le::put_fields(out, hello_fields(h)); }
 
 inline Hello decode_hello(const unsigned char* in) {
   Hello h;
-  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
-  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
-  h.socket_index = static_cast<std::uint16_t>(detail::get(in + 6, 2));
-  h.sockets_per_peer = static_cast<std::uint16_t>(detail::get(in + 8, 2));
-  h.token_bytes = static_cast<std::uint16_t>(detail::get(in + 10, 2));
-  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 12, 4)));
-  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get(in + 16, 4)));
-  h.comm_id = detail::get(in + 20, 8);
+  le::get_fields(in, hello_fields(h));
   return h;
 }
 
@@ -81,25 +81,11 @@ inline std::string hello_bytes(const Hello& h, const std::string& token) {
   return out;
 }
 
-inline void encode(const PartHeader& h, unsigned char* out) {
-  detail::put(out + 0, h.magic, 4);
-  detail::put(out + 4, h.version, 2);
-  detail::put(out + 6, h.part_index, 2);
-  detail::put(out + 8, h.seq, 8);
-  detail::put(out + 16, h.tag, 8);
-  detail::put(out + 24, h.msg_bytes, 8);
-  detail::put(out + 32, h.part_bytes, 8);
-}
+inline void encode(const PartHeader& h, unsigned char* out) { le::put_fields(out, part_fields(h)); }
 
 inline PartHeader decode_part(const unsigned char* in) {
   PartHeader h;
-  h.magic = static_cast<std::uint32_t>(detail::get(in + 0, 4));
-  h.version = static_cast<std::uint16_t>(detail::get(in + 4, 2));
-  h.part_index = static_cast<std::uint16_t>(detail::get(in + 6, 2));
-  h.seq = detail::get(in + 8, 8);
-  h.tag = detail::get(in + 16, 8);
-  h.msg_bytes = detail::get(in + 24, 8);
-  h.part_bytes = detail::get(in + 32, 8);
+  le::get_fields(in, part_fields(h));
   return h;
 }
 
