@@ -6,15 +6,28 @@ pytest.importorskip("torch")
 ENV = {"GLOO_SOCKET_IFNAME": "lo"}  # gloo's traffic stays on loopback
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_backend_equals_gloo(run_ranks, n):
-    p = run_ranks(n, "ranks_torch.py", "vs_gloo", env=ENV, timeout=150)
-    assert p.stdout.count("braid backend == gloo backend") == n
+# Scenarios of ranks_torch.py that print one line per rank (or per check) when they pass:
+# (test id, ranks, scenario, the line, how many times, timeout in s).
+SCENARIOS = [
+    ("backend_equals_gloo_2", 2, "vs_gloo", "braid backend == gloo backend", 2, 150),
+    ("backend_equals_gloo_3", 3, "vs_gloo", "braid backend == gloo backend", 3, 150),
+    ("ddp_matches_gloo", 2, "ddp", "DDP on braid == DDP on gloo", 2, 150),
+    ("error_feedback_hook_follows_ddp_bucket_rebuild", 2, "ddp_rebuild",
+     "error feedback follows DDP's bucket rebuild", 2, 200),
+    ("error_feedback_hook_checkpoint_resumes_bit_for_bit", 2, "ddp_checkpoint",
+     "resumed from a checkpoint == uninterrupted, bit for bit", 4, 200),
+    ("coalesced_and_uneven_collectives_equal_gloo_2", 2, "coalesced_and_uneven",
+     "coalesced and uneven collectives == gloo", 2, 150),
+    ("coalesced_and_uneven_collectives_equal_gloo_3", 3, "coalesced_and_uneven",
+     "coalesced and uneven collectives == gloo", 3, 150),
+    ("work_wait_honors_its_timeout", 2, "wait_timeout", "Work.wait(timeout) ok", 2, 120),
+]
 
 
-def test_ddp_matches_gloo(run_ranks):
-    p = run_ranks(2, "ranks_torch.py", "ddp", env=ENV, timeout=150)
-    assert p.stdout.count("DDP on braid == DDP on gloo") == 2
+@pytest.mark.parametrize("n,scenario,line,times,timeout", [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS])
+def test_scenario(run_ranks, n, scenario, line, times, timeout):
+    p = run_ranks(n, "ranks_torch.py", scenario, env=ENV, timeout=timeout)
+    assert p.stdout.count(line) == times, p.stdout
 
 
 def test_ddp_int8_hook(run_ranks):
@@ -22,27 +35,6 @@ def test_ddp_int8_hook(run_ranks):
     if p.returncode != 0 and "SKIP:" in p.stdout:
         pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
     assert p.returncode == 0, p.stdout + p.stderr
-
-
-def test_error_feedback_hook_follows_ddp_bucket_rebuild(run_ranks):
-    p = run_ranks(2, "ranks_torch.py", "ddp_rebuild", env=ENV, timeout=200)
-    assert p.stdout.count("error feedback follows DDP's bucket rebuild") == 2, p.stdout
-
-
-def test_error_feedback_hook_checkpoint_resumes_bit_for_bit(run_ranks):
-    p = run_ranks(2, "ranks_torch.py", "ddp_checkpoint", env=ENV, timeout=200)
-    assert p.stdout.count("resumed from a checkpoint == uninterrupted, bit for bit") == 4, p.stdout
-
-
-@pytest.mark.parametrize("n", [2, 3])
-def test_coalesced_and_uneven_collectives_equal_gloo(run_ranks, n):
-    p = run_ranks(n, "ranks_torch.py", "coalesced_and_uneven", env=ENV, timeout=150)
-    assert p.stdout.count("coalesced and uneven collectives == gloo") == n, p.stdout
-
-
-def test_work_wait_honors_its_timeout(run_ranks):
-    p = run_ranks(2, "ranks_torch.py", "wait_timeout", env=ENV, timeout=120)
-    assert p.stdout.count("Work.wait(timeout) ok") == 2, p.stdout
 
 
 def test_monitored_barrier_names_the_ranks_that_did_not_arrive(run_ranks):
