@@ -1,5 +1,5 @@
-// All-reduce across ranks running as threads of this process, over real TCP
-// sockets: every world size {1,2,3,4,5,7,8} x counts {0, 1, odd, large} x every
+// All-reduce across ranks running as threads of this process, over every transport
+// of the build and auto (test::grid) x world sizes x counts {0, 1, odd, large} x every
 // dtype x every op, in-place and out-of-place. Results must be bitwise identical
 // on every rank and equal to a reference: exact for integers and min/max; for sums
 // within (n-1)·u·Σ|x| (u = unit roundoff of the type: each of the n-1 additions on
@@ -137,14 +137,15 @@ std::size_t check(DataType t, ReduceOp op, const std::vector<std::vector<std::by
   return bad;
 }
 
-class AllreduceThreads : public ::testing::TestWithParam<int> {};
+// transport x world (test::GridTest); counts loop inside, in one group.
+class AllreduceThreads : public test::GridTest {};
 
 TEST_P(AllreduceThreads, EveryTypeOpAndCount) {
-  const int n = GetParam();
+  const int n = world();
   CommOptions opt;
   opt.chunk_bytes = 4096;  // several pipeline slices per chunk for the large count
   opt.timeout = std::chrono::seconds(60);
-  Group g(n, opt);
+  Group g(n, opt, hosts(), transport());
   const std::size_t counts[] = {0, 1, 1001, (1u << 15) + 3};
   int case_no = 0;
   for (std::size_t count : counts)
@@ -177,8 +178,10 @@ TEST_P(AllreduceThreads, EveryTypeOpAndCount) {
       }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceThreads, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
-                         [](const auto& p) { return "n" + std::to_string(p.param); });
+// shm over every world 1..8 but 6, every other transport over {2, 3, 5, 8} (test::grid).
+INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceThreads,
+                         ::testing::ValuesIn(test::grid({2, 3, 5, 8}, {{"shm", {1, 2, 3, 4, 5, 7, 8}}})),
+                         test::grid_name);
 
 TEST(AllreduceSemantics, NanAndInfPropagate) {
   Group g(3);

@@ -1,6 +1,6 @@
 // Every collective, every all-reduce algorithm, point-to-point, split and
-// deterministic mode, with ranks as threads over real sockets (and shared memory
-// where the build has it), including layouts of several emulated hosts.
+// deterministic mode, with ranks as threads, over every transport of the build and
+// auto (test::grid), including layouts of several emulated hosts.
 //
 // Inputs are small integers, so sums and products are exact in every type and
 // results are compared exactly; bitwise equality across ranks is checked for every
@@ -24,9 +24,11 @@ using braid::test::run_threads;
 namespace {
 
 // The shared fixture with this file's settings: a 60 s deadline and 8 KiB pipeline slices
-// (so that small counts already run several slices); `hosts` > 0: emulated hosts.
+// (so that small counts already run several slices); `hosts` > 0: emulated hosts;
+// `transport` non-empty: over that transport (test::Group).
 struct Group : test::Group {
-  explicit Group(int n, int hosts = 0, std::size_t chunk = 8192) : test::Group(n, options(chunk), hosts) {}
+  explicit Group(int n, int hosts = 0, std::size_t chunk = 8192, const std::string& transport = {})
+      : test::Group(n, options(chunk), hosts, transport) {}
   static CommOptions options(std::size_t chunk) {
     CommOptions o;
     o.timeout = 60s;
@@ -37,11 +39,19 @@ struct Group : test::Group {
 
 std::int32_t value(int rank, std::size_t i) { return static_cast<std::int32_t>((rank * 7 + static_cast<int>(i) * 3) % 11) - 5; }
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// transport x world (test::GridTest); each test loops over its counts (0 and 1 included)
+// in one group, since a group costs more to make than a small collective does to run.
+class Collectives : public test::GridTest {
+ protected:
+  // This point's group: its world and transport, on the point's layout (GridTest::hosts).
+  Group group() const { return Group(world(), hosts(), 8192, transport()); }
+  // A group of `hosts` emulated hosts (0: one host) whatever the point's layout.
+  Group group_on(int hosts) const { return Group(world(), hosts, 8192, transport()); }
+};
 
 TEST_P(Collectives, BroadcastFromEveryKindOfRoot) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   for (std::size_t count : {0ul, 1ul, 1001ul, 40000ul})
     for (int root : {0, n - 1, n / 2})
       for (bool in_place : {false, true}) {
@@ -64,8 +74,8 @@ TEST_P(Collectives, BroadcastFromEveryKindOfRoot) {
 }
 
 TEST_P(Collectives, ReduceToARoot) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   for (std::size_t count : {0ul, 1ul, 777ul, 40000ul})
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::prod})
       for (int root : {0, n - 1}) {
@@ -92,8 +102,8 @@ TEST_P(Collectives, ReduceToARoot) {
 }
 
 TEST_P(Collectives, AllgatherAndReduceScatterInAndOutOfPlace) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   const auto N = static_cast<std::size_t>(n);
   for (std::size_t count : {0ul, 1ul, 333ul, 20000ul})
     for (bool in_place : {false, true}) {
@@ -122,8 +132,8 @@ TEST_P(Collectives, AllgatherAndReduceScatterInAndOutOfPlace) {
 }
 
 TEST_P(Collectives, AlltoallExchangesEveryBlock) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   const auto N = static_cast<std::size_t>(n);
   for (std::size_t count : {0ul, 1ul, 257ul, 10000ul})
     for (bool in_place : {false, true})
@@ -146,10 +156,10 @@ TEST_P(Collectives, AlltoallExchangesEveryBlock) {
 // Every all-reduce algorithm on flat and multi-host layouts: correct and bitwise
 // identical on every rank.
 TEST_P(Collectives, EveryAllreduceAlgorithm) {
-  const int n = GetParam();
+  const int n = world();
   for (int hosts : {0, 2}) {
     if (hosts > n) continue;
-    Group g(n, hosts);
+    Group g = group_on(hosts);
     for (Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical})
       for (std::size_t count : {0ul, 1ul, 999ul, 65537ul})
         for (DataType t : {DataType::f32, DataType::i64}) {
@@ -184,12 +194,12 @@ TEST_P(Collectives, EveryAllreduceAlgorithm) {
 // Deterministic mode: random floats (where the order of additions matters) give the
 // same bits whatever the algorithm and whatever the host layout.
 TEST_P(Collectives, DeterministicModeIsBitwiseStableAcrossAlgorithmsAndLayouts) {
-  const int n = GetParam();
+  const int n = world();
   const std::size_t count = 5003;
   std::map<std::string, std::vector<float>> results;
   for (int hosts : {0, 2}) {
     if (hosts > n) continue;
-    Group g(n, hosts);
+    Group g = group_on(hosts);
     for (Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical}) {
       std::vector<std::vector<float>> out(static_cast<std::size_t>(n));
       run_threads(n, [&](int r) {
@@ -213,9 +223,9 @@ TEST_P(Collectives, DeterministicModeIsBitwiseStableAcrossAlgorithmsAndLayouts) 
 }
 
 TEST_P(Collectives, SendRecvBothWaysAroundTheRing) {
-  const int n = GetParam();
+  const int n = world();
   if (n < 2) GTEST_SKIP() << "point-to-point needs two ranks";
-  Group g(n);
+  Group g = group();
   const std::size_t count = 1 << 20;  // 4 MiB each way: more than the socket buffers
   run_threads(n, [&](int r) {
     std::vector<std::int32_t> out(count), in(count, -1);
@@ -235,8 +245,8 @@ TEST_P(Collectives, SendRecvBothWaysAroundTheRing) {
 // batch_isend_irecv emits such pairs): matched in order with the rank's own receives,
 // beside a real exchange with a neighbour, in either posting order; every rank count.
 TEST_P(Collectives, SendRecvToItselfBesideANeighbour) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   const std::size_t count = 1 << 16;
   run_threads(n, [&](int r) {
     std::vector<std::int32_t> out(count), self_in(count, -1), self_in2(3, -1), in(count, -1);
@@ -286,8 +296,8 @@ TEST(SendRecvToItself, MismatchFailsBothAndALoneSendTimesOut) {
 }
 
 TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
-  const int n = GetParam();
-  Group g(n);
+  const int n = world();
+  Group g = group();
   run_threads(n, [&](int r) {
     // Reverse order inside each color via the key.
     Communicator sub = g[r].split(r % 2, n - r);
@@ -304,8 +314,10 @@ TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
-                         [](const auto& p) { return "n" + std::to_string(p.param); });
+// shm (every pair of one host, what these tests ran over before the grid) over every world
+// 1..8 but 6; every other transport over {2, 3, 5, 8} (see test::grid for why).
+INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::ValuesIn(test::grid({2, 3, 5, 8}, {{"shm", {1, 2, 3, 4, 5, 7, 8}}})),
+                         test::grid_name);
 
 TEST(PointToPoint, MismatchedSizeFailsBothSidesNamingThePeer) {
   Group g(2);
