@@ -69,6 +69,10 @@ struct CommOptions {
   /// Ranks with equal identities talk over shared memory; tests use it to emulate
   /// several hosts inside one process.
   std::string host_id;
+  /// Transport of every pair (empty = BRAID_TRANSPORT): "auto" (shm within a host, tcp
+  /// between hosts) or a transport this build has (`braid_info` lists them), which then
+  /// serves every pair. Lets one process run communicators over different transports.
+  std::string transport;
 };
 
 /// A group of ranks that run collectives together. Movable, not copyable.

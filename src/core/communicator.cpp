@@ -8,6 +8,7 @@
 #include "base/logging.hpp"
 #include "base/text.hpp"
 #include "collectives/tuner.hpp"
+#include "transport/registry.hpp"
 
 #include <braid/error.hpp>
 #include <braid/config.hpp>
@@ -152,6 +153,12 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
               "CommOptions::chunk_bytes " << options.chunk_bytes << " is too small: use 0 (BRAID_CHUNK_BYTES) or >= 4096");
   name = options.name.empty() ? "braid" : options.name;
   if (options.chunk_bytes > 0) cfg.chunk_bytes = options.chunk_bytes;
+  BRAID_CHECK(options.transport.empty() || options.transport == "auto" ||
+                  transport::find_transport(options.transport) != nullptr,
+              InvalidUsage,
+              "CommOptions::transport '" << options.transport << "' is not a transport of this build: use auto or one of "
+                                         << transport::transport_names());
+  if (!options.transport.empty()) cfg.transport = options.transport;
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   check_config(cfg);
 

@@ -319,6 +319,35 @@ TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
 INSTANTIATE_TEST_SUITE_P(Worlds, Collectives, ::testing::ValuesIn(test::grid({2, 3, 5, 8}, {{"shm", {1, 2, 3, 4, 5, 7, 8}}})),
                          test::grid_name);
 
+TEST(CommOptions, TransportPicksEveryPairsTransportAndRefusesUnknownNames) {
+  // Two groups of one process over different transports (the grids rely on it).
+  for (const std::string t : {"tcp", "shm"}) {
+    CommOptions o;
+    o.transport = t;
+    test::Group g(2, o);
+    EXPECT_NE(g[0].describe_topology().find("0: 1=" + t), std::string::npos) << g[0].describe_topology();
+    run_threads(2, [&](int r) {
+      std::int64_t x = r + 1;
+      g[r].allreduce(&x, &x, 1, DataType::i64, ReduceOp::sum).wait();
+      EXPECT_EQ(x, 3);
+    });
+  }
+  CommOptions bad;
+  bad.transport = "carrier-pigeon";
+  const std::string path = test::temp_path("bad-transport");
+  try {
+    Communicator c(std::make_shared<FileStore>(path), 0, 1, bad);
+    ADD_FAILURE() << "an unknown transport was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("CommOptions::transport 'carrier-pigeon' is not a transport of this build: "
+                                         "use auto or one of tcp"),
+              std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+}
+
 TEST(PointToPoint, MismatchedSizeFailsBothSidesNamingThePeer) {
   Group g(2);
   run_threads(2, [&](int r) {

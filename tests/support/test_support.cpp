@@ -26,25 +26,6 @@ namespace braid::test {
 
 namespace {
 
-// Restores an environment variable's value (or its absence) when it goes out of scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // Each pair's transport as describe_topology() reports it ("  rank 0: 1=tcp 2=shm" lines
 // after "transport per pair (BRAID_TRANSPORT=<mode>):"); returns the mode, or "" when the
 // text has no such section.
@@ -66,24 +47,14 @@ std::string pairs_of(const std::string& text, std::vector<std::string>& names) {
 
 }  // namespace
 
-std::string pin_transport(const std::string& transport) {
-  const ScopedEnv env("BRAID_TRANSPORT", transport);
-  return core::Config::global().transport;
-}
-
 Group::Group(int n, const CommOptions& options, int hosts, const std::string& transport)
     : server_(std::make_unique<TcpStoreServer>("127.0.0.1", 0)) {
-  if (!transport.empty()) {
-    const std::string have = pin_transport(transport);
-    if (have != transport)
-      throw std::runtime_error("test::Group over " + transport + ": this process's configuration has BRAID_TRANSPORT=" +
-                               have + ", fixed by its first communicator (run the test in a process of its own)");
-  }
   comms_.resize(static_cast<std::size_t>(n));
   const auto port = server_->port();
   run_threads(n, [&](int r) {
     CommOptions o = options;
     if (hosts > 0) o.host_id = "emulated-host-" + std::to_string(r * hosts / n);
+    if (!transport.empty()) o.transport = transport;
     comms_[static_cast<std::size_t>(r)] =
         std::make_unique<Communicator>(std::make_shared<TcpStore>("127.0.0.1", port), r, n, o);
   });
@@ -125,53 +96,6 @@ std::string grid_name(const ::testing::TestParamInfo<GridPoint>& info) {
   return name;
 }
 
-namespace {
-// Runs the current test alone in a fresh process of this binary with BRAID_TRANSPORT set;
-// returns its waitpid status. Its output goes where ours does.
-int run_in_fresh_process(const std::string& transport) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string filter = std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
-  // The environment is built here, before fork: the child only calls execve.
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string v = *e;
-    if (v.rfind("BRAID_TRANSPORT=", 0) != 0 && v.rfind("BRAID_TEST_FRESH_PROCESS=", 0) != 0) env.push_back(v);
-  }
-  env.push_back("BRAID_TRANSPORT=" + transport);
-  env.push_back("BRAID_TEST_FRESH_PROCESS=1");
-  std::vector<char*> envp;
-  for (auto& v : env) envp.push_back(v.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", flag = filter;
-  char* argv[] = {exe.data(), flag.data(), nullptr};
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    execve(exe.c_str(), argv, envp.data());
-    _exit(127);
-  }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return st;
-}
-}  // namespace
-
-void GridTest::SetUp() {
-  const std::string have = pin_transport(transport());
-  if (have == transport()) return;
-  ASSERT_EQ(std::getenv("BRAID_TEST_FRESH_PROCESS"), nullptr)
-      << "a fresh process with BRAID_TRANSPORT=" << transport() << " has BRAID_TRANSPORT=" << have;
-  const int st = run_in_fresh_process(transport());
-  ASSERT_NE(st, -1) << "fork failed";
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
-      << "this test failed in a fresh process with BRAID_TRANSPORT=" << transport() << " (its output is above; "
-      << (WIFSIGNALED(st) ? "killed by signal " + std::to_string(WTERMSIG(st)) : "exit status " + std::to_string(WEXITSTATUS(st)))
-      << ")";
-  GTEST_SKIP() << "passed in a fresh process with BRAID_TRANSPORT=" << transport() << " (this process has "
-               << have << ", and the transport is read once per process)";
-}
 
 Group::~Group() {
   // Leave together, as a job's ranks do (a rank that leaves waits for the others).

@@ -39,16 +39,10 @@ void run_processes_ok(int size, const std::function<void(int rank)>& fn,
 /// (CommOptions::host_id "emulated-host-<k>"), so that the topology, the router and the
 /// hierarchical algorithms see several hosts.
 ///
-/// `transport` non-empty: the group runs over that transport ("auto" or a registered name),
-/// checked after creation from every communicator's describe_topology() (the constructor
-/// throws when a pair would use another one). There is no per-communicator transport
-/// option: BRAID_TRANSPORT is read once per process, when the first communicator parses the
-/// configuration (core::Config::global()). So the constructor sets BRAID_TRANSPORT in the
-/// main thread around the communicators' creation and restores it afterwards, which selects
-/// the transport when this is the process's first communicator (each ctest test is its own
-/// process), and checks that the process's configuration has it otherwise; the grids'
-/// fixture (GridTest) runs a test in a fresh process where it has not. Empty: the process's
-/// configuration, whatever it is.
+/// `transport` non-empty: the group runs over that transport ("auto" or a registered name,
+/// CommOptions::transport), checked after creation from every communicator's
+/// describe_topology() (the constructor throws when a pair would use another one). Empty:
+/// the options' transport, else BRAID_TRANSPORT.
 class Group {
  public:
   explicit Group(int n, const CommOptions& options = {}, int hosts = 0, const std::string& transport = {});
@@ -62,12 +56,6 @@ class Group {
   std::unique_ptr<TcpStoreServer> server_;
   std::vector<std::unique_ptr<Communicator>> comms_;
 };
-
-/// Sets BRAID_TRANSPORT to `transport` while the process's configuration is read (the first
-/// time it is: core::Config::global()), then restores the variable. Returns the transport of
-/// the process's configuration: `transport` unless an earlier communicator already fixed
-/// another one.
-std::string pin_transport(const std::string& transport);
 
 /// One point of a multi-rank grid: a transport ("auto" or a registered name) and a world size.
 struct GridPoint {
@@ -84,9 +72,8 @@ std::vector<std::string> grid_transports();
 /// (none: the transport is left out), else `worlds`. A transport of `special` that this build
 /// lacks is ignored. Use with ::testing::ValuesIn.
 ///
-/// Sizing: CI runs every test twice on 2 cores (Release and ASan), each grid point in a
-/// process of its own, and the shm points once more with BRAID_WAIT_HELPS=1 (the
-/// *_wait_helps tests, tests/CMakeLists.txt). The suites give
+/// Sizing: CI runs every test twice on 2 cores (Release and ASan), and the shm points once
+/// more with BRAID_WAIT_HELPS=1 (the *_wait_helps tests, tests/CMakeLists.txt). The suites give
 /// shm, what they ran over before the grids (every pair of one host), every world they had;
 /// tcp, auto and any transport added later get {2, 3, 5, 8}: the smallest pair, an odd
 /// world, a prime one that no ring or halving divides evenly, and the largest (docs/
@@ -97,16 +84,10 @@ std::vector<GridPoint> grid(const std::vector<int>& worlds, const std::map<std::
 /// gtest's name of a grid point: "tcp_n3" (ctest shows Worlds/Collectives.Name/tcp_n3).
 std::string grid_name(const ::testing::TestParamInfo<GridPoint>& info);
 
-/// Fixture of the grids. SetUp makes this process's configuration use the point's
-/// transport (pin_transport). When an earlier test of the same process already fixed
-/// another one (the whole binary run in one process, as the *_wait_helps tests and
-/// developers do), it runs this one test in a fresh process of the same binary with
-/// BRAID_TRANSPORT set, and either fails with that process's status or skips here saying
-/// it passed there (its output comes first). Under ctest every test is its own process and
-/// runs in place.
+/// Fixture of the grids: the point's world, transport and host layout; tests make their
+/// Group(world(), options, hosts(), transport()).
 class GridTest : public ::testing::TestWithParam<GridPoint> {
  protected:
-  void SetUp() override;
   int world() const { return GetParam().world; }
   const std::string& transport() const { return GetParam().transport; }
   /// The point's host layout (Group's `hosts`): "auto" spreads two or more ranks over two
