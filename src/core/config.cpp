@@ -83,8 +83,8 @@ std::vector<Setting> make_table() {
        "default: with 2 ranks on 2 cores a 4 KiB all-reduce took 4.2-9.5 us with it against 3.1 us "
        "without (docs/performance.md); no difference at 64 MiB or with more ranks than cores."},
       {"BRAID_INLINE_BYTES", SettingType::bytes, "64K",
-       "Collectives and sends/receives of at most this many bytes (count x element size) that find "
-       "the progress engine idle run on the calling "
+       "Collectives of at most this many bytes (count x element size) that find the progress engine "
+       "idle run on the calling "
        "thread (until done, or until nothing has moved for the spin time, when the engine thread takes "
        "over), saving the two thread hand-offs that dominate small-message latency. 0: always the "
        "engine thread."},

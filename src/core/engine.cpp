@@ -273,18 +273,14 @@ void Engine::submit(Operation op) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!failed_.load() && !stop_) {
       if (opt_.wait_helps) op.work->helper = gate_;
-      // Inline: a small collective or send/receive, the engine idle (nothing queued or
-      // running, no helper inside), and not the engine's own thread (which must not wait
-      // on itself). A send/receive gets one pass only: posting must not block, and a
-      // receive whose data has not come would otherwise hold up the send the caller posts
-      // next (the engine thread finishes it).
-      const bool run_here = opt_.inline_bytes > 0 && !op.task && op.plan &&
+      // Inline: a small collective, the engine idle (nothing queued or running, no
+      // helper inside), and not the engine's own thread (which must not wait on itself).
+      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan &&
                             !op.deferred && !busy_ &&
                             op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                             helpers_.load(std::memory_order_acquire) == 0 &&
                             std::this_thread::get_id() != thread_.get_id();
       auto work = op.work;
-      const bool one_pass = op.p2p;
       queue_.push_back(std::move(op));
       busy_ = true;
       if (!run_here) {
@@ -294,7 +290,7 @@ void Engine::submit(Operation op) {
       lock.unlock();
       // help() leaves once the work is done or stalls, and wakes the engine thread
       // when anything is left.
-      help(*work, one_pass ? Clock::now() : Clock::time_point::max());
+      help(*work, Clock::time_point::max());
       return;
     }
   }

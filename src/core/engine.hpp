@@ -125,8 +125,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// Queues `op` and makes its work helpable (see the file comment). Thread-safe. If
-  /// the engine has failed, completes op.work with Aborted at once. A small collective or
-  /// send/receive (EngineOptions::inline_bytes) submitted while the engine is idle runs on the
+  /// the engine has failed, completes op.work with Aborted at once. A small collective
+  /// (EngineOptions::inline_bytes) submitted while the engine is idle runs on the
   /// calling thread before submit returns, as a helper would run it (help()): until
   /// it completes, or nothing has moved for the spin time, when the engine thread
   /// is woken to finish it. The engine thread is not woken otherwise, so a blocking
