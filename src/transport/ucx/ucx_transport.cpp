@@ -49,6 +49,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -66,7 +67,7 @@ constexpr std::uint64_t kSessionMask = kLow24 << kSessionShift;         // sessi
 constexpr std::uint32_t kMagic = 0x58435542;                            // "BUCX"
 constexpr std::size_t kControlBytes = 64 << 10;
 
-enum Kind : std::uint32_t { kHello = 1, kRefusal = 2, kBye = 3 };
+enum Kind : std::uint32_t { kHello = 1, kRefusal = 2, kBye = 3, kByeAck = 4 };
 
 /// 24 bits of braid's tag: the low 24 xor a fold of the high 40, so small tags are exact.
 std::uint64_t tag_bits(std::uint64_t tag) {
@@ -121,6 +122,10 @@ ucp_context_h acquire_context(const Api& api, std::string* why) {
     *why = std::string("ucp_config_read: ") + api.status_string(st) + " (check the UCX_* variables)";
     return nullptr;
   }
+  // Messages up to 64 KiB go eagerly, so that their sends complete without the peer's
+  // receive (as a socket buffer or a shm ring lets them); UCX's own choice over tcp is lower.
+  // UCX_RNDV_THRESH in the environment still decides.
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) api.config_modify(config, "RNDV_THRESH", "65536");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -234,6 +239,7 @@ class UcxConnection final : public Connection {
   std::uint32_t sent_ = 0;      ///< data messages sent (a bye carries the count)
   bool bye_ = false;            ///< the peer closed after sending bye_count_ messages
   std::uint32_t bye_count_ = 0;
+  bool bye_sent_ = false, bye_acked_ = false;
 };
 
 void ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -413,7 +419,7 @@ class UcxTransport final : public Transport {
     p.recv_info.tag_info = &control_in_->info;
     void* r = api_.tag_recv_nbx(worker_, control_in_->payload.data(), kControlBytes, 0, kSessionMask, &p);
     if (UCS_PTR_IS_PTR(r)) {
-      control_in_->ucx = r;
+      if (!control_in_->done) control_in_->ucx = r;
     } else {
       control_in_->done = true;
       control_in_->status = UCS_PTR_STATUS(r);
@@ -505,7 +511,7 @@ void UcxTransport::issue(UcxConnection& c, Op& op) {
     ++c.sent_;
   }
   if (UCS_PTR_IS_PTR(r)) {
-    op.ucx = r;
+    if (!op.done) op.ucx = r;  // NO_IMM_CMPL: the callback may have run (and freed it) already
   } else {
     op.done = true;
     op.status = UCS_PTR_STATUS(r);
@@ -687,6 +693,10 @@ bool UcxTransport::on_control() {
     c->bye_ = true;
     c->bye_count_ = h.echo;
     changed_ = true;
+    if (c->ep_ != nullptr && !c->ep_error_) send_control(c->ep_, kByeAck, control(kByeAck, c->peer_, c->session_, 0, false));
+    return true;
+  } else if (h.kind == kByeAck && c != nullptr && c->state_ == S::established && h.session == c->peer_session_) {
+    c->bye_acked_ = true;
     return true;
   } else {
     refuse(h, addr, "an unexpected or repeated hello");
@@ -776,17 +786,28 @@ void UcxTransport::arm_timer() {
 void UcxTransport::close_all(const std::string& reason) {
   if (closed_) return;
   // A bye to every connected peer first, so that it sees "closed by peer" at once.
+  // The peer acknowledges it once it has read everything we sent before (UCX delivers an
+  // endpoint's messages in order); only then do we close, since closing the sockets under
+  // unread data would reset the peer's end and lose what it has not read yet. Bounded: a
+  // peer that does not answer within a second is not waited for.
   for (UcxConnection* c : conns_.all()) {
-    if (c->state_ == UcxConnection::State::established && c->ep_ != nullptr && !c->ep_error_)
+    if (c->state_ == UcxConnection::State::established && c->ep_ != nullptr && !c->ep_error_ && !c->bye_) {
       send_control(c->ep_, kBye, control(kBye, c->peer_, c->session_, c->sent_, false));
+      c->bye_sent_ = true;
+    }
   }
-  const auto until = Clock::now() + std::chrono::milliseconds(200);
-  auto sending = [&] {
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  auto waiting = [&] {
+    for (UcxConnection* c : conns_.all())
+      if (c->bye_sent_ && !c->bye_acked_ && !c->ep_error_ && c->state_ == UcxConnection::State::established) return true;
     for (auto& op : controls_)
       if (!op->done) return true;
     return false;
   };
-  while (sending() && Clock::now() < until) api_.worker_progress(worker_);
+  while (waiting() && Clock::now() < until) {
+    api_.worker_progress(worker_);
+    while (control_in_->done) on_control();
+  }
   // An endpoint with nothing of ours in flight is closed with a flush, so that messages
   // whose sends completed (copied out of the caller's buffer) still reach the peer; the
   // others are closed by force (fail() below), cancelling their sends.
@@ -856,4 +877,5 @@ std::unique_ptr<Transport> make_ucx_transport(const UcxOptions& options, Poller&
 }
 
 }  // namespace braid::transport
+
 
