@@ -49,7 +49,6 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -106,7 +105,7 @@ ProcessContext& process() {
   return *p;
 }
 
-ucp_context_h acquire_context(const Api& api, std::string* why) {
+ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::string* why) {
   ProcessContext& pc = process();
   std::lock_guard<std::mutex> g(pc.mu);
   if (pc.context != nullptr && pc.owner == ::getpid()) {
@@ -122,10 +121,13 @@ ucp_context_h acquire_context(const Api& api, std::string* why) {
     *why = std::string("ucp_config_read: ") + api.status_string(st) + " (check the UCX_* variables)";
     return nullptr;
   }
-  // Messages up to 64 KiB go eagerly, so that their sends complete without the peer's
-  // receive (as a socket buffer or a shm ring lets them); UCX's own choice over tcp is lower.
-  // UCX_RNDV_THRESH in the environment still decides.
-  if (std::getenv("UCX_RNDV_THRESH") == nullptr) api.config_modify(config, "RNDV_THRESH", "65536");
+  // Messages up to BRAID_UCX_EAGER_LIMIT go eagerly, so that their sends complete without
+  // the peer's receive (as a socket buffer or a shm ring lets them); UCX's own choice over
+  // tcp is lower. 0 leaves it to UCX (UCX_RNDV_THRESH).
+  if (eager_limit > 0) {
+    const std::string v = std::to_string(eager_limit);
+    api.config_modify(config, "RNDV_THRESH", v.c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -866,7 +868,7 @@ std::unique_ptr<Transport> make_ucx_transport(const UcxOptions& options, Poller&
   if (options.size > 65536) {
     throw Error(ErrorCode::Unsupported, "ucx transport: at most 65536 ranks (its tags carry 16 bits of rank)");
   }
-  ucp_context_h context = acquire_context(*api, &why);
+  ucp_context_h context = acquire_context(*api, options.eager_limit, &why);
   if (context == nullptr) throw Error(ErrorCode::Unsupported, "ucx transport: " + why);
   try {
     return std::make_unique<UcxTransport>(options, *api, context, poller, directory);

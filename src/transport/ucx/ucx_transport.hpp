@@ -4,6 +4,7 @@
 
 #include "transport/transport.hpp"
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,9 @@ namespace braid::transport {
 struct UcxOptions : CommonOptions {
   /// What the UCX loader opens ("" = libucp.so.0); only the first load of a process counts.
   std::string library;
+  /// Messages up to this size are sent eagerly (UCX's RNDV_THRESH; 0: UCX's choice). Set by
+  /// the process's first ucx transport (one UCX context per process).
+  std::size_t eager_limit = 65536;
 };
 
 /// Loads UCX (Error(Unsupported) with the loader's reason when it cannot), creates this
