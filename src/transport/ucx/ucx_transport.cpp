@@ -34,8 +34,13 @@
 //
 // Failures. An endpoint error (UCP_ERR_HANDLING_MODE_PEER: a reset socket, a dead
 // process) or a failed send fails the connection naming the peer; close_all() and the
-// destructor send each connected peer a bye first, so a peer that closes is seen as
-// "closed by peer" at once even where UCX itself would notice only by keepalive.
+// destructor send each connected peer a bye carrying the number of messages sent, and wait
+// (at most 1 s) for its acknowledgement before closing, so that a peer that closes is seen
+// as "closed by peer" once its last messages are received, even where UCX itself would
+// notice only by keepalive, and no unread data is lost to a reset socket.
+//
+// UCX is not fork-safe: the context is shared by the process's transports and cleaned up
+// with the last one, so that a child forked while none is alive starts clean.
 #include "transport/ucx/ucx_transport.hpp"
 
 #include "base/fd.hpp"
