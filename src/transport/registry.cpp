@@ -11,12 +11,18 @@ const TransportEntry& tcp_entry();
 #if BRAID_HAVE_SHM
 const TransportEntry& shm_entry();
 #endif
+#if BRAID_HAVE_UCX
+const TransportEntry& ucx_entry();
+#endif
 
 const std::vector<const TransportEntry*>& registry() {
   static const std::vector<const TransportEntry*> all = {
       &tcp_entry(),
 #if BRAID_HAVE_SHM
       &shm_entry(),
+#endif
+#if BRAID_HAVE_UCX
+      &ucx_entry(),
 #endif
   };
   return all;

@@ -40,6 +40,7 @@ Loaded load_once(const std::string& library) {
   resolve(h, "ucp_get_version", &a.get_version, &missing);
   resolve(h, "ucp_config_read", &a.config_read, &missing);
   resolve(h, "ucp_config_release", &a.config_release, &missing);
+  resolve(h, "ucp_config_modify", &a.config_modify, &missing);
   resolve(h, "ucp_init_version", &a.init_version, &missing);
   resolve(h, "ucp_cleanup", &a.cleanup, &missing);
   resolve(h, "ucp_context_query", &a.context_query, &missing);

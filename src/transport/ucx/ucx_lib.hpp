@@ -23,6 +23,7 @@ struct Api {
   decltype(&::ucp_get_version) get_version = nullptr;
   decltype(&::ucp_config_read) config_read = nullptr;
   decltype(&::ucp_config_release) config_release = nullptr;
+  decltype(&::ucp_config_modify) config_modify = nullptr;
   decltype(&::ucp_init_version) init_version = nullptr;
   decltype(&::ucp_cleanup) cleanup = nullptr;
   decltype(&::ucp_context_query) context_query = nullptr;

@@ -1,0 +1,27 @@
+// braid UCX transport: UCP's tag API over whatever UCX picks (tcp, shared memory, cma,
+// RDMA), host memory only. See ucx_transport.cpp for the protocol.
+#pragma once
+
+#include "transport/transport.hpp"
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace braid::transport {
+
+/// Settings of one UCX transport instance (one per communicator).
+struct UcxOptions : CommonOptions {
+  /// What the UCX loader opens ("" = libucp.so.0); only the first load of a process counts.
+  std::string library;
+  /// Messages up to this size are sent eagerly (UCX's RNDV_THRESH; 0: UCX's choice). Set by
+  /// the process's first ucx transport (one UCX context per process).
+  std::size_t eager_limit = 65536;
+};
+
+/// Loads UCX (Error(Unsupported) with the loader's reason when it cannot), creates this
+/// communicator's UCP worker, watches its event fd in `poller` and publishes its address
+/// under key "ucx" in `directory`. `poller` and `directory` must outlive the transport.
+std::unique_ptr<Transport> make_ucx_transport(const UcxOptions& options, Poller& poller, PeerDirectory& directory);
+
+}  // namespace braid::transport
