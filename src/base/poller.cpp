@@ -19,6 +19,7 @@
 #include <braid/error.hpp>
 
 #include <sys/epoll.h>
+#include <sys/timerfd.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -187,6 +188,17 @@ void Poller::wake() noexcept {
   // EAGAIN means the counter is saturated, i.e. a wake-up is already pending.
   ssize_t r = ::write(impl_->wakefd, &one, sizeof one);
   (void)r;
+}
+
+void arm_timerfd(int fd, std::chrono::steady_clock::time_point when) noexcept {
+  itimerspec spec{};
+  if (when != std::chrono::steady_clock::time_point::max()) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;  // 0 would disarm
+  }
+  ::timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, nullptr);
 }
 
 }  // namespace braid::base

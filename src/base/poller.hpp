@@ -6,6 +6,7 @@
 // thread-safe except wake().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,5 +47,9 @@ class Poller {
   int collect_counting(int timeout_ms, int* wakes);
   std::unique_ptr<Impl> impl_;
 };
+
+/// Arms timerfd `fd` (CLOCK_MONOTONIC, which steady_clock is on Linux) to fire at `when`,
+/// or disarms it when `when` is time_point::max(). A time already past fires at once.
+void arm_timerfd(int fd, std::chrono::steady_clock::time_point when) noexcept;
 
 }  // namespace braid::base

@@ -56,6 +56,15 @@ struct TransportEntry {
   std::unique_ptr<Transport> (*make)(const TransportContext& context);
 };
 
+/// A transport's options (TcpOptions, ShmOptions...) with the communicator-wide part filled
+/// from `c`; its factory adds its own rows.
+template <class Options>
+Options options_for(const TransportContext& c) {
+  Options o;
+  static_cast<CommonOptions&>(o) = c.common;
+  return o;
+}
+
 /// Every transport of this build, in registration order.
 const std::vector<const TransportEntry*>& registry();
 /// The entry named `name`, or null.

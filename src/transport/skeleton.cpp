@@ -223,15 +223,7 @@ void Skeleton::service_deadlines() {
 void Skeleton::arm_timer(Clock::time_point when) {
   if (when == timer_armed_for_ || !timer_fd_) return;
   timer_armed_for_ = when;
-  itimerspec spec{};
-  if (when != Clock::time_point::max()) {
-    // steady_clock is CLOCK_MONOTONIC on Linux.
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
-    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  }
-  ::timerfd_settime(timer_fd_.get(), TFD_TIMER_ABSTIME, &spec, nullptr);
+  base::arm_timerfd(timer_fd_.get(), when);
 }
 
 int read_with_fd(int fd, unsigned char* buf, std::size_t* got, std::size_t need, base::UniqueFd* passed, int* err) {

@@ -8,8 +8,7 @@ namespace braid::transport {
 namespace {
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
-  ShmOptions so;
-  static_cast<CommonOptions&>(so) = c.common;
+  auto so = options_for<ShmOptions>(c);
   so.slot_bytes = c.settings->bytes("BRAID_SHM_SLOT_BYTES");
   so.slots = static_cast<int>(c.settings->integer("BRAID_SHM_SLOTS").value_or(8));
   return make_shm_transport(so, *c.poller, *c.directory);

@@ -7,8 +7,7 @@ namespace braid::transport {
 namespace {
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
-  TcpOptions t;
-  static_cast<CommonOptions&>(t) = c.common;
+  auto t = options_for<TcpOptions>(c);
   t.sockets_per_peer = static_cast<int>(c.settings->integer("BRAID_SOCKETS_PER_PEER").value_or(1));
   t.ifname = c.settings->text("BRAID_SOCKET_IFNAME");
   t.master_addr = c.master_addr;

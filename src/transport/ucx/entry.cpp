@@ -8,16 +8,13 @@ namespace braid::transport {
 namespace {
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
-  UcxOptions u;
-  static_cast<CommonOptions&>(u) = c.common;
+  auto u = options_for<UcxOptions>(c);
   // BRAID_UCX_LIBRARY is core's row (braid_info loads UCX too); the engine's settings carry
   // it, a transport test's own settings do not (then the default library).
   u.library = c.settings->raw("BRAID_UCX_LIBRARY");
   u.eager_limit = c.settings->bytes("BRAID_UCX_EAGER_LIMIT");
   return make_ucx_transport(u, *c.poller, *c.directory);
 }
-
-int preference(const PairFacts&) { return 0; }
 
 }  // namespace
 
@@ -33,7 +30,7 @@ const TransportEntry& ucx_entry() {
            "UCX's RNDV_THRESH; 0: UCX_RNDV_THRESH or UCX's choice). The process's first ucx communicator "
            "decides."},
       },
-      &preference,
+      [](const PairFacts&) { return 0; },  // forced only, until the auto rule exists
       &make,
   };
   return entry;

@@ -257,6 +257,19 @@ void ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 void stranger_ep_error(void*, ucp_ep_h, ucs_status_t) {}
 
+/// An endpoint to the worker address `addr`, with peer error handling: `on_error(arg, ...)`
+/// is told when the peer dies or cannot be reached.
+ucp_ep_params_t ep_params(const unsigned char* addr, ucp_err_handler_cb_t on_error, void* arg) {
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(addr);
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = arg;
+  return p;
+}
+
 class UcxTransport final : public Transport {
  public:
   UcxTransport(const UcxOptions& o, const Api& api, ucp_context_h context, Poller& poller, PeerDirectory& dir)
@@ -363,13 +376,7 @@ class UcxTransport final : public Transport {
   }
   void issue(UcxConnection& c, Op& op);
   bool make_ep(UcxConnection& c, const unsigned char* addr, std::string* why) {
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.address = reinterpret_cast<const ucp_address_t*>(addr);
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = &ep_error;
-    p.err_handler.arg = &c;
+    const ucp_ep_params_t p = ep_params(addr, &ep_error, &c);
     const ucs_status_t st = api_.ep_create(worker_, &p, &c.ep_);
     if (st != UCS_OK) {
       c.ep_ = nullptr;
@@ -632,12 +639,7 @@ void UcxTransport::refuse(const Control& h, const unsigned char* addr, const std
   if (common_.on_refused) common_.on_refused(self() + " refused a hello claiming rank " + std::to_string(h.from) + ": " + why);
   if (addr == nullptr || h.kind != kHello) return;
   // Tell the stranger, at the address it gave, so that its requests fail.
-  ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.address = reinterpret_cast<const ucp_address_t*>(addr);
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = &stranger_ep_error;
+  const ucp_ep_params_t p = ep_params(addr, &stranger_ep_error, nullptr);
   ucp_ep_h ep = nullptr;
   if (api_.ep_create(worker_, &p, &ep) != UCS_OK) return;
   send_control(ep, kRefusal, control(kRefusal, h.from, 0, h.session, false));
@@ -780,14 +782,7 @@ void UcxTransport::arm_timer() {
   }
   if (next == armed_for_ || !timer_fd_) return;
   armed_for_ = next;
-  itimerspec spec{};
-  if (next != Clock::time_point::max()) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(next.time_since_epoch()).count();
-    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
-    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  }
-  ::timerfd_settime(timer_fd_.get(), TFD_TIMER_ABSTIME, &spec, nullptr);
+  base::arm_timerfd(timer_fd_.get(), next);
 }
 
 void UcxTransport::close_all(const std::string& reason) {
