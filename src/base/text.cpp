@@ -30,8 +30,35 @@ std::string hex16(std::uint64_t v) {
   return buf;
 }
 
+namespace {
+const char* const kDigits = "0123456789abcdef";
+}  // namespace
+
+std::string hex_bytes(const void* p, std::size_t n) {
+  std::string out;
+  out.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<const unsigned char*>(p)[i];
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+bool from_hex_bytes(const std::string& s, std::vector<unsigned char>* out) {
+  if (s.size() % 2 != 0) return false;
+  auto v = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  out->clear();
+  for (std::size_t i = 0; i < s.size(); i += 2) {
+    const int a = v(s[i]), b = v(s[i + 1]);
+    if (a < 0 || b < 0) return false;
+    out->push_back(static_cast<unsigned char>(a * 16 + b));
+  }
+  return true;
+}
+
 std::string quote(const std::string& key) {
-  static const char* digits = "0123456789abcdef";
+  const char* digits = kDigits;
   std::string out = "'";
   for (std::size_t i = 0; i < key.size() && i < 200; ++i) {
     auto c = static_cast<unsigned char>(key[i]);

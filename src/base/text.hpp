@@ -17,6 +17,13 @@ std::string hex(std::uint64_t v);
 /// `v` as 16 lowercase hexadecimal digits, zero-padded ("000000000000001f").
 std::string hex16(std::uint64_t v);
 
+/// `n` bytes from `p` as lowercase hexadecimal, two digits each ("00ff1a").
+std::string hex_bytes(const void* p, std::size_t n);
+
+/// The bytes hex_bytes wrote; false (and `*out` unspecified) unless `s` is an even number
+/// of lowercase hexadecimal digits.
+bool from_hex_bytes(const std::string& s, std::vector<unsigned char>* out);
+
 /// Quotes a key for a message: printable ASCII kept, the rest as \xNN, keys longer than
 /// 200 bytes cut with "...".
 std::string quote(const std::string& key);

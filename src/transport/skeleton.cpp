@@ -64,27 +64,33 @@ void Skeleton::check_peer(int peer) const {
   }
 }
 
-std::optional<std::string> Skeleton::look_up(PeerLookup& l, bool first, int peer, const char* key,
-                                             const char* what, const char* hint, std::string* error) {
+std::optional<std::string> PeerLookup::look(PeerDirectory& directory, int peer, const char* key, const char* what,
+                                             const char* hint, std::chrono::milliseconds timeout, std::string* error) {
   const auto now = Clock::now();
-  if (first) l = PeerLookup{now + common_.connect_timeout};
   error->clear();
   std::optional<std::string> found;
   try {
-    found = directory_.try_lookup(peer, key);
+    found = directory.try_lookup(peer, key);
   } catch (const std::exception& e) {
     *error = std::string("looking up ") + what + " failed: " + e.what();
     return std::nullopt;
   }
   if (found) return found;
-  if (now >= l.deadline) {
-    *error = std::string("it did not publish ") + what + " within " +
-             std::to_string(common_.connect_timeout.count()) + " ms (" + hint + ")";
+  if (now >= deadline) {
+    *error = std::string("it did not publish ") + what + " within " + std::to_string(timeout.count()) + " ms (" +
+             hint + ")";
   } else {
-    l.later(now);
-    deadlines_dirty_ = true;
+    later(now);
   }
   return std::nullopt;
+}
+
+std::optional<std::string> Skeleton::look_up(PeerLookup& l, bool first, int peer, const char* key,
+                                             const char* what, const char* hint, std::string* error) {
+  if (first) l = PeerLookup{Clock::now() + common_.connect_timeout};
+  auto found = l.look(directory_, peer, key, what, hint, common_.connect_timeout, error);
+  if (!found && error->empty()) deadlines_dirty_ = true;  // a retry is scheduled
+  return found;
 }
 
 bool Skeleton::authentic(const HelloClaim& c) const {

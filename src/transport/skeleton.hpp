@@ -124,6 +124,12 @@ struct PeerLookup {
     retry_at = now + backoff;
     backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
   }
+  /// One look at what `peer` published under `key`. Returns the value; or nothing with
+  /// `*error` empty (not yet: retry_at is the next look) or set (the directory failed, or
+  /// nothing came within `timeout` of the deadline's start; `what` names the value, e.g.
+  /// "its TCP address", and `hint` ends the timeout's message).
+  std::optional<std::string> look(PeerDirectory& directory, int peer, const char* key, const char* what,
+                                  const char* hint, std::chrono::milliseconds timeout, std::string* error);
 };
 
 class Skeleton : public Transport {

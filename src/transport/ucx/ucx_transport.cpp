@@ -44,6 +44,7 @@
 #include "transport/ucx/ucx_transport.hpp"
 
 #include "base/fd.hpp"
+#include "base/text.hpp"
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
 #include "transport/ucx/ucx_lib.hpp"
@@ -158,28 +159,6 @@ void release_context(const Api& api, ucp_context_h context) noexcept {
     api.cleanup(pc.context);
     pc.context = nullptr;
   }
-}
-
-std::string to_hex(const void* p, std::size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto b = static_cast<const unsigned char*>(p)[i];
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-bool from_hex(const std::string& s, std::vector<unsigned char>* out) {
-  if (s.size() % 2 != 0) return false;
-  auto v = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
-  out->clear();
-  for (std::size_t i = 0; i < s.size(); i += 2) {
-    const int a = v(s[i]), b = v(s[i + 1]);
-    if (a < 0 || b < 0) return false;
-    out->push_back(static_cast<unsigned char>(a * 16 + b));
-  }
-  return true;
 }
 
 class UcxTransport;
@@ -311,7 +290,7 @@ class UcxTransport final : public Transport {
     address_.assign(reinterpret_cast<unsigned char*>(addr), reinterpret_cast<unsigned char*>(addr) + len);
     api_.worker_release_address(worker_, addr);
     post_control_recv();
-    directory_.publish("ucx", to_hex(address_.data(), address_.size()));
+    directory_.publish("ucx", base::hex_bytes(address_.data(), address_.size()));
   }
   ~UcxTransport() override {
     close_all("ucx transport closed");
@@ -600,24 +579,13 @@ bool UcxTransport::complete(UcxConnection& c) {
 
 void UcxTransport::connect_steps(UcxConnection& c, Clock::time_point now) {
   if (c.state_ == UcxConnection::State::looking_up && now >= c.lookup_.retry_at) {
-    std::optional<std::string> value;
     std::string error;
-    try {
-      value = directory_.try_lookup(c.peer_, "ucx");
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    if (!value && error.empty()) {
-      if (now >= c.lookup_.deadline) {
-        error = "it did not publish its UCX worker address within " + std::to_string(common_.connect_timeout.count()) +
-                " ms (is it running, and does it use the ucx transport?)";
-      } else {
-        c.lookup_.later(now);
-        return;
-      }
-    }
+    const std::optional<std::string> value =
+        c.lookup_.look(directory_, c.peer_, "ucx", "its UCX worker address",
+                       "is it running, and does it use the ucx transport?", common_.connect_timeout, &error);
+    if (!value && error.empty()) return;  // not yet: retry_at is the next look
     std::vector<unsigned char> addr;
-    if (error.empty() && !from_hex(*value, &addr)) error = "its published UCX address is not hex";
+    if (error.empty() && !base::from_hex_bytes(*value, &addr)) error = "its published UCX address is not hex";
     if (error.empty() && make_ep(c, addr.data(), &error)) {
       send_control(c.ep_, kHello, control(kHello, c.peer_, c.session_, 0, true));
       c.state_ = UcxConnection::State::awaiting_reply;
