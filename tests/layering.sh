@@ -11,6 +11,7 @@ check() {  # dir, forbidden-regex
   if [ -n "$hits" ]; then echo "layering violation in src/$1:"; echo "$hits"; bad=1; fi
 }
 check base 'collectives|compression|core|transport|kernels|gpu'
+check gpu 'collectives|compression|core|transport|kernels'
 check kernels 'collectives|compression|core|transport'
 check transport 'collectives|compression|core|kernels'
 check collectives 'core|transport'

@@ -73,6 +73,10 @@ struct CommOptions {
   /// between hosts) or a transport this build has (`braid_info` lists them), which then
   /// serves every pair. Lets one process run communicators over different transports.
   std::string transport;
+  /// The GPU whose buffers this communicator takes (-1: the calling thread's current
+  /// device when the communicator is created, as NCCL). Device buffers of another GPU
+  /// are refused. Ignored without a device runtime (docs/gpu.md).
+  int device = -1;
 };
 
 /// A group of ranks that run collectives together. Movable, not copyable.

@@ -16,8 +16,14 @@ struct CollectiveOptions {
   /// Deadline for this call; zero means the communicator's (BRAID_TIMEOUT).
   std::chrono::milliseconds timeout{0};
   /// CUDA stream (cudaStream_t) the call joins for device buffers; nullptr means
-  /// the legacy default stream. Ignored for host buffers.
+  /// the legacy default stream. Ignored for host buffers. With device buffers the call
+  /// is ordered after the work already on this stream, and work enqueued on it afterwards
+  /// sees the result, without the host waiting (docs/gpu.md).
   void* stream = nullptr;
+  /// Where the buffers live: `automatic` asks the runtime (one pointer query per buffer);
+  /// `host` skips the query; `device` insists on device memory of the communicator's GPU. Host and device buffers may not be mixed in one
+  /// call.
+  MemoryKind memory = MemoryKind::automatic;
 };
 
 /// Options of an all-reduce.

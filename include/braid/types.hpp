@@ -59,6 +59,17 @@ enum class Algorithm : std::uint8_t {
 /// braid._C.algorithm_table() in Python).
 inline constexpr int kNumAlgorithms = 5;
 
+/// Where a collective's buffers live (CollectiveOptions::memory).
+///
+/// `automatic` asks the device runtime (a pointer-attribute query; host memory when
+/// braid has no device backend). Device buffers (cudaMalloc, managed memory) make the
+/// call stream-ordered on CollectiveOptions::stream (docs/gpu.md).
+enum class MemoryKind : std::uint8_t {
+  automatic = 0,  ///< Ask the runtime about each buffer.
+  host,           ///< Host memory (pageable or pinned): no query.
+  device,         ///< Memory of the communicator's GPU (still queried, to check the GPU).
+};
+
 /// Size in bytes of one element of `t`; 0 for a value outside the enum.
 BRAID_API std::size_t dtype_size(DataType t) noexcept;
 
@@ -73,6 +84,9 @@ BRAID_API std::string_view to_string(ReduceOp op) noexcept;
 
 /// Canonical lower-case name ("auto", "ring", ...); "invalid" outside the enum.
 BRAID_API std::string_view to_string(Algorithm a) noexcept;
+
+/// "automatic", "host" or "device"; "invalid" outside the enum.
+BRAID_API std::string_view to_string(MemoryKind m) noexcept;
 
 /// Parses a type name. Accepts the canonical names and the nccl-tests/PyTorch
 /// spellings: float, half, bfloat16, double, int8, uint8, int32, int64

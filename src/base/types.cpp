@@ -45,6 +45,11 @@ std::string_view to_string(Algorithm a) noexcept {
   return i < std::size(names) ? names[i] : "invalid";
 }
 
+std::string_view to_string(MemoryKind m) noexcept {
+  static constexpr std::string_view names[] = {"automatic", "host", "device"};
+  const auto i = static_cast<unsigned>(m);
+  return i < std::size(names) ? names[i] : "invalid";
+}
 
 std::optional<DataType> parse_dtype(std::string_view name) noexcept {
   const std::string n = base::lower(name);

@@ -8,6 +8,7 @@
 #include "base/logging.hpp"
 #include "base/text.hpp"
 #include "collectives/tuner.hpp"
+#include "gpu/runtime.hpp"
 #include "transport/registry.hpp"
 
 #include <braid/error.hpp>
@@ -159,6 +160,16 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
               "CommOptions::transport '" << options.transport << "' is not a transport of this build: use auto or one of "
                                          << transport::transport_names());
   if (!options.transport.empty()) cfg.transport = options.transport;
+  // The device, as NCCL: the given one, else the creating thread's current device (none
+  // without a device runtime: then every buffer is host memory).
+  BRAID_CHECK(options.device >= -1, InvalidUsage,
+              "CommOptions::device " << options.device << " is not a device: use -1 (the current device) or >= 0");
+  gpu::Runtime& rt = core::gpu_runtime();
+  if (rt.device_count() > 0) {
+    device = options.device >= 0 ? options.device : rt.current_device();
+    BRAID_CHECK(device < rt.device_count(), InvalidUsage,
+                "CommOptions::device " << device << " does not exist: the device runtime is " << rt.describe());
+  }
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   check_config(cfg);
 
@@ -172,6 +183,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
+  if (device >= 0)
+    staging = std::make_unique<core::DeviceStaging>(
+        core::gpu_runtime(), device, "rank " + std::to_string(rank) + " of communicator '" + name + "'");
   BRAID_LOG(info, "communicator '" << name << "' rank " << rank << "/" << size << " ready (store namespace "
                                    << gen << ", timeout " << timeout.count() << " ms)");
 }
@@ -410,50 +424,106 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   return w;
 }
 
+core::CallBuffers Communicator::Impl::buffers_of(Collective c, const void* send, void* recv, std::size_t count,
+                                                DataType dtype, int root) const {
+  PlanRequest req(c, size, count, dtype_size(dtype), ReduceOp::sum);
+  req.rank = rank;
+  req.root = root;
+  const auto counts = collectives::buffer_counts(req);
+  core::CallBuffers b{send, 0, recv, 0};
+  if (__builtin_mul_overflow(counts.input, req.elem_size, &b.send_bytes) ||
+      __builtin_mul_overflow(counts.output, req.elem_size, &b.recv_bytes))
+    b.send_bytes = b.recv_bytes = 0;
+  return b;
+}
+
+Work Communicator::Impl::device_or_host(const char* what, const core::CallBuffers& b,
+                                        const CollectiveOptions& options,
+                                        const std::function<Work(const void*, void*)>& host) {
+  if (!staging) {
+    BRAID_CHECK(options.memory != MemoryKind::device, InvalidUsage,
+                what << ": memory = device, but this process has no device runtime ("
+                     << core::gpu_runtime().describe() << ")");
+    return host(b.send, b.recv);
+  }
+  if (!staging->on_device(what, b, options.memory, options.stream)) return host(b.send, b.recv);
+  auto post_gate = [&](std::shared_ptr<std::atomic<bool>> gate) {
+    BRAID_CHECK(!engine->failed(), Aborted,
+                what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
+    core::Operation o;
+    o.gate = std::move(gate);
+    o.work = std::make_shared<detail::WorkState>();
+    o.timeout = timeout;
+    o.name = std::string(what) + " (device buffers: waiting for the stream to stage them) on rank " +
+             std::to_string(rank) + "/" + std::to_string(size);
+    engine->submit(std::move(o));
+  };
+  return staging->post(what, b, options.stream, post_gate, host, engine->waker(),
+                       [this](const std::string& why) { engine->abort(why); });
+}
+
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
-  if (spec.kind != compression::CodecKind::none)
-    return impl_->compressor->allreduce(send, recv, count, dtype, op, spec, options);
-  core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", send, recv, count, dtype, options);
-  call.op = op;
-  call.algorithm = options.algorithm;
-  call.deterministic = options.deterministic;
-  return impl_->collective(call);
+  const auto b = impl_->buffers_of(Collective::allreduce, send, recv, count, dtype, 0);
+  return impl_->device_or_host("allreduce", b, options, [&](const void* s, void* r) {
+    const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
+    if (spec.kind != compression::CodecKind::none)
+      return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options);
+    core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", s, r, count, dtype, options);
+    call.op = op;
+    call.algorithm = options.algorithm;
+    call.deterministic = options.deterministic;
+    return impl_->collective(call);
+  });
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
                              const BroadcastOptions& options) {
-  core::CollectiveCall call = call_of(Collective::broadcast, "broadcast", send, recv, count, dtype, options);
-  call.root = options.root;
-  return impl_->collective(call);
+  const auto b = impl_->buffers_of(Collective::broadcast, send, recv, count, dtype, options.root);
+  return impl_->device_or_host("broadcast", b, options, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::broadcast, "broadcast", s, r, count, dtype, options);
+    call.root = options.root;
+    return impl_->collective(call);
+  });
 }
 
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                           const ReduceOptions& options) {
-  core::CollectiveCall call = call_of(Collective::reduce, "reduce", send, recv, count, dtype, options);
-  call.op = op;
-  call.root = options.root;
-  call.deterministic = options.deterministic;
-  return impl_->collective(call);
+  const auto b = impl_->buffers_of(Collective::reduce, send, recv, count, dtype, options.root);
+  return impl_->device_or_host("reduce", b, options, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::reduce, "reduce", s, r, count, dtype, options);
+    call.op = op;
+    call.root = options.root;
+    call.deterministic = options.deterministic;
+    return impl_->collective(call);
+  });
 }
 
 Work Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype,
                              const AllgatherOptions& options) {
-  return impl_->collective(call_of(Collective::allgather, "allgather", send, recv, count, dtype, options));
+  const auto b = impl_->buffers_of(Collective::allgather, send, recv, count, dtype, 0);
+  return impl_->device_or_host("allgather", b, options, [&](const void* s, void* r) {
+    return impl_->collective(call_of(Collective::allgather, "allgather", s, r, count, dtype, options));
+  });
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                                   const ReduceScatterOptions& options) {
-  core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", send, recv, count, dtype, options);
-  call.op = op;
-  call.deterministic = options.deterministic;
-  return impl_->collective(call);
+  const auto b = impl_->buffers_of(Collective::reduce_scatter, send, recv, count, dtype, 0);
+  return impl_->device_or_host("reduce_scatter", b, options, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", s, r, count, dtype, options);
+    call.op = op;
+    call.deterministic = options.deterministic;
+    return impl_->collective(call);
+  });
 }
 
 Work Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                             const AlltoallOptions& options) {
-  return impl_->collective(call_of(Collective::alltoall, "alltoall", send, recv, count, dtype, options));
+  const auto b = impl_->buffers_of(Collective::alltoall, send, recv, count, dtype, 0);
+  return impl_->device_or_host("alltoall", b, options, [&](const void* s, void* r) {
+    return impl_->collective(call_of(Collective::alltoall, "alltoall", s, r, count, dtype, options));
+  });
 }
 
 Work Communicator::barrier(const BarrierOptions& options) {
@@ -515,11 +585,19 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
 }
 
 Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
-  return impl_->p2p(true, buf, count, dtype, peer, options);
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes)) bytes = 0;
+  return impl_->device_or_host("send", {buf, bytes, nullptr, 0}, options, [&](const void* s, void*) {
+    return impl_->p2p(true, s, count, dtype, peer, options);
+  });
 }
 
 Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
-  return impl_->p2p(false, buf, count, dtype, peer, options);
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes)) bytes = 0;
+  return impl_->device_or_host("recv", {nullptr, 0, buf, bytes}, options, [&](const void*, void* r) {
+    return impl_->p2p(false, r, count, dtype, peer, options);
+  });
 }
 
 Communicator Communicator::split(int color, int key) { return impl_->split_impl(color, key); }

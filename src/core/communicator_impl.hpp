@@ -13,6 +13,7 @@
 #include "core/comm_parts.hpp"
 #include "core/compressor.hpp"
 #include "core/config.hpp"
+#include "core/device_staging.hpp"
 #include "core/engine.hpp"
 #include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
@@ -53,6 +54,7 @@ struct Communicator::Impl final : core::Poster {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
+  int device = -1;  ///< the GPU of device buffers (-1: no device runtime)
   std::shared_ptr<Store> base_store;  ///< what the caller gave (kept alive)
   std::shared_ptr<Store> store;       ///< this communicator's namespace in it
   /// A store server this process hosts for the job (rank 0 from the environment,
@@ -68,6 +70,8 @@ struct Communicator::Impl final : core::Poster {
   core::PlanCache plans{cfg.plan_cache};
   std::unique_ptr<core::MeasuredTuner> tuner;    ///< the algorithm of automatic calls
   std::unique_ptr<core::Compressor> compressor;  ///< codecs, error feedback, compressed all-reduce
+  /// Device buffers: staged through pinned memory, stream-ordered (null without a device runtime).
+  std::unique_ptr<core::DeviceStaging> staging;
 
   // --- calls so far: every rank counts alike, since every rank calls in the same order ---
   std::atomic<std::uint64_t> next_seq{1};
@@ -85,6 +89,15 @@ struct Communicator::Impl final : core::Poster {
   // --- the façade's calls ---
   /// Checks the call, picks its algorithm (the tuner, for automatic) and posts its plan.
   Work collective(const core::CollectiveCall& call);
+  /// The bytes of `send` and `recv` that collective `c` reads and writes on this rank
+  /// (zero where it does not touch a buffer, or where the count overflows: the host
+  /// path then refuses the call).
+  core::CallBuffers buffers_of(collectives::Collective c, const void* send, void* recv, std::size_t count,
+                               DataType dtype, int root) const;
+  /// Runs host(send, recv) for host buffers; for device buffers, runs it on pinned
+  /// copies through `staging`, joined to options.stream (core/device_staging.hpp).
+  Work device_or_host(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
+                      const std::function<Work(const void*, void*)>& host);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);

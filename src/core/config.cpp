@@ -4,6 +4,7 @@
 
 #include "base/check.hpp"
 #include "base/text.hpp"
+#include "gpu/runtime.hpp"
 #include "transport/registry.hpp"
 
 #include <algorithm>
@@ -93,6 +94,11 @@ std::vector<Setting> make_table() {
       {"BRAID_UCX_LIBRARY", SettingType::text, "libucp.so.0",
        "The UCX library braid loads at run time (a path to libucp.so, e.g. HPC-X's or the PyPI "
        "wheel's copy); braid_info prints what it finds. Ignored by builds without UCX support."},
+      {"BRAID_GPU_BACKEND", SettingType::choice, "auto",
+       "Device runtime for GPU buffers: auto (CUDA when this build has it and a GPU is present, "
+       "else none: every buffer is host memory), cuda, none, or emulated (tests only: device memory "
+       "emulated in host memory, streams as threads; docs/gpu.md). Read once per process.",
+       true, 0, 0, "auto|cuda|emulated|none"},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -214,6 +220,7 @@ Config Config::parse(const Lookup& lookup) {
   c.deterministic = s.boolean("BRAID_DETERMINISTIC");
   c.cost_model = s.text("BRAID_COST_MODEL");
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");
+  c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.host_id = s.text("BRAID_HOST_ID");
   c.store_external = s.boolean("BRAID_STORE_EXTERNAL");
@@ -281,5 +288,7 @@ const Config& Config::global() {
   static const Config config = parse([](const char* name) { return env_value(name); });
   return config;
 }
+
+gpu::Runtime& gpu_runtime() { return gpu::runtime(Config::global().gpu_backend); }
 
 }  // namespace braid::core

@@ -19,6 +19,10 @@
 #include <string>
 #include <vector>
 
+namespace braid::gpu {
+class Runtime;
+}  // namespace braid::gpu
+
 namespace braid::core {
 
 /// Log verbosity (BRAID_DEBUG); logging itself lives in base.
@@ -51,6 +55,7 @@ struct Config {
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens
+  std::string gpu_backend;  ///< BRAID_GPU_BACKEND: auto, cuda, emulated or none
   // --- identity and security ---
   std::string auth_token;
   std::string host_id;
@@ -75,6 +80,9 @@ const std::vector<base::Setting>& config_table();
 
 /// The value of `name` in this process's environment, if set (the only getenv).
 std::optional<std::string> env_value(const char* name);
+
+/// The process's device runtime, started on first use with BRAID_GPU_BACKEND.
+gpu::Runtime& gpu_runtime();
 
 using base::parse_bytes;
 using base::parse_duration;

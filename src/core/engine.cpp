@@ -212,6 +212,11 @@ class Engine::Gate final : public detail::WorkHelper {
     std::lock_guard<std::mutex> lock(mu_);
     if (--users_ == 0) cv_.notify_all();
   }
+  /// Wakes the engine thread, if there still is one (any thread, a stream callback too).
+  void wake() noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (engine_ != nullptr) engine_->poller_->wake();
+  }
   /// Refuses new helpers and waits for those inside to leave.
   void detach() noexcept {
     std::unique_lock<std::mutex> lock(mu_);
@@ -298,6 +303,10 @@ void Engine::submit(Operation op) {
       Error(ErrorCode::Aborted, op.name + " not started: the communicator has failed earlier: " + reason())));
 }
 
+std::function<void()> Engine::waker() const {
+  return [g = gate_] { g->wake(); };
+}
+
 std::string Engine::reason() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reason_;
@@ -330,6 +339,16 @@ bool Engine::admit() {
       return any;
     }
     Operation& front = queue_.front();
+    if (front.gate) {
+      // A device call's gate: nothing issued after it starts before its stream has
+      // staged the input (the stream callback opens it and wakes the engine).
+      if (!front.gate->load(std::memory_order_acquire)) return any;
+      Operation passed = std::move(front);
+      queue_.pop_front();
+      if (passed.work) passed.work->complete();
+      any = true;
+      continue;
+    }
     if (front.task) {
       // A host task runs once everything issued before it is done; nothing after it
       // is admitted before it has run: what follows may read what it writes.

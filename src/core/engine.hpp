@@ -87,6 +87,10 @@ struct Operation {
   /// training step that keys stochastic rounding.
   float* feedback[2] = {nullptr, nullptr};
   std::uint64_t codec_step = 0;
+  /// A gate (no plan, no task): admission stops at it until it is set, so that nothing
+  /// issued after it starts before then (a device call's input is staged; core::DeviceStaging).
+  /// It completes when it opens.
+  std::shared_ptr<std::atomic<bool>> gate;
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -140,6 +144,9 @@ class Engine {
   /// True once a failure or abort happened; reason() says which.
   bool failed() const noexcept { return failed_.load(); }
   std::string reason() const;
+  /// Something that wakes the engine thread from any thread (a stream callback too),
+  /// and does nothing once the engine is gone.
+  std::function<void()> waker() const;
   /// Drives progress on the calling (waiting) thread; see detail::WorkHelper::help.
   void help(detail::WorkState& w, std::chrono::steady_clock::time_point until) noexcept;
 

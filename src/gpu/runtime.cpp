@@ -1,0 +1,92 @@
+// The process's device runtime: backend choice, and the backend without a device.
+#include "gpu/runtime.hpp"
+
+#include "base/check.hpp"
+
+#include <braid/config.hpp>
+
+#include <mutex>
+
+namespace braid::gpu {
+
+const char* to_string(Backend b) noexcept {
+  switch (b) {
+    case Backend::none: return "none";
+    case Backend::cuda: return "cuda";
+    case Backend::emulated: return "emulated";
+  }
+  return "invalid";
+}
+
+namespace {
+
+/// No device: every pointer is host memory; device operations are refused with the reason.
+class NoDevice final : public Runtime {
+ public:
+  explicit NoDevice(std::string why) : why_(std::move(why)) {}
+  Backend backend() const noexcept override { return Backend::none; }
+  std::string describe() const override { return "none: " + why_; }
+  int device_count() const noexcept override { return 0; }
+  int current_device() override { refuse("current_device"); }
+  void set_device(int) override { refuse("set_device"); }
+  PointerInfo classify(const void*) override { return {}; }
+  bool capturing(Stream) override { return false; }
+  void* alloc_device(std::size_t, int) override { refuse("device memory"); }
+  void free_device(void*) noexcept override {}
+  void* alloc_pinned(std::size_t) override { refuse("pinned memory"); }
+  void free_pinned(void*) noexcept override {}
+  Stream create_stream() override { refuse("streams"); }
+  void destroy_stream(Stream) noexcept override {}
+  void copy_async(void*, const void*, std::size_t, Stream) override { refuse("copies"); }
+  void launch_host(Stream, void (*)(void*), void*) override { refuse("stream callbacks"); }
+  void wait_value(Stream, std::uint32_t*, std::uint32_t) override { refuse("stream waits"); }
+  void signal(std::uint32_t* word, std::uint32_t value) noexcept override {
+    __atomic_store_n(word, value, __ATOMIC_RELEASE);
+  }
+  void synchronize(Stream) override {}
+  void copy(void*, const void*, std::size_t) override { refuse("copies"); }
+  void begin_capture(Stream) override { refuse("stream capture"); }
+  void end_capture(Stream) override { refuse("stream capture"); }
+
+ private:
+  [[noreturn]] void refuse(const char* what) const {
+    throw Error(ErrorCode::Unsupported, std::string(what) + " need a GPU runtime, and this process has none: " + why_);
+  }
+  std::string why_;
+};
+
+}  // namespace
+
+#if !BRAID_HAVE_CUDA
+std::unique_ptr<Runtime> make_cuda(std::string* why) {
+  if (why) *why = "this build of braid has no CUDA support (configure with BRAID_WITH_CUDA=ON)";
+  return nullptr;
+}
+#endif
+
+std::unique_ptr<Runtime> make_none(std::string why) { return std::make_unique<NoDevice>(std::move(why)); }
+
+Runtime& runtime(const std::string& choice) {
+  static std::once_flag once;
+  static Runtime* chosen = nullptr;  // never destroyed: stream callbacks may outlive main
+  std::call_once(once, [&] {
+    std::unique_ptr<Runtime> r;
+    std::string why;
+    if (choice == "emulated") {
+      r = make_emulated();
+    } else if (choice == "none") {
+      r = make_none("BRAID_GPU_BACKEND=none");
+    } else {
+      r = make_cuda(&why);
+      if (!r && choice == "cuda")
+        throw Error(ErrorCode::InvalidUsage, "BRAID_GPU_BACKEND=cuda, but there is no usable CUDA device: " + why +
+                                                 " (use auto to run on host memory only)");
+      if (!r) r = make_none(why);
+    }
+    chosen = r.release();
+  });
+  BRAID_CHECK(chosen != nullptr, Internal, "the device runtime failed to start earlier");
+  return *chosen;
+}
+
+}  // namespace braid::gpu

@@ -1,0 +1,116 @@
+// braid's device runtime (DESIGN.md §1, "src/gpu"): the few device operations the
+// library needs — classify a pointer, allocate device and pinned host memory, enqueue
+// copies, host callbacks and waits on a host word on a stream — behind one interface
+// with two backends:
+//
+// * cuda: the CUDA runtime, linked statically (it loads libcuda.so at run time, so
+//   libbraid.so has no NEEDED entry on any CUDA library); the one driver entry point it
+//   needs beyond the runtime (cuStreamWaitValue32) comes from
+//   cudaGetDriverEntryPointByVersion, as NCCL's cudawrap does.
+// * emulated (tests only; BRAID_GPU_BACKEND=emulated): "device" memory is host memory
+//   recorded as device memory of device 0 or 1, a stream is a FIFO worker thread, a
+//   wait on a host word is a condition-variable wait. It runs the whole device data path
+//   of the library (memory-kind dispatch, staging, stream join, release on failure) on a
+//   machine without a GPU, which is what CI has.
+//
+// The backend is chosen once per process (core::gpu_runtime() reads BRAID_GPU_BACKEND);
+// `none` (no CUDA in this build, or no GPU) classifies every pointer as host memory and
+// refuses everything else with the reason.
+//
+// Uses only base and the public types (the layering rule).
+#pragma once
+
+#include <braid/types.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace braid::gpu {
+
+/// A stream handle: cudaStream_t for the CUDA backend, the emulated backend's own
+/// stream object otherwise. nullptr is the (legacy) default stream.
+using Stream = void*;
+
+/// Which implementation runs device operations.
+enum class Backend : std::uint8_t {
+  none,      ///< no device: every pointer is host memory
+  cuda,      ///< NVIDIA GPUs through the CUDA runtime
+  emulated,  ///< host emulation (tests only)
+};
+
+/// "none", "cuda" or "emulated".
+const char* to_string(Backend b) noexcept;
+
+/// What a pointer is (Runtime::classify).
+struct PointerInfo {
+  MemoryKind kind = MemoryKind::host;  ///< host (pageable or pinned) or device (device, managed)
+  int device = -1;                     ///< its device (device memory only)
+};
+
+/// The device runtime. Every method is thread-safe. Methods that enqueue return at once;
+/// errors throw braid::Error(Cuda) naming the operation and the runtime's reason.
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual Backend backend() const noexcept = 0;
+  /// One line for braid_info and errors: "cuda: 1 device (NVIDIA H100 ...)", "emulated
+  /// (tests only): 2 devices", "none: <why>".
+  virtual std::string describe() const = 0;
+  /// Number of devices (0 for none).
+  virtual int device_count() const noexcept = 0;
+  /// The calling thread's current device (0 when the backend has devices and none was set).
+  virtual int current_device() = 0;
+  /// Makes `device` the calling thread's current device.
+  virtual void set_device(int device) = 0;
+  /// What `p` points to; host memory for anything the runtime does not know.
+  virtual PointerInfo classify(const void* p) = 0;
+  /// True when `s` is being captured into a graph.
+  virtual bool capturing(Stream s) = 0;
+
+  /// Device memory on `device` (freed with free_device).
+  virtual void* alloc_device(std::size_t bytes, int device) = 0;
+  virtual void free_device(void* p) noexcept = 0;
+  /// Page-locked host memory that the device can copy from and to and that holds the
+  /// host words of wait_value (freed with free_pinned).
+  virtual void* alloc_pinned(std::size_t bytes) = 0;
+  virtual void free_pinned(void* p) noexcept = 0;
+
+  /// Streams the library or a test owns (nullptr is the default stream, never created).
+  virtual Stream create_stream() = 0;
+  virtual void destroy_stream(Stream s) noexcept = 0;
+
+  /// Enqueues a copy of `bytes` bytes on `s` (any direction: host, pinned, device).
+  virtual void copy_async(void* dst, const void* src, std::size_t bytes, Stream s) = 0;
+  /// Enqueues fn(arg) on `s`: it runs once everything enqueued before it has run, on a
+  /// runtime thread, and must not call the runtime (CUDA forbids CUDA calls there).
+  virtual void launch_host(Stream s, void (*fn)(void*), void* arg) = 0;
+  /// Enqueues a wait: work enqueued on `s` after it runs only once *word == value.
+  /// `word` lies in pinned memory; set it with signal().
+  virtual void wait_value(Stream s, std::uint32_t* word, std::uint32_t value) = 0;
+  /// Sets *word = value (release order) so that wait_value() waiters may go on.
+  virtual void signal(std::uint32_t* word, std::uint32_t value) noexcept = 0;
+  /// Blocks until everything enqueued on `s` has run.
+  virtual void synchronize(Stream s) = 0;
+  /// Synchronous copy of `bytes` bytes, any direction.
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  /// Stream capture, for tests of the refusal (cudaStreamBeginCapture / EndCapture).
+  virtual void begin_capture(Stream s) = 0;
+  virtual void end_capture(Stream s) = 0;
+};
+
+/// The process's runtime. The first call picks the backend from `choice` ("auto": cuda
+/// when this build has CUDA and a device is present, else none; "cuda", "emulated",
+/// "none"); later calls return the same runtime whatever they pass. Throws
+/// InvalidUsage for "cuda" without a usable CUDA device, naming the reason.
+Runtime& runtime(const std::string& choice);
+
+/// The emulated backend (tests call it through runtime("emulated")).
+std::unique_ptr<Runtime> make_emulated();
+/// The CUDA backend, or null with *why set (not built with CUDA, no driver, no device).
+std::unique_ptr<Runtime> make_cuda(std::string* why);
+/// The backend with no device; `why` is what describe() reports.
+std::unique_ptr<Runtime> make_none(std::string why);
+
+}  // namespace braid::gpu

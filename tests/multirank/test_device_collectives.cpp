@@ -1,0 +1,439 @@
+// Device buffers in every collective (docs/gpu.md), through the device runtime the process
+// has: the host emulation (BRAID_GPU_BACKEND=emulated, set below unless the environment
+// names another backend) on machines without a GPU, which is CI; the CUDA backend under
+// scripts/gpu_check.sh (BRAID_GPU_BACKEND=cuda).
+//
+// What is checked:
+// * every collective, every element type and op, in and out of place, every all-reduce
+//   algorithm and the codecs (with and without error feedback), over every transport of
+//   the build (test::grid): the device result equals the host path's result for the same
+//   call bit for bit;
+// * the stream contract: the call is ordered after the work already on its stream, and
+//   work enqueued afterwards sees the result, with no host wait in between;
+// * refusals before any byte moves: host and device buffers mixed, a buffer of another
+//   device, memory = device on host memory, a stream under capture, a device that does
+//   not exist;
+// * failure: a rank killed while the others are in a device all-reduce fails every
+//   survivor with RemoteError naming it, and releases their streams.
+#include "test_support.hpp"
+
+#include "core/config.hpp"
+#include "gpu/runtime.hpp"
+#include "kernels/host/reduce.hpp"
+
+#include <braid/braid.hpp>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+using namespace braid;
+using namespace std::chrono_literals;
+using braid::test::run_threads;
+
+namespace {
+
+// The emulated runtime unless the environment chose one (the GPU check runs this file
+// with BRAID_GPU_BACKEND=cuda). Set before the configuration is first read.
+const bool kBackendSet = [] {
+  ::setenv("BRAID_GPU_BACKEND", "emulated", 0);
+  return true;
+}();
+
+gpu::Runtime& rt() { return core::gpu_runtime(); }
+
+bool skip_without_device() {
+  return rt().device_count() == 0;
+}
+
+/// Device memory of the current device, freed on scope exit.
+struct DeviceBuffer {
+  explicit DeviceBuffer(std::size_t n) : bytes(n), p(rt().alloc_device(n, rt().current_device())) {}
+  ~DeviceBuffer() { rt().free_device(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* data() const { return static_cast<std::byte*>(p); }
+  std::size_t bytes;
+  void* p;
+};
+
+/// A stream of the calling rank (ranks that are threads of one process need their own
+/// streams, as with NCCL: the calls of two ranks on one stream wait on each other).
+struct OwnStream {
+  OwnStream() : s(rt().create_stream()) {}
+  ~OwnStream() { rt().destroy_stream(s); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  gpu::Stream s;
+};
+
+enum class Kind { allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, sendrecv };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::allreduce: return "allreduce";
+    case Kind::broadcast: return "broadcast";
+    case Kind::reduce: return "reduce";
+    case Kind::allgather: return "allgather";
+    case Kind::reduce_scatter: return "reduce_scatter";
+    case Kind::alltoall: return "alltoall";
+    case Kind::sendrecv: return "sendrecv";
+  }
+  return "?";
+}
+
+struct Case {
+  Kind kind = Kind::allreduce;
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  std::size_t count = 0;
+  bool in_place = false;
+  int root = 0;
+  Algorithm algo = Algorithm::ring;
+  std::string codec;  ///< all-reduce only
+  std::string ef;     ///< error-feedback key prefix (host and device keep separate residuals)
+};
+
+std::string describe(const Case& c) {
+  std::string s = std::string(kind_name(c.kind)) + " " + std::string(to_string(c.dtype)) + " " +
+                  std::string(to_string(c.op)) + " n=" + std::to_string(c.count) + (c.in_place ? " in place" : "") +
+                  " root " + std::to_string(c.root) + " " + std::string(to_string(c.algo));
+  if (!c.codec.empty()) s += " codec " + c.codec + (c.ef.empty() ? "" : " ef");
+  return s;
+}
+
+// Elements of the input and output buffers (per rank), and where they start inside one
+// allocation of `span` elements (in place: overlapping as the API's conventions say).
+struct Layout {
+  std::size_t in = 0, out = 0, span = 0, in_at = 0, out_at = 0;
+};
+Layout layout(const Case& c, int rank, int world) {
+  const std::size_t n = c.count, w = static_cast<std::size_t>(world), r = static_cast<std::size_t>(rank);
+  Layout l;
+  switch (c.kind) {
+    case Kind::allreduce: case Kind::broadcast: case Kind::reduce: case Kind::sendrecv: l.in = l.out = n; break;
+    case Kind::allgather: l.in = n; l.out = n * w; break;
+    case Kind::reduce_scatter: l.in = n * w; l.out = n; break;
+    case Kind::alltoall: l.in = l.out = n * w; break;
+  }
+  if (!c.in_place) {
+    l.in_at = 0;
+    l.out_at = l.in;
+    l.span = l.in + l.out;
+  } else if (c.kind == Kind::allgather) {
+    l.span = l.out;
+    l.out_at = 0;
+    l.in_at = r * n;
+  } else if (c.kind == Kind::reduce_scatter) {
+    l.span = l.in;
+    l.in_at = 0;
+    l.out_at = r * n;
+  } else {
+    l.span = l.in;
+  }
+  return l;
+}
+
+void fill(DataType t, std::byte* p, std::size_t n, int rank, std::size_t salt) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const int v = static_cast<int>((static_cast<std::size_t>(rank) * 7 + i * 3 + salt) % 11) - 5;
+    switch (t) {
+      case DataType::f32: { const float f = static_cast<float>(v) * 0.75f; std::memcpy(p + 4 * i, &f, 4); break; }
+      case DataType::f64: { const double d = v * 0.3; std::memcpy(p + 8 * i, &d, 8); break; }
+      case DataType::f16: { const auto h = kernels::float_to_half(static_cast<float>(v) * 0.3f); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DataType::bf16: { const auto h = kernels::float_to_bf16(static_cast<float>(v) * 0.3f); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DataType::i8: case DataType::u8: { p[i] = static_cast<std::byte>(v); break; }
+      case DataType::i32: { const std::int32_t x = v; std::memcpy(p + 4 * i, &x, 4); break; }
+      case DataType::i64: { const std::int64_t x = v * 1000003LL; std::memcpy(p + 8 * i, &x, 8); break; }
+    }
+  }
+}
+
+/// Issues the case's call on `c` with buffers `in`/`out` (which may be host or device).
+/// Send/recv: to the next rank, from the previous one.
+std::vector<Work> issue(Communicator& c, const Case& k, const void* in, void* out, gpu::Stream stream,
+                        const std::string& ef_side) {
+  const int rank = c.rank(), world = c.size();
+  std::vector<Work> w;
+  auto set = [&](CollectiveOptions& o) { o.stream = stream; };
+  switch (k.kind) {
+    case Kind::allreduce: {
+      AllreduceOptions o;
+      set(o);
+      o.algorithm = k.algo;
+      o.codec = k.codec;
+      if (!k.ef.empty()) o.ef_key = k.ef + ef_side;
+      w.push_back(c.allreduce(in, out, k.count, k.dtype, k.op, o));
+      break;
+    }
+    case Kind::broadcast: {
+      BroadcastOptions o;
+      set(o);
+      o.root = k.root;
+      w.push_back(c.broadcast(in, out, k.count, k.dtype, o));
+      break;
+    }
+    case Kind::reduce: {
+      ReduceOptions o;
+      set(o);
+      o.root = k.root;
+      w.push_back(c.reduce(in, out, k.count, k.dtype, k.op, o));
+      break;
+    }
+    case Kind::allgather: {
+      AllgatherOptions o;
+      set(o);
+      w.push_back(c.allgather(in, out, k.count, k.dtype, o));
+      break;
+    }
+    case Kind::reduce_scatter: {
+      ReduceScatterOptions o;
+      set(o);
+      w.push_back(c.reduce_scatter(in, out, k.count, k.dtype, k.op, o));
+      break;
+    }
+    case Kind::alltoall: {
+      AlltoallOptions o;
+      set(o);
+      w.push_back(c.alltoall(in, out, k.count, k.dtype, o));
+      break;
+    }
+    case Kind::sendrecv: {
+      P2POptions o;
+      set(o);
+      o.tag = 7;
+      // Send first: on one stream a recv holds back every later call (docs/gpu.md).
+      w.push_back(c.send(in, k.count, k.dtype, (rank + 1) % world, o));
+      w.push_back(c.recv(out, k.count, k.dtype, (rank + world - 1) % world, o));
+      break;
+    }
+  }
+  return w;
+}
+
+/// Runs the case on host buffers and on device buffers on this rank, and checks the device
+/// result equals the host result bit for bit (read back on the stream, before waiting).
+void check_case(Communicator& c, const Case& k, gpu::Stream stream) {
+  const int rank = c.rank(), world = c.size();
+  const std::size_t es = dtype_size(k.dtype);
+  const Layout l = layout(k, rank, world);
+  const bool writes_out = !(k.kind == Kind::reduce && rank != k.root);
+  std::vector<std::byte> host(l.span * es + 1), init(l.span * es + 1);
+  fill(k.dtype, init.data(), l.span, rank, k.count);
+  host = init;
+  for (auto& w : issue(c, k, host.data() + l.in_at * es, host.data() + l.out_at * es, nullptr, "host")) w.wait();
+
+  DeviceBuffer dev(l.span * es + 1);
+  std::vector<std::byte> back(l.span * es + 1);
+  rt().copy_async(dev.data(), init.data(), init.size(), stream);
+  auto works = issue(c, k, dev.data() + l.in_at * es, dev.data() + l.out_at * es, stream, "device");
+  rt().copy_async(back.data(), dev.data(), back.size(), stream);  // stream order, no host wait
+  rt().synchronize(stream);
+  for (auto& w : works) w.wait();
+  if (writes_out) {
+    ASSERT_EQ(0, std::memcmp(back.data() + l.out_at * es, host.data() + l.out_at * es, l.out * es))
+        << describe(k) << " on rank " << rank << "/" << world;
+  } else {
+    ASSERT_EQ(0, std::memcmp(back.data(), init.data(), back.size())) << describe(k) << ": a non-root's buffer changed";
+  }
+}
+
+std::vector<Case> cases(int world) {
+  std::vector<Case> out;
+  const DataType all_types[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
+                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+  const ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
+  for (DataType t : all_types)
+    for (ReduceOp op : all_ops)
+      for (bool ip : {false, true}) out.push_back({Kind::allreduce, t, op, 1037, ip});
+  for (Algorithm a : {Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical, Algorithm::automatic})
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 5000, false, 0, a});
+  for (std::size_t n : {std::size_t{1}, std::size_t{40000}})
+    for (bool ip : {false, true}) {
+      out.push_back({Kind::broadcast, DataType::i32, ReduceOp::sum, n, ip, world - 1});
+      out.push_back({Kind::reduce, DataType::f32, ReduceOp::sum, n, ip, 1 % world});
+      out.push_back({Kind::allgather, DataType::bf16, ReduceOp::sum, n, ip});
+      out.push_back({Kind::reduce_scatter, DataType::f64, ReduceOp::max, n, ip});
+      out.push_back({Kind::alltoall, DataType::u8, ReduceOp::sum, n, ip});
+    }
+  out.push_back({Kind::sendrecv, DataType::i64, ReduceOp::sum, 3001, false});
+  // Compressed all-reduce (f32 sum/avg), with error feedback where the codec needs it:
+  // run twice, so that the second call adds the residuals the first one left.
+  for (int rep = 0; rep < 2; ++rep) {
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 20000, false, 0, Algorithm::automatic, "fp16"});
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::avg, 20000, true, 0, Algorithm::automatic, "int8"});
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 20000, false, 0, Algorithm::automatic, "sign1", "ef-s"});
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 20000, true, 0, Algorithm::automatic, "topk:0.05", "ef-t"});
+  }
+  return out;
+}
+
+class DeviceCollectives : public test::GridTest {};
+
+TEST_P(DeviceCollectives, EveryCollectiveMatchesTheHostPathBitForBit) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  CommOptions o;
+  o.timeout = 30s;
+  o.chunk_bytes = 8192;
+  test::Group g(world(), o, hosts(), transport());
+  const auto all = cases(world());
+  run_threads(world(), [&](int r) {
+    OwnStream s;
+    for (const Case& k : all) {
+      if (k.algo == Algorithm::hierarchical && hosts() == 0) continue;  // needs several hosts
+      check_case(g[r], k, s.s);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeviceCollectives,
+                         ::testing::ValuesIn(test::grid({2, 3, 5, 8}, {{"shm", {1, 2, 3, 4, 5, 8}}, {"ucx", {2, 3}}})),
+                         test::grid_name);
+
+TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const int n = 3;
+  const std::size_t count = 100000;
+  test::Group g(n);
+  run_threads(n, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(count * 4);
+    std::vector<float> zeros(count, 0.f), ones(count, static_cast<float>(r + 1)), back(count, -1.f);
+    rt().copy(buf.data(), zeros.data(), count * 4);
+    // Earlier work on the stream: a slow host step, then the input is written. If the
+    // collective did not wait for it, it would reduce the zeros.
+    rt().launch_host(s.s, [](void*) { std::this_thread::sleep_for(200ms); }, nullptr);
+    rt().copy_async(buf.data(), ones.data(), count * 4, s.s);
+    AllreduceOptions o;
+    o.stream = s.s;
+    Work w = g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o);
+    // Later work: read the result back on the stream, without waiting on the host.
+    rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+    rt().synchronize(s.s);
+    EXPECT_TRUE(w.test()) << "the stream went on before the Work completed";
+    w.wait();
+    for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(back[i], 6.f) << "element " << i << " on rank " << r;
+  });
+}
+
+TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const int n = 2, calls = 20;
+  test::Group g(n);
+  run_threads(n, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(4 * 1024);
+    std::vector<std::int32_t> init(1024, 1), back(1024, 0);
+    rt().copy(buf.data(), init.data(), init.size() * 4);
+    std::vector<Work> works;
+    AllreduceOptions o;
+    o.stream = s.s;
+    // Each in-place sum doubles the values: the result is 2^calls only in issue order
+    // with every call seeing the one before it.
+    for (int i = 0; i < calls; ++i)
+      works.push_back(g[r].allreduce(buf.data(), buf.data(), 1024, DataType::i32, ReduceOp::sum, o));
+    rt().copy_async(back.data(), buf.data(), back.size() * 4, s.s);
+    rt().synchronize(s.s);
+    for (auto& w : works) w.wait();
+    for (std::size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], 1 << calls) << "element " << i << " on rank " << r;
+  });
+}
+
+TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  test::Group g(1);
+  Communicator& c = g[0];
+  DeviceBuffer dev(4096);
+  std::vector<float> host(1024, 1.f);
+  auto expect = [](ErrorCode code, const std::function<void()>& fn, const std::vector<std::string>& words) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  };
+  expect(ErrorCode::InvalidUsage,
+         [&] { c.allreduce(dev.data(), host.data(), 1024, DataType::f32, ReduceOp::sum); },
+         {"allreduce", "send buffer", "device memory", "recv buffer", "host memory"});
+  AllreduceOptions want_device;
+  want_device.memory = MemoryKind::device;
+  expect(ErrorCode::InvalidUsage,
+         [&] { c.allreduce(host.data(), host.data(), 1024, DataType::f32, ReduceOp::sum, want_device); },
+         {"memory = device", "host memory"});
+  if (rt().device_count() > 1) {
+    void* other = rt().alloc_device(4096, 1);
+    expect(ErrorCode::InvalidUsage,
+           [&] { c.allreduce(other, other, 1024, DataType::f32, ReduceOp::sum); },
+           {"memory of GPU 1", "uses GPU 0", "CommOptions::device"});
+    rt().free_device(other);
+  }
+  OwnStream s;
+  rt().begin_capture(s.s);
+  AllreduceOptions captured;
+  captured.stream = s.s;
+  expect(ErrorCode::Unsupported, [&] { c.allreduce(dev.data(), dev.data(), 1024, DataType::f32, ReduceOp::sum, captured); },
+         {"captured", "graph"});
+  rt().end_capture(s.s);
+  // Nothing moved: the communicator still works, on device buffers too.
+  EXPECT_FALSE(c.failed());
+  AllreduceOptions fine;
+  fine.stream = s.s;
+  c.allreduce(dev.data(), dev.data(), 1024, DataType::f32, ReduceOp::sum, fine).wait();
+  CommOptions bad;
+  bad.device = 7;
+  auto store = std::make_shared<FileStore>(braid::test::temp_path("devbad"));
+  expect(ErrorCode::InvalidUsage, [&] { Communicator x(store, 0, 1, bad); }, {"CommOptions::device 7", "does not exist"});
+}
+
+TEST(DeviceFailures, AKilledRankFailsEverySurvivorAndReleasesTheirStreams) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const std::string path = braid::test::temp_path("devfault");
+  const int n = 3, victim = 1;
+  const auto st = test::run_processes(n, [&](int r) {
+    auto store = std::make_shared<FileStore>(path);
+    CommOptions opt;
+    opt.timeout = 20s;
+    Communicator c(store, r, n, opt);
+    OwnStream s;
+    const std::size_t count = 1 << 20;
+    DeviceBuffer buf(count * 4);
+    std::vector<float> ones(count, 1.f), back(count, 0.f);
+    rt().copy(buf.data(), ones.data(), count * 4);
+    AllreduceOptions o;
+    o.stream = s.s;
+    c.allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();  // all three, once
+    if (r == victim) {
+      std::this_thread::sleep_for(100ms);
+      ::kill(::getpid(), SIGKILL);
+    }
+    Work w = c.allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o);
+    // Work after the call on the same stream: it must run (the stream is released).
+    rt().copy_async(back.data(), buf.data(), 4, s.s);
+    rt().synchronize(s.s);
+    try {
+      w.wait();
+      ADD_FAILURE() << "rank " << r << ": the all-reduce with a dead peer succeeded";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(e.code() == ErrorCode::RemoteError || e.code() == ErrorCode::Timeout) << msg;
+      EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(c.failed());
+  }, std::chrono::seconds(90));
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) {
+      EXPECT_TRUE(WIFSIGNALED(st[r])) << "the victim was not killed";
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "survivor " << r << " status " << st[r];
+  }
+}
+
+}  // namespace
