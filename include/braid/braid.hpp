@@ -3,6 +3,7 @@
 
 #include <braid/communicator.hpp>
 #include <braid/config.hpp>
+#include <braid/device.hpp>
 #include <braid/error.hpp>
 #include <braid/info.hpp>
 #include <braid/options.hpp>

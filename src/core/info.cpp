@@ -1,11 +1,13 @@
 // Version, build features and the configuration report (braid_info).
 #include <braid/config.hpp>
+#include <braid/error.hpp>
 #include <braid/info.hpp>
 
 #include "core/config.hpp"
 #include "transport/registry.hpp"
 #if BRAID_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "gpu/runtime.hpp"
 #endif
 #if BRAID_HAVE_UCX
 #include "transport/ucx/ucx_probe.hpp"
@@ -35,14 +37,25 @@ LaunchEnvironment launch_environment() {
   return e;
 }
 
+namespace {
+/// The device runtime that device buffers go through (BRAID_GPU_BACKEND), or why none.
+std::string runtime_status() {
+  try {
+    return "device runtime " + core::gpu_runtime().describe();
+  } catch (const Error& e) {
+    return std::string("device runtime failed to start: ") + e.what();
+  }
+}
+}  // namespace
+
 std::string gpu_status() {
 #if BRAID_HAVE_CUDA
   std::string why;
   const int n = kernels::cuda::device_count(&why);
-  if (n <= 0) return "no GPU: " + why;
-  return std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s");
+  if (n <= 0) return "no GPU: " + why + "; " + runtime_status();
+  return std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + "; " + runtime_status();
 #else
-  return "not built with CUDA (BRAID_WITH_CUDA=OFF, or no nvcc at configure time)";
+  return "not built with CUDA (BRAID_WITH_CUDA=OFF, or no nvcc at configure time); " + runtime_status();
 #endif
 }
 
@@ -52,7 +65,9 @@ std::string build_features() {
     os << "  " << std::left << std::setw(9) << name << (have ? "yes" : "no ") << "  " << what << "\n";
   };
   for (const auto* e : transport::registry()) line(e->name, 1, e->summary);  // the transports of this build
-  line("cuda", BRAID_HAVE_CUDA, "CUDA kernels (reduce, every codec); device buffers in collectives: not yet");
+  line("cuda", BRAID_HAVE_CUDA,
+       "CUDA device runtime and kernels; device buffers in every collective, staged through pinned host "
+       "memory (docs/gpu.md)");
 #if BRAID_HAVE_UCX
   // What the UCX loader finds (the ucx transport's own line is the registry's, above).
   line("libucp", 1, ("UCX, loaded at run time: " +

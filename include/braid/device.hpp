@@ -1,0 +1,36 @@
+// braid — device memory and streams through braid's device runtime (docs/gpu.md).
+//
+// Programs that use CUDA allocate with cudaMalloc and pass cudaStream_t streams; these
+// helpers exist for programs that do not link CUDA themselves (allreduce_bench
+// --device, tests) and, like NCCL's ncclMemAlloc, work on whichever device runtime the
+// process has: CUDA, or the host emulation (BRAID_GPU_BACKEND=emulated, tests only).
+// Every function is thread-safe; failures throw braid::Error (Unsupported without a
+// device runtime, Cuda when the runtime refuses).
+#pragma once
+
+#include <braid/export.hpp>
+
+#include <cstddef>
+#include <string>
+
+namespace braid::device {
+
+/// The device runtime this process uses: "cuda: 1 device (NVIDIA H100 ...)", "emulated
+/// (tests only): ...", or "none: <why>".
+BRAID_API std::string runtime();
+/// Number of devices (0: none).
+BRAID_API int count() noexcept;
+/// `bytes` of device memory on `device` (-1: the calling thread's current device).
+BRAID_API void* alloc(std::size_t bytes, int device = -1);
+/// Frees what alloc() returned (nullptr is fine).
+BRAID_API void free(void* p) noexcept;
+/// Synchronous copy of `bytes` bytes in any direction (host <-> device, device <-> device).
+BRAID_API void copy(void* dst, const void* src, std::size_t bytes);
+/// A new stream (cudaStream_t for CUDA), for the `stream` option of collectives.
+BRAID_API void* create_stream();
+/// Destroys a stream from create_stream() once its work is done (nullptr is fine).
+BRAID_API void destroy_stream(void* stream) noexcept;
+/// Blocks until everything enqueued on `stream` (nullptr: the default stream) has run.
+BRAID_API void synchronize(void* stream);
+
+}  // namespace braid::device
