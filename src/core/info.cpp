@@ -4,10 +4,10 @@
 #include <braid/info.hpp>
 
 #include "core/config.hpp"
+#include "gpu/runtime.hpp"
 #include "transport/registry.hpp"
 #if BRAID_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
-#include "gpu/runtime.hpp"
 #endif
 #if BRAID_HAVE_UCX
 #include "transport/ucx/ucx_probe.hpp"
