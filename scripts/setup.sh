@@ -8,10 +8,12 @@ set -euo pipefail
 # libgloo-dev: the Gloo comparison bench (bench/gloo_allreduce_bench.cpp, skipped without it);
 # python3-matplotlib: bench/compare's plot; iperf3: bench/compare's line-rate measurement.
 # libucx-dev/ucx-utils: UCX's headers (braid loads libucp at run time) and ucx_info.
+# clang/libclang-rt-dev: libFuzzer and the sanitizer runtimes for scripts/fuzz.sh.
 need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
       openmpi-bin libopenmpi-dev
       libgloo-dev python3-matplotlib iperf3
-      libucx-dev ucx-utils)
+      libucx-dev ucx-utils
+      clang libclang-rt-dev)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

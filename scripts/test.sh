@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds Release into build/ and runs
 # every test, then builds with AddressSanitizer + UndefinedBehaviorSanitizer into
-# build-asan/ and runs the suite again there. Exits non-zero on any failure.
+# build-asan/ and runs the suite again there, then runs every fuzz target for a short
+# while (scripts/fuzz.sh, build-fuzz/). Exits non-zero on any failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -40,4 +41,8 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=a
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
    UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no \
    UBSAN_OPTIONS=print_stacktrace=1 ctest -j "$jobs" --output-on-failure --timeout 900)
+
+# Every parser of outside bytes under libFuzzer for 20 s per target, so that an input the
+# seeds or a short run reach and that crashes fails CI (docs/reliability.md, "Fuzzing").
+scripts/fuzz.sh 20
 echo "== all tests passed =="

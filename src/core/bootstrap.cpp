@@ -2,6 +2,7 @@
 // and from NCCL-style unique ids.
 #include "base/check.hpp"
 #include "core/communicator_impl.hpp"
+#include "core/unique_id.hpp"
 #include "base/logging.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
@@ -28,6 +29,20 @@ std::map<std::string, std::unique_ptr<TcpStoreServer>>& uid_servers() {
 
 }  // namespace
 
+namespace core {
+
+std::optional<UniqueIdFields> parse_unique_id(const UniqueId& id) {
+  const std::string text(id.bytes.data(), strnlen(id.bytes.data(), id.bytes.size()));
+  std::istringstream in(text);
+  std::string magic;
+  UniqueIdFields f;
+  in >> magic >> f.addr >> f.port >> f.nonce;
+  if (magic != kUidMagic || f.port <= 0 || f.port >= 65536 || f.nonce.empty()) return std::nullopt;
+  return f;
+}
+
+}  // namespace core
+
 UniqueId Communicator::create_unique_id() {
   const auto& cfg = core::Config::global();
   // No master address under mpirun (the id replaces it): advertise an address other
@@ -49,13 +64,12 @@ UniqueId Communicator::create_unique_id() {
 }
 
 Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size, const CommOptions& options) {
-  const std::string text(id.bytes.data(), strnlen(id.bytes.data(), id.bytes.size()));
-  std::istringstream in(text);
-  std::string magic, addr, nonce;
-  int port = 0;
-  in >> magic >> addr >> port >> nonce;
-  BRAID_CHECK(magic == kUidMagic && port > 0 && port < 65536 && !nonce.empty(), InvalidUsage,
+  const std::optional<core::UniqueIdFields> fields = core::parse_unique_id(id);
+  BRAID_CHECK(fields.has_value(), InvalidUsage,
               "from_unique_id: the id is not a braid UniqueId (was it copied completely, all 128 bytes?)");
+  const std::string& addr = fields->addr;
+  const int port = fields->port;
+  const std::string& nonce = fields->nonce;
   const auto& cfg = core::Config::global();
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
   auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout);

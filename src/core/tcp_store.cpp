@@ -31,6 +31,7 @@
 #include "base/poller.hpp"
 #include "base/text.hpp"
 #include "core/store_limits.hpp"
+#include "core/store_wire.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -63,21 +64,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::uint32_t kMagic = 0x53445242;  // bytes "BRDS"
-constexpr std::uint16_t kVersion = 1;
-constexpr std::size_t kHelloSize = 8;
-constexpr std::size_t kMaxKey = core::kMaxStoreKey;
-constexpr std::size_t kMaxValue = core::kMaxStoreValue;
-constexpr std::size_t kMaxKeysPerRequest = 65536;
-constexpr std::size_t kMaxFrame = kMaxValue + kMaxKey + 64;
+// The byte format (constants, encoder, decoders): core/store_wire.hpp.
+using namespace core::store_wire;  // NOLINT: this file is the protocol's one user
+
 constexpr std::size_t kMaxPendingOutput = std::size_t{512} << 20;  // per connection
 constexpr std::size_t kMaxParkedPerConn = 65536;
 constexpr std::uint64_t kMaxTimeoutMs = 10ull * 365 * 24 * 3600 * 1000;  // "forever"
 constexpr milliseconds kReplyGrace{5000};  // server-owned timeouts: how late a reply may be
 constexpr milliseconds kMinIoTimeout{30000};
-
-enum Op : std::uint8_t { kSet = 1, kGet, kAdd, kCheck, kWait, kRemove };
-enum Status : std::uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
 
 // ---------------------------------------------------------------------------
 // Small helpers.
@@ -100,97 +94,6 @@ int ms_until(Clock::time_point deadline) {
 }
 
 using base::parse_int64;
-
-/// Builds one frame: u32 length placeholder, then the body.
-class Encoder {
- public:
-  Encoder() : buf_(4, '\0') {}
-  void u8(std::uint8_t v) { buf_.push_back(static_cast<char>(v)); }
-  void u16(std::uint16_t v) { put(v, 2); }
-  void u32(std::uint32_t v) { put(v, 4); }
-  void u64(std::uint64_t v) { put(v, 8); }
-  void str(const std::string& s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    buf_.append(s);
-  }
-  void patch_u32(std::size_t at, std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) buf_[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  }
-  std::size_t size() const { return buf_.size(); }
-  std::string finish() {
-    patch_u32(0, static_cast<std::uint32_t>(buf_.size() - 4));
-    return std::move(buf_);
-  }
-
- private:
-  void put(std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  std::string buf_;
-};
-
-std::uint64_t load_le(const char* p, int n) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= std::uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
-  return v;
-}
-
-/// Reads fields from an untrusted buffer; any underflow or oversize marks it bad.
-class Decoder {
- public:
-  Decoder(const char* p, std::size_t n) : p_(p), n_(n) {}
-  bool ok() const { return ok_; }
-  bool at_end() const { return ok_ && n_ == 0; }
-  std::uint8_t u8() { return static_cast<std::uint8_t>(take(1)); }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(take(4)); }
-  std::uint64_t u64() { return take(8); }
-  std::string str(std::size_t max) {
-    std::uint32_t len = u32();
-    if (!ok_ || len > max || len > n_) {
-      ok_ = false;
-      return {};
-    }
-    std::string s(p_, len);
-    p_ += len;
-    n_ -= len;
-    return s;
-  }
-  std::vector<std::string> keys() {
-    std::uint32_t n = u32();
-    std::vector<std::string> out;
-    // Each key needs at least 4 bytes, so n is bounded by what is left.
-    if (!ok_ || n > kMaxKeysPerRequest || n > n_ / 4) {
-      ok_ = false;
-      return out;
-    }
-    out.reserve(n);
-    for (std::uint32_t i = 0; i < n && ok_; ++i) out.push_back(str(kMaxKey));
-    return out;
-  }
-
- private:
-  std::uint64_t take(int n) {
-    if (!ok_ || n_ < static_cast<std::size_t>(n)) {
-      ok_ = false;
-      return 0;
-    }
-    std::uint64_t v = load_le(p_, n);
-    p_ += n;
-    n_ -= static_cast<std::size_t>(n);
-    return v;
-  }
-  const char* p_;
-  std::size_t n_;
-  bool ok_ = true;
-};
-
-std::string hello_bytes() {
-  std::string h(kHelloSize, '\0');
-  for (int i = 0; i < 4; ++i) h[i] = static_cast<char>((kMagic >> (8 * i)) & 0xff);
-  h[4] = static_cast<char>(kVersion & 0xff);
-  h[5] = static_cast<char>(kVersion >> 8);
-  return h;
-}
 
 /// Resolves an IPv4 address ("0.0.0.0", "127.0.0.1", a host name).
 bool resolve_ipv4(const std::string& host, std::uint16_t port, bool passive, sockaddr_in* out,
@@ -422,11 +325,10 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
       send(id, c, hello_bytes());
       continue;
     }
-    if (avail < 4) break;
-    std::uint64_t len = load_le(p, 4);
-    if (len == 0 || len > kMaxFrame)
-      return drop(id, c, "frame length " + std::to_string(len) + " out of range");
-    if (avail - 4 < len) break;
+    std::uint64_t len = 0;
+    const Frame f = frame_at(p, avail, 1, &len);
+    if (f == Frame::bad) return drop(id, c, "frame length " + std::to_string(len) + " out of range");
+    if (f == Frame::more) break;
     if (!handle(id, c, p + 4, len)) return drop(id, c, "malformed request");
     c.in_off += 4 + len;
   }
@@ -440,43 +342,36 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
 }
 
 bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std::size_t n) {
-  Decoder d(p, n);
-  std::uint8_t op = d.u8();
-  std::uint32_t req = d.u32();
+  Request q;
+  if (!decode_request(p, n, &q)) return false;
+  const std::uint32_t req = q.id;
   auto reply = [&](Status s) {
     Encoder e;
     e.u8(s);
     e.u32(req);
     return e;
   };
-  switch (op) {
+  switch (q.op) {
     case kSet: {
-      std::string key = d.str(kMaxKey);
-      std::string value = d.str(kMaxValue);
-      if (!d.at_end()) return false;
-      data[key] = std::move(value);
+      data[q.key] = std::move(q.value);
       send(id, c, reply(kOk).finish());
-      notify(key);
+      notify(q.key);
       return true;
     }
     case kGet: {
-      std::string key = d.str(kMaxKey);
-      std::uint64_t timeout = d.u64();
-      if (!d.at_end()) return false;
-      auto it = data.find(key);
+      auto it = data.find(q.key);
       if (it != data.end()) {
         Encoder e = reply(kOk);
         e.str(it->second);
         send(id, c, e.finish());
       } else {
-        park(id, c, req, true, {std::move(key)}, timeout);
+        park(id, c, req, true, {std::move(q.key)}, q.timeout_ms);
       }
       return true;
     }
     case kAdd: {
-      std::string key = d.str(kMaxKey);
-      auto delta = static_cast<std::int64_t>(d.u64());
-      if (!d.at_end()) return false;
+      const std::string& key = q.key;
+      const std::int64_t delta = q.delta;
       std::int64_t value = 0;
       auto it = data.find(key);
       if (it != data.end() && !parse_int64(it->second, &value)) {
@@ -499,34 +394,27 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
       return true;
     }
     case kCheck: {
-      std::vector<std::string> keys = d.keys();
-      if (!d.at_end()) return false;
       Encoder e = reply(kOk);
-      e.u8(has_all(keys) ? 1 : 0);
+      e.u8(has_all(q.keys) ? 1 : 0);
       send(id, c, e.finish());
       return true;
     }
     case kWait: {
-      std::vector<std::string> keys = d.keys();
-      std::uint64_t timeout = d.u64();
-      if (!d.at_end()) return false;
-      if (has_all(keys)) {
+      if (has_all(q.keys)) {
         send(id, c, reply(kOk).finish());
       } else {
-        park(id, c, req, false, std::move(keys), timeout);
+        park(id, c, req, false, std::move(q.keys), q.timeout_ms);
       }
       return true;
     }
     case kRemove: {
-      std::string key = d.str(kMaxKey);
-      if (!d.at_end()) return false;
       Encoder e = reply(kOk);
-      e.u8(data.erase(key) ? 1 : 0);
+      e.u8(data.erase(q.key) ? 1 : 0);
       send(id, c, e.finish());
       return true;
     }
     default:
-      return false;
+      return false;  // decode_request knows no other op
   }
 }
 
@@ -664,12 +552,6 @@ std::uint16_t TcpStoreServer::port() const noexcept { return impl_->port; }
 // Client.
 
 namespace {
-
-struct Reply {
-  bool done = false;
-  std::uint8_t status = 0;
-  std::string payload;
-};
 
 /// Sends all of `data` on a non-blocking socket by `deadline`; "" or the reason it failed.
 std::string send_all(int fd, const char* data, std::size_t n, Clock::time_point deadline) {
@@ -875,24 +757,9 @@ void TcpStore::Impl::read_replies(Clock::time_point deadline,
     }
     break;
   }
-  std::size_t off = 0;
-  while (in.size() - off >= 4) {
-    std::uint64_t len = load_le(in.data() + off, 4);
-    if (len < 5 || len > kMaxFrame) {
-      *err = "malformed reply (frame length " + std::to_string(len) + ")";
-      break;
-    }
-    if (in.size() - off - 4 < len) break;
-    const char* p = in.data() + off + 4;
-    Reply rep;
-    rep.done = true;
-    rep.status = static_cast<std::uint8_t>(p[0]);
-    auto id = static_cast<std::uint32_t>(load_le(p + 1, 4));
-    rep.payload.assign(p + 5, len - 5);
-    got->emplace_back(id, std::move(rep));
-    off += 4 + len;
-  }
-  in.erase(0, off);
+  std::string bad;
+  in.erase(0, take_replies(in, got, &bad));
+  if (!bad.empty()) *err = bad;
 }
 
 Reply TcpStore::Impl::call(Encoder& e, Clock::time_point deadline, const std::string& what) {
@@ -980,9 +847,8 @@ std::string TcpStore::get(const std::string& key, std::chrono::milliseconds time
   if (r.status == kTimeout)
     throw TimeoutError("TcpStore " + impl_->addr + ": " + what + " timed out after " +
                        std::to_string(timeout.count()) + " ms: the key was not set");
-  Decoder d(r.payload.data(), r.payload.size());
-  std::string value = d.str(kMaxValue);
-  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+  std::string value;
+  if (r.status != kOk || !reply_value(r.payload, &value)) impl_->fail_protocol(what);
   return value;
 }
 
@@ -993,13 +859,10 @@ std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
   e.u64(static_cast<std::uint64_t>(delta));
   std::string what = "add(" + quote(key) + ", " + std::to_string(delta) + ")";
   Reply r = impl_->call(e, impl_->io_deadline(), what);
-  Decoder d(r.payload.data(), r.payload.size());
-  if (r.status == kFailed) {
-    std::string msg = d.str(kMaxFrame);
-    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": " + what + ": " + msg);
-  }
-  auto v = static_cast<std::int64_t>(d.u64());
-  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+  if (r.status == kFailed)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": " + what + ": " + reply_error(r.payload));
+  std::int64_t v = 0;
+  if (r.status != kOk || !reply_int(r.payload, &v)) impl_->fail_protocol(what);
   return v;
 }
 
@@ -1021,8 +884,9 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   Encoder e = impl_->request(kCheck);
   put_keys(e, keys, impl_->addr, "check");
   Reply r = impl_->call(e, impl_->io_deadline(), "check(" + quote_keys(keys) + ")");
-  if (r.status != kOk || r.payload.size() != 1) impl_->fail_protocol("check");
-  return r.payload[0] != 0;
+  bool all = false;
+  if (r.status != kOk || !reply_flag(r.payload, &all)) impl_->fail_protocol("check");
+  return all;
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -1033,15 +897,14 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
   e.u64(t);
   std::string what = "wait(" + quote_keys(keys) + ")";
   Reply r = impl_->call(e, Clock::now() + milliseconds(t) + kReplyGrace, what);
-  Decoder d(r.payload.data(), r.payload.size());
   if (r.status == kTimeout) {
-    std::vector<std::string> missing = d.keys();
-    if (!d.at_end()) impl_->fail_protocol(what);
+    std::vector<std::string> missing;
+    if (!reply_missing(r.payload, &missing)) impl_->fail_protocol(what);
     throw TimeoutError("TcpStore " + impl_->addr + ": wait timed out after " +
                        std::to_string(timeout.count()) +
                        " ms; keys not set: " + quote_keys(missing));
   }
-  if (r.status != kOk || !d.at_end()) impl_->fail_protocol(what);
+  if (r.status != kOk || !r.payload.empty()) impl_->fail_protocol(what);
 }
 
 bool TcpStore::remove(const std::string& key) {
@@ -1050,8 +913,9 @@ bool TcpStore::remove(const std::string& key) {
   e.str(key);
   std::string what = "remove(" + quote(key) + ")";
   Reply r = impl_->call(e, impl_->io_deadline(), what);
-  if (r.status != kOk || r.payload.size() != 1) impl_->fail_protocol(what);
-  return r.payload[0] != 0;
+  bool removed = false;
+  if (r.status != kOk || !reply_flag(r.payload, &removed)) impl_->fail_protocol(what);
+  return removed;
 }
 
 }  // namespace braid

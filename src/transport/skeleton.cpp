@@ -93,11 +93,15 @@ std::optional<std::string> Skeleton::look_up(PeerLookup& l, bool first, int peer
   return found;
 }
 
+bool hello_authentic(const HelloClaim& c, std::uint64_t comm_id, int rank, const std::string& token) {
+  return c.comm_id == comm_id && token_equal(c.token, c.token_bytes, token) && c.to_rank == rank &&
+         c.from_rank >= 0 && c.from_rank < rank;
+}
+
 bool Skeleton::authentic(const HelloClaim& c) const {
   // Anything that is not an authenticated peer of this communicator is closed without a
   // word: it must not be able to disturb the real connections.
-  return !closed_ && c.comm_id == common_.comm_id && token_equal(c.token, c.token_bytes, common_.auth_token) &&
-         c.to_rank == common_.rank && c.from_rank >= 0 && c.from_rank < common_.rank;
+  return !closed_ && hello_authentic(c, common_.comm_id, common_.rank, common_.auth_token);
 }
 
 bool Skeleton::progress() {
@@ -160,26 +164,30 @@ void Skeleton::drop_pending(std::size_t i) noexcept {
   pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
+long hello_needs(const HelloFormat& f, const unsigned char* buf, std::size_t got) {
+  // The magic first, so that a stranger (a port scanner, an HTTP probe) is refused after
+  // 4 bytes rather than waited for.
+  if (got < 4) return 4;
+  if (le::get(buf, 4) != f.magic) return -1;
+  if (got < f.fixed_bytes) return static_cast<long>(f.fixed_bytes);
+  const long tail = f.tail_bytes(buf);
+  if (tail < 0) return -1;
+  return static_cast<long>(f.fixed_bytes) + tail;
+}
+
 int Skeleton::read_hello(PendingAccept& pa) {
   for (;;) {
-    if (pa.fixed_done && pa.got == pa.buf.size()) return 1;
-    const std::size_t before = pa.got;
-    // The magic first, so that a stranger (a port scanner, an HTTP probe) is refused after
-    // 4 bytes rather than waited for.
-    const std::size_t upto = before < 4 ? 4 : pa.buf.size();
+    const long need = hello_needs(hello_, pa.buf.data(), pa.got);
+    if (need < 0) return -1;
+    if (pa.got == static_cast<std::size_t>(need)) return 1;
+    // buf holds the fixed part from the start; it grows to take the tail.
+    if (pa.buf.size() < static_cast<std::size_t>(need)) pa.buf.resize(static_cast<std::size_t>(need));
     int err = 0;
-    const int r = read_with_fd(pa.fd.get(), pa.buf.data(), &pa.got, upto, &pa.passed, &err);
+    const int r = read_with_fd(pa.fd.get(), pa.buf.data(), &pa.got, static_cast<std::size_t>(need), &pa.passed, &err);
     if (r < 0) return -1;
     if (r == 0) {
       pa.readable = false;
       return 0;
-    }
-    if (before < 4 && pa.got >= 4 && le::get(pa.buf.data(), 4) != hello_.magic) return -1;
-    if (!pa.fixed_done && pa.got == hello_.fixed_bytes) {
-      const long tail = hello_.tail_bytes(pa.buf.data());
-      if (tail < 0) return -1;
-      pa.fixed_done = true;
-      pa.buf.resize(hello_.fixed_bytes + static_cast<std::size_t>(tail));
     }
   }
 }

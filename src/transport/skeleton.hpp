@@ -44,6 +44,19 @@ struct HelloClaim {
   std::size_t token_bytes = 0;
 };
 
+/// How many bytes in all the hello whose first `got` bytes are `buf` needs (the caller
+/// reads no further than that, so it is complete when this equals `got`), or -1 when
+/// those bytes are not a hello of `format` (wrong magic, or a fixed part its tail_bytes
+/// refuses). The magic is judged at 4 bytes, so that a stranger is refused early. Pure:
+/// the skeleton's hello reader asks it after every read, and the fuzz targets
+/// (tests/fuzz) feed it bytes.
+long hello_needs(const HelloFormat& format, const unsigned char* buf, std::size_t got);
+
+/// An authentic hello claim for a rank `rank` of communicator `comm_id` whose per-job
+/// token is `token`: this communicator and token, addressed to `rank`, from a lower rank
+/// (the lower rank of a pair connects). The token is compared in constant time.
+bool hello_authentic(const HelloClaim& claim, std::uint64_t comm_id, int rank, const std::string& token);
+
 /// An accepted socket whose hello is being read.
 struct PendingAccept {
   base::UniqueFd fd;
@@ -51,7 +64,6 @@ struct PendingAccept {
   Clock::time_point deadline{};
   std::vector<unsigned char> buf;  ///< the fixed part, then the tail
   std::size_t got = 0;
-  bool fixed_done = false;  ///< the fixed part is in and its tail length known
   base::UniqueFd passed;    ///< a descriptor that came with the hello (SCM_RIGHTS)
 };
 

@@ -262,12 +262,6 @@ bool send_handshake(int fd, const std::string& bytes, int pass_fd, int* err) {
 }
 
 
-long hello_tail(const unsigned char* fixed) {
-  const wire::Hello h = wire::decode_hello(fixed);
-  if (h.version != wire::kVersion || h.token_bytes > wire::kMaxTokenBytes || h.reason_bytes > wire::kMaxReasonBytes)
-    return -1;
-  return long{h.token_bytes} + h.reason_bytes;
-}
 
 class ShmTransport final : public Skeleton {
  public:
@@ -360,7 +354,7 @@ void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
 // Set-up and teardown.
 
 ShmTransport::ShmTransport(const ShmOptions& options, Poller& poller, PeerDirectory& directory)
-    : Skeleton(options, poller, directory, "shm", {wire::kHelloMagic, wire::kHelloBytes, &hello_tail}),
+    : Skeleton(options, poller, directory, "shm", {wire::kHelloMagic, wire::kHelloBytes, &wire::hello_tail}),
       opts_(options),
       layout_(wire::layout(options.slot_bytes, static_cast<std::size_t>(options.slots))),
       conns_(options.size) {
@@ -587,11 +581,12 @@ bool ShmTransport::progress_send(ShmConnection& c) {
 }
 
 bool ShmTransport::check_slot(ShmConnection& c, const RecvOp& op, const wire::SlotHeader& h) {
-  if (h.seq != op.seq) {
+  const wire::SlotMatch m = wire::match_slot(h, op.seq, op.tag, op.bytes, op.got, layout_.slot_bytes);
+  if (m == wire::SlotMatch::wrong_message) {
     protocol_error(c, "expected message #" + std::to_string(op.seq) + ", got message #" + std::to_string(h.seq));
     return false;
   }
-  if (h.tag != op.tag || h.msg_bytes != op.bytes) {
+  if (m == wire::SlotMatch::mismatch) {
     if (!op.started) {
       fail(c, "message #" + std::to_string(op.seq) + " from rank " + std::to_string(c.peer_) +
                   " does not match the posted receive: expected tag " + std::to_string(op.tag) + " and " +
@@ -606,12 +601,12 @@ bool ShmTransport::check_slot(ShmConnection& c, const RecvOp& op, const wire::Sl
     }
     return false;
   }
-  if (h.kind != wire::kKindInline) {
+  if (m == wire::SlotMatch::unknown_kind) {
     protocol_error(c, "slot of unknown kind " + std::to_string(h.kind) + " for message #" + std::to_string(op.seq));
     return false;
   }
-  const std::size_t want = std::min(layout_.slot_bytes, op.bytes - op.got);
-  if (h.offset != op.got || h.part_bytes != want) {
+  if (m == wire::SlotMatch::wrong_range) {
+    const std::size_t want = std::min(layout_.slot_bytes, op.bytes - op.got);
     protocol_error(c, "part of message #" + std::to_string(op.seq) + " (" + std::to_string(op.bytes) +
                           " bytes) at offset " + std::to_string(h.offset) + " with " + std::to_string(h.part_bytes) +
                           " bytes, expected offset " + std::to_string(op.got) + " with " + std::to_string(want));
@@ -662,8 +657,19 @@ bool ShmTransport::service_socket(ShmConnection& c) {
   while (!c.failure_.failed && c.fd_ >= 0) {
     int err = 0;
     if (c.setup_ == ShmConnection::Setup::await_ack) {
-      std::size_t need = wire::kAckBytes;
-      if (c.hs_got_ >= wire::kAckBytes) need += wire::decode_ack(c.hs_.data()).reason_bytes;
+      const long needs = wire::ack_needs(c.hs_.data(), c.hs_got_);
+      if (needs < 0) {
+        const wire::Ack a = wire::decode_ack(c.hs_.data());
+        protocol_error(c, "bad answer to the hello (magic " + std::to_string(a.magic) + ", version " +
+                              std::to_string(a.version) + ")");
+        return true;
+      }
+      const auto need = static_cast<std::size_t>(needs);
+      if (c.hs_got_ == need) {
+        const wire::Ack a = wire::decode_ack(c.hs_.data());
+        on_ack(c, a, std::string(reinterpret_cast<const char*>(c.hs_.data()) + wire::kAckBytes, a.reason_bytes));
+        continue;
+      }
       if (c.hs_.size() < need) c.hs_.resize(need);
       const int r = read_with_fd(c.fd_, c.hs_.data(), &c.hs_got_, need, nullptr, &err);
       if (r == 0) {
@@ -679,17 +685,7 @@ bool ShmTransport::service_socket(ShmConnection& c) {
         return true;
       }
       moved = true;
-      const wire::Ack a = wire::decode_ack(c.hs_.data());
-      if (need == wire::kAckBytes) {
-        if (a.magic != wire::kAckMagic || a.version != wire::kVersion || a.reason_bytes > wire::kMaxReasonBytes) {
-          protocol_error(c, "bad answer to the hello (magic " + std::to_string(a.magic) + ", version " +
-                                std::to_string(a.version) + ")");
-          return true;
-        }
-        if (a.reason_bytes > 0) continue;  // read the reason
-      }
-      on_ack(c, a, std::string(reinterpret_cast<const char*>(c.hs_.data()) + wire::kAckBytes, a.reason_bytes));
-      continue;
+      continue;  // the ack's fixed part is judged above, then the reason read, then on_ack
     }
     if (c.setup_ != ShmConnection::Setup::up) break;
     unsigned char buf[256];

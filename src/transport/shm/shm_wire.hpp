@@ -159,6 +159,15 @@ inline Hello decode_hello(const unsigned char* in) {
   return h;
 }
 
+/// The bytes after a hello's fixed part `fixed` (kHelloBytes): the token, then the
+/// reason; -1 when it is not a hello of this version or either is longer than allowed
+/// (the skeleton's HelloFormat::tail_bytes; the magic is checked before).
+inline long hello_tail(const unsigned char* fixed) {
+  const Hello h = decode_hello(fixed);
+  if (h.version != kVersion || h.token_bytes > kMaxTokenBytes || h.reason_bytes > kMaxReasonBytes) return -1;
+  return long{h.token_bytes} + h.reason_bytes;
+}
+
 /// Hello, token and reason, ready to write.
 inline std::string hello_bytes(const Hello& h, const std::string& token, const std::string& reason) {
   std::string out(kHelloBytes, '\0');
@@ -176,6 +185,40 @@ inline Ack decode_ack(const unsigned char* in) {
   Ack a;
   le::get_fields(in, ack_fields(a));
   return a;
+}
+
+/// How many bytes in all the answer whose first `got` bytes are `buf` needs (the ack and
+/// its reason; the reader reads no further, so it is complete when this equals `got`), or
+/// -1 when its fixed part is not an ack of this version or announces too long a reason.
+inline long ack_needs(const unsigned char* buf, std::size_t got) {
+  if (got < kAckBytes) return static_cast<long>(kAckBytes);
+  const Ack a = decode_ack(buf);
+  if (a.magic != kAckMagic || a.version != kVersion || a.reason_bytes > kMaxReasonBytes) return -1;
+  return static_cast<long>(kAckBytes + a.reason_bytes);
+}
+
+/// How a slot header compares with what the receiver expects: the next part of message
+/// `seq`, posted with `tag` and `msg_bytes`, of which `got` bytes have arrived.
+enum class SlotMatch {
+  ok,
+  wrong_message,  ///< another message number: the ring is out of step
+  mismatch,       ///< another tag or message size than the posted receive
+  unknown_kind,   ///< a slot kind this version does not know
+  wrong_range,    ///< not the part at `got` of the length both sides derive
+};
+
+/// Compares a snapshot `h` of a slot header (the peer writes it: untrusted) with the part
+/// expected. Only `ok` lets the receiver copy the payload, whose length is then at most
+/// `slot_bytes` and ends within the message.
+inline SlotMatch match_slot(const SlotHeader& h, std::uint64_t seq, std::uint64_t tag, std::uint64_t msg_bytes,
+                            std::uint64_t got, std::size_t slot_bytes) {
+  if (h.seq != seq) return SlotMatch::wrong_message;
+  if (h.tag != tag || h.msg_bytes != msg_bytes) return SlotMatch::mismatch;
+  if (h.kind != kKindInline) return SlotMatch::unknown_kind;
+  const std::uint64_t rest = msg_bytes - got;
+  const std::uint64_t want = rest < slot_bytes ? rest : slot_bytes;
+  if (h.offset != got || h.part_bytes != want) return SlotMatch::wrong_range;
+  return SlotMatch::ok;
 }
 
 }  // namespace braid::transport::shm_wire

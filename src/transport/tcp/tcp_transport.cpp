@@ -253,12 +253,6 @@ bool retriable_connect_error(int err) {
          err == EHOSTUNREACH || err == ENETUNREACH || err == EAGAIN;
 }
 
-long hello_tail(const unsigned char* fixed) {
-  const wire::Hello h = wire::decode_hello(fixed);
-  if (h.version != wire::kVersion || h.token_bytes > wire::kMaxTokenBytes) return -1;
-  return h.token_bytes;
-}
-
 class TcpTransport final : public Skeleton {
  public:
   TcpTransport(const TcpOptions& options, Poller& poller, PeerDirectory& directory);
@@ -382,7 +376,7 @@ void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
 // Set-up and teardown.
 
 TcpTransport::TcpTransport(const TcpOptions& options, Poller& poller, PeerDirectory& directory)
-    : Skeleton(options, poller, directory, "tcp", {wire::kHelloMagic, wire::kHelloBytes, &hello_tail}),
+    : Skeleton(options, poller, directory, "tcp", {wire::kHelloMagic, wire::kHelloBytes, &wire::hello_tail}),
       opts_(options),
       conns_(options.size) {
   const std::string ip = select_address(opts_.ifname, opts_.master_addr);
@@ -623,7 +617,7 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     }
     if (!s.hdr_decoded) {
       s.cur = wire::decode_part(s.hdr);
-      if (s.cur.magic != wire::kPartMagic || s.cur.version != wire::kVersion) {
+      if (!wire::part_header_valid(s.cur)) {
         fail(c, c.who() + ": corrupt message header on socket " + std::to_string(s.index) +
                     " (magic " + hex(s.cur.magic) + ", version " + std::to_string(s.cur.version) +
                     "; expected magic " + hex(wire::kPartMagic) + ", version " +
@@ -691,14 +685,15 @@ TcpTransport::ReadOutcome TcpTransport::read_outcome(TcpConnection& c, Sock& s, 
 
 bool TcpTransport::match_part(TcpConnection& c, Sock& s, const RecvPart& p, RecvOp& op) {
   const wire::PartHeader& h = s.cur;
-  if (h.seq != p.seq || h.part_index != p.index) {
+  const wire::PartMatch m = wire::match_part(h, p.seq, p.index, op.tag, op.bytes, p.len);
+  if (m == wire::PartMatch::wrong_part) {
     fail(c, c.who() + ": protocol error on socket " + std::to_string(s.index) +
                 ": expected message #" + std::to_string(p.seq) + " part " + std::to_string(p.index) +
                 ", got message #" + std::to_string(h.seq) + " part " + std::to_string(h.part_index),
          false, c.peer_);
     return false;
   }
-  if (h.tag != op.tag || h.msg_bytes != op.bytes) {
+  if (m == wire::PartMatch::wrong_message) {
     if (p.index == 0) {
       fail(c, "message #" + std::to_string(p.seq) + " from rank " + std::to_string(c.peer_) +
                   " does not match the posted receive: expected tag " + std::to_string(op.tag) +
@@ -715,7 +710,7 @@ bool TcpTransport::match_part(TcpConnection& c, Sock& s, const RecvPart& p, Recv
     }
     return false;
   }
-  if (h.part_bytes != p.len) {
+  if (m == wire::PartMatch::wrong_length) {
     fail(c, c.who() + ": protocol error: part " + std::to_string(p.index) + " of message #" +
                 std::to_string(p.seq) + " (" + std::to_string(op.bytes) + " bytes) has length " +
                 std::to_string(h.part_bytes) + ", expected " + std::to_string(p.len),

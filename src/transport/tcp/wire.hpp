@@ -73,6 +73,15 @@ inline Hello decode_hello(const unsigned char* in) {
   return h;
 }
 
+/// The length of the token after a hello's fixed part `fixed` (kHelloBytes), or -1 when
+/// it is not a hello of this version or announces a token longer than kMaxTokenBytes
+/// (the skeleton's HelloFormat::tail_bytes; the magic is checked before).
+inline long hello_tail(const unsigned char* fixed) {
+  const Hello h = decode_hello(fixed);
+  if (h.version != kVersion || h.token_bytes > kMaxTokenBytes) return -1;
+  return h.token_bytes;
+}
+
 /// Hello followed by the token, ready to write.
 inline std::string hello_bytes(const Hello& h, const std::string& token) {
   std::string out(kHelloBytes + token.size(), '\0');
@@ -87,6 +96,28 @@ inline PartHeader decode_part(const unsigned char* in) {
   PartHeader h;
   le::get_fields(in, part_fields(h));
   return h;
+}
+
+/// A part header of this protocol and version (any other is a corrupt stream).
+inline bool part_header_valid(const PartHeader& h) { return h.magic == kPartMagic && h.version == kVersion; }
+
+/// How a part header compares with the part the receiver expects next on its socket.
+enum class PartMatch {
+  ok,
+  wrong_part,     ///< another message number or part index: the streams are out of step
+  wrong_message,  ///< another tag or message size than the posted receive
+  wrong_length,   ///< the part's payload length is not the one both sides derive
+};
+
+/// Compares `h` with the expected part `index` (payload `part_bytes`) of message `seq`,
+/// posted with `tag` and `msg_bytes`. Only `ok` lets the receiver read the payload, so its
+/// length always comes from the receiver's own split, never from the wire.
+inline PartMatch match_part(const PartHeader& h, std::uint64_t seq, int index, std::uint64_t tag,
+                            std::uint64_t msg_bytes, std::size_t part_bytes) {
+  if (h.seq != seq || h.part_index != index) return PartMatch::wrong_part;
+  if (h.tag != tag || h.msg_bytes != msg_bytes) return PartMatch::wrong_message;
+  if (h.part_bytes != part_bytes) return PartMatch::wrong_length;
+  return PartMatch::ok;
 }
 
 /// Number of parts a message of `bytes` is cut into over `sockets` sockets:

@@ -48,6 +48,7 @@
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
 #include "transport/ucx/ucx_lib.hpp"
+#include "transport/ucx/ucx_wire.hpp"
 
 #include <braid/error.hpp>
 
@@ -69,10 +70,16 @@ constexpr std::uint64_t kSessionShift = 24;
 constexpr std::uint64_t kLow24 = (std::uint64_t{1} << 24) - 1;
 constexpr std::uint64_t kDataMask = ~kLow24;                            // rank + session
 constexpr std::uint64_t kSessionMask = kLow24 << kSessionShift;         // session only
-constexpr std::uint32_t kMagic = 0x58435542;                            // "BUCX"
 constexpr std::size_t kControlBytes = 64 << 10;
 
-enum Kind : std::uint32_t { kHello = 1, kRefusal = 2, kBye = 3, kByeAck = 4 };
+using ucx_wire::Control;
+using ucx_wire::ControlView;
+using ucx_wire::Kind;
+using ucx_wire::kBye;
+using ucx_wire::kByeAck;
+using ucx_wire::kControlFixed;
+using ucx_wire::kHello;
+using ucx_wire::kRefusal;
 
 /// 24 bits of braid's tag: the low 24 xor a fold of the high 40, so small tags are exact.
 std::uint64_t tag_bits(std::uint64_t tag) {
@@ -85,15 +92,6 @@ std::uint64_t guess_tag(std::uint64_t bits, std::uint64_t expected) {
   return (hi << 24) | ((bits ^ hi ^ (hi >> 24)) & kLow24);
 }
 
-/// A control message: a fixed part, then the token and a worker address.
-struct Control {
-  std::uint32_t magic = kMagic, kind = 0;
-  std::uint64_t comm_id = 0;
-  std::int32_t from = -1, to = -1;
-  std::uint32_t session = 0, echo = 0, token_bytes = 0, addr_bytes = 0;
-  auto fields() { return std::tie(magic, kind, comm_id, from, to, session, echo, token_bytes, addr_bytes); }
-};
-constexpr std::size_t kControlFixed = le::Packed<decltype(std::declval<Control&>().fields())>::bytes;
 
 // --- The process's context ---------------------------------------------------------------
 
@@ -372,13 +370,7 @@ class UcxTransport final : public Transport {
     h.to = to;
     h.session = session;
     h.echo = echo;
-    h.token_bytes = static_cast<std::uint32_t>(common_.auth_token.size());
-    h.addr_bytes = with_addr ? static_cast<std::uint32_t>(address_.size()) : 0;
-    std::vector<unsigned char> out(kControlFixed + h.token_bytes + h.addr_bytes);
-    le::put_fields(out.data(), h.fields());
-    std::copy(common_.auth_token.begin(), common_.auth_token.end(), out.begin() + kControlFixed);
-    if (with_addr) std::copy(address_.begin(), address_.end(), out.begin() + kControlFixed + h.token_bytes);
-    return out;
+    return ucx_wire::encode_control(h, common_.auth_token, with_addr ? address_ : std::vector<unsigned char>());
   }
   /// Sends a control message on `ep`; the op waits in controls_ until it completes.
   void send_control(ucp_ep_h ep, Kind kind, std::vector<unsigned char> payload) {
@@ -622,14 +614,13 @@ bool UcxTransport::on_control() {
     if (common_.on_refused) common_.on_refused(self() + " refused a control message that is not a braid hello");
     return true;
   }
-  const unsigned char* b = in->payload.data();
-  Control h;
-  le::get_fields(b, h.fields());
-  if (h.magic != kMagic || kControlFixed + std::size_t{h.token_bytes} + h.addr_bytes != in->info.length) {
+  ControlView v;
+  if (!ucx_wire::decode_control(in->payload.data(), in->info.length, &v)) {
     if (common_.on_refused) common_.on_refused(self() + " refused a control message that is not a braid hello");
     return true;
   }
-  const unsigned char* addr = h.addr_bytes > 0 ? b + kControlFixed + h.token_bytes : nullptr;
+  const Control& h = v.h;
+  const unsigned char* addr = v.addr;
   UcxConnection* c = h.from >= 0 && h.from < common_.size && h.from != common_.rank ? conns_.find(h.from) : nullptr;
   using S = UcxConnection::State;
   // A refusal comes from a rank that does not take us for one of its communicator, so it
@@ -644,9 +635,8 @@ bool UcxTransport::on_control() {
     }
     return true;
   }
-  const bool valid = h.comm_id == common_.comm_id && h.to == common_.rank && h.from >= 0 && h.from < common_.size &&
-                     h.from != common_.rank && token_equal(b + kControlFixed, h.token_bytes, common_.auth_token) &&
-                     h.from == static_cast<std::int32_t>(in->info.sender_tag >> kRankShift);
+  const bool valid = ucx_wire::control_authentic(v, common_.comm_id, common_.rank, common_.size, common_.auth_token,
+                                                 static_cast<std::int32_t>(in->info.sender_tag >> kRankShift));
   if (!valid) {
     refuse(h, addr, "its hello names another communicator, rank or token");
     return true;

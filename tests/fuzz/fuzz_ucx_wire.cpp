@@ -1,0 +1,50 @@
+// The UCX transport's control messages (hello, refusal, bye, bye-ack: ucx_wire::
+// decode_control and control_authentic, as UcxTransport::on_control uses them) and the
+// worker address a peer publishes in the store as hex (base::from_hex_bytes, as
+// connect_steps reads it). Needs no UCX: the format is UCX-free.
+#include "fuzz_common.hpp"
+
+#include "base/text.hpp"
+#include "transport/ucx/ucx_wire.hpp"
+
+#include <vector>
+
+namespace w = braid::transport::ucx_wire;
+
+namespace {
+constexpr std::uint64_t kComm = 0x0123456789abcdefull;
+constexpr int kRank = 3, kSize = 8;
+const std::string kToken = "job-token";
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::uint8_t mode = data[0];
+  ++data;
+  --size;
+  if (mode & 1) {
+    // The published worker address: hex text from another rank.
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    std::vector<unsigned char> addr;
+    if (braid::base::from_hex_bytes(text, &addr)) {
+      FUZZ_CHECK(addr.size() * 2 == text.size());
+      FUZZ_CHECK(braid::base::hex_bytes(addr.data(), addr.size()) == text);
+    }
+    return 0;
+  }
+  // A control message as it arrived (UCX gives its length).
+  w::ControlView v;
+  if (!w::decode_control(data, size, &v)) return 0;
+  FUZZ_CHECK(w::kControlFixed + std::size_t{v.h.token_bytes} + v.h.addr_bytes == size);
+  const std::string token(reinterpret_cast<const char*>(v.token), v.h.token_bytes);
+  std::vector<unsigned char> addr;
+  if (v.addr != nullptr) addr.assign(v.addr, v.addr + v.h.addr_bytes);
+  FUZZ_CHECK((v.addr == nullptr) == (v.h.addr_bytes == 0));
+  // Encoding what was decoded gives the same bytes back.
+  FUZZ_CHECK(w::encode_control(v.h, token, addr) == std::vector<unsigned char>(data, data + size));
+  const std::int64_t tag_rank = mode >> 1 & 7;
+  if (w::control_authentic(v, kComm, kRank, kSize, kToken, tag_rank)) {
+    FUZZ_CHECK(v.h.from >= 0 && v.h.from < kSize && v.h.from != kRank && v.h.from == tag_rank && token == kToken);
+  }
+  return 0;
+}

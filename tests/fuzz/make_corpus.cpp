@@ -1,0 +1,291 @@
+// Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): real messages
+// and files made by the production encoders (the transports' hellos and headers, TcpStore
+// frames, a FileStore file, a saved error-feedback checkpoint, the default cost model,
+// encoded codec payloads), each behind the mode bytes its target reads first.
+//   build-fuzz/tests/fuzz/make_corpus tests/fuzz/corpus
+// The seeds are committed; rerun this after a format changes (docs/reliability.md).
+#include "collectives/cost.hpp"
+#include "compression/codec.hpp"
+#include "compression/error_feedback.hpp"
+#include "core/store_wire.hpp"
+#include "transport/shm/shm_wire.hpp"
+#include "transport/tcp/wire.hpp"
+#include "transport/ucx/ucx_wire.hpp"
+
+#include <braid/store.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+namespace {
+
+std::string root;
+
+void seed(const std::string& target, const std::string& name, const std::string& bytes) {
+  const std::string dir = root + "/" + target;
+  ::mkdir(dir.c_str(), 0755);
+  std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+}
+
+std::string u8(unsigned v) { return std::string(1, static_cast<char>(v)); }
+std::string bytes_of(const std::vector<unsigned char>& v) { return std::string(v.begin(), v.end()); }
+
+// The identity the fuzz targets authenticate against (their kComm, kToken).
+constexpr std::uint64_t kComm = 0x0123456789abcdefull;
+const std::string kToken = "job-token";
+
+void tcp() {
+  namespace w = braid::transport::tcp_wire;
+  w::Hello h;
+  h.socket_index = 0;
+  h.sockets_per_peer = 2;
+  h.token_bytes = static_cast<std::uint16_t>(kToken.size());
+  h.from_rank = 1;
+  h.to_rank = 5;
+  h.comm_id = kComm;
+  const std::string hello = w::hello_bytes(h, kToken);
+  seed("tcp_wire", "hello", u8(1) + hello);
+  // The hello, then message 0 (0 bytes, tag 3) and message 1 (1 byte, tag 980), one socket.
+  std::string s = u8(0) + hello;
+  const std::size_t sizes[] = {0, 1};
+  for (std::uint64_t seq = 0; seq < 2; ++seq) {
+    w::PartHeader p;
+    p.seq = seq;
+    p.tag = seq * 977 + 3;
+    p.msg_bytes = p.part_bytes = sizes[seq];
+    unsigned char b[w::kPartHeaderBytes];
+    w::encode(p, b);
+    s.append(reinterpret_cast<const char*>(b), sizeof b);
+    s.append(sizes[seq], 'x');
+  }
+  seed("tcp_wire", "hello_two_messages", s);
+}
+
+void shm() {
+  namespace w = braid::transport::shm_wire;
+  w::Hello h;
+  h.token_bytes = static_cast<std::uint16_t>(kToken.size());
+  h.from_rank = 0;
+  h.to_rank = 2;
+  h.slots = 8;
+  h.comm_id = kComm;
+  h.slot_bytes = 4 * w::kPage;
+  seed("shm_wire", "hello", u8(0) + w::hello_bytes(h, kToken, ""));
+  h.status = w::kStatusFailed;
+  const std::string why = "cannot create the segment";
+  h.reason_bytes = static_cast<std::uint16_t>(why.size());
+  seed("shm_wire", "hello_failed", u8(0) + w::hello_bytes(h, kToken, why));
+  // An ack, then the slot of message 0 (0 bytes, tag 1) and message 1 (1 byte, tag 32).
+  std::string s = u8(1) + w::ack_bytes(w::Ack{}, "");
+  for (std::uint64_t seq = 0; seq < 2; ++seq) {
+    w::SlotHeader sh{};
+    sh.seq = seq;
+    sh.tag = seq * 31 + 1;
+    sh.msg_bytes = sh.part_bytes = seq;
+    sh.kind = w::kKindInline;
+    s.append(reinterpret_cast<const char*>(&sh), sizeof sh);
+  }
+  seed("shm_wire", "ack_two_slots", s);
+  w::Ack refused;
+  refused.status = w::kStatusFailed;
+  refused.reason_bytes = 7;
+  seed("shm_wire", "ack_refused", u8(1) + w::ack_bytes(refused, "refused"));
+}
+
+void ucx() {
+  namespace w = braid::transport::ucx_wire;
+  const std::vector<unsigned char> addr = {0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80};
+  w::Control h;
+  h.kind = w::kHello;
+  h.comm_id = kComm;
+  h.from = 1;
+  h.to = 3;
+  h.session = 77;
+  seed("ucx_wire", "hello", u8(1 << 1) + bytes_of(w::encode_control(h, kToken, addr)));
+  h.kind = w::kRefusal;
+  h.echo = 77;
+  seed("ucx_wire", "refusal", u8(1 << 1) + bytes_of(w::encode_control(h, kToken, {})));
+  h.kind = w::kBye;
+  h.echo = 12;
+  seed("ucx_wire", "bye", u8(1 << 1) + bytes_of(w::encode_control(h, kToken, {})));
+  seed("ucx_wire", "address_hex", u8(1) + "102030405060708090a0b0c0d0e0f0ff");
+}
+
+void store() {
+  namespace sw = braid::core::store_wire;
+  auto req = [](sw::Op op, std::uint32_t id) {
+    sw::Encoder e;
+    e.u8(op);
+    e.u32(id);
+    return e;
+  };
+  std::string all = sw::hello_bytes();
+  {
+    auto e = req(sw::kSet, 1);
+    e.str("key");
+    e.str("value");
+    all += e.finish();
+  }
+  {
+    auto e = req(sw::kGet, 2);
+    e.str("key");
+    e.u64(1000);
+    all += e.finish();
+  }
+  {
+    auto e = req(sw::kAdd, 3);
+    e.str("counter");
+    e.u64(static_cast<std::uint64_t>(-5));
+    all += e.finish();
+  }
+  {
+    auto e = req(sw::kCheck, 4);
+    e.u32(2);
+    e.str("a");
+    e.str("b");
+    all += e.finish();
+  }
+  {
+    auto e = req(sw::kWait, 5);
+    e.u32(1);
+    e.str("a");
+    e.u64(50);
+    all += e.finish();
+  }
+  {
+    auto e = req(sw::kRemove, 6);
+    e.str("key");
+    all += e.finish();
+  }
+  seed("store_server", "every_request", u8(0) + all);
+
+  // Replies (the client's input): OK with a value, an i64, a flag, a WAIT timeout with
+  // the missing keys, an error message. The target reads a piece-size byte first.
+  auto reply = [](sw::Status s, std::uint32_t id) {
+    sw::Encoder e;
+    e.u8(s);
+    e.u32(id);
+    return e;
+  };
+  std::string r;
+  {
+    auto e = reply(sw::kOk, 2);
+    e.str("value");
+    r += e.finish();
+  }
+  {
+    auto e = reply(sw::kOk, 3);
+    e.u64(42);
+    r += e.finish();
+  }
+  {
+    auto e = reply(sw::kOk, 4);
+    e.u8(1);
+    r += e.finish();
+  }
+  {
+    auto e = reply(sw::kTimeout, 5);
+    e.u32(1);
+    e.str("a");
+    r += e.finish();
+  }
+  {
+    auto e = reply(sw::kFailed, 7);
+    e.str("the value of 'counter' is not a decimal integer");
+    r += e.finish();
+  }
+  seed("store_client", "replies", u8(255) + r);
+}
+
+void file_store() {
+  const std::string path = "/tmp/braid-make-corpus-" + std::to_string(::getpid());
+  ::unlink(path.c_str());
+  {
+    braid::FileStore fs(path);
+    fs.set("a", "1");
+    fs.set("b", "hello");
+    fs.add("n", 7);
+    fs.remove("b");
+  }
+  std::ifstream f(path, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ::unlink(path.c_str());
+  seed("file_store", "real_file", u8(1) + file);          // raw: the file as it is
+  seed("file_store", "records", u8(0) + file.substr(16));  // behind the target's header
+}
+
+void error_feedback() {
+  braid::compression::ErrorFeedbackStore s;
+  float* w = s.residual("bucket0", braid::compression::ResidualRole::worker, 4);
+  w[0] = 1.5f;
+  w[3] = -2.0f;
+  s.residual("bucket1", braid::compression::ResidualRole::owner, 2)[1] = 0.25f;
+  std::ostringstream os;
+  s.save(os);
+  seed("error_feedback", "checkpoint", u8(0) + os.str());
+  // Without its checksum, which the target then appends (mode bit 0).
+  seed("error_feedback", "checkpoint_unsummed", u8(1) + os.str().substr(0, os.str().size() - 8));
+}
+
+void cost_model() {
+  seed("cost_model", "defaults", braid::collectives::serialize(braid::collectives::CostModel::defaults()) + "\n");
+}
+
+void codec() {
+  namespace cz = braid::compression;
+  // The target's header: kind, block/8 - 1, rounding, ratio*256 - 1, count (u16), framed.
+  const char* names[] = {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:0.25"};
+  std::vector<float> x(100);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) - 8.5f;
+  for (const char* n : names) {
+    cz::CodecSpec spec = cz::parse_codec(n);
+    spec.block = 32;
+    std::vector<std::uint8_t> out(cz::encoded_bytes(spec, x.size()));
+    cz::encode(spec, x.data(), x.size(), out.data());
+    std::string s;
+    s += u8(static_cast<unsigned>(spec.kind));
+    s += u8(32 / 8 - 1);
+    s += u8(0);
+    s += u8(63);  // ratio 64/256
+    s += u8(x.size() & 0xff) + u8(x.size() >> 8);
+    s += u8(0);
+    s.append(out.begin(), out.end());
+    std::string file = n;
+    for (char& c : file)
+      if (c == ':' || c == '.') c = '_';
+    seed("codec", file, s);
+  }
+}
+
+void unique_id() {
+  seed("unique_id", "id", "braid-uid-1 10.1.2.3 29500 1f2e3d4c5b6a7988a0b1c2d3");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR (tests/fuzz/corpus)\n", argv[0]);
+    return 2;
+  }
+  root = argv[1];
+  ::mkdir(root.c_str(), 0755);
+  tcp();
+  shm();
+  ucx();
+  store();
+  file_store();
+  error_feedback();
+  cost_model();
+  codec();
+  unique_id();
+  return 0;
+}
