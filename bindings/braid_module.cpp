@@ -15,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include <braid/braid.hpp>
+#include <braid/device.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -392,6 +393,36 @@ PYBIND11_MODULE(_C, m) {
     d["torch_agent_store"] = e.torch_agent_store;
     return d;
   });
+  // --- device memory through braid's device runtime (braid/device.hpp) ----------------
+  m.def("device_runtime", &braid::device::runtime,
+        "The device runtime of this process: 'cuda: ...', 'emulated (tests only): ...' or 'none: <why>'.");
+  m.def("device_count", &braid::device::count, "Devices of the device runtime (0: none).");
+  m.def(
+      "device_alloc",
+      [](std::size_t bytes, int device) { return reinterpret_cast<std::uintptr_t>(braid::device::alloc(bytes, device)); },
+      py::arg("bytes"), py::arg("device") = -1, "Device memory (an address); free it with device_free.");
+  m.def(
+      "device_free", [](std::uintptr_t p) { braid::device::free(reinterpret_cast<void*>(p)); }, py::arg("ptr"));
+  m.def(
+      "device_copy",
+      [](std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) {
+        py::gil_scoped_release nogil;
+        braid::device::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+      },
+      py::arg("dst"), py::arg("src"), py::arg("bytes"), "Synchronous copy, any direction.");
+  m.def(
+      "device_create_stream", [] { return reinterpret_cast<std::uintptr_t>(braid::device::create_stream()); },
+      "A new stream (an address; cudaStream_t under CUDA).");
+  m.def(
+      "device_destroy_stream", [](std::uintptr_t s) { braid::device::destroy_stream(reinterpret_cast<void*>(s)); },
+      py::arg("stream"));
+  m.def(
+      "device_synchronize",
+      [](std::uintptr_t s) {
+        py::gil_scoped_release nogil;
+        braid::device::synchronize(reinterpret_cast<void*>(s));
+      },
+      py::arg("stream") = 0, "Blocks until everything on the stream has run.");
   m.def("gpu_status", &braid::gpu_status,
         "What this process can do with GPUs, in one line: 'not built with CUDA', 'no GPU: <why>' or "
         "'N CUDA devices'. Never fails on a host without a GPU or driver.");
@@ -544,9 +575,10 @@ PYBIND11_MODULE(_C, m) {
           "allreduce",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
              braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, braid::Algorithm algorithm,
-             const std::string& codec, const std::string& ef_key, bool deterministic) {
+             const std::string& codec, const std::string& ef_key, bool deterministic, std::uintptr_t stream) {
             braid::AllreduceOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.algorithm = algorithm;
             o.codec = codec;
             o.ef_key = ef_key;
@@ -556,89 +588,96 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("timeout") = py::none(), py::arg("algorithm") = braid::Algorithm::automatic,
-          py::arg("codec") = "", py::arg("ef_key") = "", py::arg("deterministic") = false)
+          py::arg("codec") = "", py::arg("ef_key") = "", py::arg("deterministic") = false, py::arg("stream") = 0)
       .def(
           "broadcast",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
-             braid::DataType dtype, int root, std::optional<double> timeout) {
+             braid::DataType dtype, int root, std::optional<double> timeout, std::uintptr_t stream) {
             braid::BroadcastOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.root = root;
             py::gil_scoped_release nogil;
             return c.broadcast(cptr(send), mptr(recv), count, dtype, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"),
-          py::arg("timeout") = py::none())
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "reduce",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
              braid::DataType dtype, braid::ReduceOp op, int root, std::optional<double> timeout,
-             bool deterministic) {
+             bool deterministic, std::uintptr_t stream) {
             braid::ReduceOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.root = root;
             o.deterministic = deterministic;
             py::gil_scoped_release nogil;
             return c.reduce(cptr(send), mptr(recv), count, dtype, op, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
-          py::arg("timeout") = py::none(), py::arg("deterministic") = false)
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0)
       .def(
           "allgather",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
-             braid::DataType dtype, std::optional<double> timeout) {
+             braid::DataType dtype, std::optional<double> timeout, std::uintptr_t stream) {
             braid::AllgatherOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             py::gil_scoped_release nogil;
             return c.allgather(cptr(send), mptr(recv), count, dtype, o);
           },
-          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none())
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "reduce_scatter",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
-             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, bool deterministic) {
+             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, bool deterministic, std::uintptr_t stream) {
             braid::ReduceScatterOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.deterministic = deterministic;
             py::gil_scoped_release nogil;
             return c.reduce_scatter(cptr(send), mptr(recv), count, dtype, op, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("timeout") = py::none(), py::arg("deterministic") = false)
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0)
       .def(
           "alltoall",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
-             braid::DataType dtype, std::optional<double> timeout) {
+             braid::DataType dtype, std::optional<double> timeout, std::uintptr_t stream) {
             braid::AlltoallOptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             py::gil_scoped_release nogil;
             return c.alltoall(cptr(send), mptr(recv), count, dtype, o);
           },
-          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none())
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "send",
           [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
-             std::uint32_t tag, std::optional<double> timeout) {
+             std::uint32_t tag, std::optional<double> timeout, std::uintptr_t stream) {
             braid::P2POptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.tag = tag;
             py::gil_scoped_release nogil;
             return c.send(cptr(buf), count, dtype, peer, o);
           },
           py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
-          py::arg("timeout") = py::none())
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "recv",
           [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
-             std::uint32_t tag, std::optional<double> timeout) {
+             std::uint32_t tag, std::optional<double> timeout, std::uintptr_t stream) {
             braid::P2POptions o;
             o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
             o.tag = tag;
             py::gil_scoped_release nogil;
             return c.recv(mptr(buf), count, dtype, peer, o);
           },
           py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
-          py::arg("timeout") = py::none())
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "barrier",
           [](braid::Communicator& c, std::optional<double> timeout) {

@@ -100,12 +100,51 @@ def _unsupported(message: str) -> UnsupportedError:
 
 
 class _Buf:
-    """Address, element count and dtype of a caller's buffer (no copy)."""
+    """Address, element count and dtype of a caller's buffer (no copy); for device buffers
+    (CUDA tensors, __cuda_array_interface__ producers) also the stream the call joins."""
 
-    __slots__ = ("obj", "ptr", "count", "dtype", "shape")
+    __slots__ = ("obj", "ptr", "count", "dtype", "shape", "device", "stream")
 
-    def __init__(self, obj: Any, ptr: int, count: int, dtype: DataType, shape: tuple):
+    def __init__(self, obj: Any, ptr: int, count: int, dtype: DataType, shape: tuple,
+                 device: bool = False, stream: int = 0):
         self.obj, self.ptr, self.count, self.dtype, self.shape = obj, ptr, count, dtype, shape
+        self.device, self.stream = device, stream
+
+
+_CAI_TYPES = {"<f4": DataType.f32, "<f8": DataType.f64, "<f2": DataType.f16, "|i1": DataType.i8,
+              "|u1": DataType.u8, "<i4": DataType.i32, "<i8": DataType.i64}
+
+
+def _cuda_array(x: Any, what: str, writable: bool) -> _Buf:
+    """A __cuda_array_interface__ producer (CuPy, Numba, ...): device memory, C-contiguous.
+    The call joins the producer's stream when it names one (version 3), else the default stream."""
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    typestr = cai["typestr"].replace("=", "<")
+    dt = _CAI_TYPES.get(typestr)
+    if dt is None:
+        raise _usage(f"{what} has type {cai['typestr']} (__cuda_array_interface__), which braid does not reduce; "
+                     "use one of " + ", ".join(_CAI_TYPES))
+    count = 1
+    for d in shape:
+        count *= int(d)
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        item = int(typestr[2:])
+        want, acc = [], item
+        for d in reversed(shape):
+            want.append(acc)
+            acc *= int(d)
+        if tuple(reversed(want)) != tuple(strides):
+            raise _usage(f"{what} is not C-contiguous (strides {tuple(strides)} for shape {shape}); "
+                         "pass a contiguous copy and copy the result back")
+    ptr, read_only = cai["data"]
+    if writable and read_only:
+        raise _usage(f"{what} is read-only but braid writes the result into it; pass a writable array or out=")
+    stream = cai.get("stream") or 0
+    if stream == 1:  # the legacy default stream
+        stream = 0
+    return _Buf(x, int(ptr), count, dt, shape, device=True, stream=int(stream))
 
 
 def _is_torch(x: Any) -> bool:
@@ -115,9 +154,8 @@ def _is_torch(x: Any) -> bool:
 
 def _buffer(x: Any, what: str, writable: bool) -> _Buf:
     if _is_torch(x):
-        if x.device.type != "cpu":
-            raise _unsupported(f"{what} is a {x.device.type} tensor; this build handles CPU tensors only "
-                               "(CUDA tensors arrive with the CUDA path); move it with .cpu()")
+        if x.device.type not in ("cpu", "cuda"):
+            raise _unsupported(f"{what} is a {x.device.type} tensor; braid takes CPU and CUDA tensors")
         dt = _TORCH_DTYPE_NAMES.get(str(x.dtype))
         if dt is None:
             raise _usage(f"{what} has dtype {x.dtype}, which braid does not reduce; use one of "
@@ -125,7 +163,14 @@ def _buffer(x: Any, what: str, writable: bool) -> _Buf:
         if not x.is_contiguous():
             raise _usage(f"{what} is not contiguous (strides {tuple(x.stride())} for shape {tuple(x.shape)}); "
                          "pass x.contiguous() and copy the result back")
+        if x.device.type == "cuda":
+            import torch
+            # The call joins the tensor's current stream, as torch's NCCL backend does.
+            return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape), device=True,
+                        stream=int(torch.cuda.current_stream(x.device).cuda_stream))
         return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape))
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        return _cuda_array(x, what, writable)
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(memoryview(x))  # zero-copy view of any buffer-protocol object
@@ -154,8 +199,20 @@ def _empty_like(b: _Buf, count: int, shape: Optional[tuple] = None) -> Any:
     shape = shape if shape is not None else (count,)
     if _is_torch(b.obj):
         import torch
-        return torch.empty(shape, dtype=b.obj.dtype)
+        return torch.empty(shape, dtype=b.obj.dtype, device=b.obj.device)
+    if b.device:
+        raise _usage("braid cannot allocate an output for a __cuda_array_interface__ array; pass out=")
     return np.empty(shape, dtype=b.obj.dtype)
+
+
+def _stream(stream: Optional[int], *bufs: _Buf) -> int:
+    """The stream a call joins: the one given, else the first device buffer's (0 for host)."""
+    if stream is not None:
+        return int(stream)
+    for b in bufs:
+        if b.device:
+            return b.stream
+    return 0
 
 
 def _op(op: Union[str, ReduceOp]) -> ReduceOp:
@@ -337,7 +394,8 @@ class Communicator:
     # --- collectives ------------------------------------------------------------
     def allreduce(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *, async_op: bool = False,
                   algorithm: Union[None, str, Algorithm] = None, codec: Optional[str] = None,
-                  ef_key: Optional[str] = None, deterministic: bool = False, timeout: Optional[float] = None):
+                  ef_key: Optional[str] = None, deterministic: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Reduces `x` over ranks, in place by default (into `out` if given).
 
         `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk:0.01", ...);
@@ -349,27 +407,31 @@ class Communicator:
         if o.count != b.count:
             raise _usage(f"allreduce: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.allreduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), timeout, _algorithm(algorithm),
-                                 codec or "", ef_key or "", deterministic)
+                                 codec or "", ef_key or "", deterministic, _stream(stream, b, o))
         return self._post(w, (b.obj, o.obj), o.obj, async_op)
 
-    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+    def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Copies root's `x` into every rank's `x` (in place)."""
         b = _buffer(x, "broadcast buffer", writable=True)
-        w = self._impl.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, timeout)
+        w = self._impl.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, timeout, _stream(stream, b))
         return self._post(w, (b.obj,), b.obj, async_op)
 
     def reduce(self, x: Any, root: int = 0, op: Union[str, ReduceOp] = "sum", out: Any = None, *,
-               async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None):
+               async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Reduces every rank's `x` into root's `out` (default: root's `x`, in place)."""
         b = _buffer(x, "reduce input", writable=out is None)
         o = b if out is None else _buffer(out, "reduce output", writable=True)
         _same_dtype(b, o, "reduce")
         if o.count != b.count:
             raise _usage(f"reduce: input has {b.count} elements but output has {o.count}; they must match")
-        w = self._impl.reduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), root, timeout, deterministic)
+        w = self._impl.reduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), root, timeout, deterministic,
+                              _stream(stream, b, o))
         return self._post(w, (b.obj, o.obj), o.obj, async_op)
 
-    def allgather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None):
+    def allgather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Gathers every rank's `x` into `out` of size × len(x) elements, in rank order
         (allocated with shape (size, *x.shape) if not given)."""
         b = _buffer(x, "allgather input", writable=False)
@@ -381,11 +443,12 @@ class Communicator:
         if o.count != n * b.count:
             raise _usage(f"allgather: output has {o.count} elements but needs size*count = {n}*{b.count} = "
                          f"{n * b.count}")
-        w = self._impl.allgather(b.ptr, o.ptr, b.count, b.dtype, timeout)
+        w = self._impl.allgather(b.ptr, o.ptr, b.count, b.dtype, timeout, _stream(stream, b, o))
         return self._post(w, (b.obj, o.obj), o.obj, async_op)
 
     def reduce_scatter(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *,
-                       async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None):
+                       async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Reduces `x` (size × count elements) over ranks and leaves block `rank` in `out`
         (count elements; allocated with shape x.shape[1:] when x.shape[0] == size)."""
         b = _buffer(x, "reduce_scatter input", writable=False)
@@ -400,10 +463,12 @@ class Communicator:
         _same_dtype(b, o, "reduce_scatter")
         if o.count != count:
             raise _usage(f"reduce_scatter: output has {o.count} elements but input/size = {count}")
-        w = self._impl.reduce_scatter(b.ptr, o.ptr, count, b.dtype, _op(op), timeout, deterministic)
+        w = self._impl.reduce_scatter(b.ptr, o.ptr, count, b.dtype, _op(op), timeout, deterministic,
+                                      _stream(stream, b, o))
         return self._post(w, (b.obj, o.obj), o.obj, async_op)
 
-    def alltoall(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None):
+    def alltoall(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Sends block j of `x` (size equal blocks) to rank j; block j of `out` comes from rank j.
         `out` defaults to a new buffer shaped like `x`."""
         b = _buffer(x, "alltoall input", writable=False)
@@ -416,19 +481,21 @@ class Communicator:
         _same_dtype(b, o, "alltoall")
         if o.count != b.count:
             raise _usage(f"alltoall: input has {b.count} elements but output has {o.count}; they must match")
-        w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout)
+        w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout, _stream(stream, b, o))
         return self._post(w, (b.obj, o.obj), o.obj, async_op)
 
-    def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+    def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Sends `x` to `peer`; matched in order by the peer's recv with the same tag."""
         b = _buffer(x, "send buffer", writable=False)
-        w = self._impl.send(b.ptr, b.count, b.dtype, peer, tag, timeout)
+        w = self._impl.send(b.ptr, b.count, b.dtype, peer, tag, timeout, _stream(stream, b))
         return self._post(w, (b.obj,), None, async_op)
 
-    def recv(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+    def recv(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
+                  stream: Optional[int] = None):
         """Receives exactly len(x) elements from `peer` into `x`."""
         b = _buffer(x, "recv buffer", writable=True)
-        w = self._impl.recv(b.ptr, b.count, b.dtype, peer, tag, timeout)
+        w = self._impl.recv(b.ptr, b.count, b.dtype, peer, tag, timeout, _stream(stream, b))
         return self._post(w, (b.obj,), b.obj, async_op)
 
     def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None):

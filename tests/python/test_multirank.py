@@ -69,3 +69,10 @@ def test_torchrun_launch():
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "BRAID_TIMEOUT": "60s"})
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("send/recv ok") == 2, p.stdout
+
+
+def test_device_arrays_on_the_emulated_device_runtime(run_ranks):
+    """__cuda_array_interface__ producers (CuPy/Numba-shaped) as device buffers, on the
+    host emulation of the device runtime (no GPU here; docs/gpu.md)."""
+    p = run_ranks(3, "ranks_device.py", "collectives", env={"BRAID_GPU_BACKEND": "emulated"})
+    assert p.stdout.count("device arrays ok") == 3, p.stdout
