@@ -13,6 +13,9 @@
 
 #include <braid/error.hpp>
 #include <braid/config.hpp>
+#if BRAID_HAVE_UCX
+#include "transport/ucx/ucx_probe.hpp"
+#endif
 #include <braid/info.hpp>
 
 #include <unistd.h>
@@ -21,6 +24,8 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -143,6 +148,29 @@ core::EngineOptions engine_options(const core::Config& cfg, const core::Membersh
 
 }  // namespace
 
+namespace {
+/// Whether this process has an RDMA fabric to other hosts, as its UCX reports it (an rc,
+/// dc or ud transport): auto mode then runs pairs on different hosts over ucx. Asked
+/// once per library (a UCX probe costs a few milliseconds).
+bool rdma_fabric(const std::string& ucx_library) {
+#if BRAID_HAVE_UCX
+  static std::mutex mu;
+  static std::map<std::string, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(ucx_library);
+  if (it == known.end()) {
+    const auto st = transport::ucx::probe(ucx_library);
+    it = known.emplace(ucx_library, st.available && st.rdma).first;
+    BRAID_LOG(info, "UCX " << transport::ucx::describe(st) << (it->second ? ": pairs on different hosts use ucx" : ""));
+  }
+  return it->second;
+#else
+  (void)ucx_library;
+  return false;
+#endif
+}
+}  // namespace
+
 Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options,
                          const std::string& address_hint)
     : cfg(core::Config::global()), rank(r), size(n), base_store(std::move(base)) {
@@ -178,7 +206,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   const JobSecret secret = share_secret(*store, rank, cfg.auth_token, timeout);
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
-      timeout);
+      timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library));
   const core::Membership member{rank, size, timeout, store, topology};
   engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
@@ -680,7 +708,8 @@ std::string Communicator::describe_topology() const {
     for (int b = 0; b < im.size; ++b) {
       if (a == b) continue;
       const bool same = l.host_of[static_cast<std::size_t>(a)] == l.host_of[static_cast<std::size_t>(b)];
-      os << " " << b << "=" << router.entries()[router.choose({a, b, same})]->name;
+      const bool rdma = !same && im.topology->has_rdma(a) && im.topology->has_rdma(b);
+      os << " " << b << "=" << router.entries()[router.choose({a, b, same, rdma})]->name;
     }
     os << "\n";
   }

@@ -431,7 +431,7 @@ int Engine::transport_for(int peer) {
   // has not: try again on the next pass.
   const auto same = opt_.topology->same_host(peer);
   if (!same) return -1;
-  const transport::PairFacts pair{opt_.rank, peer, *same};
+  const transport::PairFacts pair{opt_.rank, peer, *same, !*same && opt_.topology->has_rdma(opt_.rank) && opt_.topology->has_rdma(peer)};
   r = static_cast<int>(router_->choose(pair));
   BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << router_->explain(pair));
   return r;

@@ -38,6 +38,7 @@ std::size_t Router::choose(const transport::PairFacts& pair) const {
 std::string Router::explain(const transport::PairFacts& pair) const {
   const auto* e = entries_[choose(pair)];
   std::string why = std::string(e->name) + (pair.same_host ? " (same host" : " (other host");
+  if (!pair.same_host && pair.rdma) why += ", RDMA fabric at both ends";
   if (mode_ != "auto") why += ", BRAID_TRANSPORT=" + mode_;
   return why + ")";
 }

@@ -16,11 +16,28 @@ bool Layout::uniform() const noexcept {
 }
 
 Topology::Topology(std::shared_ptr<Store> store, int rank, int size, std::string host_id,
-                   std::chrono::milliseconds timeout)
-    : store_(std::move(store)), rank_(rank), size_(size), host_id_(std::move(host_id)), timeout_(timeout) {
+                   std::chrono::milliseconds timeout, bool rdma)
+    : store_(std::move(store)), rank_(rank), size_(size), host_id_(std::move(host_id)), timeout_(timeout),
+      rdma_(rdma) {
   known_.assign(static_cast<std::size_t>(size_), std::string());
   known_[static_cast<std::size_t>(rank_)] = host_id_;
+  rdma_of_.assign(static_cast<std::size_t>(size_), -1);
+  rdma_of_[static_cast<std::size_t>(rank_)] = rdma_ ? 1 : 0;
+  // The fabric first: whoever sees this rank's host sees its fabric too.
+  store_->set("fabric/" + std::to_string(rank_), rdma_ ? "rdma" : "none");
   store_->set("host/" + std::to_string(rank_), host_id_);
+}
+
+bool Topology::has_rdma(int peer) const {
+  const auto p = static_cast<std::size_t>(peer);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rdma_of_.at(p) >= 0) return rdma_of_[p] == 1;
+  }
+  const std::string v = store_->get("fabric/" + std::to_string(peer), std::chrono::seconds(10));
+  std::lock_guard<std::mutex> lock(mu_);
+  rdma_of_[p] = v == "rdma" ? 1 : 0;
+  return rdma_of_[p] == 1;
 }
 
 std::string Topology::local_host_id(const std::string& override_id) {

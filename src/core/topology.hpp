@@ -39,8 +39,10 @@ class Topology {
  public:
   /// Publishes `host_id` as this rank's host identity in `store` (the communicator's
   /// namespace). `timeout` bounds layout()'s wait for the other ranks.
+  /// `rdma`: this rank has an RDMA fabric to other hosts (its UCX reports an rc, dc or ud
+  /// transport); published too, so that both ends of a pair make the same choice.
   Topology(std::shared_ptr<Store> store, int rank, int size, std::string host_id,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, bool rdma = false);
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -49,6 +51,10 @@ class Topology {
   /// Whether `peer` is on this rank's host; empty while `peer` has not published its
   /// identity (it has not made its communicator yet). Does not wait. Thread-safe.
   std::optional<bool> same_host(int peer) const;
+  /// Whether rank `r` has an RDMA fabric to other hosts (the router's PairFacts::rdma is
+  /// this for both ends of a pair). For another rank, call after same_host(r) answered or
+  /// layout() returned (it published both facts). Thread-safe.
+  bool has_rdma(int r) const;
   /// The placement of every rank; waits (up to the timeout) for ranks that have not
   /// published, the first time. Throws braid::TimeoutError naming the rank. Thread-safe.
   const Layout& layout() const;
@@ -66,7 +72,9 @@ class Topology {
   int size_;
   std::string host_id_;
   std::chrono::milliseconds timeout_;
+  bool rdma_ = false;
   mutable std::mutex mu_;
+  mutable std::vector<signed char> rdma_of_;  ///< per rank: -1 not read yet, 0 no, 1 yes
   mutable std::vector<std::string> known_;  ///< host identity per rank, "" = not read yet
   mutable std::shared_ptr<const Layout> layout_;
   mutable std::shared_ptr<const std::vector<int>> host_of_;

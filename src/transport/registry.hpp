@@ -26,6 +26,9 @@ struct PairFacts {
   int rank = 0;
   int peer = 0;
   bool same_host = false;  ///< same host identity (hostname + boot id, or BRAID_HOST_ID)
+  /// Both ranks have an RDMA fabric (InfiniBand or RoCE, as each one's UCX reports it:
+  /// an rc, dc or ud transport); false on one host.
+  bool rdma = false;
 };
 
 /// The communicator-wide facts a factory gets.

@@ -129,6 +129,19 @@ TEST(Router, PicksThePreferredTransportPerPairOrTheForcedOne) {
   EXPECT_EQ(name(shm, false), "shm");
   EXPECT_EQ(shm.explain({2, 3, false}), "shm (other host, BRAID_TRANSPORT=shm)");
 #endif
+#if BRAID_HAVE_UCX
+  // The auto rule for RDMA: pairs on different hosts go over ucx when both ends have an
+  // RDMA fabric (as their UCX reports it), else tcp; one host stays on shm either way.
+  const auto with = [](const core::Router& r, bool same, bool rdma) {
+    return std::string(r.entries()[r.choose({0, 1, same, rdma})]->name);
+  };
+  EXPECT_EQ(with(automatic, false, true), "ucx");
+  EXPECT_EQ(with(automatic, false, false), "tcp");
+  EXPECT_EQ(automatic.explain({0, 1, false, true}), "ucx (other host, RDMA fabric at both ends)");
+#if BRAID_HAVE_SHM
+  EXPECT_EQ(with(automatic, true, true), "shm");
+#endif
+#endif
   const core::Router tcp("tcp");
   EXPECT_EQ(name(tcp, true), "tcp");
   EXPECT_EQ(name(tcp, false), "tcp");
@@ -164,6 +177,21 @@ TEST(Topology, ReadsEveryRanksHostOnceAndAnswersWithoutWaitingWhenAsked) {
   EXPECT_EQ(*t2.host_of(), l.host_of);
   EXPECT_EQ(&t3.layout(), &l) << "computed once";
   EXPECT_EQ(core::Topology::local_host_id("emulated"), "emulated");
+  EXPECT_FALSE(t0.has_rdma(1)) << "published without a fabric";
+}
+
+TEST(Topology, EachRanksFabricIsPublishedSoBothEndsOfAPairAgree) {
+  auto store = std::make_shared<FileStore>(test::temp_path("topology-rdma"));
+  core::Topology t0(store, 0, 3, "a", 2s, true);
+  core::Topology t1(store, 1, 3, "b", 2s, true);
+  core::Topology t2(store, 2, 3, "c", 2s, false);
+  ASSERT_TRUE(t0.same_host(1).has_value());
+  EXPECT_TRUE(t0.has_rdma(0));
+  EXPECT_TRUE(t0.has_rdma(1)) << "0 and 1 both have RDMA: ucx between them, from both ends";
+  EXPECT_TRUE(t1.has_rdma(0));
+  EXPECT_FALSE(t0.has_rdma(2)) << "2 has none: its pairs stay on tcp, from both ends";
+  EXPECT_FALSE(t2.has_rdma(2));
+  EXPECT_TRUE(t2.has_rdma(0));
   EXPECT_TRUE(contains(core::Topology::local_host_id(""), "/")) << "hostname/boot id";
 }
 

@@ -1,11 +1,17 @@
-// The UCX transport's registry entry: used only when forced (BRAID_TRANSPORT=ucx or
-// CommOptions::transport = "ucx") until the auto rule (RDMA between hosts) exists.
+// The UCX transport's registry entry. Auto mode picks it for pairs on different hosts
+// when both ranks' UCX reports an RDMA transport (rc, dc or ud over InfiniBand or RoCE;
+// PairFacts::rdma), over tcp; otherwise it serves a pair only when forced
+// (BRAID_TRANSPORT=ucx or CommOptions::transport = "ucx"). docs/transport-ucx.md.
 #include "transport/registry.hpp"
 #include "transport/ucx/ucx_transport.hpp"
 
 namespace braid::transport {
 
 namespace {
+
+/// Above tcp (10) between hosts with an RDMA fabric at both ends; below shm (20) never
+/// matters (shm serves only one host).
+int preference(const PairFacts& p) { return !p.same_host && p.rdma ? 15 : 0; }
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
   auto u = options_for<UcxOptions>(c);
@@ -22,7 +28,7 @@ const TransportEntry& ucx_entry() {
   using base::SettingType;
   static const TransportEntry entry{
       "ucx",
-      "UCX (UCP tag API): forced only, host memory",
+      "UCX (UCP tag API): between hosts with an RDMA fabric (InfiniBand/RoCE, as UCX reports it), else when forced",
       "tcp",
       {
           {"BRAID_UCX_EAGER_LIMIT", SettingType::bytes, "64K",
@@ -30,7 +36,7 @@ const TransportEntry& ucx_entry() {
            "UCX's RNDV_THRESH; 0: UCX_RNDV_THRESH or UCX's choice). The process's first ucx communicator "
            "decides."},
       },
-      [](const PairFacts&) { return 0; },  // forced only, until the auto rule exists
+      &preference,
       &make,
   };
   return entry;
