@@ -44,6 +44,7 @@
 #include "transport/ucx/ucx_transport.hpp"
 
 #include "base/fd.hpp"
+#include "base/logging.hpp"
 #include "base/text.hpp"
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
@@ -234,17 +235,36 @@ void ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 void stranger_ep_error(void*, ucp_ep_h, ucs_status_t) {}
 
-/// An endpoint to the worker address `addr`, with peer error handling: `on_error(arg, ...)`
-/// is told when the peer dies or cannot be reached.
-ucp_ep_params_t ep_params(const unsigned char* addr, ucp_err_handler_cb_t on_error, void* arg) {
+/// An endpoint to the worker address `addr`, with peer error handling (`peer_errors`:
+/// `on_error(arg, ...)` is told when the peer dies or cannot be reached) or without it
+/// (UCX's shared-memory transports have no peer failure handler: UCX_TLS=sm).
+ucp_ep_params_t ep_params(const unsigned char* addr, ucp_err_handler_cb_t on_error, void* arg,
+                          bool peer_errors = true) {
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
   p.address = reinterpret_cast<const ucp_address_t*>(addr);
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   p.err_handler.cb = on_error;
   p.err_handler.arg = arg;
   return p;
+}
+
+/// ucp_ep_create with peer error handling, and without it where UCX has no transport to
+/// the peer that can report a peer's failure (UCX_TLS=sm,self: sysv, posix and cma have
+/// none). Then a dead peer is found by the bye protocol (a clean exit) or braid's deadline
+/// (a crash), not at once; `*degraded` says so.
+ucs_status_t create_ep(const Api& api, ucp_worker_h worker, const unsigned char* addr, ucp_err_handler_cb_t on_error,
+                       void* arg, ucp_ep_h* ep, bool* degraded) {
+  ucp_ep_params_t p = ep_params(addr, on_error, arg);
+  ucs_status_t st = api.ep_create(worker, &p, ep);
+  *degraded = false;
+  if (st == UCS_ERR_UNREACHABLE) {
+    p = ep_params(addr, on_error, arg, false);
+    st = api.ep_create(worker, &p, ep);
+    *degraded = st == UCS_OK;
+  }
+  return st;
 }
 
 class UcxTransport final : public Transport {
@@ -353,12 +373,18 @@ class UcxTransport final : public Transport {
   }
   void issue(UcxConnection& c, Op& op);
   bool make_ep(UcxConnection& c, const unsigned char* addr, std::string* why) {
-    const ucp_ep_params_t p = ep_params(addr, &ep_error, &c);
-    const ucs_status_t st = api_.ep_create(worker_, &p, &c.ep_);
+    bool degraded = false;
+    const ucs_status_t st = create_ep(api_, worker_, addr, &ep_error, &c, &c.ep_, &degraded);
     if (st != UCS_OK) {
       c.ep_ = nullptr;
       *why = std::string("ucp_ep_create: ") + api_.status_string(st);
       return false;
+    }
+    if (degraded && !warned_no_peer_errors_) {
+      warned_no_peer_errors_ = true;
+      BRAID_LOG(info, self() << ": UCX has no transport to rank " << c.peer()
+                             << " that reports a peer's failure (UCX_TLS=sm?): a peer that crashes is named at "
+                                "the deadline, not at once");
     }
     return true;
   }
@@ -431,6 +457,7 @@ class UcxTransport final : public Transport {
   PeerDirectory& directory_;
   ConnectionTable<UcxConnection> conns_;
   std::mt19937_64 rng_;
+  bool warned_no_peer_errors_ = false;  ///< logged once: UCX cannot report a peer's failure
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   base::UniqueFd timer_fd_;
@@ -599,9 +626,9 @@ void UcxTransport::refuse(const Control& h, const unsigned char* addr, const std
   if (common_.on_refused) common_.on_refused(self() + " refused a hello claiming rank " + std::to_string(h.from) + ": " + why);
   if (addr == nullptr || h.kind != kHello) return;
   // Tell the stranger, at the address it gave, so that its requests fail.
-  const ucp_ep_params_t p = ep_params(addr, &stranger_ep_error, nullptr);
   ucp_ep_h ep = nullptr;
-  if (api_.ep_create(worker_, &p, &ep) != UCS_OK) return;
+  bool degraded = false;
+  if (create_ep(api_, worker_, addr, &stranger_ep_error, nullptr, &ep, &degraded) != UCS_OK) return;
   send_control(ep, kRefusal, control(kRefusal, h.from, 0, h.session, false));
   strangers_.push_back(ep);
 }
