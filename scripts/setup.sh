@@ -43,7 +43,7 @@ if [ -x "$nvcc" ] && [ ! -x "$(dirname "$nvcc")/cuobjdump" ] && ! command -v cuo
    ! ls "$setup_root"/build-py/cuda-tools/nvidia/*/bin/cuobjdump >/dev/null 2>&1; then
   major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
   echo "setup: the CUDA toolkit has no cuobjdump; installing nvidia-cuda-cuobjdump $major.x into build-py/cuda-tools"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --target "$setup_root/build-py/cuda-tools" \
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --target "$setup_root/build-py/cuda-tools" \
     "nvidia-cuda-cuobjdump>=$major,<$((major + 1))" ||
     echo "setup: could not install cuobjdump (pip); the test cuda_arch_sm80_sm90 will fail until it is there" >&2
 fi
