@@ -16,7 +16,20 @@
 // MPI is used for nothing else. Without MPI in the build, mpirun works through
 // from_env when BRAID_MASTER_ADDR/BRAID_MASTER_PORT are exported to the ranks (-x).
 // When stderr is a terminal, rank 0 shows the size being measured there (--quiet: not).
+//
+// --device: the buffers live in device memory (braid::device::alloc on device local rank
+// modulo the device count, as nccl-tests gives each rank a GPU; ranks may share one), each
+// rank issues on its own stream (CollectiveOptions::stream) and the time runs until that
+// stream is synchronized (stream semantics, as nccl-tests); fills and checks go through
+// host copies. Without a device runtime it prints why and exits 0.
+// --backend nccl: also runs ncclAllReduce, from libnccl.so.2 loaded at run time
+// (nccl_library.hpp; never a build dependency), on the same ranks, sizes, device buffers
+// and streams, and prints its table after braid's. NCCL's unique id travels over braid's
+// own broadcast. It needs CUDA device memory; where it cannot run (no CUDA, no NCCL,
+// NCCL refusing the layout) it says why, braid's rows stand, and the exit status is
+// braid's. Not yet run on a GPU in this project (scripts/gpu_check.sh runs it).
 #include <braid/braid.hpp>
+#include <braid/device.hpp>
 #ifdef BRAID_BENCH_MPI
 #include <braid/mpi.hpp>
 #endif
@@ -25,6 +38,7 @@
 
 #include "bench_args.hpp"
 #include "collective_perf.hpp"
+#include "nccl_library.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -361,6 +375,239 @@ int side_by_side(braid::Communicator& comm, const std::vector<std::string>& name
   return total_wrong ? 1 : 0;
 }
 
+// --- --device and --backend nccl -------------------------------------------------------
+
+/// The device runtime's one line (braid::device::runtime()), or why there is none.
+std::string device_runtime_text() {
+  try {
+    return braid::device::runtime();
+  } catch (const std::exception& e) {
+    return std::string("none: ") + e.what();
+  }
+}
+
+/// A rank's device buffers and stream (--device), released on scope exit (also after a
+/// partial open()).
+struct DeviceSide {
+  int device = 0;
+  void* stream = nullptr;
+  std::byte* send = nullptr;
+  std::byte* recv = nullptr;
+
+  DeviceSide() = default;
+  DeviceSide(const DeviceSide&) = delete;
+  DeviceSide& operator=(const DeviceSide&) = delete;
+  ~DeviceSide() {
+    braid::device::destroy_stream(stream);
+    braid::device::free(send);
+    braid::device::free(recv);
+  }
+  /// Two buffers of `bytes` on `dev` (the calling thread's current device) and a stream.
+  void open(int dev, std::size_t bytes) {
+    device = dev;
+    stream = braid::device::create_stream();
+    send = static_cast<std::byte*>(braid::device::alloc(bytes, dev));
+    recv = static_cast<std::byte*>(braid::device::alloc(bytes, dev));
+  }
+};
+
+/// One size's row (out of place, then in place) in rank 0's table and, when open, its CSV.
+void print_row(std::size_t count, std::size_t es, DataType dtype, const std::string& oname, const Result (&res)[2],
+               bool compressed, const std::string& codec, std::ofstream& csvf) {
+  auto col = [&](const Result& x) {
+    if (!compressed || x.wrong < 0) return braid::bench::wrong_text(x.wrong);
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1e", x.relerr);
+    return std::string(b);
+  };
+  std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
+              nccl_type_name(dtype), oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw, col(res[0]).c_str(),
+              res[1].time_us, res[1].algbw, res[1].busbw, col(res[1]).c_str());
+  std::fflush(stdout);
+  if (csvf)
+    csvf << count * es << ',' << count << ',' << nccl_type_name(dtype) << ',' << oname << ',' << res[0].time_us << ','
+         << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ',' << res[1].time_us << ','
+         << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << ','
+         << (compressed ? codec : std::string("none")) << ',' << res[0].relerr << ',' << res[1].relerr << '\n';
+}
+
+const char* const kCsvHeader =
+    "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,inplace_time_us,inplace_algbw_GBps,"
+    "inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr";
+
+/// The column headings of the sweep table.
+void print_table_head() {
+  std::printf("#%77s%38s\n", "out-of-place", "in-place");
+  std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop", "time",
+              "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+/// Every rank learns whether some rank failed (its `why` not empty) and, if so, the first
+/// such rank's reason as "rank R: why". Collective: every rank calls it.
+std::optional<std::string> first_failure(braid::Communicator& comm, const std::string& why) {
+  std::int32_t first = why.empty() ? comm.size() : comm.rank();
+  comm.allreduce(&first, &first, 1, DataType::i32, ReduceOp::min).wait();
+  if (first == comm.size()) return std::nullopt;
+  char text[512] = {};
+  if (comm.rank() == first) std::snprintf(text, sizeof text, "%s", why.c_str());
+  braid::BroadcastOptions o;
+  o.root = first;
+  comm.broadcast(text, text, sizeof text, DataType::u8, o).wait();
+  text[sizeof text - 1] = '\0';
+  return "rank " + std::to_string(first) + ": " + text;
+}
+
+/// --csv FILE's twin for NCCL's rows: FILE with ".csv" -> ".nccl.csv" (else FILE.nccl.csv).
+std::string nccl_csv_path(const std::string& csv) {
+  if (csv.empty()) return csv;
+  const std::string ext = ".csv";
+  if (csv.size() > ext.size() && csv.compare(csv.size() - ext.size(), ext.size(), ext) == 0)
+    return csv.substr(0, csv.size() - ext.size()) + ".nccl.csv";
+  return csv + ".nccl.csv";
+}
+
+/// An NCCL communicator, destroyed on scope exit (aborted unless the sweep finished).
+struct NcclComm {
+  const braid::bench::nccl::Library& lib;
+  braid::bench::nccl::Comm comm = nullptr;
+  bool finished = false;
+  explicit NcclComm(const braid::bench::nccl::Library& l) : lib(l) {}
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ~NcclComm() {
+    if (comm) (finished ? lib.CommDestroy : lib.CommAbort)(comm);
+  }
+};
+
+// --backend nccl: after braid's table, the same sweep (sizes, iterations, out of place
+// then in place, inputs, checks) through ncclAllReduce on the same device buffers and
+// stream, as a second table. NCCL's unique id comes from rank 0 over braid's broadcast.
+// Returns 1 when a checked NCCL result was wrong, else 0, also when NCCL cannot run here
+// (no CUDA device memory, no libnccl, NCCL refusing the layout): the reason is printed.
+int nccl_sweep(braid::Communicator& comm, DeviceSide& ds, std::vector<std::byte>& hsend,
+               std::vector<std::byte>& hrecv, const std::string& library, std::size_t lo, std::size_t hi,
+               const SweepFlags& sweep, bool blocking, DataType dtype, ReduceOp op, const std::string& oname,
+               const std::string& csv) {
+  namespace nccl = braid::bench::nccl;
+  const int rank = comm.rank(), world = comm.size();
+  auto say = [&](const std::string& line) {
+    if (rank != 0) return;
+    std::printf("# nccl: %s\n#\n", line.c_str());
+    std::fflush(stdout);
+  };
+  const std::string rt = device_runtime_text();
+  if (rt.rfind("cuda", 0) != 0) {
+    say("not run: NCCL needs CUDA device memory, and this process's device runtime is " + rt);
+    return 0;
+  }
+  nccl::Library lib;
+  if (auto bad = first_failure(comm, lib.load(library))) {
+    say("not run: " + *bad + " (--nccl-library names another)");
+    return 0;
+  }
+  nccl::UniqueId id{};
+  std::string why;
+  if (rank == 0) {
+    const nccl::Result r = lib.GetUniqueId(&id);
+    if (r != nccl::kSuccess) why = "ncclGetUniqueId failed: " + lib.error(r);
+  }
+  if (auto bad = first_failure(comm, why)) {
+    say("not run: " + *bad);
+    return 0;
+  }
+  comm.broadcast(&id, &id, sizeof id, DataType::u8).wait();
+  NcclComm nc(lib);
+  const nccl::Result r = lib.CommInitRank(&nc.comm, world, id, rank);
+  if (r != nccl::kSuccess) {
+    // A communicator whose init failed is still handed back and freed by ncclCommAbort
+    // (NcclComm's destructor); one refused before that comes back null.
+    why = "ncclCommInitRank failed: " + lib.error(r);
+    if (r == nccl::kInvalidUsage)
+      why += " (NCCL before 2.30 refuses several ranks on one GPU: \"Duplicate GPU detected\")";
+  }
+  if (auto bad = first_failure(comm, why)) {
+    say("not run: NCCL " + lib.version() + " from " + library + ": " + *bad + "; braid's rows above stand");
+    return 0;
+  }
+  auto check = [&](nccl::Result x, const char* what) {
+    if (x != nccl::kSuccess)
+      throw braid::Error(braid::ErrorCode::System,
+                         std::string(what) + " failed on rank " + std::to_string(rank) + ": " + lib.error(x, nc.comm));
+  };
+
+  const std::size_t es = braid::dtype_size(dtype);
+  const int ndt = nccl::data_type(dtype), nop = nccl::red_op(op);
+  std::ofstream csvf;
+  if (rank == 0) {
+    std::printf("# nccl %s (%s, loaded at run time) ncclAllReduce: %d ranks, type %s, op %s, iters %d, warmup %d, "
+                "check %d%s; the same device buffers and streams as braid's rows\n",
+                lib.version().c_str(), library.c_str(), world, nccl_type_name(dtype), oname.c_str(), sweep.iters,
+                sweep.warmup, sweep.check, blocking ? ", blocking" : "");
+    print_table_head();
+    open_csv(csvf, nccl_csv_path(csv), kCsvHeader);
+  }
+  long long total_wrong = 0;
+  double busbw_sum = 0;
+  int nsizes = 0;
+  for (double size_d = static_cast<double>(lo);; size_d *= sweep.factor) {
+    const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
+    const std::size_t count = size / es;
+    Result res[2];
+    for (int inplace = 0; inplace < 2; ++inplace) {
+      std::byte* in = inplace ? ds.recv : ds.send;
+      std::byte* out = ds.recv;
+      std::vector<std::byte>& hin = inplace ? hrecv : hsend;
+      auto fill = [&] {
+        for (std::size_t i = 0; i < count; ++i) store_value(dtype, hin.data(), i, input_value(op, rank, i, dtype));
+        braid::device::copy(in, hin.data(), count * es);
+      };
+      auto allreduce = [&] { check(lib.AllReduce(in, out, count, ndt, nop, nc.comm, ds.stream), "ncclAllReduce"); };
+      fill();
+      comm.barrier().wait();
+      for (int w = 0; w < sweep.warmup; ++w) allreduce();
+      braid::device::synchronize(ds.stream);
+      if (inplace) fill();
+      comm.barrier().wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int it = 0; it < sweep.iters; ++it) {
+        allreduce();
+        if (blocking) braid::device::synchronize(ds.stream);
+      }
+      braid::device::synchronize(ds.stream);
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / sweep.iters;
+      nccl::Result async = nccl::kSuccess;
+      check(lib.CommGetAsyncError(nc.comm, &async), "ncclCommGetAsyncError");
+      check(async, "an ncclAllReduce (asynchronous error)");
+      double slowest = us;
+      comm.allreduce(&slowest, &slowest, 1, DataType::f64, ReduceOp::max).wait();
+      Result& x = res[inplace];
+      x.time_us = slowest;
+      x.algbw = static_cast<double>(count * es) / (slowest * 1e3);
+      x.busbw = world > 1 ? x.algbw * 2.0 * (world - 1) / world : x.algbw;
+      if (sweep.check) {
+        fill();
+        allreduce();
+        braid::device::synchronize(ds.stream);
+        braid::device::copy(hrecv.data(), out, count * es);
+        long long wrong = count_wrong(dtype, op, world, hrecv.data(), count);
+        comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
+        x.wrong = wrong;
+        total_wrong += wrong;
+      }
+    }
+    if (rank == 0) print_row(count, es, dtype, oname, res, false, "", csvf);
+    busbw_sum += res[0].busbw;
+    ++nsizes;
+    if (size >= hi) break;
+  }
+  if (rank == 0) print_sweep_summary(total_wrong, busbw_sum, nsizes);
+  nc.finished = true;
+  return total_wrong ? 1 : 0;
+}
+
 int run(int argc, char** argv, const MpiBootstrap& mpi) {
   CLI::App app{"allreduce_bench: all-reduce bandwidth and correctness, nccl-tests style. Run under braidrun, "
                "mpirun, torchrun or srun."};
@@ -400,7 +647,24 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   app.add_flag("--no-ef", no_ef, "with --codec: no error feedback (sign1/topk are then allowed as biased)");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress lines on stderr (shown only when stderr is a terminal)");
+  bool device = false;
+  app.add_flag("--device", device,
+               "buffers in device memory (device = local rank modulo the device count), one stream per rank; the "
+               "time waits for the stream (stream semantics, as nccl-tests); fills and checks copy through the "
+               "host. Without a device runtime: says so (skipped) and exits 0");
+  std::string backend = "braid";
+  app.add_option("--backend", backend,
+                 "braid; or nccl: after braid's table, ncclAllReduce (libnccl loaded at run time) on the same ranks, "
+                 "sizes, device buffers and streams, as a second table (implies --device; needs CUDA: elsewhere "
+                 "it says why and exits with braid's status). --csv FILE.csv: NCCL's rows go to FILE.nccl.csv")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"braid", "nccl"}));
+  std::string nccl_library = "libnccl.so.2";
+  app.add_option("--nccl-library", nccl_library, "with --backend nccl: the NCCL library to load (name or path)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const bool nccl = backend == "nccl";
+  if (nccl) device = true;
 
   const auto dtype = braid::parse_dtype(dname);
   const auto op = braid::parse_op(oname);
@@ -422,6 +686,11 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";
     return 2;
   }
+  if (device && (anames.size() > 1 || codec.find(',') != std::string::npos || idle_seconds > 0)) {
+    std::cerr << "allreduce_bench: bad arguments: --device and --backend nccl run the plain sweep; drop the --algo "
+                 "or --codec list and --idle-seconds\n";
+    return 2;
+  }
   if (!dtype || !op || !algo || sweep.factor <= 1.0 || hi < lo) {
     std::cerr << "allreduce_bench: bad arguments: " << (!dtype ? "unknown -d " + dname + "; " : "")
               << (!op ? "unknown -o " + oname + "; " : "") << (!algo ? "unknown --algo " + aname + "; " : "")
@@ -430,10 +699,30 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
   }
 
   try {
+    // --device: pick this rank's device before the communicator exists (it takes the
+    // current device), from the launcher's local rank (else its rank), as nccl-tests.
+    DeviceSide ds;
+    if (device) {
+      const braid::LaunchEnvironment env = braid::launch_environment();
+      const int ndev = braid::device::count();
+      if (ndev == 0) {
+        if (env.rank <= 0)
+          std::printf("# allreduce_bench --device: skipped: no device runtime (%s)%s\n", device_runtime_text().c_str(),
+                      nccl ? "; --backend nccl not run either: NCCL needs CUDA device memory" : "");
+        return 0;
+      }
+      const int local = env.local_rank >= 0 ? env.local_rank : std::max(env.rank, 0);
+      braid::device::set_device(local % ndev);
+      ds.open(local % ndev, hi + 64);
+    }
     braid::Communicator comm = mpi.communicator();
     const int rank = comm.rank(), world = comm.size();
     const std::size_t es = braid::dtype_size(*dtype);
     braid::AllreduceOptions opts;
+    if (device) {
+      opts.stream = ds.stream;
+      opts.memory = braid::MemoryKind::device;
+    }
     opts.algorithm = algos[0];
     const bool compressed = codec != "none" && !codec.empty();
     if (algos.size() > 1) {
@@ -489,18 +778,19 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         std::printf("# codec %s%s: busbw is effective (uncompressed bytes / time); #wrong shows the relative L2 "
                     "error against the exact all-reduce\n",
                     codec.c_str(), no_ef ? " without error feedback" : " with error feedback");
-      std::printf("#%77s%38s\n", "out-of-place", "in-place");
-      std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop",
-                  "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-      std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
-                  "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-      open_csv(csvf, csv,
-               "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,inplace_time_us,inplace_algbw_GBps,"
-               "inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr");
+      if (device)
+        std::printf("# device runtime: %s; buffers in device memory (rank 0 on device %d), one stream per rank, "
+                    "time until the stream is synchronized\n",
+                    device_runtime_text().c_str(), ds.device);
+      print_table_head();
+      open_csv(csvf, csv, kCsvHeader);
     }
 
     const bool progress = rank == 0 && !quiet && isatty(STDERR_FILENO) == 1;
+    // Host buffers; with --device, the host side of fills and checks of ds's buffers.
     std::vector<std::byte> send(hi + 64), recv(hi + 64);
+    std::byte* const sendp = device ? ds.send : send.data();
+    std::byte* const recvp = device ? ds.recv : recv.data();
     long long total_wrong = 0;
     double busbw_sum = 0;
     int nsizes = 0;
@@ -514,14 +804,21 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         std::fflush(stderr);
       }
       for (int inplace = 0; inplace < 2; ++inplace) {
-        void* in = inplace ? recv.data() : send.data();
-        void* out = recv.data();
+        void* in = inplace ? recvp : sendp;
+        void* out = recvp;
+        void* const hin = inplace ? recv.data() : send.data();
+        const void* hout = recv.data();
         auto fill = [&] {
           if (compressed) {  // gradient-like values: codecs are exact on small integers
-            for (std::size_t i = 0; i < count; ++i) static_cast<float*>(in)[i] = gradient_value(rank, i);
-            return;
+            for (std::size_t i = 0; i < count; ++i) static_cast<float*>(hin)[i] = gradient_value(rank, i);
+          } else {
+            for (std::size_t i = 0; i < count; ++i) store_value(*dtype, hin, i, input_value(*op, rank, i, *dtype));
           }
-          for (std::size_t i = 0; i < count; ++i) store_value(*dtype, in, i, input_value(*op, rank, i, *dtype));
+          if (device) braid::device::copy(in, hin, count * es);
+        };
+        // The result where the host can read it (--device: copied back).
+        auto result = [&] {
+          if (device) braid::device::copy(recv.data(), out, count * es);
         };
         // A fresh error-feedback key per size and placement, so that residuals never
         // mismatch in count.
@@ -535,9 +832,11 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         braid::Work last;
         for (int it = 0; it < sweep.iters; ++it) {
           last = comm.allreduce(in, out, count, *dtype, *op, opts);
-          if (blocking) last.wait();
+          if (blocking && device) braid::device::synchronize(ds.stream);
+          else if (blocking) last.wait();
         }
-        last.wait();
+        if (device) braid::device::synchronize(ds.stream);  // stream semantics: the stream is done
+        last.wait();                                        // (and a failed call throws here)
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / sweep.iters;
         double slowest = us;
@@ -551,12 +850,13 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
           comm.reset_error_feedback(opts.ef_key);
           fill();
           comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+          result();
           double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
           for (std::size_t i = 0; i < count; ++i) {
             double exact = 0;
             for (int k = 0; k < world; ++k) exact += gradient_value(k, i);
             if (*op == ReduceOp::avg) exact /= world;
-            const double d = static_cast<const float*>(out)[i] - exact;
+            const double d = static_cast<const float*>(hout)[i] - exact;
             sq[0] += d * d;
             sq[1] += exact * exact;
           }
@@ -567,36 +867,27 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         } else if (sweep.check) {
           fill();
           comm.allreduce(in, out, count, *dtype, *op, opts).wait();
-          long long wrong = count_wrong(*dtype, *op, world, out, count);
+          result();
+          long long wrong = count_wrong(*dtype, *op, world, hout, count);
           comm.allreduce(&wrong, &wrong, 1, DataType::i64, ReduceOp::sum).wait();
           r.wrong = wrong;
           total_wrong += wrong;
         }
       }
       if (progress) std::fprintf(stderr, "\r\033[K");
-      if (rank == 0) {
-        auto col = [&](const Result& x) {
-          if (!compressed || x.wrong < 0) return braid::bench::wrong_text(x.wrong);
-          char b[32];
-          std::snprintf(b, sizeof b, "%.1e", x.relerr);
-          return std::string(b);
-        };
-        std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
-                    nccl_type_name(*dtype), oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw,
-                    col(res[0]).c_str(), res[1].time_us, res[1].algbw, res[1].busbw, col(res[1]).c_str());
-        std::fflush(stdout);
-        if (csvf)
-          csvf << count * es << ',' << count << ',' << nccl_type_name(*dtype) << ',' << oname << ','
-               << res[0].time_us << ',' << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ','
-               << res[1].time_us << ',' << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << ','
-               << (compressed ? codec : std::string("none")) << ',' << res[0].relerr << ',' << res[1].relerr << '\n';
-      }
+      if (rank == 0) print_row(count, es, *dtype, oname, res, compressed, codec, csvf);
       busbw_sum += res[0].busbw;
       ++nsizes;
       if (size >= hi) break;
     }
     if (rank == 0) print_sweep_summary(total_wrong, busbw_sum, nsizes);
-    return total_wrong ? 1 : 0;
+    int rc = total_wrong ? 1 : 0;
+    if (nccl && compressed) {
+      if (rank == 0) std::printf("# nccl: not run: NCCL has no --codec (compression inside the all-reduce)\n#\n");
+    } else if (nccl) {
+      rc |= nccl_sweep(comm, ds, send, recv, nccl_library, lo, hi, sweep, blocking, *dtype, *op, oname, csv);
+    }
+    return rc;
   } catch (const braid::Error& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";
     return e.code() == braid::ErrorCode::InvalidUsage || e.code() == braid::ErrorCode::Unsupported ? 2 : 1;

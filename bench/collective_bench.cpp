@@ -10,9 +10,15 @@
 // mpi_collective_bench is the same sweep over MPI for side-by-side runs. allreduce_bench
 // stays the richer all-reduce tool (--algo and --codec side by side).
 //
+// --device: every collective on device buffers (braid::device::alloc on device local rank
+// modulo the device count), issued on one stream per rank, timed until that stream is
+// synchronized (stream semantics, as nccl-tests and allreduce_bench --device); fills and
+// checks copy through the host. Without a device runtime it prints why and exits 0.
+//
 // Launch: braidrun, torchrun or srun (Communicator::from_env); under mpirun, when built
 // with MPI, through braid::from_mpi as allreduce_bench does.
 #include <braid/braid.hpp>
+#include <braid/device.hpp>
 #ifdef BRAID_BENCH_MPI
 #include <braid/mpi.hpp>
 #endif
@@ -21,6 +27,9 @@
 
 #include "collective_args.hpp"
 
+#include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -54,9 +63,36 @@ braid::ReduceOp to_braid(Op op) {
   return braid::ReduceOp::sum;
 }
 
+// --device: this rank's device memory and stream, released on scope exit.
+struct DeviceSide {
+  int device = -1;
+  void* stream = nullptr;
+  std::vector<void*> buffers;
+  DeviceSide() = default;
+  DeviceSide(const DeviceSide&) = delete;
+  DeviceSide& operator=(const DeviceSide&) = delete;
+  ~DeviceSide() {
+    braid::device::destroy_stream(stream);
+    for (void* p : buffers) braid::device::free(p);
+  }
+};
+
 class BraidBackend final : public Backend {
  public:
-  explicit BraidBackend(braid::Communicator& c) : c_(c) {}
+  /// `dev` non-null: device buffers and `dev`'s stream.
+  BraidBackend(braid::Communicator& c, DeviceSide* dev) : c_(c), dev_(dev) {}
+  std::byte* device_buffer(int which, std::size_t bytes) override {
+    (void)which;
+    if (!dev_) return nullptr;
+    dev_->buffers.push_back(braid::device::alloc(bytes, dev_->device));
+    return static_cast<std::byte*>(dev_->buffers.back());
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override { braid::device::copy(dst, src, bytes); }
+  std::string memory_note() const override {
+    if (!dev_) return "";
+    return "device runtime: " + braid::device::runtime() + "; buffers in device memory (rank 0 on device " +
+           std::to_string(dev_->device) + "), one stream per rank, time until the stream is synchronized";
+  }
   int rank() const override { return c_.rank(); }
   int world() const override { return c_.size(); }
   std::string banner() const override { return "braid " + braid::version(); }
@@ -75,41 +111,73 @@ class BraidBackend final : public Backend {
     const auto dt = to_braid(t.type);
     const auto rop = to_braid(op);
     const int n = c_.size(), r = c_.rank();
+    // Every call's options: the stream and memory kind (--device), the root.
+    auto with = [&](auto o) {
+      if (dev_) {
+        o.stream = dev_->stream;
+        o.memory = braid::MemoryKind::device;
+      }
+      return o;
+    };
+    braid::BroadcastOptions bo = with(braid::BroadcastOptions{});
+    bo.root = root;
+    braid::ReduceOptions ro = with(braid::ReduceOptions{});
+    ro.root = root;
+    const auto ao = with(braid::AllreduceOptions{});
+    const auto go = with(braid::AllgatherOptions{});
+    const auto so = with(braid::ReduceScatterOptions{});
+    const auto to = with(braid::AlltoallOptions{});
+    const auto po = with(braid::P2POptions{});
     std::vector<braid::Work> works;
     for (int it = 0; it < iters; ++it) {
       switch (coll) {
-        case Coll::allreduce: works.push_back(c_.allreduce(l.in, l.out, count, dt, rop)); break;
-        case Coll::allgather: works.push_back(c_.allgather(l.in, l.out, count, dt)); break;
-        case Coll::reduce_scatter: works.push_back(c_.reduce_scatter(l.in, l.out, count, dt, rop)); break;
-        case Coll::alltoall: works.push_back(c_.alltoall(l.in, l.out, count, dt)); break;
-        case Coll::broadcast: {
-          braid::BroadcastOptions o;
-          o.root = root;
-          works.push_back(c_.broadcast(l.in, l.out, count, dt, o));
-          break;
-        }
-        case Coll::reduce: {
-          braid::ReduceOptions o;
-          o.root = root;
-          works.push_back(c_.reduce(l.in, l.out, count, dt, rop, o));
-          break;
-        }
+        case Coll::allreduce: works.push_back(c_.allreduce(l.in, l.out, count, dt, rop, ao)); break;
+        case Coll::allgather: works.push_back(c_.allgather(l.in, l.out, count, dt, go)); break;
+        case Coll::reduce_scatter: works.push_back(c_.reduce_scatter(l.in, l.out, count, dt, rop, so)); break;
+        case Coll::alltoall: works.push_back(c_.alltoall(l.in, l.out, count, dt, to)); break;
+        case Coll::broadcast: works.push_back(c_.broadcast(l.in, l.out, count, dt, bo)); break;
+        case Coll::reduce: works.push_back(c_.reduce(l.in, l.out, count, dt, rop, ro)); break;
         case Coll::sendrecv:
-          works.push_back(c_.send(l.in, count, dt, (r + 1) % n));
-          works.push_back(c_.recv(l.out, count, dt, (r + n - 1) % n));
+          works.push_back(c_.send(l.in, count, dt, (r + 1) % n, po));
+          works.push_back(c_.recv(l.out, count, dt, (r + n - 1) % n, po));
           break;
       }
       if (blocking) {
+        if (dev_) braid::device::synchronize(dev_->stream);
         for (auto& w : works) w.wait();
         works.clear();
       }
     }
-    for (auto& w : works) w.wait();
+    if (dev_) braid::device::synchronize(dev_->stream);  // stream semantics: the stream is done
+    for (auto& w : works) w.wait();                      // (and a failed call throws here)
   }
 
  private:
   braid::Communicator& c_;
+  DeviceSide* dev_;
 };
+
+// --device: this rank's device, chosen before the communicator exists (it takes the
+// current device) from the launcher's local rank (else its rank), as nccl-tests; and its
+// stream. False, after saying why on rank 0, when there is no device runtime.
+bool open_device(DeviceSide* dev) {
+  const braid::LaunchEnvironment env = braid::launch_environment();
+  const int ndev = braid::device::count();
+  if (ndev == 0) {
+    std::string why;
+    try {
+      why = braid::device::runtime();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (env.rank <= 0) std::printf("# collective_bench --device: skipped: no device runtime (%s)\n", why.c_str());
+    return false;
+  }
+  dev->device = (env.local_rank >= 0 ? env.local_rank : std::max(env.rank, 0)) % ndev;
+  braid::device::set_device(dev->device);
+  dev->stream = braid::device::create_stream();
+  return true;
+}
 
 }  // namespace
 
@@ -127,6 +195,11 @@ int main(int argc, char** argv) {
   if (by_name) args.coll = by_name->name;
   add_sweep_options(app, args, "float, half, bfloat16, double, int8, uint8, int32, int64",
                     "sum, prod, min, max, avg (reducing collectives)", "1: wait for each call before posting the next");
+  bool device = false;
+  app.add_flag("--device", device,
+               "buffers in device memory (device = local rank modulo the device count), one stream per rank; the "
+               "time waits for the stream (stream semantics, as nccl-tests); fills and checks copy through the "
+               "host. Without a device runtime: says so (skipped) and exits 0");
   int rc = 0;
   try {
     app.parse(argc, argv);
@@ -143,16 +216,19 @@ int main(int argc, char** argv) {
   }
   if (rc == 0) {
     try {
+      DeviceSide dev;
+      if (!device || open_device(&dev)) {
 #ifdef BRAID_BENCH_MPI
-      braid::Communicator comm = mpi ? braid::from_mpi(MPI_COMM_WORLD) : braid::Communicator::from_env();
+        braid::Communicator comm = mpi ? braid::from_mpi(MPI_COMM_WORLD) : braid::Communicator::from_env();
 #else
-      braid::Communicator comm = braid::Communicator::from_env();
+        braid::Communicator comm = braid::Communicator::from_env();
 #endif
-      if (o.coll->rooted && (o.root < 0 || o.root >= comm.size()))
-        throw braid::Error(braid::ErrorCode::InvalidUsage,
-                           "-r " + std::to_string(o.root) + " is not a rank of " + std::to_string(comm.size()));
-      BraidBackend b(comm);
-      rc = sweep(b, o);
+        if (o.coll->rooted && (o.root < 0 || o.root >= comm.size()))
+          throw braid::Error(braid::ErrorCode::InvalidUsage,
+                             "-r " + std::to_string(o.root) + " is not a rank of " + std::to_string(comm.size()));
+        BraidBackend b(comm, device ? &dev : nullptr);
+        rc = sweep(b, o);
+      }
     } catch (const braid::Error& e) {
       std::cerr << "collective_bench: " << e.what() << "\n";
       rc = e.code() == braid::ErrorCode::InvalidUsage || e.code() == braid::ErrorCode::Unsupported ? 2 : 1;

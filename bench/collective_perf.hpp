@@ -8,6 +8,8 @@
 // nccl-tests' PERFORMANCE.md: allreduce 2(n-1)/n; allgather, reduce_scatter and alltoall
 // (n-1)/n; broadcast, reduce and sendrecv 1. Time is the slowest rank's mean per call.
 // sendrecv: each rank sends to rank+1 and receives from rank-1 (no in-place form).
+// A backend may put the buffers in device memory (collective_bench --device): the sweep
+// then fills and checks host copies and the backend moves them (Backend::device_buffer).
 #pragma once
 
 #include "bench_args.hpp"
@@ -251,6 +253,17 @@ class Backend {
     (void)c;
     return {send, recv};
   }
+  /// Device memory for the sweep's buffer `which` (0 send, 1 recv) of `bytes`, owned by the
+  /// backend; nullptr (the default): the sweep uses host memory of its own.
+  virtual std::byte* device_buffer(int which, std::size_t bytes) {
+    (void)which;
+    (void)bytes;
+    return nullptr;
+  }
+  /// Copies between host memory and a device_buffer(), synchronously.
+  virtual void copy(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  /// A line for the table's header (what the buffers are), or "".
+  virtual std::string memory_note() const { return ""; }
 };
 
 struct SweepOptions {
@@ -327,6 +340,8 @@ inline int sweep(Backend& b, const SweepOptions& o) {
                 b.banner().c_str(), o.program.c_str(), o.coll->name, world, o.type->name,
                 o.coll->reduces ? o.op_name.c_str() : "none", o.coll->rooted ? o.root : -1, o.iters, o.warmup,
                 o.check, o.blocking ? ", blocking" : "");
+    const std::string note = b.memory_note();
+    if (!note.empty()) std::printf("# %s\n", note.c_str());
     std::printf("#%84s%38s\n", "out-of-place", "in-place");
     std::printf("#%12s %12s %8s %6s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop", "root",
                 "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -339,7 +354,24 @@ inline int sweep(Backend& b, const SweepOptions& o) {
                 "inplace_algbw_GBps,inplace_busbw_GBps,inplace_wrong\n";
     }
   }
+  // Host buffers; when the backend gives device buffers, the host side of fills and checks.
   std::vector<std::byte> send(o.hi + 64), recv(o.hi + 64);
+  std::byte* const dsend = b.device_buffer(0, send.size());
+  std::byte* const drecv = b.device_buffer(1, recv.size());
+  const bool device = dsend != nullptr && drecv != nullptr;
+  std::byte* const sendp = device ? dsend : send.data();
+  std::byte* const recvp = device ? drecv : recv.data();
+  // The host twin of an address inside the call's buffers.
+  auto host_of = [&](std::byte* p) -> std::byte* {
+    if (!device) return p;
+    const auto a = reinterpret_cast<std::uintptr_t>(p), s0 = reinterpret_cast<std::uintptr_t>(dsend);
+    if (a >= s0 && a < s0 + send.size()) return send.data() + (a - s0);
+    return recv.data() + (a - reinterpret_cast<std::uintptr_t>(drecv));
+  };
+  auto fill_in = [&](std::byte* in, std::size_t elems) {
+    fill(o, rank, host_of(in), elems);
+    if (device) b.copy(in, host_of(in), elems * es);
+  };
   long long total_wrong = 0;
   double busbw_sum = 0;
   int nsizes = 0;
@@ -351,15 +383,15 @@ inline int sweep(Backend& b, const SweepOptions& o) {
     long long wrong[2] = {-1, -1};
     for (int inplace = 0; inplace < 2; ++inplace) {
       if (inplace && c == Coll::sendrecv) break;  // no in-place form
-      const Layout l = inplace ? b.in_place(c, send.data(), recv.data(), count, es)
-                               : b.out_of_place(c, send.data(), recv.data());
+      const Layout l = inplace ? b.in_place(c, sendp, recvp, count, es) : b.out_of_place(c, sendp, recvp);
       // The input: a whole buffer of `total` elements for reduce_scatter and alltoall,
       // `count` for the others.
       const std::size_t in_elems = (c == Coll::reduce_scatter || c == Coll::alltoall) ? total : count;
-      fill(o, rank, l.in, in_elems);
+      const std::size_t out_elems = (c == Coll::allgather || c == Coll::alltoall) ? total : count;
+      fill_in(l.in, in_elems);
       b.barrier();
       if (o.warmup > 0) b.run(c, l, count, *o.type, o.op, o.root, o.warmup, o.blocking);
-      fill(o, rank, l.in, in_elems);
+      fill_in(l.in, in_elems);
       b.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       b.run(c, l, count, *o.type, o.op, o.root, o.iters, o.blocking);
@@ -367,10 +399,11 @@ inline int sweep(Backend& b, const SweepOptions& o) {
                         o.iters;
       time_us[inplace] = b.max(us);
       if (o.check) {
-        fill(o, rank, l.in, in_elems);
+        fill_in(l.in, in_elems);
         b.barrier();
         b.run(c, l, count, *o.type, o.op, o.root, 1, true);
-        wrong[inplace] = b.sum(count_wrong(o, rank, world, l.out, count));
+        if (device) b.copy(host_of(l.out), l.out, out_elems * es);
+        wrong[inplace] = b.sum(count_wrong(o, rank, world, host_of(l.out), count));
         total_wrong += wrong[inplace];
       }
     }

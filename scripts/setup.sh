@@ -35,6 +35,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# cuobjdump, for the ctest cuda_arch_sm80_sm90 (tests/check_cuda_arch.sh): part of the CUDA
+# toolkit, but some installs of the toolkit (this project's CI image) lack it; NVIDIA's
+# PyPI wheel of the toolkit's major version has it (about 0.3 MB), put into
+# build-py/cuda-tools where tests/CMakeLists.txt looks. Not needed without nvcc.
+setup_root=$(cd "$(dirname "$0")/.." && pwd)
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [ -x "$nvcc" ] && [ ! -x "$(dirname "$nvcc")/cuobjdump" ] && ! command -v cuobjdump >/dev/null 2>&1 &&
+   ! ls "$setup_root"/build-py/cuda-tools/nvidia/*/bin/cuobjdump >/dev/null 2>&1; then
+  major=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  echo "setup: the CUDA toolkit has no cuobjdump; installing nvidia-cuda-cuobjdump $major.x into build-py/cuda-tools"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --target "$setup_root/build-py/cuda-tools" \
+    "nvidia-cuda-cuobjdump>=$major,<$((major + 1))" ||
+    echo "setup: could not install cuobjdump (pip); the test cuda_arch_sm80_sm90 will fail until it is there" >&2
+fi
+
 # Python: the project's virtual environment build-py/venv with
 # what the Python package, its tests and examples/python need. torch comes from PyPI,
 # whose Linux wheel pulls in CUDA runtime wheels (~3 GB, about a minute); braid only

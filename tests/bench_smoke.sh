@@ -71,6 +71,28 @@ for perf in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf r
 done
 if "$run" -n 2 -- "$cb" --coll broadcast -r 5 -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: -r 5 of 2 ranks accepted"; exit 1; fi
 if "$run" -n 1 -- "$cb" --coll gather >/dev/null 2>&1; then echo "FAILED: --coll gather accepted"; exit 1; fi
+# Device buffers (--device) on the emulated device runtime, checked: three ranks on the
+# emulated runtime's two devices (local rank modulo two), every size through the stream.
+BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$bench" --device -c 1 -b 2 -e 300K -f 13 -n 2 -w 1 \
+  >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --device (emulated)"; exit 1; }
+grep -q "^# device runtime: emulated" /tmp/braid-smoke-$$.txt
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$cb" --device --coll reduce_scatter -c 1 -b 2 -e 300K -f 13 \
+  -n 2 -w 1 -d bfloat16 >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: collective_bench --device"; exit 1; }
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+# Without a device runtime --device says so and exits 0; so does --backend nccl, which
+# also needs CUDA device memory (emulated: braid's rows run, NCCL says why it cannot).
+BRAID_GPU_BACKEND=none "$run" -n 2 -- "$bench" --device -b 1K -e 1K >/tmp/braid-smoke-$$.txt ||
+  { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --device without a device runtime"; exit 1; }
+grep -q "skipped: no device runtime" /tmp/braid-smoke-$$.txt
+BRAID_GPU_BACKEND=none "$run" -n 2 -- "$bench" --backend nccl -b 1K -e 1K >/tmp/braid-smoke-$$.txt ||
+  { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --backend nccl without a GPU"; exit 1; }
+grep -q "nccl not run either: NCCL needs CUDA device memory" /tmp/braid-smoke-$$.txt
+BRAID_GPU_BACKEND=emulated "$run" -n 2 -- "$bench" --backend nccl -b 1K -e 4K -n 1 -w 0 >/tmp/braid-smoke-$$.txt ||
+  { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --backend nccl on the emulated runtime"; exit 1; }
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+grep -q "^# nccl: not run: NCCL needs CUDA device memory" /tmp/braid-smoke-$$.txt
+if "$run" -n 1 -- "$bench" --backend gloo >/dev/null 2>&1; then echo "FAILED: --backend gloo accepted"; exit 1; fi
 # The example program from the README.
 "$run" -n 3 -- "$b/examples/allreduce_example"
 rm -f /tmp/braid-smoke-*$$*

@@ -20,13 +20,18 @@ namespace braid::device {
 BRAID_API std::string runtime();
 /// Number of devices (0: none).
 BRAID_API int count() noexcept;
+/// Makes `device` the calling thread's current device (cudaSetDevice): streams created,
+/// memory allocated with device -1 and communicators created (CommOptions::device -1)
+/// afterwards on this thread use it. Throws InvalidUsage for a device that does not exist.
+BRAID_API void set_device(int device);
 /// `bytes` of device memory on `device` (-1: the calling thread's current device).
 BRAID_API void* alloc(std::size_t bytes, int device = -1);
 /// Frees what alloc() returned (nullptr is fine).
 BRAID_API void free(void* p) noexcept;
 /// Synchronous copy of `bytes` bytes in any direction (host <-> device, device <-> device).
 BRAID_API void copy(void* dst, const void* src, std::size_t bytes);
-/// A new stream (cudaStream_t for CUDA), for the `stream` option of collectives.
+/// A new stream (cudaStream_t for CUDA) on the calling thread's current device, for the
+/// `stream` option of collectives.
 BRAID_API void* create_stream();
 /// Destroys a stream from create_stream() once its work is done (nullptr is fine).
 BRAID_API void destroy_stream(void* stream) noexcept;

@@ -17,6 +17,8 @@ int count() noexcept {
   }
 }
 
+void set_device(int device) { core::gpu_runtime().set_device(device); }
+
 void* alloc(std::size_t bytes, int device) {
   auto& rt = core::gpu_runtime();
   return rt.alloc_device(bytes, device >= 0 ? device : rt.current_device());

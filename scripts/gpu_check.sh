@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh [options] OUTDIR: braid's checks that need an NVIDIA GPU, in one
+# command, on a bare machine with one (cmake, nvcc and gcc; no network needed), within an
+# 8-minute budget on 16 cores. Every step runs (no stop at the first failure), each under
+# its own timeout, writing its log into OUTDIR; OUTDIR/summary.txt lists each step's
+# status, exit code and seconds. Exits 1 if any step failed, else 0.
+#
+#   build      CUDA on, Release, no Python/examples; only the targets the steps need.
+#              GoogleTest: the system's, else built from /usr/src/googletest (or
+#              --deps DIR/googletest); absent: the tests are not built (said so), the
+#              benches still run.
+#   ctest_gpu              BRAID_TEST_REQUIRE_GPU=1 ctest -L gpu (kernels vs host, the
+#                          sm_80/sm_90 arch check, the host-side recipes)
+#   arch_check             tests/check_cuda_arch.sh on libbraid.so (also without GTest)
+#   device_collectives     tests/multirank test_device_collectives, BRAID_GPU_BACKEND=cuda:
+#                          several ranks on the one GPU as threads, and process ranks
+#   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
+#   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
+#   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
+#   bench_<n>r_<transport> allreduce_bench --device --backend nccl at n = 1, 2, 4 ranks on the
+#                          one GPU over shm and tcp (CSV per run; NCCL's rows beside braid's
+#                          where NCCL accepts the layout: NCCL < 2.30 refuses several ranks
+#                          on one GPU, which the log says)
+#   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
+# The correctness steps run side by side; the timed benches run alone, one after another.
+#
+# Without a GPU (here, CI) it runs what can run — the build, the arch check, ctest -L gpu
+# (device tests skip), the device tests and a device bench on the emulated runtime
+# (BRAID_GPU_BACKEND=emulated) — and reports the GPU steps as "skipped: no GPU".
+#
+# Options:
+#   --build-dir DIR     build there (default build-gpu)
+#   --no-build          use --build-dir as it is (tests of this script's plumbing)
+#   --jobs N            build jobs (default: nproc)
+#   --deps DIR          a folder made by --pack-deps on another machine: CLI11 (needed by
+#                       the benches and braidrun) and GoogleTest's source, for bare machines
+#   --pack-deps DIR     make that folder from this machine's /usr/include/CLI and
+#                       /usr/src/googletest, then exit
+#   --nccl-library P    libnccl.so.2 to load (default: found on the loader path, in the CUDA
+#                       toolkit, or in Python's nvidia-nccl wheel)
+#   --budget S          the whole run's seconds (default 480)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bd=$root/build-gpu
+build=1
+jobs=$(nproc 2>/dev/null || echo 2)
+deps=""
+nccl_lib=""
+budget=480
+out=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build-dir) bd=$(realpath -m "$2"); shift 2 ;;
+    --no-build) build=0; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --deps) deps=$(realpath -m "$2"); shift 2 ;;
+    --nccl-library) nccl_lib=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    --pack-deps)
+      d=$(realpath -m "$2")
+      mkdir -p "$d/cli11/include" || exit 1
+      cp -r /usr/include/CLI "$d/cli11/include/" || { echo "no /usr/include/CLI (apt install libcli11-dev)" >&2; exit 1; }
+      # A minimal package config, so that find_package(CLI11 CONFIG) finds the headers.
+      cat >"$d/cli11/CLI11Config.cmake" <<'EOF'
+if(NOT TARGET CLI11::CLI11)
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  set_target_properties(CLI11::CLI11 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}/include")
+endif()
+set(CLI11_FOUND TRUE)
+EOF
+      if [ -d /usr/src/googletest ]; then cp -r /usr/src/googletest "$d/googletest"; else echo "no /usr/src/googletest: not packed"; fi
+      du -sh "$d"
+      exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+  esac
+done
+[ -n "$out" ] || { echo "usage: scripts/gpu_check.sh [options] OUTDIR (--help)" >&2; exit 2; }
+mkdir -p "$out/.results" || exit 2
+out=$(cd "$out" && pwd)
+rm -f "$out"/.results/*
+t_start=$(date +%s)
+deadline=$((t_start + budget))
+order=()
+
+# --- steps ------------------------------------------------------------------------------
+# step NAME TIMEOUT CMD: runs CMD (a bash command line) with OUTDIR/NAME.log as its output,
+# under min(TIMEOUT, what is left of the budget), and records the result.
+record() {  # NAME STATUS RC SECONDS NOTE
+  printf '%-26s %-9s %4s %6s  %s\n' "$1" "$2" "$3" "$4" "$5" >"$out/.results/$1"
+}
+step() {
+  local name=$1 limit=$2 cmd=$3
+  local left=$((deadline - $(date +%s) - 5))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    record "$name" "NOT-RUN" "-" "0" "the ${budget}s budget was spent before this step"
+    return
+  fi
+  local t0 rc status
+  t0=$(date +%s)
+  { echo "# $cmd"; echo "# timeout ${limit}s, started $(date -u +%FT%TZ)"; } >"$out/$name.log"
+  timeout -k 15 "$limit" bash -c "$cmd" >>"$out/$name.log" 2>&1 </dev/null
+  rc=$?
+  status=ok
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=TIMEOUT; elif [ "$rc" != 0 ]; then status=FAILED; fi
+  record "$name" "$status" "$rc" "$(($(date +%s) - t0))" "$name.log (timeout ${limit}s)"
+}
+skip() {  # NAME REASON
+  order+=("$1")
+  record "$1" "skipped" "-" "0" "$2"
+}
+fg_step() { order+=("$1"); step "$@"; }
+# On a GPU machine a bench that found no device runtime exits 0 ("skipped"): a failure here.
+require_device() {  # NAME
+  local f=$out/.results/$1
+  local name status rc sec
+  read -r name status rc sec _ <"$f"
+  if [ "$status" = ok ] && grep -qE 'skipped: no device runtime|skipped, no CUDA device' "$out/$1.log"; then
+    record "$1" FAILED "$rc" "$sec" "$1.log: ran but found no usable GPU"
+  fi
+}
+bg_step() { order+=("$1"); step "$@" & }
+
+# --- the machine --------------------------------------------------------------------------
+gpu=0
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+[ "${gpus:-0}" -gt 0 ] && gpu=1
+export PATH=$PATH:/usr/local/cuda/bin
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -z "$nccl_lib" ]; then
+  nccl_lib=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+  [ -z "$nccl_lib" ] && [ -e /usr/local/cuda/lib64/libnccl.so.2 ] && nccl_lib=/usr/local/cuda/lib64/libnccl.so.2
+  if [ -z "$nccl_lib" ] && command -v python3 >/dev/null; then
+    nccl_lib=$(python3 - 2>/dev/null <<'EOF'
+import glob, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in sorted(glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True)):
+        print(p); sys.exit(0)
+EOF
+)
+  fi
+  [ -z "$nccl_lib" ] && nccl_lib=libnccl.so.2
+fi
+{
+  echo "# gpu_check $(date -u +%FT%TZ) on $(hostname), $(nproc) cores, budget ${budget}s"
+  echo "# braid $(git -C "$root" describe --always --dirty 2>/dev/null)"
+  nvidia-smi 2>&1 || echo "nvidia-smi: none (no GPU: the GPU steps are skipped)"
+  nvcc --version 2>&1 | tail -2 || echo "no nvcc"
+  cmake --version | head -1
+  echo "compute-sanitizer: ${sanitizer:-none}"
+  echo "NCCL library for --backend nccl: $nccl_lib"
+} >"$out/env.log" 2>&1
+
+# --- build --------------------------------------------------------------------------------
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DBRAID_WITH_CUDA=ON -DBRAID_BUILD_PYTHON=OFF -DBRAID_BUILD_EXAMPLES=OFF)
+prefix_path=""
+have_tests=1
+if [ "$build" = 1 ]; then
+  mkdir -p "$bd"
+  # What find_package sees (GoogleTest, CLI11, Google Benchmark), from a throwaway project.
+  probe=$bd/_deps/probe
+  mkdir -p "$probe"
+  [ -n "$deps" ] && [ -f "$deps/cli11/CLI11Config.cmake" ] && cmake_args+=(-DCLI11_DIR="$deps/cli11")
+  cat >"$probe/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.16)
+project(probe CXX)
+find_package(GTest QUIET)
+find_package(CLI11 CONFIG QUIET)
+find_package(benchmark CONFIG QUIET)
+set(found "")
+foreach(p GTest CLI11 benchmark)
+  if(${p}_FOUND)
+    string(APPEND found " ${p}=yes")
+  else()
+    string(APPEND found " ${p}=no")
+  endif()
+endforeach()
+message(STATUS "PROBE${found}")
+EOF
+  probe_out=$(cmake -S "$probe" -B "$probe/b" "${cmake_args[@]}" 2>&1 | grep PROBE)
+  echo "$probe_out" >>"$out/env.log"
+  gsrc=""
+  if ! echo "$probe_out" | grep -q "GTest=yes"; then
+    for g in "$deps/googletest" /usr/src/googletest; do [ -f "$g/CMakeLists.txt" ] && { gsrc=$g; break; }; done
+    if [ -n "$gsrc" ]; then
+      fg_step googletest 150 "cmake -S '$gsrc' -B '$bd/_deps/gtest-build' -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX='$bd/_deps/gtest' -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null &&
+        cmake --build '$bd/_deps/gtest-build' -j $jobs && cmake --install '$bd/_deps/gtest-build' >/dev/null"
+      prefix_path=$bd/_deps/gtest
+    else
+      have_tests=0
+      skip googletest "GoogleTest absent (no system package, no /usr/src/googletest, no --deps): tests not built; benches still run"
+    fi
+  fi
+  echo "$probe_out" | grep -q "CLI11=yes" ||
+    echo "NOTE: CLI11 not found: braidrun and the benches cannot build (give --deps DIR from --pack-deps)" >>"$out/env.log"
+  [ -n "$prefix_path" ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix_path")
+  [ "$have_tests" = 0 ] && cmake_args+=(-DBRAID_BUILD_TESTS=OFF)
+  targets="braid braid_info braidrun allreduce_bench"
+  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives"
+  echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels"
+  fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
+else
+  skip build "--no-build: using $bd as it is"
+  [ -f "$bd/CTestTestfile.cmake" ] && [ -d "$bd/tests" ] || have_tests=0
+fi
+"$bd/tools/braid_info" >>"$out/env.log" 2>&1 || echo "no braid_info in $bd" >>"$out/env.log"
+
+# --- correctness, side by side -------------------------------------------------------------
+tk=$bd/tests/test_cuda_kernels
+run=$bd/tools/braidrun
+ab=$bd/bench/allreduce_bench
+if [ "$gpu" = 1 ]; then
+  backend=cuda
+  require="BRAID_TEST_REQUIRE_GPU=1"
+else
+  backend=emulated
+  require=""
+fi
+bg_step arch_check 60 "'$root/tests/check_cuda_arch.sh' \"\$(command -v cuobjdump || ls '$root'/build-py/cuda-tools/nvidia/*/bin/cuobjdump 2>/dev/null | head -1)\" '$bd/src/libbraid.so' \
+  \$(sed -n 's/^#define BRAID_HAVE_CUDA //p' '$bd/include/braid/config.hpp' 2>/dev/null || echo 0)"
+if [ "$have_tests" = 1 ]; then
+  bg_step ctest_gpu 200 "cd '$bd' && $require ctest -L gpu --output-on-failure -j 4 --timeout 190"
+  bg_step device_collectives 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
+else
+  skip ctest_gpu "tests not built (no GoogleTest)"
+  skip device_collectives "tests not built (no GoogleTest)"
+fi
+if [ "$gpu" = 1 ] && [ -n "$sanitizer" ]; then
+  if [ "$have_tests" = 1 ]; then
+    # The 64 Mi-element cases stay out: memcheck makes them minutes long.
+    bg_step memcheck_kernels 200 "$require $sanitizer --tool memcheck --leak-check full --error-exitcode 1 '$tk' --gtest_filter='-*LargeCounts*'"
+    bg_step racecheck 200 "$require $sanitizer --tool racecheck --error-exitcode 1 '$tk' --gtest_filter='*Encode*:*Decode*'"
+    bg_step synccheck 200 "$require $sanitizer --tool synccheck --error-exitcode 1 '$tk' --gtest_filter='*Encode*:*Decode*:*Reduce*'"
+  else
+    for s in memcheck_kernels racecheck synccheck; do skip $s "tests not built (no GoogleTest)"; done
+  fi
+  bg_step memcheck_allreduce 150 "BRAID_GPU_BACKEND=cuda '$run' -n 2 --timeout 140 -- $sanitizer --tool memcheck --error-exitcode 1 \
+    '$ab' --device -b 1M -e 1M -n 2 -w 1 -c 1"
+else
+  why="no GPU"
+  [ "$gpu" = 1 ] && why="no compute-sanitizer on PATH or in /usr/local/cuda/bin"
+  for s in memcheck_kernels racecheck synccheck memcheck_allreduce; do skip $s "$why"; done
+fi
+wait
+[ "$gpu" = 1 ] && [ -n "$sanitizer" ] && require_device memcheck_allreduce
+
+# --- timings, one at a time -----------------------------------------------------------------
+if [ "$gpu" = 1 ]; then
+  for n in 1 2 4; do
+    for tr in shm tcp; do
+      [ "$n" = 1 ] && [ "$tr" = tcp ] && continue  # one rank moves nothing between ranks
+      name=bench_${n}r_$tr
+      [ "$n" = 1 ] && name=bench_1r
+      fg_step "$name" 75 "NCCL_DEBUG=WARN BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 70 -- '$ab' --device \
+        --backend nccl --nccl-library '$nccl_lib' -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
+      require_device "$name"
+    done
+  done
+  if [ -x "$bd/bench/bench_cuda_kernels" ]; then
+    fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
+      --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
+    require_device bench_cuda_kernels
+  else
+    skip bench_cuda_kernels "not built (Google Benchmark not found)"
+  fi
+else
+  # The plumbing of the device bench on the emulated runtime; NCCL says why it cannot run.
+  fg_step bench_device_emulated 90 "BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- '$ab' --device --backend nccl \
+    -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated.csv'"
+  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_cuda_kernels; do skip $s "no GPU"; done
+fi
+
+# --- summary --------------------------------------------------------------------------------
+{
+  echo "# braid gpu_check: $( [ "$gpu" = 1 ] && echo "$gpus GPU(s)" || echo "no GPU (dry run: emulated device runtime)"), \
+$(($(date +%s) - t_start))s of ${budget}s, logs in $out"
+  printf '%-26s %-9s %4s %6s  %s\n' step status rc sec note
+  for s in "${order[@]}"; do cat "$out/.results/$s"; done
+} >"$out/summary.txt"
+cat "$out/summary.txt"
+if grep -qE '^[^#][^ ]* +(FAILED|TIMEOUT|NOT-RUN) ' "$out/summary.txt"; then
+  echo "gpu_check: FAILED (see the steps above)"
+  exit 1
+fi
+echo "gpu_check: ok"
