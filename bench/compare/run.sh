@@ -13,7 +13,11 @@
 #   --ppn P                  ranks per emulated host with --vcluster (default 1)
 #   --rate R, --delay D      link shaping for --vcluster (default 1gbit, no delay)
 #   -r REPS                  repetitions; every figure is the median (default 3)
-#   --systems LIST           of braid,mpi,gloo (default: all that are built)
+#   --systems LIST           of braid,mpi,gloo (default: all that are built), and the UCX
+#                            variants braid-ucx (braid with BRAID_TRANSPORT=ucx) and
+#                            mpi-ucx (Open MPI with --mca pml ucx; pml_ucx_tls and
+#                            pml_ucx_devices "any", since Open MPI 4.1 takes UCX only
+#                            on RDMA devices by default)
 #   --coll C                 the collective: allreduce (default), allgather, reduce_scatter,
 #                            broadcast, reduce, alltoall or sendrecv; other than allreduce,
 #                            braid runs collective_bench and MPI mpi_collective_bench
@@ -157,10 +161,12 @@ entries=()
 for s in "${sys_list[@]}"; do
   case $s in
     braid) IFS=, read -r -a al <<<"$braid_algos"; for a in "${al[@]}"; do entries+=("braid-$a"); done ;;
+    braid-ucx) IFS=, read -r -a al <<<"$braid_algos"; for a in "${al[@]}"; do entries+=("braiducx-$a"); done ;;
     mpi) [ -x "$mpi_bench" ] || die "$mpi_bench not built (install libopenmpi-dev, reconfigure)"; entries+=(mpi) ;;
+    mpi-ucx) [ -x "$mpi_bench" ] || die "$mpi_bench not built (install libopenmpi-dev, reconfigure)"; entries+=(mpiucx) ;;
     gloo) [ -x "$gloo_bench" ] || die "$gloo_bench not built (install libgloo-dev, reconfigure)"
           IFS=, read -r -a al <<<"$gloo_algos"; for a in "${al[@]}"; do entries+=("gloo-$a"); done ;;
-    *) die "unknown system '$s' in --systems (braid, mpi, gloo)" ;;
+    *) die "unknown system '$s' in --systems (braid, braid-ucx, mpi, mpi-ucx, gloo)" ;;
   esac
 done
 
@@ -247,6 +253,13 @@ run_one() {  # LABEL REP
   local algo_arg=()  # allreduce_bench's --algo; collective_bench has none
   if [ "$coll" = allreduce ]; then algo_arg=(--algo "$algo"); fi
   case $label in
+    braiducx-*)
+      if [ "$mode" = local ]; then
+        BRAID_TRANSPORT=ucx "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
+      else
+        timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" -x BRAID_TRANSPORT=ucx \
+          "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
+      fi ;;
     braid-*)
       if [ "$mode" = local ]; then
         "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
@@ -256,6 +269,8 @@ run_one() {  # LABEL REP
       fi ;;
     mpi)
       timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
+    mpiucx)
+      timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" --mca pml ucx --mca osc ucx --mca pml_ucx_tls any --mca pml_ucx_devices any "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
     gloo-*)
       timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$gloo_bench" "${bench_args[@]}" --algo "$algo" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
   esac
