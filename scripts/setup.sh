@@ -8,11 +8,14 @@ set -euo pipefail
 # libgloo-dev: the Gloo comparison bench (bench/gloo_allreduce_bench.cpp, skipped without it);
 # python3-matplotlib: bench/compare's plot; iperf3: bench/compare's line-rate measurement.
 # libucx-dev/ucx-utils: UCX's headers (braid loads libucp at run time) and ucx_info.
+# libibverbs-dev/ibverbs-providers: rdma-core's verbs headers (braid loads libibverbs at run
+# time to list RDMA devices) and the providers libibverbs loads for real devices.
 # clang/libclang-rt-dev: libFuzzer and the sanitizer runtimes for scripts/fuzz.sh.
 need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
       openmpi-bin libopenmpi-dev
       libgloo-dev python3-matplotlib iperf3
       libucx-dev ucx-utils
+      libibverbs-dev ibverbs-providers
       clang libclang-rt-dev)
 missing=()
 for p in "${need[@]}"; do

@@ -10,7 +10,8 @@ namespace braid {
 /// The library version, "MAJOR.MINOR.PATCH".
 BRAID_API std::string version();
 
-/// One line per optional feature with "yes"/"no" (cuda, ucx, ibverbs, mpi, shm...).
+/// One line per optional feature with "yes"/"no" (cuda, ucx, ibverbs, mpi, shm...); the
+/// run-time loaded ones (libucp, libibverbs) say what was found.
 BRAID_API std::string build_features();
 
 /// What this process can do with GPUs, in one line, without failing on a host without
@@ -18,6 +19,18 @@ BRAID_API std::string build_features();
 /// or "N CUDA device(s)". The CUDA runtime is linked statically and loads the driver
 /// itself on first use, so the library loads and runs on any host. Thread-safe.
 BRAID_API std::string gpu_status();
+
+/// This host's RDMA devices in one line, as libibverbs (loaded at run time from
+/// BRAID_IBVERBS_LIBRARY) lists them: "none (libibverbs.so.1.14.44.0 loaded; no RDMA
+/// devices)", "mlx5_0 port 1 ACTIVE Ethernet MTU 4096 (NUMA 0)", or "unknown: <why>" when
+/// libibverbs could not be loaded or this build has no verbs support. Never throws.
+/// Thread-safe; queries the devices on each call.
+BRAID_API std::string rdma_status();
+
+/// The same in detail, one line per device (NUMA node, PCI path), port (state, link layer,
+/// active MTU) and GID (index, address, RoCE version), each line ending in '\n'; the first
+/// line names the library loaded. What `braid_info --topology` prints. Never throws.
+BRAID_API std::string rdma_devices();
 
 /// Every BRAID_* configuration variable as a table: name, type, default, current
 /// value (from this process's environment) and help.

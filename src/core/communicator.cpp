@@ -701,6 +701,7 @@ std::string Communicator::describe_topology() const {
     for (int r : l.ranks_of_host[static_cast<std::size_t>(h)]) os << " " << r;
     os << "\n";
   }
+  os << "  RDMA devices of rank " << im.rank << "'s host: " << rdma_status() << "\n";
   const core::Router router(im.cfg.transport);
   os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
   for (int a = 0; a < im.size; ++a) {

@@ -94,6 +94,10 @@ std::vector<Setting> make_table() {
       {"BRAID_UCX_LIBRARY", SettingType::text, "libucp.so.0",
        "The UCX library braid loads at run time (a path to libucp.so, e.g. HPC-X's or the PyPI "
        "wheel's copy); braid_info prints what it finds. Ignored by builds without UCX support."},
+      {"BRAID_IBVERBS_LIBRARY", SettingType::text, "libibverbs.so.1",
+       "The libibverbs braid loads at run time to list the host's RDMA devices (a path to "
+       "libibverbs.so.1, e.g. MOFED's); braid_info --topology prints what it finds. Ignored by builds "
+       "without the verbs headers."},
       {"BRAID_GPU_BACKEND", SettingType::choice, "auto",
        "Device runtime for GPU buffers: auto (CUDA when this build has it and a GPU is present, "
        "else none: every buffer is host memory), cuda, none, or emulated (tests only: device memory "
@@ -220,6 +224,7 @@ Config Config::parse(const Lookup& lookup) {
   c.deterministic = s.boolean("BRAID_DETERMINISTIC");
   c.cost_model = s.text("BRAID_COST_MODEL");
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");
+  c.ibverbs_library = s.text("BRAID_IBVERBS_LIBRARY");
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.host_id = s.text("BRAID_HOST_ID");

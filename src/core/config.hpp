@@ -55,6 +55,7 @@ struct Config {
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens
+  std::string ibverbs_library;  ///< BRAID_IBVERBS_LIBRARY: what the libibverbs loader opens
   std::string gpu_backend;  ///< BRAID_GPU_BACKEND: auto, cuda, emulated or none
   // --- identity and security ---
   std::string auth_token;

@@ -5,6 +5,7 @@
 
 #include "core/config.hpp"
 #include "gpu/runtime.hpp"
+#include "transport/ibverbs/ibv_discovery.hpp"
 #include "transport/registry.hpp"
 #if BRAID_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -76,9 +77,34 @@ std::string build_features() {
 #else
   line("ucx", 0, "UCX support (built when libucx-dev's headers are found)");
 #endif
-  line("ibverbs", BRAID_HAVE_IBVERBS, "RDMA verbs transport");
+  // Device discovery only: the native verbs transport (issue 17) is not built yet.
+  line("ibverbs", BRAID_HAVE_IBVERBS,
+       ("libibverbs, loaded at run time for RDMA device discovery (no verbs transport yet): " + rdma_status())
+           .c_str());
   line("mpi", BRAID_HAVE_MPI, "Open MPI comparisons in allreduce_bench");
   return os.str();
+}
+
+namespace {
+/// What discovery finds with BRAID_IBVERBS_LIBRARY; a malformed configuration (the only
+/// thing that throws here) becomes the reason.
+transport::ibverbs::Discovery discover_rdma() {
+  try {
+    return transport::ibverbs::discover(core::Config::global().ibverbs_library);
+  } catch (const Error& e) {
+    transport::ibverbs::Discovery d;
+    d.why = e.what();
+    return d;
+  }
+}
+}  // namespace
+
+std::string rdma_status() { return transport::ibverbs::summary(discover_rdma()); }
+
+std::string rdma_devices() {
+  std::string out;
+  for (const auto& l : transport::ibverbs::describe(discover_rdma())) out += l + "\n";
+  return out;
 }
 
 std::string config_report() {

@@ -441,6 +441,7 @@ TEST(Topology, DescribesHostsAndTransports) {
   });
   EXPECT_NE(text.find("4 ranks on 2 host(s)"), std::string::npos) << text;
   EXPECT_NE(text.find("emulated-host-0): ranks 0 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("RDMA devices of rank 0's host: "), std::string::npos) << text;
   EXPECT_NE(text.find("rank 0: 1="), std::string::npos) << text;
   EXPECT_NE(text.find("2=tcp"), std::string::npos) << text;
 }
