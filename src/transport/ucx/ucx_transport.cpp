@@ -328,6 +328,13 @@ class UcxTransport final : public Transport {
   bool prepare_sleep() override {
     if (worker_ == nullptr) return true;
     if (changed_) return false;
+    // UCX asks for progress to return 0 right before arming: what was posted since the
+    // last progress (a send the engine issued after it) may have left work in UCX that no
+    // fd will report (pending sends on a busy socket), and sleeping then costs a timeout.
+    if (api_.worker_progress(worker_) != 0) {
+      changed_ = true;
+      return false;
+    }
     arm_timer();
     const ucs_status_t st = api_.worker_arm(worker_);
     return st != UCS_ERR_BUSY;
