@@ -876,8 +876,12 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
       admit();
     } catch (...) {
     }
+    // A transport whose sleep is armed by a call (UCX's worker) and that this helper
+    // progressed is no longer armed: the engine thread, asleep on the old arm, would miss
+    // its next message. Wake it to arm again.
+    for (const auto& t : transports_) more = more || t->needs_rearm();
     std::lock_guard<std::mutex> lock(mu_);
-    more = !active_.empty() || !queue_.empty();
+    more = more || !active_.empty() || !queue_.empty();
   }
   helpers_.fetch_sub(1, std::memory_order_acq_rel);
   if (more) poller_->wake();  // hand the rest back to the engine thread

@@ -114,6 +114,10 @@ class Transport {
   /// and returns false if work arrived meanwhile, in which case the engine does not
   /// block. Socket transports need nothing: their fds are in the poller.
   virtual bool prepare_sleep() { return true; }
+  /// True when the wake-up prepare_sleep() armed has been used up by progress() since
+  /// (UCX: a worker must be armed again after it is progressed). A thread that drove
+  /// progress while the engine thread slept then wakes the engine thread to arm again.
+  virtual bool needs_rearm() const { return false; }
 };
 
 }  // namespace braid::transport

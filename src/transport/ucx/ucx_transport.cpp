@@ -337,8 +337,10 @@ class UcxTransport final : public Transport {
     }
     arm_timer();
     const ucs_status_t st = api_.worker_arm(worker_);
+    armed_ = st == UCS_OK;
     return st != UCS_ERR_BUSY;
   }
+  bool needs_rearm() const override { return worker_ != nullptr && !armed_; }
 
   // --- for the connections ---
   void post(UcxConnection& c, std::unique_ptr<Op> op, bool recv) {
@@ -464,7 +466,8 @@ class UcxTransport final : public Transport {
   PeerDirectory& directory_;
   ConnectionTable<UcxConnection> conns_;
   std::mt19937_64 rng_;
-  bool warned_no_peer_errors_ = false;  ///< logged once: UCX cannot report a peer's failure
+  bool warned_no_peer_errors_ = false;
+  bool armed_ = false;  ///< the worker is armed and not progressed since (needs_rearm)  ///< logged once: UCX cannot report a peer's failure
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   base::UniqueFd timer_fd_;
@@ -715,6 +718,7 @@ bool UcxTransport::progress() {
   if (closed_) return false;
   bool moved = changed_;
   changed_ = false;
+  armed_ = false;
   while (api_.worker_progress(worker_) != 0) moved = true;
   while (control_in_->done) moved |= on_control();
   const auto now = Clock::now();
