@@ -280,7 +280,8 @@ void Engine::submit(Operation op) {
       if (opt_.wait_helps) op.work->helper = gate_;
       // Inline: a small collective, the engine idle (nothing queued or running, no
       // helper inside), and not the engine's own thread (which must not wait on itself).
-      const bool run_here = opt_.inline_bytes > 0 && !op.task && !op.p2p && op.plan &&
+      const bool run_here = opt_.inline_bytes > 0 && !no_helpers_.load(std::memory_order_acquire) && !op.task &&
+                            !op.p2p && op.plan &&
                             !op.deferred && !busy_ &&
                             op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                             helpers_.load(std::memory_order_acquire) == 0 &&
@@ -433,6 +434,7 @@ int Engine::transport_for(int peer) {
   if (!same) return -1;
   const transport::PairFacts pair{opt_.rank, peer, *same, !*same && opt_.topology->has_rdma(opt_.rank) && opt_.topology->has_rdma(peer)};
   r = static_cast<int>(router_->choose(pair));
+  if (!transports_[static_cast<std::size_t>(r)]->helpers_welcome()) no_helpers_.store(true, std::memory_order_release);
   BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << router_->explain(pair));
   return r;
 }
@@ -838,6 +840,7 @@ void Engine::run() {
 
 void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
   if (std::this_thread::get_id() == thread_.get_id()) return;
+  if (no_helpers_.load(std::memory_order_acquire)) return;  // the waiter sleeps; the engine drives
   helpers_.fetch_add(1, std::memory_order_acq_rel);
   bool more = false;
   {

@@ -192,6 +192,9 @@ class Engine {
   /// Held by whoever drives transports and active_: the engine thread or a helper.
   std::mutex drive_mu_;
   std::atomic<int> helpers_{0};  ///< threads in help(); the engine thread stays out
+  /// A pair runs over a transport only the engine thread may drive (helpers_welcome()):
+  /// no inline calls, no helping waiters from then on.
+  std::atomic<bool> no_helpers_{false};
   std::shared_ptr<Gate> gate_;   ///< what submitted works call back into
   std::vector<std::vector<std::byte>> staging_;  ///< receive buffers of in-place reductions
   std::vector<int> free_staging_;

@@ -118,6 +118,11 @@ class Transport {
   /// (UCX: a worker must be armed again after it is progressed). A thread that drove
   /// progress while the engine thread slept then wakes the engine thread to arm again.
   virtual bool needs_rearm() const { return false; }
+  /// False for a transport that only the engine thread should drive: once a pair runs over
+  /// it, the communicator runs no call inline and no waiter helps (ucx: UCX's wake-ups are
+  /// missed when another thread progresses the worker between the engine's arm and its
+  /// sleep; docs/transport-ucx.md).
+  virtual bool helpers_welcome() const { return true; }
 };
 
 }  // namespace braid::transport

@@ -341,6 +341,7 @@ class UcxTransport final : public Transport {
     return st != UCS_ERR_BUSY;
   }
   bool needs_rearm() const override { return worker_ != nullptr && !armed_; }
+  bool helpers_welcome() const override { return false; }
 
   // --- for the connections ---
   void post(UcxConnection& c, std::unique_ptr<Op> op, bool recv) {
