@@ -320,6 +320,18 @@ class CompletionQueue {
 
 }  // namespace
 
+/// Communicator.send (kSend) and .recv: the same arguments; recv writes the buffer.
+template <bool kSend>
+braid::Work p2p(braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
+                std::uint32_t tag, std::optional<double> timeout, std::uintptr_t stream) {
+  braid::P2POptions o;
+  o.timeout = ms(timeout);
+  o.stream = reinterpret_cast<void*>(stream);
+  o.tag = tag;
+  py::gil_scoped_release nogil;
+  return kSend ? c.send(cptr(buf), count, dtype, peer, o) : c.recv(mptr(buf), count, dtype, peer, o);
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Private extension of the braid package; use `import braid` instead.";
 
@@ -652,32 +664,10 @@ PYBIND11_MODULE(_C, m) {
             return c.alltoall(cptr(send), mptr(recv), count, dtype, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none(), py::arg("stream") = 0)
-      .def(
-          "send",
-          [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
-             std::uint32_t tag, std::optional<double> timeout, std::uintptr_t stream) {
-            braid::P2POptions o;
-            o.timeout = ms(timeout);
-            o.stream = reinterpret_cast<void*>(stream);
-            o.tag = tag;
-            py::gil_scoped_release nogil;
-            return c.send(cptr(buf), count, dtype, peer, o);
-          },
-          py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
-          py::arg("timeout") = py::none(), py::arg("stream") = 0)
-      .def(
-          "recv",
-          [](braid::Communicator& c, std::uintptr_t buf, std::size_t count, braid::DataType dtype, int peer,
-             std::uint32_t tag, std::optional<double> timeout, std::uintptr_t stream) {
-            braid::P2POptions o;
-            o.timeout = ms(timeout);
-            o.stream = reinterpret_cast<void*>(stream);
-            o.tag = tag;
-            py::gil_scoped_release nogil;
-            return c.recv(mptr(buf), count, dtype, peer, o);
-          },
-          py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("tag") = 0,
-          py::arg("timeout") = py::none(), py::arg("stream") = 0)
+      .def("send", &p2p<true>, py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+           py::arg("tag") = 0, py::arg("timeout") = py::none(), py::arg("stream") = 0)
+      .def("recv", &p2p<false>, py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
+           py::arg("tag") = 0, py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
           "barrier",
           [](braid::Communicator& c, std::optional<double> timeout) {

@@ -4,8 +4,6 @@ as CuPy's and Numba's do, and the calls join the stream the array names.
 
 Usage: ranks_device.py SCENARIO
 """
-import sys
-
 import numpy as np
 
 import braid
@@ -89,11 +87,6 @@ def collectives(comm):
     print(f"rank {r}: device arrays ok ({_C.device_runtime()})")
 
 
-def main():
-    scenario = sys.argv[1]
-    with braid.init(timeout=60.0) as comm:
-        globals()[scenario](comm)
-
-
 if __name__ == "__main__":
-    main()
+    import ranks_numpy  # the scenario runner every worker shares (beside this file)
+    ranks_numpy.main(globals())

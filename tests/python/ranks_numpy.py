@@ -287,10 +287,12 @@ def tuner(comm):
     print(f"rank {r}: tuner ok: {after}")
 
 
-def main():
+def main(scenarios=None):
+    """Runs scenario sys.argv[1] of `scenarios` (a worker module's globals; default this
+    module's) on a communicator from the launcher's environment."""
     scenario = sys.argv[1]
     with braid.init(timeout=60.0) as comm:
-        globals()[scenario](comm)
+        (scenarios or globals())[scenario](comm)
 
 
 if __name__ == "__main__":
