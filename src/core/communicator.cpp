@@ -465,16 +465,13 @@ core::CallBuffers Communicator::Impl::buffers_of(Collective c, const void* send,
   return b;
 }
 
-Work Communicator::Impl::device_or_host(const char* what, const core::CallBuffers& b,
-                                        const CollectiveOptions& options,
-                                        const std::function<Work(const void*, void*)>& host) {
-  if (!staging) {
-    BRAID_CHECK(options.memory != MemoryKind::device, InvalidUsage,
-                what << ": memory = device, but this process has no device runtime ("
-                     << core::gpu_runtime().describe() << ")");
-    return host(b.send, b.recv);
-  }
-  if (!staging->on_device(what, b, options.memory, options.stream)) return host(b.send, b.recv);
+void Communicator::Impl::refuse_device_memory(const char* what) const {
+  throw Error(ErrorCode::InvalidUsage, std::string(what) + ": memory = device, but this process has no device runtime (" +
+                                           core::gpu_runtime().describe() + ")");
+}
+
+Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
+                                     const std::function<Work(const void*, void*)>& host) {
   auto post_gate = [&](std::shared_ptr<std::atomic<bool>> gate) {
     BRAID_CHECK(!engine->failed(), Aborted,
                 what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
@@ -492,8 +489,8 @@ Work Communicator::Impl::device_or_host(const char* what, const core::CallBuffer
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
-  const auto b = impl_->buffers_of(Collective::allreduce, send, recv, count, dtype, 0);
-  return impl_->device_or_host("allreduce", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::allreduce, send, recv, count, dtype, 0); };
+  return impl_->device_or_host("allreduce", options, send, recv, buffers, [&](const void* s, void* r) {
     const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
     if (spec.kind != compression::CodecKind::none)
       return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options);
@@ -507,8 +504,8 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
                              const BroadcastOptions& options) {
-  const auto b = impl_->buffers_of(Collective::broadcast, send, recv, count, dtype, options.root);
-  return impl_->device_or_host("broadcast", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::broadcast, send, recv, count, dtype, options.root); };
+  return impl_->device_or_host("broadcast", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::broadcast, "broadcast", s, r, count, dtype, options);
     call.root = options.root;
     return impl_->collective(call);
@@ -517,8 +514,8 @@ Work Communicator::broadcast(const void* send, void* recv, std::size_t count, Da
 
 Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                           const ReduceOptions& options) {
-  const auto b = impl_->buffers_of(Collective::reduce, send, recv, count, dtype, options.root);
-  return impl_->device_or_host("reduce", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::reduce, send, recv, count, dtype, options.root); };
+  return impl_->device_or_host("reduce", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::reduce, "reduce", s, r, count, dtype, options);
     call.op = op;
     call.root = options.root;
@@ -529,16 +526,16 @@ Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
 
 Work Communicator::allgather(const void* send, void* recv, std::size_t count, DataType dtype,
                              const AllgatherOptions& options) {
-  const auto b = impl_->buffers_of(Collective::allgather, send, recv, count, dtype, 0);
-  return impl_->device_or_host("allgather", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::allgather, send, recv, count, dtype, 0); };
+  return impl_->device_or_host("allgather", options, send, recv, buffers, [&](const void* s, void* r) {
     return impl_->collective(call_of(Collective::allgather, "allgather", s, r, count, dtype, options));
   });
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                                   const ReduceScatterOptions& options) {
-  const auto b = impl_->buffers_of(Collective::reduce_scatter, send, recv, count, dtype, 0);
-  return impl_->device_or_host("reduce_scatter", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::reduce_scatter, send, recv, count, dtype, 0); };
+  return impl_->device_or_host("reduce_scatter", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", s, r, count, dtype, options);
     call.op = op;
     call.deterministic = options.deterministic;
@@ -548,8 +545,8 @@ Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t coun
 
 Work Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                             const AlltoallOptions& options) {
-  const auto b = impl_->buffers_of(Collective::alltoall, send, recv, count, dtype, 0);
-  return impl_->device_or_host("alltoall", b, options, [&](const void* s, void* r) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::alltoall, send, recv, count, dtype, 0); };
+  return impl_->device_or_host("alltoall", options, send, recv, buffers, [&](const void* s, void* r) {
     return impl_->collective(call_of(Collective::alltoall, "alltoall", s, r, count, dtype, options));
   });
 }
@@ -612,18 +609,24 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
   return w;
 }
 
-Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
+namespace {
+/// Bytes of a point-to-point buffer (0 on overflow: the host path refuses the count).
+std::size_t p2p_bytes(std::size_t count, DataType dtype) {
   std::size_t bytes = 0;
-  if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes)) bytes = 0;
-  return impl_->device_or_host("send", {buf, bytes, nullptr, 0}, options, [&](const void* s, void*) {
+  return __builtin_mul_overflow(count, dtype_size(dtype), &bytes) ? 0 : bytes;
+}
+}  // namespace
+
+Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
+  const auto buffers = [&] { return core::CallBuffers{buf, p2p_bytes(count, dtype), nullptr, 0}; };
+  return impl_->device_or_host("send", options, buf, nullptr, buffers, [&](const void* s, void*) {
     return impl_->p2p(true, s, count, dtype, peer, options);
   });
 }
 
 Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
-  std::size_t bytes = 0;
-  if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes)) bytes = 0;
-  return impl_->device_or_host("recv", {nullptr, 0, buf, bytes}, options, [&](const void*, void* r) {
+  const auto buffers = [&] { return core::CallBuffers{nullptr, 0, buf, p2p_bytes(count, dtype)}; };
+  return impl_->device_or_host("recv", options, nullptr, buf, buffers, [&](const void*, void* r) {
     return impl_->p2p(false, r, count, dtype, peer, options);
   });
 }

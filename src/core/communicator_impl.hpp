@@ -94,10 +94,25 @@ struct Communicator::Impl final : core::Poster {
   /// path then refuses the call).
   core::CallBuffers buffers_of(collectives::Collective c, const void* send, void* recv, std::size_t count,
                                DataType dtype, int root) const;
-  /// Runs host(send, recv) for host buffers; for device buffers, runs it on pinned
-  /// copies through `staging`, joined to options.stream (core/device_staging.hpp).
-  Work device_or_host(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
-                      const std::function<Work(const void*, void*)>& host);
+  /// Runs host(send, recv) for host buffers; for device buffers (`buffers()` says how many
+  /// bytes of each the call touches), runs it on pinned copies through `staging`, joined
+  /// to options.stream (core/device_staging.hpp). Without a device runtime this is one
+  /// test and a direct call: the host path pays nothing for the device path.
+  template <class Buffers, class Host>
+  Work device_or_host(const char* what, const CollectiveOptions& options, const void* send, void* recv,
+                      const Buffers& buffers, const Host& host) {
+    if (!staging) {
+      if (options.memory == MemoryKind::device) refuse_device_memory(what);
+      return host(send, recv);
+    }
+    const core::CallBuffers b = buffers();
+    if (!staging->on_device(what, b, options.memory, options.stream)) return host(send, recv);
+    return device_call(what, b, options, host);
+  }
+  [[noreturn]] void refuse_device_memory(const char* what) const;
+  /// The device path of device_or_host.
+  Work device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
+                   const std::function<Work(const void*, void*)>& host);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
