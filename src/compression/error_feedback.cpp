@@ -1,7 +1,9 @@
 // ErrorFeedbackStore and its checkpoint format (docs/codecs.md):
-//   "BRAIDEF\0" (8 bytes) | u32 version = 1 | u32 entry count |
+//   "BRAIDEF\0" (8 bytes) | u32 version = 2 | u32 entry count |
 //   per entry: u32 key length | key bytes | u8 role | u64 count | count x f32 |
+//   u32 step count | per step: u32 key length | key bytes | u64 step |   (version 2 only)
 //   u64 FNV-1a 64 of every preceding byte.
+// Version 1 (no step counters) is still read.
 // All integers and floats little-endian.
 #include "compression/error_feedback.hpp"
 
@@ -17,7 +19,7 @@ namespace braid::compression {
 namespace {
 
 constexpr char kMagic[8] = {'B', 'R', 'A', 'I', 'D', 'E', 'F', '\0'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 constexpr std::uint64_t kMaxKeyBytes = 1 << 16;
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
@@ -94,6 +96,11 @@ void ErrorFeedbackStore::reset_all() {
   buffers_.clear();
 }
 
+std::uint64_t ErrorFeedbackStore::next_step(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_[key]++;
+}
+
 std::size_t ErrorFeedbackStore::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::size_t b = 0;
@@ -117,6 +124,12 @@ void ErrorFeedbackStore::save(std::ostream& os, const std::string& prefix) const
                                                "('" + prefix + "/') or save without a prefix");
     chosen.push_back(&kv);
   }
+  std::vector<std::pair<std::string, std::uint64_t>> steps;
+  for (const auto& kv : steps_) {
+    if (kv.first.empty() || !starts_with(kv.first, prefix)) continue;
+    if (kv.first.size() == prefix.size()) continue;  // only calls under the bare prefix: no key to name it by
+    steps.emplace_back(kv.first.substr(prefix.size()), kv.second);
+  }
   Writer w{os};
   w.bytes(kMagic, sizeof kMagic);
   w.le<std::uint32_t>(kVersion);
@@ -133,6 +146,12 @@ void ErrorFeedbackStore::save(std::ostream& os, const std::string& prefix) const
       w.le<std::uint32_t>(u);
     }
   }
+  w.le<std::uint32_t>(static_cast<std::uint32_t>(steps.size()));
+  for (const auto& [key, step] : steps) {
+    w.le<std::uint32_t>(static_cast<std::uint32_t>(key.size()));
+    w.bytes(key.data(), key.size());
+    w.le<std::uint64_t>(step);
+  }
   const std::uint64_t h = w.h;
   w.le<std::uint64_t>(h);
   if (!os) throw Error(ErrorCode::System, "writing the error-feedback checkpoint failed (stream error)");
@@ -146,17 +165,21 @@ void ErrorFeedbackStore::restore(std::istream& is, const std::string& prefix) {
     throw Error(ErrorCode::InvalidUsage, "not an error-feedback checkpoint (bad magic; expected one written by "
                                          "ErrorFeedbackStore::save)");
   const auto version = r.le<std::uint32_t>();
-  if (version != kVersion)
+  if (version != 1 && version != kVersion)
     throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint version " + std::to_string(version) +
-                                             " is not supported (this build reads version 1)");
-  const auto n = r.le<std::uint32_t>();
-  std::map<Key, std::vector<float>> fresh;
-  for (std::uint32_t e = 0; e < n; ++e) {
+                                             " is not supported (this build reads versions 1 and 2)");
+  const auto read_key = [&r] {
     const auto klen = r.le<std::uint32_t>();
     if (klen == 0 || klen > kMaxKeyBytes)
       throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: bad key length " + std::to_string(klen));
     std::string key(klen, '\0');
     r.bytes(key.data(), klen);
+    return key;
+  };
+  const auto n = r.le<std::uint32_t>();
+  std::map<Key, std::vector<float>> fresh;
+  for (std::uint32_t e = 0; e < n; ++e) {
+    const std::string key = read_key();
     const auto role = r.le<std::uint8_t>();
     if (role > 1) throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: bad role " + std::to_string(role));
     const auto count = r.le<std::uint64_t>();
@@ -173,6 +196,16 @@ void ErrorFeedbackStore::restore(std::istream& is, const std::string& prefix) {
     if (!fresh.emplace(Key{prefix + key, static_cast<ResidualRole>(role)}, std::move(data)).second)
       throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: key '" + key + "' appears twice");
   }
+  std::map<std::string, std::uint64_t> fresh_steps;
+  if (version >= 2) {
+    const auto m = r.le<std::uint32_t>();
+    for (std::uint32_t e = 0; e < m; ++e) {
+      const std::string key = read_key();
+      const auto step = r.le<std::uint64_t>();
+      if (!fresh_steps.emplace(prefix + key, step).second)
+        throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: step of key '" + key + "' appears twice");
+    }
+  }
   const std::uint64_t expect = r.h;
   const auto sum = r.le<std::uint64_t>();
   if (sum != expect) throw Error(ErrorCode::InvalidUsage, "error-feedback checkpoint: checksum mismatch (corrupt)");
@@ -180,6 +213,9 @@ void ErrorFeedbackStore::restore(std::istream& is, const std::string& prefix) {
   for (auto it = buffers_.begin(); it != buffers_.end();)
     it = starts_with(it->first.first, prefix) ? buffers_.erase(it) : std::next(it);
   buffers_.merge(fresh);
+  for (auto it = steps_.begin(); it != steps_.end();)
+    it = !it->first.empty() && starts_with(it->first, prefix) ? steps_.erase(it) : std::next(it);
+  steps_.merge(fresh_steps);
 }
 
 }  // namespace braid::compression

@@ -45,10 +45,18 @@ class ErrorFeedbackStore {
   bool contains(const std::string& key, ResidualRole role) const;
 
   /// Forgets both residuals of `key` (the next use starts from zero, with any count).
+  /// Its step counter keeps counting, so stochastic rounding never reuses a step's
+  /// random numbers for the key.
   void reset(const std::string& key);
 
-  /// Forgets every residual.
+  /// Forgets every residual (step counters keep counting, as reset()).
   void reset_all();
+
+  /// The step of the next compressed call under `key` (0 on first use), counting it: the
+  /// `step` that keys stochastic rounding. Every rank issues a key's calls in the same
+  /// order, so the count agrees across ranks. The empty key (calls without error
+  /// feedback) has one shared counter, which save() leaves out.
+  std::uint64_t next_step(const std::string& key);
 
   /// Bytes of residual data held.
   std::size_t bytes() const;
@@ -56,16 +64,19 @@ class ErrorFeedbackStore {
   /// Number of (key, role) buffers held.
   std::size_t size() const;
 
-  /// Writes the residuals whose keys start with `prefix` (every residual when empty) in
-  /// the versioned binary format of docs/codecs.md, each key with the prefix removed, so
+  /// Writes the residuals and step counters whose keys start with `prefix` (all of them
+  /// when empty) in the versioned binary format of docs/codecs.md (version 2), each key
+  /// with the prefix removed, so
   /// the checkpoint can be restored under another prefix. Throws
   /// braid::Error(InvalidUsage) when a key equals a non-empty prefix (nothing would be
   /// left to name it by).
   void save(std::ostream& os, const std::string& prefix = {}) const;
 
-  /// Replaces the residuals whose keys start with `prefix` (all of them when empty) with
-  /// a checkpoint written by save(), each of its keys put back under `prefix`; keys
-  /// outside the prefix are left as they are. On any error (bad magic, unknown version,
+  /// Replaces the residuals and step counters whose keys start with `prefix` (all of
+  /// them when empty) with a checkpoint written by save(), each of its keys put back
+  /// under `prefix`; keys outside the prefix (and the empty key's counter) are left as
+  /// they are. Version 1 checkpoints (no step counters) restart the counters under the
+  /// prefix at 0. On any error (bad magic, unknown version,
   /// truncation, checksum mismatch) throws braid::Error(InvalidUsage) and leaves the
   /// store unchanged.
   void restore(std::istream& is, const std::string& prefix = {});
@@ -74,6 +85,7 @@ class ErrorFeedbackStore {
   using Key = std::pair<std::string, ResidualRole>;
   mutable std::mutex mu_;
   std::map<Key, std::vector<float>> buffers_;
+  std::map<std::string, std::uint64_t> steps_;  ///< per key: compressed calls so far
 };
 
 }  // namespace braid::compression

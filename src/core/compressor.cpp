@@ -123,7 +123,6 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
   if (member_.size > 1) req.host_of = member_.topology->host_of();
   auto plan = plans_.plan_for(req);
   float* residual[2] = {nullptr, nullptr};
-  std::uint64_t step = 0;
   if (!options.ef_key.empty()) {
     // Creates (or checks the count of) the residuals now, so that a mismatch is the
     // caller's error and not a failure in the middle of the collective.
@@ -131,10 +130,7 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
     if (spec.kind != CodecKind::topk)
       residual[1] = error_feedback_.residual(options.ef_key, ResidualRole::owner, plan->feedback_count[1]);
   }
-  {
-    std::lock_guard<std::mutex> lock(steps_mu_);
-    step = codec_steps_[options.ef_key]++;
-  }
+  const std::uint64_t step = error_feedback_.next_step(options.ef_key);
   Posting p;
   p.plan = std::move(plan);
   p.in = send;

@@ -59,8 +59,6 @@ class Compressor {
   PlanCache& plans_;
   Poster& poster_;
   compression::ErrorFeedbackStore error_feedback_;
-  std::mutex steps_mu_;                               ///< guards codec_steps_
-  std::map<std::string, std::uint64_t> codec_steps_;  ///< per ef_key: calls so far (the RNG's step)
   std::mutex rates_mu_;                               ///< guards rates_ and logged_auto_
   std::vector<compression::CodecRates> rates_;
   std::set<int> logged_auto_;  ///< size buckets whose auto choice was logged

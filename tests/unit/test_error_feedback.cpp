@@ -147,8 +147,45 @@ TEST(ErrorFeedbackStore, DamagedCheckpointsAreRefusedAndLeaveTheStoreAlone) {
   flipped[40] ^= 0x01;
   refused(flipped, "flipped data bit");
   std::string version = blob;
-  version[8] = 2;
+  version[8] = 3;
   refused(version, "future version");
+}
+
+// Version 2 carries the step counters that key stochastic rounding, so a restored run
+// rounds with the same random numbers as an uninterrupted one.
+TEST(ErrorFeedbackStore, StepCountersTravelWithTheCheckpoint) {
+  ErrorFeedbackStore a;
+  a.residual("hook/bucket-0", ResidualRole::worker, 2);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a.next_step("hook/bucket-0"), static_cast<std::uint64_t>(i));
+  EXPECT_EQ(a.next_step("hook/bucket-1"), 0u);
+  EXPECT_EQ(a.next_step(""), 0u);
+  EXPECT_EQ(a.next_step(""), 1u);
+  a.reset("hook/bucket-0");
+  EXPECT_EQ(a.next_step("hook/bucket-0"), 5u) << "reset forgets residuals, not the step";
+  std::stringstream ss;
+  a.save(ss, "hook/");
+
+  ErrorFeedbackStore b;
+  EXPECT_EQ(b.next_step("moved/bucket-0"), 0u);
+  EXPECT_EQ(b.next_step("other"), 0u);
+  EXPECT_EQ(b.next_step(""), 0u);
+  std::istringstream in(ss.str());
+  b.restore(in, "moved/");
+  EXPECT_EQ(b.next_step("moved/bucket-0"), 6u);
+  EXPECT_EQ(b.next_step("moved/bucket-1"), 1u) << "a key without residuals keeps its step too";
+  EXPECT_EQ(b.next_step("other"), 1u) << "keys outside the prefix are left alone";
+  EXPECT_EQ(b.next_step(""), 1u) << "the shared counter of calls without a key is not in a checkpoint";
+
+  // A version 1 checkpoint (no counters): the counters under the prefix restart at 0.
+  std::string v1("BRAIDEF\0", 8);
+  v1 += std::string("\x01\0\0\0\0\0\0\0", 8);  // version 1, no entries
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : v1) h = (h ^ c) * 0x100000001b3ull;
+  for (int i = 0; i < 8; ++i) v1.push_back(static_cast<char>(h >> (8 * i)));
+  std::istringstream old(v1);
+  b.restore(old, "moved/");
+  EXPECT_EQ(b.next_step("moved/bucket-0"), 0u);
+  EXPECT_EQ(b.next_step("other"), 2u);
 }
 
 TEST(ErrorFeedbackStore, ConcurrentUseOfDistinctKeys) {
