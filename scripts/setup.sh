@@ -10,12 +10,15 @@ set -euo pipefail
 # libucx-dev/ucx-utils: UCX's headers (braid loads libucp at run time) and ucx_info.
 # libibverbs-dev/ibverbs-providers: rdma-core's verbs headers (braid loads libibverbs at run
 # time to list RDMA devices) and the providers libibverbs loads for real devices.
+# libpmix-dev: PMIx's headers (braid loads libpmix at run time to find rank 0's store under
+# mpirun or srun --mpi=pmix; Open MPI's packages bring the library).
 # clang/libclang-rt-dev: libFuzzer and the sanitizer runtimes for scripts/fuzz.sh.
 need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
       openmpi-bin libopenmpi-dev
       libgloo-dev python3-matplotlib iperf3
       libucx-dev ucx-utils
       libibverbs-dev ibverbs-providers
+      libpmix-dev
       clang libclang-rt-dev)
 missing=()
 for p in "${need[@]}"; do

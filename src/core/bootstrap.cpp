@@ -2,12 +2,14 @@
 // and from NCCL-style unique ids.
 #include "base/check.hpp"
 #include "core/communicator_impl.hpp"
+#include "core/pmix.hpp"
 #include "core/unique_id.hpp"
 #include "base/logging.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 
 #include <braid/error.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <random>
@@ -84,6 +86,40 @@ Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size
   return Communicator(std::move(impl));
 }
 
+// Under mpirun (or srun --mpi=pmix) with no store address: rank 0's UniqueId reaches every
+// rank through the launcher's PMIx server (core/pmix.hpp), as braid::from_mpi does with
+// MPI_Bcast. Every rank of the job must call from_env, the same number of times: the
+// n-th call of each process uses the key braid.uid.<n>.
+namespace {
+Communicator from_pmix(int rank, int size, const CommOptions& options, std::chrono::milliseconds timeout) {
+  static std::atomic<unsigned> calls{0};
+  const std::string key = "braid.uid." + std::to_string(calls.fetch_add(1));
+  const auto& cfg = core::Config::global();
+  UniqueId id;
+  std::string text;
+  if (rank == 0) {
+    id = Communicator::create_unique_id();
+    text.assign(id.bytes.data(), strnlen(id.bytes.data(), id.bytes.size()));
+  }
+  try {
+    text = core::pmix::share_from_rank0(cfg.pmix_library, key, text, rank, timeout);
+  } catch (...) {
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(g_uid_mu);  // the store server no rank will use
+      if (auto f = core::parse_unique_id(id)) uid_servers().erase(f->nonce);
+    }
+    throw;
+  }
+  BRAID_CHECK(text.size() < id.bytes.size(), Network,
+              "from_env: rank 0's UniqueId read through PMIx is " << text.size() << " bytes, more than a UniqueId holds");
+  id.bytes.fill('\0');
+  std::memcpy(id.bytes.data(), text.data(), text.size());
+  BRAID_LOG(info, "from_env: rank " << rank << " of " << size << " (" << cfg.launcher
+                                    << ") found rank 0's store through PMIx (namespace " << cfg.pmix_namespace << ")");
+  return Communicator::from_unique_id(id, rank, size, options);
+}
+}  // namespace
+
 Communicator Communicator::from_env(const CommOptions& options) {
   const auto& cfg = core::Config::global();
   BRAID_CHECK(cfg.rank && cfg.world_size, InvalidUsage,
@@ -94,6 +130,8 @@ Communicator Communicator::from_env(const CommOptions& options) {
               "from_env: rank " << rank << " is not below world size " << size << " (from " << cfg.launcher
                                 << " variables)");
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
+  if (size > 1 && cfg.master_addr.empty() && !cfg.master_port && !cfg.pmix_namespace.empty())
+    return from_pmix(rank, size, options, timeout);
   std::shared_ptr<Store> store;
   bool hosts = false;
   if (size == 1 && (cfg.master_addr.empty() || !cfg.master_port)) {

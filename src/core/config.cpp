@@ -98,6 +98,10 @@ std::vector<Setting> make_table() {
        "The libibverbs braid loads at run time to list the host's RDMA devices (a path to "
        "libibverbs.so.1, e.g. MOFED's); braid_info --topology prints what it finds. Ignored by builds "
        "without the verbs headers."},
+      {"BRAID_PMIX_LIBRARY", SettingType::text, "libpmix.so.2",
+       "The PMIx client library braid loads at run time to find rank 0's store under mpirun or "
+       "srun --mpi=pmix when no store address is set (a path to libpmix.so, e.g. the one Open MPI "
+       "or Slurm was built with). Ignored by builds without PMIx support."},
       {"BRAID_GPU_BACKEND", SettingType::choice, "auto",
        "Device runtime for GPU buffers: auto (CUDA when this build has it and a GPU is present, "
        "else none: every buffer is host memory), cuda, none, or emulated (tests only: device memory "
@@ -139,6 +143,11 @@ std::vector<Setting> make_table() {
        kMaxRanks - 1},
       {"OMPI_COMM_WORLD_LOCAL_SIZE", SettingType::integer, "", "Open MPI (mpirun): local size.", false, 1,
        kMaxRanks},
+      {"PMIX_NAMESPACE", SettingType::text, "",
+       "PMIx (set by mpirun, prterun and srun --mpi=pmix for every process they start): when it is "
+       "set and no store address is, rank 0 creates a UniqueId and every rank reads it through "
+       "PMIx (docs/launching.md).",
+       false},
       {"SLURM_PROCID", SettingType::integer, "", "Slurm (srun): rank.", false, 0, kMaxRanks - 1},
       {"SLURM_NTASKS", SettingType::integer, "", "Slurm (srun): world size.", false, 1, kMaxRanks},
       {"SLURM_LOCALID", SettingType::integer, "", "Slurm (srun): local rank.", false, 0, kMaxRanks - 1},
@@ -225,6 +234,8 @@ Config Config::parse(const Lookup& lookup) {
   c.cost_model = s.text("BRAID_COST_MODEL");
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");
   c.ibverbs_library = s.text("BRAID_IBVERBS_LIBRARY");
+  c.pmix_library = s.text("BRAID_PMIX_LIBRARY");
+  c.pmix_namespace = s.text("PMIX_NAMESPACE");
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.host_id = s.text("BRAID_HOST_ID");
@@ -261,8 +272,9 @@ Config Config::parse(const Lookup& lookup) {
   c.torch_agent_store = s.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
   // Under srun with no address given, the store is on the step's first node (rank 0's,
   // with Slurm's default block distribution) at a port derived from the job id, so
-  // `srun prog` needs no variable (BRAID_MASTER_ADDR/PORT still override).
-  if (c.launcher == "slurm") {
+  // `srun prog` needs no variable (BRAID_MASTER_ADDR/PORT still override). Under
+  // `srun --mpi=pmix` PMIx gives the exact address instead (no guessed port).
+  if (c.launcher == "slurm" && c.pmix_namespace.empty()) {
     if (c.master_addr.empty()) {
       const char* var = s.given("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
       if (s.given(var)) {

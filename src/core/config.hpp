@@ -56,6 +56,7 @@ struct Config {
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens
   std::string ibverbs_library;  ///< BRAID_IBVERBS_LIBRARY: what the libibverbs loader opens
+  std::string pmix_library;  ///< BRAID_PMIX_LIBRARY: what the PMIx loader opens
   std::string gpu_backend;  ///< BRAID_GPU_BACKEND: auto, cuda, emulated or none
   // --- identity and security ---
   std::string auth_token;
@@ -66,6 +67,7 @@ struct Config {
   std::optional<int> master_port;
   bool store_external = false;     ///< braidrun serves the store; rank 0 must not
   bool torch_agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves a torch store)
+  std::string pmix_namespace;  ///< PMIX_NAMESPACE: set when a PMIx server launched this process
   std::string launcher;  ///< which family of variables supplied rank/size ("braid", "torchrun", ...)
 
   /// The process-wide configuration, parsed from the environment on first use.

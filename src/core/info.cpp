@@ -5,6 +5,7 @@
 
 #include "core/config.hpp"
 #include "gpu/runtime.hpp"
+#include "core/pmix.hpp"
 #include "transport/ibverbs/ibv_discovery.hpp"
 #include "transport/registry.hpp"
 #if BRAID_HAVE_CUDA
@@ -80,6 +81,10 @@ std::string build_features() {
   // Device discovery only: the native verbs transport (issue 17) is not built yet.
   line("ibverbs", BRAID_HAVE_IBVERBS,
        ("libibverbs, loaded at run time for RDMA device discovery (no verbs transport yet): " + rdma_status())
+           .c_str());
+  line("pmix", BRAID_HAVE_PMIX,
+       ("PMIx, loaded at run time to find rank 0's store under mpirun or srun --mpi=pmix with no address set: " +
+        core::pmix::describe(core::Config::global().pmix_library))
            .c_str());
   line("mpi", BRAID_HAVE_MPI, "Open MPI comparisons in allreduce_bench");
   return os.str();
