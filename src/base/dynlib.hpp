@@ -3,8 +3,8 @@
 // first missing name reported. libbraid.so keeps no NEEDED entry on any of them, so one
 // build runs where they are absent and says why (DESIGN.md §1).
 //
-// Handles are never closed: these libraries start threads and register atexit handlers,
-// so unloading them is never safe.
+// The handle of a library that is used is never closed: these libraries start threads and
+// register atexit handlers, so unloading them is never safe.
 #pragma once
 
 #include <string>

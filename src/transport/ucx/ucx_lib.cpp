@@ -1,5 +1,7 @@
 #include "transport/ucx/ucx_lib.hpp"
 
+#include "base/dynlib.hpp"
+
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -10,13 +12,6 @@
 namespace braid::transport::ucx {
 namespace {
 
-template <typename F>
-bool resolve(void* handle, const char* name, F* out, std::string* missing) {
-  *out = reinterpret_cast<F>(::dlsym(handle, name));  // libucp's dependencies (libucs) too
-  if (*out == nullptr && missing->empty()) *missing = name;
-  return *out != nullptr;
-}
-
 struct Loaded {
   Api api;
   std::string why;
@@ -26,40 +21,34 @@ struct Loaded {
 Loaded load_once(const std::string& library) {
   Loaded l;
   l.api.path = library.empty() ? "libucp.so.0" : library;
-  // RTLD_LOCAL: UCX's symbols stay out of the global namespace, so a program that links
-  // another UCX (Open MPI's) does not get ours mixed into its lookups.
-  void* h = ::dlopen(l.api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) {
-    const char* e = ::dlerror();
-    l.why = "cannot load " + l.api.path + ": " + (e ? e : "unknown error") +
-            " (install UCX, e.g. Debian's libucx0, or point BRAID_UCX_LIBRARY at libucp.so)";
-    return l;
-  }
+  void* h = base::open_library(
+      l.api.path, "install UCX, e.g. Debian's libucx0, or point BRAID_UCX_LIBRARY at libucp.so", &l.why);
+  if (h == nullptr) return l;
   Api& a = l.api;
   std::string missing;
-  resolve(h, "ucp_get_version", &a.get_version, &missing);
-  resolve(h, "ucp_config_read", &a.config_read, &missing);
-  resolve(h, "ucp_config_release", &a.config_release, &missing);
-  resolve(h, "ucp_config_modify", &a.config_modify, &missing);
-  resolve(h, "ucp_init_version", &a.init_version, &missing);
-  resolve(h, "ucp_cleanup", &a.cleanup, &missing);
-  resolve(h, "ucp_context_query", &a.context_query, &missing);
-  resolve(h, "ucp_context_print_info", &a.context_print_info, &missing);
-  resolve(h, "ucp_worker_create", &a.worker_create, &missing);
-  resolve(h, "ucp_worker_destroy", &a.worker_destroy, &missing);
-  resolve(h, "ucp_worker_get_address", &a.worker_get_address, &missing);
-  resolve(h, "ucp_worker_release_address", &a.worker_release_address, &missing);
-  resolve(h, "ucp_worker_get_efd", &a.worker_get_efd, &missing);
-  resolve(h, "ucp_worker_arm", &a.worker_arm, &missing);
-  resolve(h, "ucp_worker_progress", &a.worker_progress, &missing);
-  resolve(h, "ucp_ep_create", &a.ep_create, &missing);
-  resolve(h, "ucp_ep_close_nbx", &a.ep_close_nbx, &missing);
-  resolve(h, "ucp_tag_send_nbx", &a.tag_send_nbx, &missing);
-  resolve(h, "ucp_tag_recv_nbx", &a.tag_recv_nbx, &missing);
-  resolve(h, "ucp_request_check_status", &a.request_check_status, &missing);
-  resolve(h, "ucp_request_cancel", &a.request_cancel, &missing);
-  resolve(h, "ucp_request_free", &a.request_free, &missing);
-  resolve(h, "ucs_status_string", &a.status_string, &missing);
+  base::resolve(h, "ucp_get_version", &a.get_version, &missing);
+  base::resolve(h, "ucp_config_read", &a.config_read, &missing);
+  base::resolve(h, "ucp_config_release", &a.config_release, &missing);
+  base::resolve(h, "ucp_config_modify", &a.config_modify, &missing);
+  base::resolve(h, "ucp_init_version", &a.init_version, &missing);
+  base::resolve(h, "ucp_cleanup", &a.cleanup, &missing);
+  base::resolve(h, "ucp_context_query", &a.context_query, &missing);
+  base::resolve(h, "ucp_context_print_info", &a.context_print_info, &missing);
+  base::resolve(h, "ucp_worker_create", &a.worker_create, &missing);
+  base::resolve(h, "ucp_worker_destroy", &a.worker_destroy, &missing);
+  base::resolve(h, "ucp_worker_get_address", &a.worker_get_address, &missing);
+  base::resolve(h, "ucp_worker_release_address", &a.worker_release_address, &missing);
+  base::resolve(h, "ucp_worker_get_efd", &a.worker_get_efd, &missing);
+  base::resolve(h, "ucp_worker_arm", &a.worker_arm, &missing);
+  base::resolve(h, "ucp_worker_progress", &a.worker_progress, &missing);
+  base::resolve(h, "ucp_ep_create", &a.ep_create, &missing);
+  base::resolve(h, "ucp_ep_close_nbx", &a.ep_close_nbx, &missing);
+  base::resolve(h, "ucp_tag_send_nbx", &a.tag_send_nbx, &missing);
+  base::resolve(h, "ucp_tag_recv_nbx", &a.tag_recv_nbx, &missing);
+  base::resolve(h, "ucp_request_check_status", &a.request_check_status, &missing);
+  base::resolve(h, "ucp_request_cancel", &a.request_cancel, &missing);
+  base::resolve(h, "ucp_request_free", &a.request_free, &missing);
+  base::resolve(h, "ucs_status_string", &a.status_string, &missing);
   if (!missing.empty()) {
     l.why = l.api.path + " has no " + missing + " (UCX older than 1.10, or not libucp?)";
     ::dlclose(h);
