@@ -102,7 +102,12 @@ class BRAID_API Communicator {
   /// BRAID_RANK/BRAID_WORLD_SIZE, torchrun's RANK/WORLD_SIZE, Open MPI's
   /// OMPI_COMM_WORLD_RANK/SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS; the store is
   /// at BRAID_MASTER_ADDR:BRAID_MASTER_PORT (or MASTER_ADDR:MASTER_PORT), served
-  /// by rank 0. Throws InvalidUsage naming the missing variable.
+  /// by rank 0. With neither set: under mpirun or srun --mpi=pmix (PMIX_NAMESPACE set)
+  /// rank 0's UniqueId reaches every rank through the launcher's PMIx server (then every
+  /// rank of the job must call from_env, equally often: each call is a fence over the
+  /// job, bounded by the timeout); under plain srun the store is on the step's first
+  /// node at a port derived from the job id (docs/cluster.md). Throws InvalidUsage
+  /// naming the missing variable, Timeout when a rank never joins the PMIx exchange.
   static Communicator from_env(const CommOptions& options = {});
 
   /// Waits for this rank's outstanding collectives (up to their deadlines), then

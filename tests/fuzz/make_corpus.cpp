@@ -228,6 +228,8 @@ void error_feedback() {
   w[0] = 1.5f;
   w[3] = -2.0f;
   s.residual("bucket1", braid::compression::ResidualRole::owner, 2)[1] = 0.25f;
+  for (int i = 0; i < 3; ++i) s.next_step("bucket0");  // version 2's step counters
+  s.next_step("bucket1");
   std::ostringstream os;
   s.save(os);
   seed("error_feedback", "checkpoint", u8(0) + os.str());

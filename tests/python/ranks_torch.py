@@ -275,7 +275,8 @@ class _StableBuckets(torch.nn.Module):
 def ddp_checkpoint(braid_pg, gloo_pg):
     """A run stopped after 5 steps and resumed from torch.save'd model, optimizer and hook
     state matches the uninterrupted 10-step run bit for bit; resumed without the hook's
-    state it does not (so the residuals are what the checkpoint carries)."""
+    state it does not (so the residuals are what the checkpoint carries). int8:sr also
+    needs the step counter of its stochastic rounding, which the checkpoint carries too."""
     import io
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -289,7 +290,7 @@ def ddp_checkpoint(braid_pg, gloo_pg):
         ddp.register_comm_hook(braid_pg, hook)
         return ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), hook
 
-    for codec in ("sign1", "int8"):
+    for codec in ("sign1", "int8", "int8:sr"):
         ddp, opt, _ = fresh(codec)
         _steps(ddp, opt, batches)
         straight = [p.detach().clone() for p in ddp.parameters()]

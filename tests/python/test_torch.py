@@ -15,7 +15,7 @@ SCENARIOS = [
     ("error_feedback_hook_follows_ddp_bucket_rebuild", 2, "ddp_rebuild",
      "error feedback follows DDP's bucket rebuild", 2, 200),
     ("error_feedback_hook_checkpoint_resumes_bit_for_bit", 2, "ddp_checkpoint",
-     "resumed from a checkpoint == uninterrupted, bit for bit", 4, 200),
+     "resumed from a checkpoint == uninterrupted, bit for bit", 6, 200),
     ("coalesced_and_uneven_collectives_equal_gloo_2", 2, "coalesced_and_uneven",
      "coalesced and uneven collectives == gloo", 2, 150),
     ("coalesced_and_uneven_collectives_equal_gloo_3", 3, "coalesced_and_uneven",
