@@ -13,11 +13,20 @@
 #   linkcut   4 hosts; while a long ring all-reduce runs, host vc3's link goes down; every
 #             rank must report a braid error within BRAID_TIMEOUT + 3 s (no hang); the
 #             ranks on the other hosts must name rank 2 (vc3's), rank 2 a peer it lost
+#   algos_ucx, hier_ucx, linkcut_ucx
+#             the same with BRAID_TRANSPORT=ucx (every pair over UCX, which finds its tcp
+#             transport on eth0 here: no RDMA fabric); skipped when the build or the host
+#             has no usable UCX
 # Exit 77 (ctest: skipped) with the reason when this machine cannot emulate hosts (not
 # root, no netns/veth/tc), when mpirun is missing, or when allreduce_bench was built
 # without MPI.
 set -uo pipefail
 src=$1 build=$2 case=$3
+transport=default
+if [[ $case == *_ucx ]]; then
+  transport=ucx
+  case=${case%_ucx}
+fi
 vcl=$src/scripts/vcluster.sh
 bench=$build/bench/allreduce_bench
 owner=/run/braid-vcluster/owner-ctest
@@ -32,6 +41,15 @@ mpirun --version 2>/dev/null | grep -q "Open MPI" || skip "mpirun is not Open MP
 # Built with MPI: the MPI bootstrap is what these tests exercise.
 [ -f "$build/bench/mpi_allreduce_bench" ] || skip "allreduce_bench built without MPI (no libopenmpi-dev at configure time)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+transport_env=()
+if [ "$transport" = ucx ]; then
+  info=$("$build/tools/braid_info" 2>&1)
+  grep -qE "^ +libucp +yes" <<<"$info" ||
+    skip "no usable UCX: $(grep -E "^ +(libucp|ucx) " <<<"$info" | head -1 | sed 's/^ *//')"
+  # UCX_NET_DEVICES: UCX would also offer each host's loopback, which another namespace's
+  # 127.0.0.1 cannot reach; eth0 is the emulated host's link.
+  transport_env=(-x BRAID_TRANSPORT=ucx -x UCX_NET_DEVICES=eth0)
+fi
 
 case $case in
   up)
@@ -60,7 +78,7 @@ mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts
   timeout -k 5 "${MPI_TIMEOUT:-120}" mpirun --mca plm_rsh_agent "$vcl agent" --mca plm_rsh_no_tree_spawn 1 \
     --host "$hosts" --map-by slot --bind-to none --mca pml ob1 --mca btl tcp,vader,self \
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
-    --mca mpi_yield_when_idle 1 -np "$np" "${extra[@]+"${extra[@]}"}" "$@"
+    --mca mpi_yield_when_idle 1 -np "$np" "${extra[@]+"${extra[@]}"}" "${transport_env[@]+"${transport_env[@]}"}" "$@"
 }
 
 checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
@@ -73,7 +91,7 @@ checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
     fail "$what: exit $rc (expected 0 and '# Out of bounds values : 0 OK')"
   fi
   grep -q "allreduce_bench: $np ranks" <<<"$out" || { echo "$out" | tail -5; fail "$what: not $np ranks in one communicator"; }
-  echo "ok: $what"
+  echo "ok: $what (transport $transport)"
 }
 
 case $case in
