@@ -96,12 +96,14 @@ const void* cptr(std::uintptr_t a) { return reinterpret_cast<const void*>(a); }
 void* mptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
 
 braid::CommOptions comm_options(std::optional<double> timeout, const std::string& name, std::size_t chunk_bytes,
-                                const std::string& host_id) {
+                                const std::string& host_id, const std::string& transport, int device) {
   braid::CommOptions o;
   o.timeout = ms(timeout);
   o.name = name;
   o.chunk_bytes = chunk_bytes;
   o.host_id = host_id;
+  o.transport = transport;
+  o.device = device;
   return o;
 }
 
@@ -530,23 +532,25 @@ PYBIND11_MODULE(_C, m) {
   // --- Communicator ---------------------------------------------------------------
   py::class_<braid::Communicator>(m, "Communicator")
       .def(py::init([](std::shared_ptr<braid::Store> store, int rank, int size, std::optional<double> timeout,
-                       const std::string& name, std::size_t chunk_bytes, const std::string& host_id) {
+                       const std::string& name, std::size_t chunk_bytes, const std::string& host_id,
+                       const std::string& transport, int device) {
              py::gil_scoped_release nogil;
-             return std::make_unique<braid::Communicator>(std::move(store), rank, size,
-                                                          comm_options(timeout, name, chunk_bytes, host_id));
+             return std::make_unique<braid::Communicator>(
+                 std::move(store), rank, size, comm_options(timeout, name, chunk_bytes, host_id, transport, device));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(),
-           py::arg("name") = "", py::arg("chunk_bytes") = 0, py::arg("host_id") = "")
+           py::arg("name") = "", py::arg("chunk_bytes") = 0, py::arg("host_id") = "", py::arg("transport") = "",
+           py::arg("device") = -1)
       .def_static(
           "from_env",
           [](std::optional<double> timeout, const std::string& name, std::size_t chunk_bytes,
-             const std::string& host_id) {
+             const std::string& host_id, const std::string& transport, int device) {
             py::gil_scoped_release nogil;
             return std::make_unique<braid::Communicator>(
-                braid::Communicator::from_env(comm_options(timeout, name, chunk_bytes, host_id)));
+                braid::Communicator::from_env(comm_options(timeout, name, chunk_bytes, host_id, transport, device)));
           },
           py::arg("timeout") = py::none(), py::arg("name") = "", py::arg("chunk_bytes") = 0,
-          py::arg("host_id") = "")
+          py::arg("host_id") = "", py::arg("transport") = "", py::arg("device") = -1)
       .def_static("create_unique_id",
                   []() {
                     braid::UniqueId id;
@@ -559,7 +563,7 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "from_unique_id",
           [](const std::string& id_bytes, int rank, int size, std::optional<double> timeout,
-             const std::string& name) {
+             const std::string& name, const std::string& transport, int device) {
             if (id_bytes.size() != sizeof(braid::UniqueId::bytes))
               throw braid::Error(braid::ErrorCode::InvalidUsage,
                                  "from_unique_id: a unique id is exactly 128 bytes (from create_unique_id), got " +
@@ -568,9 +572,11 @@ PYBIND11_MODULE(_C, m) {
             std::copy(id_bytes.begin(), id_bytes.end(), id.bytes.begin());
             py::gil_scoped_release nogil;
             return std::make_unique<braid::Communicator>(
-                braid::Communicator::from_unique_id(id, rank, size, comm_options(timeout, name, 0, "")));
+                braid::Communicator::from_unique_id(id, rank, size,
+                                                    comm_options(timeout, name, 0, "", transport, device)));
           },
-          py::arg("id"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(), py::arg("name") = "")
+          py::arg("id"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(), py::arg("name") = "",
+          py::arg("transport") = "", py::arg("device") = -1)
       .def_property_readonly("rank", &braid::Communicator::rank)
       .def_property_readonly("size", &braid::Communicator::size)
       .def_property_readonly("local_rank",

@@ -308,16 +308,20 @@ class Communicator:
     Construct with ``braid.init()`` (from the environment), ``Communicator(store, rank, size)``,
     or ``Communicator.from_unique_id(...)``. Collectives run in issue order, which must be the
     same on every rank. Each returns the output buffer, or a Work with ``async_op=True``.
-    Options: ``timeout`` in seconds (None = the communicator's, BRAID_TIMEOUT).
+    Options: ``timeout`` in seconds (None = the communicator's, BRAID_TIMEOUT);
+    ``transport``: "" (BRAID_TRANSPORT), "auto", or one transport for every pair ("shm",
+    "tcp", "ucx": ``braid_info`` lists this build's); ``device``: the GPU whose buffers it
+    takes (-1: the current device at creation).
     """
 
     def __init__(self, store: Optional[Store], rank: int, size: int, *, timeout: Optional[float] = None,
-                 name: str = "", chunk_bytes: int = 0, host_id: str = "", _impl: Any = None):
+                 name: str = "", chunk_bytes: int = 0, host_id: str = "", transport: str = "", device: int = -1,
+                 _impl: Any = None):
         self._store = store  # a Python store must outlive the communicator
         if _impl is None:
             if store is None:
                 raise _usage("Communicator(store, rank, size) needs a store; or use braid.init()")
-            _impl = _C.Communicator(store, rank, size, timeout, name, chunk_bytes, host_id)
+            _impl = _C.Communicator(store, rank, size, timeout, name, chunk_bytes, host_id, transport, device)
         self._c = _impl
         self._inflight: list = []
         self._lock = threading.Lock()
@@ -326,9 +330,9 @@ class Communicator:
     # --- construction -----------------------------------------------------------
     @classmethod
     def from_env(cls, *, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0,
-                 host_id: str = "") -> "Communicator":
+                 host_id: str = "", transport: str = "", device: int = -1) -> "Communicator":
         """Joins the job described by BRAID_*, torchrun, Open MPI or Slurm variables."""
-        return cls(None, 0, 0, _impl=_C.Communicator.from_env(timeout, name, chunk_bytes, host_id))
+        return cls(None, 0, 0, _impl=_C.Communicator.from_env(timeout, name, chunk_bytes, host_id, transport, device))
 
     @staticmethod
     def create_unique_id() -> bytes:
@@ -337,8 +341,8 @@ class Communicator:
 
     @classmethod
     def from_unique_id(cls, uid: bytes, rank: int, size: int, *, timeout: Optional[float] = None,
-                       name: str = "") -> "Communicator":
-        return cls(None, 0, 0, _impl=_C.Communicator.from_unique_id(uid, rank, size, timeout, name))
+                       name: str = "", transport: str = "", device: int = -1) -> "Communicator":
+        return cls(None, 0, 0, _impl=_C.Communicator.from_unique_id(uid, rank, size, timeout, name, transport, device))
 
     # --- properties -------------------------------------------------------------
     @property
@@ -611,19 +615,22 @@ def _torchrun_store(timeout: Optional[float]):
     return dist.PrefixStore("braid", t), env["rank"], env["world_size"]
 
 
-def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0) -> Communicator:
+def init(*, timeout: Optional[float] = None, name: str = "", chunk_bytes: int = 0, transport: str = "",
+         device: int = -1) -> Communicator:
     """The communicator of this job, from the environment: braidrun's BRAID_* variables,
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's OMPI_COMM_WORLD_*,
     or Slurm's SLURM_*. A process started without a launcher (none of them set) is a job of
-    one rank with a private store, so scripts also run stand-alone."""
+    one rank with a private store, so scripts also run stand-alone. ``transport`` and
+    ``device`` as for Communicator."""
+    opts = dict(timeout=timeout, name=name, chunk_bytes=chunk_bytes, transport=transport, device=device)
     torchrun = _torchrun_store(timeout)
     if torchrun is not None:
         ts, rank, size = torchrun
-        return Communicator(_TorchStore(ts), rank, size, timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+        return Communicator(_TorchStore(ts), rank, size, **opts)
     try:
-        return Communicator.from_env(timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+        return Communicator.from_env(**opts)
     except InvalidUsageError as e:
         if "no rank/world size in the environment" not in str(e):
             raise
     store = TcpStore("127.0.0.1", 0, is_server=True)
-    return Communicator(store, 0, 1, timeout=timeout, name=name, chunk_bytes=chunk_bytes)
+    return Communicator(store, 0, 1, **opts)

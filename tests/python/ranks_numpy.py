@@ -287,6 +287,44 @@ def tuner(comm):
     print(f"rank {r}: tuner ok: {after}")
 
 
+def transports(comm):
+    """Communicator(..., transport=T) from Python: one process holds communicators over
+    tcp, shm and (when this build and host have UCX) ucx at once, each pair on the named
+    transport (describe_topology), each all-reduce exact; an unknown name is refused
+    with the names this build has."""
+    n, r = comm.size, comm.rank
+    names = ["tcp", "shm"]
+    try:
+        probe = braid.Communicator(braid.TcpStore("127.0.0.1", 0, is_server=True), 0, 1, transport="ucx")
+        probe.close()
+        names.append("ucx")
+    except braid.InvalidUsageError as e:
+        assert "is not a transport of this build" in str(e), e
+    # Every rank must agree on the list: the smallest one wins.
+    counts = comm.allgather(np.array([len(names)], dtype=np.int32))
+    names = names[: int(min(c[0] for c in counts))]
+    xs = inputs(np.float32, 10007, n)
+    for t in names:
+        uid = np.frombuffer(braid.Communicator.create_unique_id(), dtype=np.uint8).copy() if r == 0 \
+            else np.zeros(128, dtype=np.uint8)
+        comm.broadcast(uid, root=0)
+        with braid.Communicator.from_unique_id(uid.tobytes(), r, n, timeout=60.0, name="t-" + t,
+                                               transport=t) as c:
+            topo = c.describe_topology()
+            peers = [q for q in range(n) if q != r]
+            line = next(ln for ln in topo.splitlines() if ln.strip().startswith(f"rank {r}:"))
+            assert all(f"{q}={t}" in line for q in peers), topo
+            x = xs[r].copy()
+            c.allreduce(x)
+            close(x, reference(xs, "sum"), f"allreduce over {t}")
+    try:
+        braid.Communicator(braid.TcpStore("127.0.0.1", 0, is_server=True), 0, 1, transport="nope")
+        raise AssertionError("transport='nope' was accepted")
+    except braid.InvalidUsageError as e:
+        assert "'nope' is not a transport of this build" in str(e) and "tcp" in str(e), e
+    print(f"rank {r}: transports ok: {','.join(names)}")
+
+
 def main(scenarios=None):
     """Runs scenario sys.argv[1] of `scenarios` (a worker module's globals; default this
     module's) on a communicator from the launcher's environment."""

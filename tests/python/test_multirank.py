@@ -25,6 +25,11 @@ def test_tuner_explains_an_agreed_verdict(run_ranks):
     assert p.stdout.count("tuner ok") == 3, p.stdout
 
 
+def test_communicators_over_named_transports(run_ranks):
+    p = run_ranks(3, "ranks_numpy.py", "transports", timeout=120)
+    assert p.stdout.count("transports ok: tcp,shm") == 3, p.stdout
+
+
 def test_compressed_allreduce(run_ranks):
     p = run_ranks(2, "ranks_numpy.py", "compressed", check=False)
     if p.returncode != 0 and "SKIP:" in p.stdout:
