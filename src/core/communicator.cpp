@@ -3,6 +3,7 @@
 // core::MeasuredTuner, compressed all-reduce from core::Compressor. Bootstrapping from
 // the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
+#include "core/job_secret.hpp"
 
 #include "base/check.hpp"
 #include "base/logging.hpp"
@@ -40,11 +41,6 @@ namespace {
 using collectives::Collective;
 using collectives::PlanRequest;
 
-std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-}
-
 using base::hex;
 
 void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
@@ -60,29 +56,6 @@ void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
 /// deadline arithmetic cannot overflow.
 std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
   return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
-}
-
-/// The job's secret and this communicator's id: rank 0 picks them (the token unless
-/// configured), everyone else reads them from the store.
-struct JobSecret {
-  std::uint64_t comm_id = 0;
-  std::string token;
-};
-
-JobSecret share_secret(Store& store, int rank, std::string token, std::chrono::milliseconds timeout) {
-  JobSecret s;
-  if (rank == 0) {
-    s.comm_id = random_u64();
-    s.token = token.empty() ? hex(random_u64()) + hex(random_u64()) : std::move(token);
-    store.set("meta", hex(s.comm_id) + "\n" + s.token);
-    return s;
-  }
-  const std::string meta = store.get("meta", timeout);
-  const auto nl = meta.find('\n');
-  BRAID_CHECK(nl != std::string::npos, Network, "malformed communicator metadata in the store");
-  s.comm_id = std::stoull(meta.substr(0, nl), nullptr, 16);
-  s.token = token.empty() ? meta.substr(nl + 1) : std::move(token);
-  return s;
 }
 
 /// The k-th communicator of this name and size that each rank creates on a store gets
@@ -119,7 +92,7 @@ void check_config(const core::Config& cfg) {
 /// that help, inline size, transport, every row for the transports), the master address
 /// (else `address_hint`), and this communicator's identity, secret and topology.
 core::EngineOptions engine_options(const core::Config& cfg, const core::Membership& member, const std::string& name,
-                                   const JobSecret& secret, const std::string& address_hint) {
+                                   const core::JobSecret& secret, const std::string& address_hint) {
   core::EngineOptions eo;
   eo.rank = member.rank;
   eo.size = member.size;
@@ -203,7 +176,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
 
   std::int64_t gen = 0;
   std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
-  const JobSecret secret = share_secret(*store, rank, cfg.auth_token, timeout);
+  const core::JobSecret secret = core::share_secret(*store, rank, cfg.auth_token, timeout);
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
       timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library));
