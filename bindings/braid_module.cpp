@@ -403,6 +403,7 @@ PYBIND11_MODULE(_C, m) {
     d["local_size"] = e.local_size;
     d["master_addr"] = e.master_addr;
     d["master_port"] = e.master_port;
+    d["auth_token"] = e.auth_token;
     d["store_external"] = e.store_external;
     d["torch_agent_store"] = e.torch_agent_store;
     return d;
@@ -515,18 +516,21 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("key"));
   py::class_<braid::TcpStore, braid::Store, std::shared_ptr<braid::TcpStore>>(m, "TcpStore")
-      .def(py::init([](const std::string& host, std::uint16_t port, bool is_server, double connect_timeout) {
+      .def(py::init([](const std::string& host, std::uint16_t port, bool is_server, double connect_timeout,
+                       const std::string& token) {
              py::gil_scoped_release nogil;
-             return std::make_shared<braid::TcpStore>(host, port, is_server, ms(connect_timeout));
+             return std::make_shared<braid::TcpStore>(host, port, is_server, ms(connect_timeout), token);
            }),
-           py::arg("host"), py::arg("port"), py::arg("is_server") = false, py::arg("connect_timeout") = 60.0)
+           py::arg("host"), py::arg("port"), py::arg("is_server") = false, py::arg("connect_timeout") = 60.0,
+           py::arg("token") = "")
       .def_property_readonly("port", &braid::TcpStore::port);
   py::class_<braid::FileStore, braid::Store, std::shared_ptr<braid::FileStore>>(m, "FileStore")
       .def(py::init<const std::string&>(), py::arg("path"));
   py::class_<braid::PrefixStore, braid::Store, std::shared_ptr<braid::PrefixStore>>(m, "PrefixStore")
       .def(py::init<std::string, std::shared_ptr<braid::Store>>(), py::arg("prefix"), py::arg("base"));
   py::class_<braid::TcpStoreServer>(m, "TcpStoreServer")
-      .def(py::init<const std::string&, std::uint16_t>(), py::arg("bind_addr") = "127.0.0.1", py::arg("port") = 0)
+      .def(py::init<const std::string&, std::uint16_t, const std::string&>(), py::arg("bind_addr") = "127.0.0.1",
+           py::arg("port") = 0, py::arg("token") = "")
       .def_property_readonly("port", &braid::TcpStoreServer::port);
 
   // --- Communicator ---------------------------------------------------------------

@@ -60,6 +60,9 @@ struct LaunchEnvironment {
   /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's elastic agent serves its own store
   /// (torch's protocol, not braid's) at MASTER_ADDR:MASTER_PORT.
   bool torch_agent_store = false;
+  /// BRAID_AUTH_TOKEN ("" when unset): what a client of the launcher's store presents
+  /// (TcpStore's `token`); braidrun gives every job one.
+  std::string auth_token;
 };
 
 /// This process's launch variables (the Python package asks here instead of reading

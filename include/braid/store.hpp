@@ -53,8 +53,10 @@ class BRAID_API Store {
 class BRAID_API TcpStoreServer {
  public:
   /// Listens on `bind_addr`:`port` (port 0 picks a free one; "0.0.0.0" binds every
-  /// interface). Throws Error(Network) when the address cannot be bound.
-  TcpStoreServer(const std::string& bind_addr, std::uint16_t port);
+  /// interface). With a `token`, serves only clients that present it (TcpStore's
+  /// `token`): others are refused and logged at WARN. Throws Error(Network) when the
+  /// address cannot be bound.
+  TcpStoreServer(const std::string& bind_addr, std::uint16_t port, const std::string& token = {});
   /// Stops serving and closes every client connection.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -73,11 +75,13 @@ class BRAID_API TcpStoreServer {
 /// Client of a TcpStoreServer (optionally hosting it in-process).
 class BRAID_API TcpStore : public Store {
  public:
-  /// Connects to `host`:`port`, retrying until `connect_timeout`. With `is_server`
-  /// it first starts a TcpStoreServer on that port in this process (bound to every
-  /// interface) and connects to it. Throws Error(Network) / TimeoutError.
+  /// Connects to `host`:`port`, retrying until `connect_timeout`, presenting `token`
+  /// (at most 4096 bytes; what the server was given, or anything for a server without
+  /// one). With `is_server` it first starts a TcpStoreServer on that port in this process
+  /// (bound to every interface, with `token`) and connects to it. Throws Error(Network) /
+  /// TimeoutError, and InvalidUsage when the server refuses the token.
   TcpStore(const std::string& host, std::uint16_t port, bool is_server = false,
-           std::chrono::milliseconds connect_timeout = std::chrono::seconds(60));
+           std::chrono::milliseconds connect_timeout = std::chrono::seconds(60), const std::string& token = {});
   /// Closes the connection (and stops an owned server). Never throws.
   ~TcpStore() override;
 

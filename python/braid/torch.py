@@ -667,7 +667,7 @@ def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwa
     if size == 1:
         yield (dist.HashStore(), rank, size)
         return
-    bstore = _C.TcpStore(addr, port, False, timeout.total_seconds())
+    bstore = _C.TcpStore(addr, port, False, timeout.total_seconds(), env["auth_token"])
     if rank == 0:
         tstore = dist.TCPStore(addr, 0, size, True, timeout=timeout, wait_for_workers=False)
         bstore.set(key, str(tstore.port).encode())

@@ -50,10 +50,12 @@ UniqueId Communicator::create_unique_id() {
   // No master address under mpirun (the id replaces it): advertise an address other
   // hosts can reach, as the header promises, not 127.0.0.1.
   const std::string addr = transport::select_address(cfg.settings.text("BRAID_SOCKET_IFNAME"), cfg.master_addr, true);
-  auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0);
+  // The nonce is the id's secret: the store serves only clients that present it (the
+  // ranks, who read it from the id), and every key lives under it.
   std::random_device rd;
   std::ostringstream nonce;
-  nonce << std::hex << rd() << rd() << rd();
+  nonce << std::hex << rd() << rd() << rd() << rd();
+  auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0, nonce.str());
   std::ostringstream text;
   text << kUidMagic << ' ' << addr << ' ' << server->port() << ' ' << nonce.str();
   const std::string s = text.str();
@@ -74,7 +76,7 @@ Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size
   const std::string& nonce = fields->nonce;
   const auto& cfg = core::Config::global();
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
-  auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout);
+  auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout, nonce);
   // The store's address tells every rank which of its interfaces reaches the others.
   auto impl = std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options, addr);
   std::lock_guard<std::mutex> lock(g_uid_mu);
@@ -147,8 +149,9 @@ Communicator Communicator::from_env(const CommOptions& options) {
                 "from_env: no store port; set BRAID_MASTER_PORT (or MASTER_PORT) to a free TCP port on "
                     << cfg.master_addr);
     hosts = rank == 0 && !cfg.store_external;
+    // With BRAID_AUTH_TOKEN, the store serves only clients that present it (braidrun's too).
     store = std::make_shared<TcpStore>(cfg.master_addr, static_cast<std::uint16_t>(*cfg.master_port), hosts,
-                                       timeout);
+                                       timeout, cfg.auth_token);
   }
   auto impl = std::make_unique<Impl>(store, rank, size, options);
   impl->hosts_store = hosts;

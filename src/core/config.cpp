@@ -115,7 +115,9 @@ std::vector<Setting> make_table() {
   for (const auto* e : transport::registry()) t.insert(t.end(), e->settings.begin(), e->settings.end());
   const std::vector<Setting> tail = {
       {"BRAID_AUTH_TOKEN", SettingType::text, "",
-       "Shared secret every connection must present (default: a random token agreed through the store)."},
+       "Shared secret every connection between ranks and every client of the bootstrap store (TcpStore) "
+       "must present; never written to the store. braidrun gives each job a fresh one. Unset: rank 0 "
+       "makes a random token and publishes it in the store, which then accepts any client."},
       {"BRAID_HOST_ID", SettingType::text, "", "Overrides the host identity (hostname + boot id), to emulate hosts."},
       {"BRAID_RANK", SettingType::integer, "", "This process's rank (set by braidrun).", true, 0, kMaxRanks - 1},
       {"BRAID_WORLD_SIZE", SettingType::integer, "", "Number of ranks (set by braidrun).", true, 1, kMaxRanks},

@@ -36,6 +36,7 @@ LaunchEnvironment launch_environment() {
   e.master_port = c.master_port.value_or(0);
   e.store_external = c.store_external;
   e.torch_agent_store = c.torch_agent_store;
+  e.auth_token = c.auth_token;
   return e;
 }
 

@@ -87,4 +87,17 @@ std::string reply_error(const std::string& payload) {
   return d.str(kMaxFrame);
 }
 
+Hello parse_hello(const char* p, std::size_t avail, std::string* token, std::size_t* used, unsigned* version) {
+  if (avail >= 4 && load_le(p, 4) != kMagic) return Hello::not_a_store;
+  if (avail < kHelloSize) return Hello::more;
+  *version = static_cast<unsigned>(load_le(p + 4, 2));
+  if (*version != kVersion) return Hello::version;
+  const std::size_t n = load_le(p + 6, 2);
+  if (n > kMaxToken) return Hello::too_long;
+  if (avail < kHelloSize + n) return Hello::more;
+  token->assign(p + kHelloSize, n);
+  *used = kHelloSize + n;
+  return Hello::ok;
+}
+
 }  // namespace braid::core::store_wire

@@ -16,8 +16,10 @@
 namespace braid::core::store_wire {
 
 constexpr std::uint32_t kMagic = 0x53445242;  // bytes "BRDS"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;
 constexpr std::size_t kHelloSize = 8;
+/// Longest token a client may present in its hello.
+constexpr std::size_t kMaxToken = 4096;
 constexpr std::size_t kMaxKey = kMaxStoreKey;
 constexpr std::size_t kMaxValue = kMaxStoreValue;
 constexpr std::size_t kMaxKeysPerRequest = 65536;
@@ -111,14 +113,40 @@ class Decoder {
   bool ok_ = true;
 };
 
-/// The 8 bytes each side sends first: magic, version, zero.
-inline std::string hello_bytes() {
+/// The server's answer to a hello (the u16 after magic and version).
+enum HelloAnswer : std::uint16_t { kAccepted = 0, kRefused = 1 };
+
+/// 8 bytes: magic, version, then `last` (the client's token length, or the server's
+/// HelloAnswer).
+inline std::string hello_head(std::uint16_t last) {
   std::string h(kHelloSize, '\0');
   for (int i = 0; i < 4; ++i) h[i] = static_cast<char>((kMagic >> (8 * i)) & 0xff);
   h[4] = static_cast<char>(kVersion & 0xff);
   h[5] = static_cast<char>(kVersion >> 8);
+  h[6] = static_cast<char>(last & 0xff);
+  h[7] = static_cast<char>(last >> 8);
   return h;
 }
+
+/// The client's hello: the 8-byte head with the token's length, then the token
+/// (at most kMaxToken bytes; "" for a store without one).
+inline std::string hello_bytes(const std::string& token = {}) {
+  return hello_head(static_cast<std::uint16_t>(token.size())) + token;
+}
+
+/// The server's answer: the 8-byte head with a HelloAnswer.
+inline std::string answer_bytes(HelloAnswer a) { return hello_head(a); }
+
+enum class Hello {
+  more,         ///< not all there yet
+  not_a_store,  ///< wrong magic
+  version,      ///< another protocol version (in *version)
+  too_long,     ///< a token longer than kMaxToken
+  ok            ///< *token and *used are set
+};
+
+/// Parses a client's hello at the start of `p` (`avail` bytes). Untrusted input.
+Hello parse_hello(const char* p, std::size_t avail, std::string* token, std::size_t* used, unsigned* version);
 
 enum class Frame {
   more,      ///< the frame is not all there yet

@@ -1,8 +1,11 @@
 // braid — TcpStore: an in-memory key-value map behind a TCP socket.
 //
 // Protocol (every integer little-endian; every length from the wire is untrusted):
-//   hello    client -> server: u32 magic "BRDS", u16 version (1), u16 zero; the server
-//            answers with the same 8 bytes, or closes the connection on a mismatch.
+//   hello    client -> server: u32 magic "BRDS", u16 version (2), u16 token length
+//            (<= 4096), the token. A server made with a token compares it in constant time;
+//            one made without accepts any. Answer: magic, version, u16 0 (accepted) or
+//            1 (refused: then the server closes the connection and logs at WARN). A wrong
+//            magic or version is closed without an answer.
 //   frame    u32 body length (1 .. kMaxFrame), then the body.
 //   request  u8 op, u32 id, fields; a string is u32 length + bytes (key <= 4 KiB,
 //            value <= 64 MiB): SET key value | GET key u64 timeout_ms |
@@ -32,6 +35,7 @@
 #include "base/text.hpp"
 #include "core/store_limits.hpp"
 #include "core/store_wire.hpp"
+#include "transport/common.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -121,10 +125,11 @@ bool resolve_ipv4(const std::string& host, std::uint16_t port, bool passive, soc
 // Server.
 
 struct TcpStoreServer::Impl {
-  Impl(const std::string& bind_addr, std::uint16_t port);
+  Impl(const std::string& bind_addr, std::uint16_t port, std::string token);
   ~Impl();
 
   std::string addr;  // "bind_addr:port" for messages
+  const std::string token;  // what a client must present ("" = any)
   std::uint16_t port = 0;
   Fd listen_fd;
   base::Poller poller;
@@ -186,7 +191,8 @@ struct TcpStoreServer::Impl {
   }
 };
 
-TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port) {
+TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port, std::string token_)
+    : token(std::move(token_)) {
   addr = bind_addr + ":" + std::to_string(want_port);
   sockaddr_in sa{};
   std::string err;
@@ -314,16 +320,34 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
     std::size_t avail = c.in.size() - c.in_off;
     const char* p = c.in.data() + c.in_off;
     if (!c.hello_done) {
-      if (avail < kHelloSize) break;
-      if (load_le(p, 4) != kMagic) return drop(id, c, "bad hello (not a braid store client)");
-      if (load_le(p + 4, 2) != kVersion)
-        return drop(id, c,
-                    "client speaks protocol version " + std::to_string(load_le(p + 4, 2)) +
-                        ", this server " + std::to_string(kVersion));
-      c.hello_done = true;
-      c.in_off += kHelloSize;
-      send(id, c, hello_bytes());
-      continue;
+      std::string presented;
+      std::size_t used = 0;
+      unsigned version = 0;
+      switch (parse_hello(p, avail, &presented, &used, &version)) {
+        case Hello::more:
+          break;
+        case Hello::not_a_store:
+          return drop(id, c, "bad hello (not a braid store client)");
+        case Hello::version:
+          return drop(id, c,
+                      "client speaks protocol version " + std::to_string(version) + ", this server " +
+                          std::to_string(kVersion));
+        case Hello::too_long:
+          return drop(id, c, "bad hello (token longer than " + std::to_string(kMaxToken) + " bytes)");
+        case Hello::ok:
+          if (!token.empty() &&
+              !transport::token_equal(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(),
+                                      token)) {
+            send(id, c, answer_bytes(kRefused));
+            return drop(id, c, "refused a client that did not present this job's token (another job, or "
+                               "BRAID_AUTH_TOKEN differs)");
+          }
+          c.hello_done = true;
+          c.in_off += used;
+          send(id, c, answer_bytes(kAccepted));
+          continue;
+      }
+      break;
     }
     std::uint64_t len = 0;
     const Frame f = frame_at(p, avail, 1, &len);
@@ -541,8 +565,8 @@ void TcpStoreServer::Impl::close_conn(std::uint64_t id) {
   conns.erase(it);
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& bind_addr, std::uint16_t port)
-    : impl_(std::make_unique<Impl>(bind_addr, port)) {}
+TcpStoreServer::TcpStoreServer(const std::string& bind_addr, std::uint16_t port, const std::string& token)
+    : impl_(std::make_unique<Impl>(bind_addr, port, token)) {}
 
 TcpStoreServer::~TcpStoreServer() = default;
 
@@ -639,7 +663,8 @@ Fd connect_once(const sockaddr_in& sa, Clock::time_point deadline, std::string* 
 }  // namespace
 
 struct TcpStore::Impl {
-  Impl(const std::string& host, std::uint16_t port, bool is_server, milliseconds connect_timeout);
+  Impl(const std::string& host, std::uint16_t port, bool is_server, milliseconds connect_timeout,
+       const std::string& token);
   ~Impl() = default;
 
   // Declared first so that it is destroyed last, after our own socket.
@@ -684,12 +709,15 @@ struct TcpStore::Impl {
 };
 
 TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_server,
-                     milliseconds connect_timeout) {
+                     milliseconds connect_timeout, const std::string& token) {
+  if (token.size() > kMaxToken)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore: a store token of " + std::to_string(token.size()) +
+                                             " bytes is longer than " + std::to_string(kMaxToken));
   io_timeout = std::max(connect_timeout, kMinIoTimeout);
   port = want_port;
   std::string connect_host = host;
   if (is_server) {
-    server = std::make_unique<TcpStoreServer>("0.0.0.0", want_port);
+    server = std::make_unique<TcpStoreServer>("0.0.0.0", want_port, token);
     port = server->port();
     connect_host = "127.0.0.1";  // our own server: loopback always reaches it
   }
@@ -703,16 +731,21 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
     if (resolve_ipv4(connect_host, port, false, &sa, &err)) {
       Fd s = connect_once(sa, deadline, &err);
       if (s.get() >= 0) {
-        std::string hello = hello_bytes();
+        std::string hello = hello_bytes(token);
         // Once connected, allow the hello a little time even if connect_timeout is short.
         auto hello_deadline = std::max(deadline, Clock::now() + milliseconds(5000));
         std::string herr = send_all(s.get(), hello.data(), hello.size(), hello_deadline);
         char back[kHelloSize];
         if (herr.empty()) herr = recv_exact(s.get(), back, sizeof back, hello_deadline);
-        if (herr.empty() && std::memcmp(back, hello.data(), kHelloSize) == 0) {
+        if (herr.empty() && std::memcmp(back, answer_bytes(kAccepted).data(), kHelloSize) == 0) {
           fd = std::move(s);
           return;
         }
+        if (herr.empty() && std::memcmp(back, answer_bytes(kRefused).data(), kHelloSize) == 0)
+          throw Error(ErrorCode::InvalidUsage,
+                      "TcpStore: the store server at " + addr +
+                          " refused this client's token: it serves another job, or BRAID_AUTH_TOKEN differs "
+                          "between the ranks (set the same token on every rank)");
         throw Error(ErrorCode::Network,
                     "TcpStore: " + addr + " did not complete the store handshake (" +
                         (herr.empty() ? std::string("unexpected reply") : herr) +
@@ -818,8 +851,8 @@ Reply TcpStore::Impl::call(Encoder& e, Clock::time_point deadline, const std::st
 }
 
 TcpStore::TcpStore(const std::string& host, std::uint16_t port, bool is_server,
-                   std::chrono::milliseconds connect_timeout)
-    : impl_(std::make_unique<Impl>(host, port, is_server, connect_timeout)) {}
+                   std::chrono::milliseconds connect_timeout, const std::string& token)
+    : impl_(std::make_unique<Impl>(host, port, is_server, connect_timeout, token)) {}
 
 TcpStore::~TcpStore() = default;
 

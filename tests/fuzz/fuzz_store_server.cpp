@@ -1,5 +1,5 @@
 // The TcpStore server's side of the protocol: a client connection's bytes through the hello
-// check, the framing (store_wire::frame_at) and the request decoder
+// (store_wire::parse_hello, with its token), the framing (store_wire::frame_at) and the request decoder
 // (store_wire::decode_request), as TcpStoreServer's process_input and handle read them.
 #include "fuzz_common.hpp"
 
@@ -15,10 +15,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ++p;
     --avail;
   } else {
-    if (avail < sw::kHelloSize) return 0;
-    if (sw::load_le(p, 4) != sw::kMagic || sw::load_le(p + 4, 2) != sw::kVersion) return 0;
-    p += sw::kHelloSize;
-    avail -= sw::kHelloSize;
+    std::string token;
+    std::size_t used = 0;
+    unsigned version = 0;
+    if (sw::parse_hello(p, avail, &token, &used, &version) != sw::Hello::ok) return 0;
+    FUZZ_CHECK(token.size() <= sw::kMaxToken && used == sw::kHelloSize + token.size() && used <= avail);
+    p += used;
+    avail -= used;
   }
   for (;;) {
     std::uint64_t len = 0;

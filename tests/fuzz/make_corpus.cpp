@@ -127,7 +127,7 @@ void store() {
     e.u32(id);
     return e;
   };
-  std::string all = sw::hello_bytes();
+  std::string all = sw::hello_bytes("job-token-0123456789abcdef");
   {
     auto e = req(sw::kSet, 1);
     e.str("key");

@@ -1,8 +1,11 @@
 // A rank program for braidrun's store test: connects a braid::TcpStore client to the
 // store braidrun hosts (BRAID_MASTER_ADDR:BRAID_MASTER_PORT, BRAID_STORE_EXTERNAL=1),
-// publishes one key per rank and reads every other rank's key back.
+// publishes one key per rank and reads every other rank's key back. The store serves only
+// clients with the job's BRAID_AUTH_TOKEN (braidrun makes one): a client without it must
+// be refused with an error that says so.
 #include "rank_env.hpp"
 
+#include <braid/error.hpp>
 #include <braid/store.hpp>
 #include <chrono>
 #include <cstdio>
@@ -27,8 +30,23 @@ int main() {
       std::fprintf(stderr, "bad launch environment: addr='%s' port=%d size=%d\n", addr.c_str(), port, size);
       return 1;
     }
+    const std::string token = env("BRAID_AUTH_TOKEN");
+    if (token.empty()) {
+      std::fprintf(stderr, "braidrun gave this rank no BRAID_AUTH_TOKEN\n");
+      return 1;
+    }
+    try {
+      braid::TcpStore stranger(addr, static_cast<std::uint16_t>(port), false, std::chrono::seconds(10), "wrong");
+      std::fprintf(stderr, "the store accepted a client with a wrong token\n");
+      return 1;
+    } catch (const braid::Error& e) {
+      if (e.code() != braid::ErrorCode::InvalidUsage || !std::strstr(e.what(), "refused this client's token")) {
+        std::fprintf(stderr, "a wrong token gave: %s\n", e.what());
+        return 1;
+      }
+    }
     // is_server = false: the server must already be there, hosted by braidrun.
-    braid::TcpStore store(addr, static_cast<std::uint16_t>(port), false, std::chrono::seconds(10));
+    braid::TcpStore store(addr, static_cast<std::uint16_t>(port), false, std::chrono::seconds(10), token);
     store.set("launcher_test/rank" + std::to_string(rank), "value" + std::to_string(rank));
     const auto arrived = store.add("launcher_test/arrived", 1);
     for (int q = 0; q < size; ++q) {

@@ -483,7 +483,8 @@ std::string le32(std::uint32_t v) {
   return s;
 }
 
-const std::string kHello = std::string("BRDS") + std::string("\x01\x00\x00\x00", 4);
+// Protocol version 2, no token (also the server's "accepted" answer).
+const std::string kHello = std::string("BRDS") + std::string("\x02\x00\x00\x00", 4);
 
 TEST(TcpStore, ClientStartedBeforeServerConnectsWhenItAppears) {
   std::uint16_t port = free_port();
@@ -553,6 +554,8 @@ TEST(TcpStore, GarbageFromRawClientsDoesNotHurtTheServer) {
   std::vector<std::pair<std::string, std::string>> garbage = {
       {"bad magic", "GET / HTTP/1.0\r\n\r\n"},
       {"bad version", std::string("BRDS\x07\x00\x00\x00", 8)},
+      {"version 1 (before tokens)", std::string("BRDS\x01\x00\x00\x00", 8)},
+      {"token over 4 KiB", std::string("BRDS\x02\x00\xff\xff", 8) + std::string(70000, 't')},
       {"huge frame length", kHello + le32(0xffffffffu)},
       {"zero frame length", kHello + le32(0)},
       {"unknown op", kHello + le32(5) + std::string("\x63\x01\x00\x00\x00", 5)},
@@ -600,6 +603,43 @@ TEST(TcpStore, GarbageFromRawClientsDoesNotHurtTheServer) {
   waiter.join();
   TcpStore fresh("127.0.0.1", server.port(), false, 5s);
   EXPECT_EQ(fresh.get("k", 1s), "v");
+}
+
+// A server given a token serves only clients that present it: a stranger (no token, a
+// wrong one, a longer one with the right prefix) is refused with an answer the client
+// turns into InvalidUsage saying so, and the job's clients are not disturbed.
+TEST(TcpStore, ServerWithATokenRefusesClientsWithoutIt) {
+  const std::string token = "job-4711-secret";
+  TcpStoreServer server("127.0.0.1", 0, token);
+  TcpStore good("127.0.0.1", server.port(), false, 5s, token);
+  good.set("k", "v");
+  for (const std::string bad : {std::string(), std::string("job-4711-secreT"), token + "x", token.substr(1)}) {
+    SCOPED_TRACE("presented '" + bad + "'");
+    try {
+      TcpStore stranger("127.0.0.1", server.port(), false, 5s, bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+      EXPECT_NE(std::string(e.what()).find("refused this client's token"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(good.get("k", 1s), "v");
+  }
+  // Raw: a refused hello gets the refusal answer, then the connection closes; requests
+  // sent behind it are never served.
+  int fd = raw_connect(server.port());
+  raw_send(fd, std::string("BRDS\x02\x00\x05\x00", 8) + "wrong" + le32(5 + 4 + 1 + 4 + 1) +
+                   std::string("\x01\x09\x00\x00\x00", 5) + le32(1) + "x" + le32(1) + "y");
+  std::string reply;
+  EXPECT_TRUE(closed_by_peer(fd, 5s, &reply));
+  EXPECT_EQ(reply, std::string("BRDS\x02\x00\x01\x00", 8));
+  ::close(fd);
+  EXPECT_FALSE(good.check({"x"})) << "a refused client's SET was served";
+  // An owned server (is_server) takes the token too.
+  TcpStore owner("127.0.0.1", 0, true, 5s, token);
+  EXPECT_THROW(TcpStore("127.0.0.1", owner.port(), false, 2s), Error);
+  TcpStore peer("127.0.0.1", owner.port(), false, 5s, token);
+  peer.set("a", "b");
+  EXPECT_EQ(owner.get("a", 1s), "b");
 }
 
 TEST(TcpStore, BindFailureIsNetworkErrorNamingAddressPortAndReason) {

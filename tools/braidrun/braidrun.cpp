@@ -35,6 +35,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -356,6 +357,8 @@ class Launcher {
   bool stdout_ok_ = true, stderr_ok_ = true;
   std::optional<Clock::time_point> job_deadline_, kill_deadline_;
   bool hup_ignored_ = false;
+  std::string token_;             // the job's BRAID_AUTH_TOKEN
+  bool generated_token_ = false;  // made here (then every rank gets it)
 };
 
 void Launcher::build_environments(const std::string& addr, std::uint16_t port) {
@@ -377,6 +380,7 @@ void Launcher::build_environments(const std::string& addr, std::uint16_t port) {
 
   // The inherited environment minus every key braidrun or --env sets.
   std::set<std::string> overridden(std::begin(kLaunchVars), std::end(kLaunchVars));
+  if (generated_token_) overridden.insert("BRAID_AUTH_TOKEN");
   for (const std::string& kv : o_.env) overridden.insert(kv.substr(0, kv.find('=')));
   const bool keep_host_id = o_.host_ids.empty();  // an inherited BRAID_HOST_ID stays then
   std::vector<std::string> base;
@@ -404,6 +408,7 @@ void Launcher::build_environments(const std::string& addr, std::uint16_t port) {
     add("BRAID_MASTER_ADDR", addr);
     add("BRAID_MASTER_PORT", std::to_string(port));
     add("BRAID_STORE_EXTERNAL", "1");
+    if (generated_token_) add("BRAID_AUTH_TOKEN", token_);
     if (!o_.host_ids.empty()) add("BRAID_HOST_ID", o_.host_ids[r]);
     add("RANK", std::to_string(r));
     add("WORLD_SIZE", std::to_string(n));
@@ -784,10 +789,23 @@ int Launcher::run() {
   sigemptyset(&ign.sa_mask);
   ::sigaction(SIGPIPE, &ign, nullptr);
 
+  // The job's token: --env BRAID_AUTH_TOKEN=... when given, else a fresh random one that
+  // every rank gets in its environment (replacing an inherited one). The store serves
+  // only clients that present it, and the ranks' connections carry it, without it ever
+  // being written to the store (docs/reliability.md, "Threat model").
+  for (const std::string& kv : o_.env)
+    if (kv.rfind("BRAID_AUTH_TOKEN=", 0) == 0) token_ = kv.substr(sizeof("BRAID_AUTH_TOKEN=") - 1);
+  if (token_.empty()) {
+    std::random_device rd;
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    token_ = buf;
+    generated_token_ = true;
+  }
   std::unique_ptr<braid::TcpStoreServer> server;
   try {
-    server =
-        std::make_unique<braid::TcpStoreServer>(o_.master_addr, static_cast<std::uint16_t>(o_.master_port));
+    server = std::make_unique<braid::TcpStoreServer>(o_.master_addr, static_cast<std::uint16_t>(o_.master_port),
+                                                     token_);
   } catch (const std::exception& e) {
     say("cannot start the bootstrap store on " + o_.master_addr + ": " + e.what());
     return 1;
