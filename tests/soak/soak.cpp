@@ -57,6 +57,9 @@
 
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
+#include "collectives/cost.hpp"
+#include "collectives/plan.hpp"
+#include "collectives/tuner.hpp"
 #include "compression/reference.hpp"
 #include "kernels/host/reduce.hpp"
 
@@ -112,6 +115,7 @@ struct Settings {
   std::string only;            // comma-separated collectives to run (empty: all)
   int slow_ms = 0;             // > 0: rank 0 prints every operation that took longer
   std::string inject;          // a fault to show that the checks catch it (see usage)
+  std::size_t tuned_shapes = 0;  // > 0: tuned calls draw their shapes from menus of this many
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -122,6 +126,9 @@ struct Settings {
                "                  [--rss-tolerance PERCENT] [--timeout SECONDS] [--op-timeout SECONDS]\n"
                "                  [--only allreduce,compressed,broadcast,reduce,allgather,reduce_scatter,alltoall,\n"
                "                          ring,pair,barrier] [--slow-ms MS]\n"
+               "                  [--tuned-shapes N]  (automatic all-reduces, broadcasts and reduces draw count, type,\n"
+               "                   op, determinism and root from a menu of N shapes each, as a training job\n"
+               "                   repeats its buckets; default: every call draws its own)\n"
                "                  [--inject wrong|fd|thread|rss|shm]  (a fault half way, on the last rank:\n"
                "                   a flipped output byte, or a leaked fd, thread, 3%% of VmRSS or shm mapping;\n"
                "                   the run must then fail)\n",
@@ -158,6 +165,7 @@ Settings parse_args(int argc, char** argv) {
     else if (a == "--op-timeout") s.op_timeout_s = static_cast<int>(number());
     else if (a == "--slow-ms") s.slow_ms = static_cast<int>(number());
     else if (a == "--inject") s.inject = value();
+    else if (a == "--tuned-shapes") s.tuned_shapes = number();
     else if (a == "--only") s.only = "," + value() + ",";
     else if (a == "--help" || a == "-h") usage("help");
     else usage(("unknown argument " + a).c_str());
@@ -289,6 +297,16 @@ class Schedule {
     for (const auto& c : kCodecs)
       for (int k = 0; k < kEfKeysPerCodec; ++k)
         ef_counts_[ef_key(c.name, k)] = pick_count(4, 1, std::size_t{1} << 16);
+    for (int m = 0; m < 3 && s.tuned_shapes > 0; ++m)
+      for (std::size_t i = 0; i < s.tuned_shapes; ++i) {
+        Shape sh;
+        sh.dtype = pick_dtype();
+        sh.op = m == 1 ? ReduceOp::sum : static_cast<ReduceOp>(rng_.below(kNumReduceOps));
+        sh.deterministic = m != 1 && rng_.chance(0.25);
+        sh.root = m == 0 ? 0 : static_cast<int>(rng_.below(static_cast<std::uint64_t>(world_)));
+        sh.count = pick_count(dtype_size(sh.dtype), 1);
+        menus_[m].push_back(sh);
+      }
     make_prologue();
   }
 
@@ -370,6 +388,10 @@ class Schedule {
     o.root = static_cast<int>(rng_.below(static_cast<std::uint64_t>(world_)));
     o.null_other = rng_.chance(0.5);
     const double v = rng_.uniform();
+    const std::size_t blocks = o.kind == Kind::reduce_scatter ? static_cast<std::size_t>(world_) : 1;
+    o.count = pick_count(dtype_size(o.dtype), blocks);
+    if (o.kind == Kind::reduce || (o.kind == Kind::allreduce && o.algorithm == Algorithm::automatic))
+      from_menu(o, o.kind == Kind::reduce ? 2 : 0);
     if (!is_floating(o.dtype)) {
       o.values = Values::integer;
     } else if (o.deterministic || o.op == ReduceOp::min || o.op == ReduceOp::max) {
@@ -379,8 +401,17 @@ class Schedule {
     } else {
       o.values = Values::exact;
     }
-    const std::size_t blocks = o.kind == Kind::reduce_scatter ? static_cast<std::size_t>(world_) : 1;
-    o.count = pick_count(dtype_size(o.dtype), blocks);
+  }
+
+  // --tuned-shapes: the call's shape from menu m (0 automatic all-reduce, 1 broadcast, 2 reduce).
+  void from_menu(Op& o, int m) {
+    if (menus_[m].empty()) return;
+    const Shape& sh = menus_[m][rng_.below(menus_[m].size())];
+    o.dtype = sh.dtype;
+    o.op = sh.op;
+    o.deterministic = sh.deterministic;
+    o.root = sh.root;
+    o.count = sh.count;
   }
 
   void compressed(Op& o) {
@@ -416,6 +447,7 @@ class Schedule {
     }
     const bool blocks = o.kind == Kind::allgather || o.kind == Kind::alltoall;
     o.count = pick_count(dtype_size(o.dtype), blocks ? static_cast<std::size_t>(world_) : 1);
+    if (o.kind == Kind::broadcast) from_menu(o, 1);
   }
 
   void make_prologue() {
@@ -462,6 +494,14 @@ class Schedule {
   std::map<std::string, std::size_t> ef_counts_;
   std::map<std::string, std::uint64_t> steps_;
   std::vector<Op> prologue_;
+  struct Shape {
+    DataType dtype = DataType::f32;
+    ReduceOp op = ReduceOp::sum;
+    bool deterministic = false;
+    int root = 0;
+    std::size_t count = 0;
+  };
+  std::vector<Shape> menus_[3];
 };
 
 // ---- element types --------------------------------------------------------------------
@@ -661,7 +701,7 @@ struct Slot {
 
 // ---- resources --------------------------------------------------------------------------
 
-enum Field { rss_kb, anon_kb, shmem_kb, heap_kb, fds, threads, shm_maps, shm_map_kb, shm_files, shm_file_kb, devshm_all, out_hash, wrong, kFields };
+enum Field { rss_kb, anon_kb, shmem_kb, heap_kb, fds, threads, shm_maps, shm_map_kb, shm_files, shm_file_kb, devshm_all, out_hash, wrong, shapes, kFields };
 
 struct Sample {
   std::uint64_t ops = 0;
@@ -694,7 +734,7 @@ int count_dir(const char* path) {
 
 // This rank's resources. /dev/shm entries are counted for this job only (names with the
 // communicator ids of the segments this rank maps), since other jobs may share the host.
-std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t wrong_results) {
+std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t wrong_results, std::int64_t tuned_shapes) {
   std::array<std::int64_t, kFields> f{};
   const std::string status = read_file("/proc/self/status");
   f[rss_kb] = status_field(status, "VmRSS");
@@ -740,6 +780,7 @@ std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t w
   }
   std::memcpy(&f[out_hash], &hash, sizeof hash);
   f[wrong] = wrong_results;
+  f[shapes] = tuned_shapes;
   return f;
 }
 
@@ -758,6 +799,7 @@ class Rank {
     comm_ = std::make_unique<Communicator>(std::make_shared<FileStore>(store_path), rank, world_, o);
     for (int i = 0; i < s.max_depth; ++i) slots_.push_back(std::make_unique<Slot>(s.max_bytes));
     for (int r = 0; r < world_; ++r) scratch_.push_back(std::make_unique<AlignedBuffer>(s.max_bytes));
+    shape_bits_.assign(3 * 4 * kNumReduceOps * 2 * static_cast<std::size_t>(world_) * 256 / 64, 0);
     for (int r = 0; r < world_; ++r) ref_ptrs_.push_back(&ref_stores_[r]);
     // The reference's inputs at their largest now, so that they do not grow the heap later.
     ref_in_.resize(static_cast<std::size_t>(world_));
@@ -772,10 +814,13 @@ class Rank {
                   s_.ops, world_, s_.hosts, s_.hosts == 1 ? "" : "s", s_.transport.empty() ? "default" : s_.transport.c_str(),
                   s_.seed, s_.max_bytes, s_.max_depth, s_.sample_every, s_.warmup);
       if (rank_ == 0) std::printf("%s\n", comm_->describe_topology().c_str());
-      // Sums over the ranks, but rss_max (the largest rank's VmRSS) and devshm (every entry
-      // of /dev/shm, of any job: for information only).
-      std::printf("%9s %8s %7s %8s %8s %8s %8s %8s %5s %7s %8s %7s %9s %6s %5s\n", "ops", "seconds", "ops/s", "rss_MiB",
-                  "rss_max", "anon_MiB", "shmemMiB", "heap_MiB", "fds", "threads", "shm_maps", "shm_MiB", "shm_files", "devshm", "wrong");
+      // Sums over the ranks, but rss_max (the largest rank's VmRSS), devshm (every entry of
+      // /dev/shm, of any job: for information only) and shapes (the tuned shapes met so far:
+      // (collective, element size, op, deterministic, size bucket, root) of the automatic
+      // all-reduces, broadcasts and reduces; the library keeps a tuner entry for each).
+      std::printf("%9s %7s %6s %8s %7s %8s %8s %8s %4s %7s %8s %7s %9s %6s %6s %5s\n", "ops", "seconds", "ops/s", "rss_MiB",
+                  "rss_max", "anon_MiB", "shmemMiB", "heap_MiB", "fds", "threads", "shm_maps", "shm_MiB", "shm_files", "devshm",
+                  "shapes", "wrong");
       std::fflush(stdout);
     }
     start_ = Clock::now();
@@ -880,9 +925,34 @@ class Rank {
 
   static void guard(std::byte* end) { std::memset(end, kGuardByte, kGuard); }
 
+  // Counts the tuned shapes met (what the library's tuner keys its entries by,
+  // core::MeasuredTuner::tune_key): a fixed bitset, so that counting adds no memory.
+  void note_shape(const Op& o) {
+    collectives::Collective c;
+    if (o.kind == Kind::allreduce && o.algorithm == Algorithm::automatic) c = collectives::Collective::allreduce;
+    else if (o.kind == Kind::broadcast) c = collectives::Collective::broadcast;
+    else if (o.kind == Kind::reduce) c = collectives::Collective::reduce;
+    else return;
+    const std::size_t es = dtype_size(o.dtype);
+    const int bucket = collectives::Tuner::size_bucket(collectives::size_bytes(c, o.count, es, world_));
+    const bool reduces = c != collectives::Collective::broadcast;
+    std::size_t i = static_cast<std::size_t>(c);
+    i = i * 4 + (es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3);
+    i = i * kNumReduceOps + static_cast<std::size_t>(reduces ? o.op : ReduceOp::sum);
+    i = i * 2 + (reduces && o.deterministic ? 1 : 0);
+    i = i * static_cast<std::size_t>(world_) + static_cast<std::size_t>(c == collectives::Collective::allreduce ? 0 : o.root);
+    i = i * 256 + static_cast<std::size_t>(std::clamp(bucket, 0, 255));
+    const std::uint64_t bit = std::uint64_t{1} << (i % 64);
+    if (!(shape_bits_[i / 64] & bit)) {
+      shape_bits_[i / 64] |= bit;
+      ++shapes_met_;
+    }
+  }
+
   void post(Slot& slot, Op op) {
     slot.op = std::move(op);
     const Op& o = slot.op;
+    note_shape(o);
     slot.works.clear();
     slot.out = nullptr;
     slot.input = nullptr;
@@ -1227,7 +1297,7 @@ class Rank {
   // Every rank's resources to rank 0 (one all-gather), which prints a row. False when the
   // ranks' output hashes differ (results that should be identical are not).
   bool sample(std::uint64_t done) {
-    const auto mine = take_sample(hash_, static_cast<std::int64_t>(wrong_));
+    const auto mine = take_sample(hash_, static_cast<std::int64_t>(wrong_), static_cast<std::int64_t>(shapes_met_));
     std::vector<std::int64_t> all(static_cast<std::size_t>(world_) * kFields);
     try {
       AllgatherOptions g;
@@ -1263,10 +1333,11 @@ class Rank {
       }
       const double dt = samples_.empty() ? 0 : s.seconds - samples_.back().seconds;
       const double rate = samples_.empty() || dt <= 0 ? 0 : static_cast<double>(done - samples_.back().ops) / dt;
-      std::printf("%9" PRIu64 " %8.1f %7.0f %8.1f %8.1f %8.1f %8.1f %8.1f %5" PRId64 " %7" PRId64 " %8" PRId64 " %7.1f %9" PRId64
-                  " %6" PRId64 " %5" PRId64 "\n",
-                  done, s.seconds, rate, static_cast<double>(sum(rss_kb)) / 1024, static_cast<double>(rss_max) / 1024,
-                  static_cast<double>(sum(anon_kb)) / 1024, static_cast<double>(sum(shmem_kb)) / 1024, static_cast<double>(sum(heap_kb)) / 1024, sum(fds), sum(threads), sum(shm_maps), static_cast<double>(sum(shm_map_kb)) / 1024, sum(shm_files), devshm,
+      auto mib = [&](Field k) { return static_cast<double>(sum(k)) / 1024; };
+      std::printf("%9" PRIu64 " %7.1f %6.0f %8.1f %7.1f %8.1f %8.1f %8.1f %4" PRId64 " %7" PRId64 " %8" PRId64 " %7.1f %9" PRId64
+                  " %6" PRId64 " %6" PRId64 " %5" PRId64 "\n",
+                  done, s.seconds, rate, mib(rss_kb), static_cast<double>(rss_max) / 1024, mib(anon_kb), mib(shmem_kb),
+                  mib(heap_kb), sum(fds), sum(threads), sum(shm_maps), mib(shm_map_kb), sum(shm_files), devshm, mine[shapes],
                   sum(wrong));
       std::fflush(stdout);
     }
@@ -1348,6 +1419,8 @@ class Rank {
   std::uint64_t wrong_ = 0, call_errors_ = 0, hash_ = 0;
   bool hash_mismatch_ = false;
   bool injected_ = false;
+  std::vector<std::uint64_t> shape_bits_;  // see note_shape
+  std::uint64_t shapes_met_ = 0;
   std::vector<char> leaked_;
   Clock::time_point start_;
 };
