@@ -828,7 +828,7 @@ class Rank {
                   ", sizes up to %zu bytes, async depth 1..%d; a sample every %" PRIu64 " operations, baseline at %" PRIu64 "\n",
                   s_.ops, world_, s_.hosts, s_.hosts == 1 ? "" : "s", s_.transport.empty() ? "default" : s_.transport.c_str(),
                   s_.seed, s_.max_bytes, s_.max_depth, s_.sample_every, s_.warmup);
-      if (rank_ == 0) std::printf("%s\n", comm_->describe_topology().c_str());
+      std::printf("%s\n", comm_->describe_topology().c_str());
       // Sums over the ranks, but rss_max (the largest rank's VmRSS), devshm (every entry of
       // /dev/shm, of any job: for information only) and shapes (the tuned shapes met so far:
       // (collective, element size, op, deterministic, size bucket, root) of the automatic
@@ -844,12 +844,20 @@ class Rank {
     bool failed = false;
     while (done < s_.ops && !failed) {
       const int depth = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(schedule_.next_depth()), s_.ops - done));
-      int posted = 0;
+      const Op* current = nullptr;  // the call being posted or waited for
+      const char* doing = "posting";
       try {
-        for (; posted < depth; ++posted) post(*slots_[static_cast<std::size_t>(posted)], schedule_.next(done + static_cast<std::uint64_t>(posted)));
-        auto t0 = Clock::now();
-        for (int i = 0; i < posted; ++i) {
+        for (int i = 0; i < depth; ++i) {
           Slot& slot = *slots_[static_cast<std::size_t>(i)];
+          slot.op = schedule_.next(done + static_cast<std::uint64_t>(i));
+          current = &slot.op;
+          post(slot);
+        }
+        doing = "waiting for";
+        auto t0 = Clock::now();
+        for (int i = 0; i < depth; ++i) {
+          Slot& slot = *slots_[static_cast<std::size_t>(i)];
+          current = &slot.op;
           for (auto& w : slot.works) w.wait();
           if (s_.slow_ms > 0 && rank_ == 0) {
             const auto t1 = Clock::now();
@@ -866,10 +874,9 @@ class Rank {
           ++kind_counts_[static_cast<int>(slot.op.kind)];
         }
       } catch (const std::exception& e) {
-        const Op& o = slots_[static_cast<std::size_t>(std::min(posted, depth - 1))]->op;
-        std::fprintf(stderr, "braid soak: rank %d: a call failed in the batch of ops #%" PRIu64 "..#%" PRIu64
-                     " (last posted: %s): %s\n", rank_, done, done + static_cast<std::uint64_t>(depth) - 1,
-                     describe(o).c_str(), e.what());
+        std::fprintf(stderr, "braid soak: FAILED CALL on rank %d/%d, %s %s (async depth %d, ops #%" PRIu64 "..#%" PRIu64 "): %s\n",
+                     rank_, world_, doing, current ? describe(*current).c_str() : "?", depth, done,
+                     done + static_cast<std::uint64_t>(depth) - 1, e.what());
         ++call_errors_;
         failed = true;
         break;
@@ -964,8 +971,8 @@ class Rank {
     }
   }
 
-  void post(Slot& slot, Op op) {
-    slot.op = std::move(op);
+  // Posts slot.op: makes this rank's input in the slot's buffers and issues the call.
+  void post(Slot& slot) {
     const Op& o = slot.op;
     note_shape(o);
     slot.works.clear();
