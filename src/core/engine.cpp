@@ -523,16 +523,23 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   } catch (const std::exception&) {
   }
   for (auto& t : transports_) t->close_all(reason);
+  // `error` is handed to the culprit's Work below; from then on a waiting thread may read
+  // it and drop the last reference. That count lives in libstdc++, where ThreadSanitizer
+  // cannot see it, so this thread reads nothing of `error` after the hand-over: the other
+  // operations' errors are made from `kind`, a copy of its kind (and step() leaves its
+  // catch block before calling here). Only this thread's own reference remains, dropped
+  // in std::exception_ptr (tests/tsan.supp; docs/reliability.md, "ThreadSanitizer").
+  const std::exception_ptr kind = same_kind(error, reason);
   // The operation that failed gets the error itself; others running beside it
   // (point-to-point) are aborted with the reason.
   for (auto& ex : active_) {
     if (ex.get() == culprit || (culprit == nullptr && ex == active_.front()))
       ex->op.work->complete(error);
     else
-      ex->op.work->complete(same_kind(error, ex->op.name + " aborted: the communicator failed: " + reason));
+      ex->op.work->complete(same_kind(kind, ex->op.name + " aborted: the communicator failed: " + reason));
   }
   active_.clear();
-  fail_all(reason, error);
+  fail_all(reason, kind);
 }
 
 void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
@@ -716,6 +723,9 @@ std::string Engine::deadline_error(Exec& ex) {
 bool Engine::step(bool& unrouted) {
   bool progressed = false;
   Exec* running = nullptr;  // for blame when something throws
+  // A failure is handled after its catch block has ended (see fail_current).
+  std::exception_ptr failure;
+  std::string failure_reason;
   try {
     if (abort_requested_.load() && !failed_.load()) {
       const std::string why = reason();
@@ -766,12 +776,14 @@ bool Engine::step(bool& unrouted) {
     }
     return progressed;
   } catch (const Error& e) {
-    fail_current(std::current_exception(), (running ? "" : "progress engine: ") + std::string(e.what()), running);
+    failure = std::current_exception();
+    failure_reason = (running ? "" : "progress engine: ") + std::string(e.what());
   } catch (const std::exception& e) {
-    const std::string msg = (running ? running->op.name + ": " : std::string("progress engine: ")) +
-                            "internal error: " + e.what();
-    fail_current(std::make_exception_ptr(Error(ErrorCode::Internal, msg)), msg, running);
+    failure_reason = (running ? running->op.name + ": " : std::string("progress engine: ")) +
+                     "internal error: " + e.what();
+    failure = std::make_exception_ptr(Error(ErrorCode::Internal, failure_reason));
   }
+  fail_current(std::move(failure), failure_reason, running);
   return true;
 }
 

@@ -409,14 +409,15 @@ TEST(Tuner, MeasuredChoiceIsAgreedByEveryRankAndEveryCallIsCorrect) {
 // stays asynchronous: with the peer 300 ms late, allreduce() returns at once (the
 // engine thread takes over once nothing moves) and the work completes when the peer
 // comes. Also for the first call of a size under the measuring tuner, which queues
-// its trials behind the call.
+// its trials behind the call. (Both times are test::kTimeScale times longer under
+// ThreadSanitizer, where that first call alone can take 100 ms.)
 TEST(Inline, ACallWhosePeerIsLateReturnsAtOnceAndCompletesLater) {
   Group g(2);
   for (int round = 0; round < 2; ++round) {
     std::chrono::steady_clock::duration returned{};
     run_threads(2, [&](int r) {
       std::vector<float> x(256, static_cast<float>(r + 1));
-      if (r == 1) std::this_thread::sleep_for(300ms);
+      if (r == 1) std::this_thread::sleep_for(300ms * test::kTimeScale);
       const auto t0 = std::chrono::steady_clock::now();
       Work w = g[r].allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum);
       if (r == 0) {
@@ -426,7 +427,7 @@ TEST(Inline, ACallWhosePeerIsLateReturnsAtOnceAndCompletesLater) {
       w.wait();
       for (float v : x) ASSERT_EQ(v, 3.0f);
     });
-    EXPECT_LT(returned, 100ms) << "round " << round << ": allreduce() blocked waiting for its peer";
+    EXPECT_LT(returned, 100ms * test::kTimeScale) << "round " << round << ": allreduce() blocked waiting for its peer";
   }
 }
 

@@ -99,4 +99,19 @@ class GridTest : public ::testing::TestWithParam<GridPoint> {
 /// A fresh path under $TMPDIR (or /tmp) that does not exist yet: "<dir>/braid-<stem>-<pid>-<n>".
 std::string temp_path(const std::string& stem);
 
+/// What a test multiplies its wall-clock bounds by, and the delays they are measured
+/// against (so that what it tells apart stays apart): 10 under ThreadSanitizer
+/// (scripts/tsan.sh), which runs braid 5 to 15 times slower, else 1.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr int kTimeScale = 10;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr int kTimeScale = 10;
+#else
+inline constexpr int kTimeScale = 1;
+#endif
+#else
+inline constexpr int kTimeScale = 1;
+#endif
+
 }  // namespace braid::test
