@@ -55,11 +55,11 @@
 // --inject makes one of these faults on purpose, to show that the checks catch it.
 #include <braid/braid.hpp>
 
-#include "compression/codec.hpp"
-#include "compression/error_feedback.hpp"
 #include "collectives/cost.hpp"
 #include "collectives/plan.hpp"
 #include "collectives/tuner.hpp"
+#include "compression/codec.hpp"
+#include "compression/error_feedback.hpp"
 #include "compression/reference.hpp"
 #include "kernels/host/reduce.hpp"
 
@@ -108,31 +108,32 @@ struct Settings {
   int max_depth = 8;
   int hosts = 1;
   std::string transport;
-  double rss_tolerance = 1.0;  // percent
-  int timeout_s = 7200;        // the whole run (the parent kills the ranks after it)
-  int op_timeout_s = 120;      // every collective's deadline
-  int max_reports = 20;        // wrong results printed per rank
-  std::string only;            // comma-separated collectives to run (empty: all)
-  int slow_ms = 0;             // > 0: rank 0 prints every operation that took longer
-  std::string inject;          // a fault to show that the checks catch it (see usage)
+  double rss_tolerance = 1.0;    // percent
+  int timeout_s = 7200;          // the whole run (the parent kills the ranks after it)
+  int op_timeout_s = 120;        // every collective's deadline
+  int max_reports = 20;          // wrong results printed per rank
+  std::string only;              // comma-separated collectives to run (empty: all)
+  int slow_ms = 0;               // > 0: rank 0 prints every operation that took longer
+  std::string inject;            // a fault to show that the checks catch it (see usage)
   std::size_t tuned_shapes = 0;  // > 0: tuned calls draw their shapes from menus of this many
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "braid_soak: %s\n"
-               "usage: braid_soak [--ops N] [--seed S] [--ranks W] [--sample-every K] [--warmup K]\n"
-               "                  [--max-bytes B] [--max-depth D] [--hosts H] [--transport NAME]\n"
-               "                  [--rss-tolerance PERCENT] [--timeout SECONDS] [--op-timeout SECONDS]\n"
-               "                  [--only allreduce,compressed,broadcast,reduce,allgather,reduce_scatter,alltoall,\n"
-               "                          ring,pair,barrier] [--slow-ms MS]\n"
-               "                  [--tuned-shapes N]  (automatic all-reduces, broadcasts and reduces draw count, type,\n"
-               "                   op, determinism and root from a menu of N shapes each, as a training job\n"
-               "                   repeats its buckets; default: every call draws its own)\n"
-               "                  [--inject wrong|fd|thread|rss|shm]  (a fault half way, on the last rank:\n"
-               "                   a flipped output byte, or a leaked fd, thread, 3%% of VmRSS or shm mapping;\n"
-               "                   the run must then fail)\n",
-               why);
+  std::fprintf(
+      stderr,
+      "braid_soak: %s\n"
+      "usage: braid_soak [--ops N] [--seed S] [--ranks W] [--sample-every K] [--warmup K]\n"
+      "                  [--max-bytes B] [--max-depth D] [--hosts H] [--transport NAME]\n"
+      "                  [--rss-tolerance PERCENT] [--timeout SECONDS] [--op-timeout SECONDS]\n"
+      "                  [--only allreduce,compressed,broadcast,reduce,allgather,reduce_scatter,alltoall,\n"
+      "                          ring,pair,barrier] [--slow-ms MS]\n"
+      "                  [--tuned-shapes N]  (automatic all-reduces, broadcasts and reduces draw count, type,\n"
+      "                   op, determinism and root from a menu of N shapes each, as a training job\n"
+      "                   repeats its buckets; default: every call draws its own)\n"
+      "                  [--inject wrong|fd|thread|rss|shm]  (a fault half way, on the last rank:\n"
+      "                   a flipped output byte, or a leaked fd, thread, 3%% of VmRSS or shm mapping;\n"
+      "                   the run must then fail)\n",
+      why);
   std::exit(2);
 }
 
@@ -151,30 +152,49 @@ Settings parse_args(int argc, char** argv) {
       if (v.empty() || *end != '\0') usage(("not a number: " + a + " " + v).c_str());
       return n;
     };
-    if (a == "--ops") s.ops = number();
-    else if (a == "--seed") s.seed = number();
-    else if (a == "--ranks") s.ranks = static_cast<int>(number());
-    else if (a == "--sample-every") s.sample_every = number();
-    else if (a == "--warmup") s.warmup = number();
-    else if (a == "--max-bytes") s.max_bytes = number();
-    else if (a == "--max-depth") s.max_depth = static_cast<int>(number());
-    else if (a == "--hosts") s.hosts = static_cast<int>(number());
-    else if (a == "--transport") s.transport = value();
-    else if (a == "--rss-tolerance") s.rss_tolerance = std::atof(value().c_str());
-    else if (a == "--timeout") s.timeout_s = static_cast<int>(number());
-    else if (a == "--op-timeout") s.op_timeout_s = static_cast<int>(number());
-    else if (a == "--slow-ms") s.slow_ms = static_cast<int>(number());
-    else if (a == "--inject") s.inject = value();
-    else if (a == "--tuned-shapes") s.tuned_shapes = number();
-    else if (a == "--only") s.only = "," + value() + ",";
-    else if (a == "--help" || a == "-h") usage("help");
-    else usage(("unknown argument " + a).c_str());
+    if (a == "--ops")
+      s.ops = number();
+    else if (a == "--seed")
+      s.seed = number();
+    else if (a == "--ranks")
+      s.ranks = static_cast<int>(number());
+    else if (a == "--sample-every")
+      s.sample_every = number();
+    else if (a == "--warmup")
+      s.warmup = number();
+    else if (a == "--max-bytes")
+      s.max_bytes = number();
+    else if (a == "--max-depth")
+      s.max_depth = static_cast<int>(number());
+    else if (a == "--hosts")
+      s.hosts = static_cast<int>(number());
+    else if (a == "--transport")
+      s.transport = value();
+    else if (a == "--rss-tolerance")
+      s.rss_tolerance = std::atof(value().c_str());
+    else if (a == "--timeout")
+      s.timeout_s = static_cast<int>(number());
+    else if (a == "--op-timeout")
+      s.op_timeout_s = static_cast<int>(number());
+    else if (a == "--slow-ms")
+      s.slow_ms = static_cast<int>(number());
+    else if (a == "--inject")
+      s.inject = value();
+    else if (a == "--tuned-shapes")
+      s.tuned_shapes = number();
+    else if (a == "--only")
+      s.only = "," + value() + ",";
+    else if (a == "--help" || a == "-h")
+      usage("help");
+    else
+      usage(("unknown argument " + a).c_str());
   }
   if (s.ranks < 1 || s.ranks > 64) usage("--ranks must be in [1, 64]");
   if (s.hosts < 1 || s.ranks % s.hosts != 0) usage("--hosts must divide --ranks");
   if (s.max_depth < 1 || s.max_depth > 64) usage("--max-depth must be in [1, 64]");
   if (s.max_bytes < 4096) usage("--max-bytes must be at least 4096");
-  if (!s.inject.empty() && s.inject != "wrong" && s.inject != "fd" && s.inject != "thread" && s.inject != "rss" && s.inject != "shm")
+  if (!s.inject.empty() && s.inject != "wrong" && s.inject != "fd" && s.inject != "thread" && s.inject != "rss" &&
+      s.inject != "shm")
     usage(("unknown fault " + s.inject).c_str());
   if (s.sample_every == 0) s.sample_every = std::max<std::uint64_t>(1, std::min<std::uint64_t>(10000, s.ops / 10));
   if (s.warmup == 0) s.warmup = std::min<std::uint64_t>(10000, std::max<std::uint64_t>(s.sample_every, s.ops / 2));
@@ -208,17 +228,29 @@ class Rng {
 
 // ---- the operations -------------------------------------------------------------------
 
-enum class Kind { allreduce, compressed, broadcast, reduce, allgather, reduce_scatter, alltoall, exchange, pair, barrier };
+enum class Kind {
+  allreduce,
+  compressed,
+  broadcast,
+  reduce,
+  allgather,
+  reduce_scatter,
+  alltoall,
+  exchange,
+  pair,
+  barrier
+};
 constexpr int kKinds = 10;
 // Names for --only.
 const char* kind_flag(Kind k) {
-  static const char* names[kKinds] = {"allreduce", "compressed", "broadcast", "reduce", "allgather",
-                                      "reduce_scatter", "alltoall", "ring", "pair", "barrier"};
+  static const char* names[kKinds] = {"allreduce",      "compressed", "broadcast", "reduce", "allgather",
+                                      "reduce_scatter", "alltoall",   "ring",      "pair",   "barrier"};
   return names[static_cast<int>(k)];
 }
 const char* kind_name(Kind k) {
-  static const char* names[kKinds] = {"allreduce", "allreduce+codec", "broadcast",     "reduce", "allgather",
-                                      "reduce_scatter", "alltoall",   "send/recv ring", "send/recv pair", "barrier"};
+  static const char* names[kKinds] = {"allreduce",      "allreduce+codec", "broadcast", "reduce",
+                                      "allgather",      "reduce_scatter",  "alltoall",  "send/recv ring",
+                                      "send/recv pair", "barrier"};
   return names[static_cast<int>(k)];
 }
 
@@ -238,22 +270,23 @@ struct Op {
   std::string ef_key;
   std::uint64_t codec_step = 0;  // the RNG step the communicator gives this compressed call
   std::size_t count = 0;
-  int root = 0;   // broadcast/reduce root; pair: the sender
-  int peer = 0;   // pair: the receiver; ring: the shift (rank r sends to r + shift)
+  int root = 0;  // broadcast/reduce root; pair: the sender
+  int peer = 0;  // pair: the receiver; ring: the shift (rank r sends to r + shift)
   std::uint32_t tag = 0;
   bool in_place = false;
   bool deterministic = false;
   bool null_other = false;  // non-roots pass nullptr for the buffer they do not use
   bool recv_first = false;  // send/recv ring: post the receive first
   Values values = Values::bits;
-  std::uint64_t key = 0;    // inputs: element i of rank r is a function of (key, r, i)
+  std::uint64_t key = 0;  // inputs: element i of rank r is a function of (key, r, i)
 };
 
 std::string describe(const Op& o) {
   std::ostringstream os;
   os << "op #" << o.index << " " << kind_name(o.kind) << "(count " << o.count;
   if (o.kind != Kind::barrier) os << ", " << to_string(o.dtype);
-  if (o.kind == Kind::allreduce || o.kind == Kind::compressed || o.kind == Kind::reduce || o.kind == Kind::reduce_scatter)
+  if (o.kind == Kind::allreduce || o.kind == Kind::compressed || o.kind == Kind::reduce ||
+      o.kind == Kind::reduce_scatter)
     os << ", " << to_string(o.op);
   if (o.kind == Kind::allreduce) os << ", algo " << to_string(o.algorithm);
   if (o.kind == Kind::compressed) {
@@ -275,9 +308,9 @@ struct CodecChoice {
   const char* name;
   bool needs_ef;
 };
-const CodecChoice kCodecs[] = {{"fp16", false}, {"bf16", false},          {"fp8e4m3", false}, {"fp8e5m2", false},
-                               {"int8", false}, {"int8:sr", false},       {"int4", false},    {"int4:block=64", false},
-                               {"int4:sr", false}, {"sign1", true},      {"topk:0.01", true}, {"topk:0.1", true}};
+const CodecChoice kCodecs[] = {{"fp16", false},    {"bf16", false},    {"fp8e4m3", false},  {"fp8e5m2", false},
+                               {"int8", false},    {"int8:sr", false}, {"int4", false},     {"int4:block=64", false},
+                               {"int4:sr", false}, {"sign1", true},    {"topk:0.01", true}, {"topk:0.1", true}};
 constexpr int kEfKeysPerCodec = 2;
 
 // The sequence of operations, the same on every rank. Element counts lean towards small
@@ -288,15 +321,15 @@ class Schedule {
   Schedule(const Settings& s, int world) : s_(s), world_(world), rng_(s.seed) {
     static const int weights[kKinds] = {30, 12, 8, 8, 8, 8, 8, 8, 5, 5};
     for (int k = 0; k < kKinds; ++k) {
-      const bool on = s.only.empty() || s.only.find(std::string(",") + kind_flag(static_cast<Kind>(k)) + ",") != std::string::npos;
+      const bool on =
+          s.only.empty() || s.only.find(std::string(",") + kind_flag(static_cast<Kind>(k)) + ",") != std::string::npos;
       weights_[k] = on ? weights[k] : 0;
       total_ += weights_[k];
     }
     if (total_ == 0) usage(("--only names no collective: " + s.only).c_str());
     // Every error-feedback key has one count for the whole run (the library's rule).
     for (const auto& c : kCodecs)
-      for (int k = 0; k < kEfKeysPerCodec; ++k)
-        ef_counts_[ef_key(c.name, k)] = pick_count(4, 1, std::size_t{1} << 16);
+      for (int k = 0; k < kEfKeysPerCodec; ++k) ef_counts_[ef_key(c.name, k)] = pick_count(4, 1, std::size_t{1} << 16);
     for (int m = 0; m < 3 && s.tuned_shapes > 0; ++m)
       for (std::size_t i = 0; i < s.tuned_shapes; ++i) {
         Shape sh;
@@ -364,11 +397,16 @@ class Schedule {
     const std::size_t cap = std::min(cap_elems, s_.max_bytes / (elem * blocks));
     const double r = rng_.uniform();
     std::size_t n;
-    if (r < 0.04) n = 0;
-    else if (r < 0.12) n = 1;
-    else if (r < 0.55) n = rng_.between(2, 64);
-    else if (r < 0.80) n = rng_.between(65, 4096);
-    else if (r < 0.95) n = rng_.between(4097, 65536);
+    if (r < 0.04)
+      n = 0;
+    else if (r < 0.12)
+      n = 1;
+    else if (r < 0.55)
+      n = rng_.between(2, 64);
+    else if (r < 0.80)
+      n = rng_.between(65, 4096);
+    else if (r < 0.95)
+      n = rng_.between(4097, 65536);
     else {
       const double lo = std::log2(256.0 * 1024), hi = std::log2(static_cast<double>(cap * elem) + 1);
       const double bytes = std::exp2(lo + rng_.uniform() * std::max(0.0, hi - lo));
@@ -506,66 +544,88 @@ class Schedule {
 
 // ---- element types --------------------------------------------------------------------
 
-template <DataType D> struct Elem;
+template <DataType D>
+struct Elem;
 
 // Floating types: S is the stored type; load/store widen to and round from the type
 // reductions compute in (f16/bf16 in f32, rounded back after every step, as the kernels).
-template <class S> struct FloatElem {
+template <class S>
+struct FloatElem {
   using Store = S;
   static constexpr bool floating = true;
 };
-template <> struct Elem<DataType::f32> : FloatElem<float> {
+template <>
+struct Elem<DataType::f32> : FloatElem<float> {
   static float load(float s) { return s; }
   static float store(float c) { return c; }
   static constexpr double unit = 0x1p-24;
 };
-template <> struct Elem<DataType::f64> : FloatElem<double> {
+template <>
+struct Elem<DataType::f64> : FloatElem<double> {
   static double load(double s) { return s; }
   static double store(double c) { return c; }
   static constexpr double unit = 0x1p-53;
 };
-template <> struct Elem<DataType::f16> : FloatElem<std::uint16_t> {
+template <>
+struct Elem<DataType::f16> : FloatElem<std::uint16_t> {
   static float load(std::uint16_t s) { return kernels::half_to_float(s); }
   static std::uint16_t store(float c) { return kernels::float_to_half(c); }
   static constexpr double unit = 0x1p-11;
 };
-template <> struct Elem<DataType::bf16> : FloatElem<std::uint16_t> {
+template <>
+struct Elem<DataType::bf16> : FloatElem<std::uint16_t> {
   static float load(std::uint16_t s) { return kernels::bf16_to_float(s); }
   static std::uint16_t store(float c) { return kernels::float_to_bf16(c); }
   static constexpr double unit = 0x1p-8;
 };
-template <class S> struct IntElem {
+template <class S>
+struct IntElem {
   using Store = S;
   static constexpr bool floating = false;
   static constexpr double unit = 0;
 };
-template <> struct Elem<DataType::i8> : IntElem<std::int8_t> {};
-template <> struct Elem<DataType::u8> : IntElem<std::uint8_t> {};
-template <> struct Elem<DataType::i32> : IntElem<std::int32_t> {};
-template <> struct Elem<DataType::i64> : IntElem<std::int64_t> {};
+template <>
+struct Elem<DataType::i8> : IntElem<std::int8_t> {};
+template <>
+struct Elem<DataType::u8> : IntElem<std::uint8_t> {};
+template <>
+struct Elem<DataType::i32> : IntElem<std::int32_t> {};
+template <>
+struct Elem<DataType::i64> : IntElem<std::int64_t> {};
 
-template <class F> auto with_dtype(DataType t, F&& f) {
+template <class F>
+auto with_dtype(DataType t, F&& f) {
   switch (t) {
-    case DataType::f32: return f(std::integral_constant<DataType, DataType::f32>{});
-    case DataType::f64: return f(std::integral_constant<DataType, DataType::f64>{});
-    case DataType::f16: return f(std::integral_constant<DataType, DataType::f16>{});
-    case DataType::bf16: return f(std::integral_constant<DataType, DataType::bf16>{});
-    case DataType::i8: return f(std::integral_constant<DataType, DataType::i8>{});
-    case DataType::u8: return f(std::integral_constant<DataType, DataType::u8>{});
-    case DataType::i32: return f(std::integral_constant<DataType, DataType::i32>{});
-    case DataType::i64: break;
+    case DataType::f32:
+      return f(std::integral_constant<DataType, DataType::f32>{});
+    case DataType::f64:
+      return f(std::integral_constant<DataType, DataType::f64>{});
+    case DataType::f16:
+      return f(std::integral_constant<DataType, DataType::f16>{});
+    case DataType::bf16:
+      return f(std::integral_constant<DataType, DataType::bf16>{});
+    case DataType::i8:
+      return f(std::integral_constant<DataType, DataType::i8>{});
+    case DataType::u8:
+      return f(std::integral_constant<DataType, DataType::u8>{});
+    case DataType::i32:
+      return f(std::integral_constant<DataType, DataType::i32>{});
+    case DataType::i64:
+      break;
   }
   return f(std::integral_constant<DataType, DataType::i64>{});
 }
 
-template <class S> S from_bits(std::uint64_t h) {
+template <class S>
+S from_bits(std::uint64_t h) {
   S s;
   std::memcpy(&s, &h, sizeof(S));
   return s;
 }
 
 // Element `h` (a hash) of the given kind of values.
-template <DataType D> typename Elem<D>::Store make_value(std::uint64_t h, Values v, ReduceOp op) {
+template <DataType D>
+typename Elem<D>::Store make_value(std::uint64_t h, Values v, ReduceOp op) {
   using E = Elem<D>;
   using S = typename E::Store;
   if constexpr (!E::floating) {
@@ -600,30 +660,38 @@ template <DataType D> typename Elem<D>::Store make_value(std::uint64_t h, Values
 }
 
 // a (op) b as the kernels compute it (avg reduces as sum).
-template <DataType D> typename Elem<D>::Store combine(ReduceOp op, typename Elem<D>::Store a, typename Elem<D>::Store b) {
+template <DataType D>
+typename Elem<D>::Store combine(ReduceOp op, typename Elem<D>::Store a, typename Elem<D>::Store b) {
   using E = Elem<D>;
   using S = typename E::Store;
   if constexpr (E::floating) {
     const auto x = E::load(a), y = E::load(b);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return E::store(x + y);
-      case ReduceOp::prod: return E::store(x * y);
-      case ReduceOp::min: return y < x ? b : a;
-      case ReduceOp::max: return y > x ? b : a;
+      case ReduceOp::avg:
+        return E::store(x + y);
+      case ReduceOp::prod:
+        return E::store(x * y);
+      case ReduceOp::min:
+        return y < x ? b : a;
+      case ReduceOp::max:
+        return y > x ? b : a;
     }
     return a;
   } else {
     using U = std::make_unsigned_t<S>;
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<S>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case ReduceOp::avg:
+        return static_cast<S>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
       case ReduceOp::prod: {
         using W = std::conditional_t<(sizeof(S) < sizeof(unsigned)), unsigned, U>;  // no signed promotion
         return static_cast<S>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
       }
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
+      case ReduceOp::min:
+        return std::min(a, b);
+      case ReduceOp::max:
+        return std::max(a, b);
     }
     return a;
   }
@@ -631,7 +699,8 @@ template <DataType D> typename Elem<D>::Store combine(ReduceOp op, typename Elem
 
 // The final division of avg (kernels::divide's rule: floats in their compute type,
 // integers truncating).
-template <DataType D> typename Elem<D>::Store divide(typename Elem<D>::Store a, int world) {
+template <DataType D>
+typename Elem<D>::Store divide(typename Elem<D>::Store a, int world) {
   using E = Elem<D>;
   using S = typename E::Store;
   if constexpr (E::floating) {
@@ -644,18 +713,23 @@ template <DataType D> typename Elem<D>::Store divide(typename Elem<D>::Store a, 
   }
 }
 
-template <DataType D> double to_double(typename Elem<D>::Store s) {
-  if constexpr (Elem<D>::floating) return static_cast<double>(Elem<D>::load(s));
-  else return static_cast<double>(s);
+template <DataType D>
+double to_double(typename Elem<D>::Store s) {
+  if constexpr (Elem<D>::floating)
+    return static_cast<double>(Elem<D>::load(s));
+  else
+    return static_cast<double>(s);
 }
 
-template <DataType D> bool same(typename Elem<D>::Store got, typename Elem<D>::Store want, bool bitwise) {
+template <DataType D>
+bool same(typename Elem<D>::Store got, typename Elem<D>::Store want, bool bitwise) {
   if (bitwise || !Elem<D>::floating) return std::memcmp(&got, &want, sizeof got) == 0;
   const double g = to_double<D>(got), w = to_double<D>(want);
   return g == w || (std::isnan(g) && std::isnan(w));
 }
 
-template <DataType D> std::string show(typename Elem<D>::Store s) {
+template <DataType D>
+std::string show(typename Elem<D>::Store s) {
   std::ostringstream os;
   os.precision(9);
   os << to_double<D>(s);
@@ -672,7 +746,8 @@ constexpr unsigned char kGuardByte = 0xa5;
 constexpr unsigned char kUntouchedByte = 0x5a;
 
 struct AlignedBuffer {
-  explicit AlignedBuffer(std::size_t n) : bytes(n), mem(static_cast<std::byte*>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
+  explicit AlignedBuffer(std::size_t n)
+      : bytes(n), mem(static_cast<std::byte*>(std::aligned_alloc(64, (n + 63) / 64 * 64))) {
     if (!mem) throw std::bad_alloc();
     std::memset(mem.get(), 0, bytes);  // touched now, so that they do not grow RSS later
   }
@@ -690,13 +765,13 @@ struct Slot {
   AlignedBuffer send, recv;
   Op op;
   std::vector<Work> works;
-  std::byte* out = nullptr;        // where this rank's result is (null: none to check)
+  std::byte* out = nullptr;  // where this rank's result is (null: none to check)
   std::size_t out_count = 0;
   const std::byte* input = nullptr;  // an out-of-place input to find unchanged (null: none)
   std::size_t input_count = 0;
-  std::size_t input_offset = 0;      // first element index of `input`
-  bool untouched = false;            // `out` must still hold kUntouchedByte (non-root reduce)
-  bool input_is_out = false;         // non-root in-place reduce: the buffer must still be the input
+  std::size_t input_offset = 0;  // first element index of `input`
+  bool untouched = false;        // `out` must still hold kUntouchedByte (non-root reduce)
+  bool input_is_out = false;     // non-root in-place reduce: the buffer must still be the input
 };
 
 // ---- resources --------------------------------------------------------------------------
@@ -716,7 +791,23 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-enum Field { rss_kb, anon_kb, shmem_kb, heap_kb, fds, threads, shm_maps, shm_map_kb, shm_files, shm_file_kb, devshm_all, out_hash, wrong, shapes, kFields };
+enum Field {
+  rss_kb,
+  anon_kb,
+  shmem_kb,
+  heap_kb,
+  fds,
+  threads,
+  shm_maps,
+  shm_map_kb,
+  shm_files,
+  shm_file_kb,
+  devshm_all,
+  out_hash,
+  wrong,
+  shapes,
+  kFields
+};
 
 struct Sample {
   std::uint64_t ops = 0;
@@ -749,7 +840,8 @@ int count_dir(const char* path) {
 
 // This rank's resources. /dev/shm entries are counted for this job only (names with the
 // communicator ids of the segments this rank maps), since other jobs may share the host.
-std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t wrong_results, std::int64_t tuned_shapes) {
+std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t wrong_results,
+                                              std::int64_t tuned_shapes) {
   std::array<std::int64_t, kFields> f{};
   const std::string status = read_file("/proc/self/status");
   f[rss_kb] = status_field(status, "VmRSS");
@@ -786,9 +878,10 @@ std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t w
       ++f[devshm_all];
       for (const auto& p : prefixes)
         if (name.compare(0, p.size(), p) == 0) {
-          struct stat st{};
+          struct stat st {};
           ++f[shm_files];
-          if (stat(("/dev/shm/" + name).c_str(), &st) == 0) f[shm_file_kb] += static_cast<std::int64_t>(st.st_size / 1024);
+          if (stat(("/dev/shm/" + name).c_str(), &st) == 0)
+            f[shm_file_kb] += static_cast<std::int64_t>(st.st_size / 1024);
         }
     }
     closedir(d);
@@ -804,7 +897,10 @@ std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t w
 class Rank {
  public:
   Rank(const Settings& s, int rank, const std::string& store_path)
-      : s_(s), rank_(rank), world_(s.ranks), schedule_(s, s.ranks),
+      : s_(s),
+        rank_(rank),
+        world_(s.ranks),
+        schedule_(s, s.ranks),
         ref_stores_(std::make_unique<compression::ErrorFeedbackStore[]>(static_cast<std::size_t>(s.ranks))) {
     CommOptions o;
     o.timeout = std::chrono::seconds(s.op_timeout_s);
@@ -825,17 +921,19 @@ class Rank {
   int run() {
     if (rank_ == 0) {
       std::printf("braid soak: %" PRIu64 " operations on %d ranks (%d host%s, transport %s), seed %" PRIu64
-                  ", sizes up to %zu bytes, async depth 1..%d; a sample every %" PRIu64 " operations, baseline at %" PRIu64 "\n",
-                  s_.ops, world_, s_.hosts, s_.hosts == 1 ? "" : "s", s_.transport.empty() ? "default" : s_.transport.c_str(),
-                  s_.seed, s_.max_bytes, s_.max_depth, s_.sample_every, s_.warmup);
+                  ", sizes up to %zu bytes, async depth 1..%d; a sample every %" PRIu64
+                  " operations, baseline at %" PRIu64 "\n",
+                  s_.ops, world_, s_.hosts, s_.hosts == 1 ? "" : "s",
+                  s_.transport.empty() ? "default" : s_.transport.c_str(), s_.seed, s_.max_bytes, s_.max_depth,
+                  s_.sample_every, s_.warmup);
       std::printf("%s\n", comm_->describe_topology().c_str());
       // Sums over the ranks, but rss_max (the largest rank's VmRSS), devshm (every entry of
       // /dev/shm, of any job: for information only) and shapes (the tuned shapes met so far:
       // (collective, element size, op, deterministic, size bucket, root) of the automatic
       // all-reduces, broadcasts and reduces; the library keeps a tuner entry for each).
-      std::printf("%9s %7s %6s %8s %7s %8s %8s %8s %4s %7s %8s %7s %9s %6s %6s %5s\n", "ops", "seconds", "ops/s", "rss_MiB",
-                  "rss_max", "anon_MiB", "shmemMiB", "heap_MiB", "fds", "threads", "shm_maps", "shm_MiB", "shm_files", "devshm",
-                  "shapes", "wrong");
+      std::printf("%9s %7s %6s %8s %7s %8s %8s %8s %4s %7s %8s %7s %9s %6s %6s %5s\n", "ops", "seconds", "ops/s",
+                  "rss_MiB", "rss_max", "anon_MiB", "shmemMiB", "heap_MiB", "fds", "threads", "shm_maps", "shm_MiB",
+                  "shm_files", "devshm", "shapes", "wrong");
       std::fflush(stdout);
     }
     start_ = Clock::now();
@@ -843,7 +941,8 @@ class Rank {
     std::uint64_t done = 0, next_sample = s_.sample_every;
     bool failed = false;
     while (done < s_.ops && !failed) {
-      const int depth = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(schedule_.next_depth()), s_.ops - done));
+      const int depth =
+          static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(schedule_.next_depth()), s_.ops - done));
       const Op* current = nullptr;  // the call being posted or waited for
       const char* doing = "posting";
       try {
@@ -874,7 +973,9 @@ class Rank {
           ++kind_counts_[static_cast<int>(slot.op.kind)];
         }
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "braid soak: FAILED CALL on rank %d/%d, %s %s (async depth %d, ops #%" PRIu64 "..#%" PRIu64 "): %s\n",
+        std::fprintf(stderr,
+                     "braid soak: FAILED CALL on rank %d/%d, %s %s (async depth %d, ops #%" PRIu64 "..#%" PRIu64
+                     "): %s\n",
                      rank_, world_, doing, current ? describe(*current).c_str() : "?", depth, done,
                      done + static_cast<std::uint64_t>(depth) - 1, e.what());
         ++call_errors_;
@@ -882,7 +983,8 @@ class Rank {
         break;
       }
       done += static_cast<std::uint64_t>(depth);
-      if (!s_.inject.empty() && s_.inject != "wrong" && rank_ + 1 == world_ && done >= s_.ops / 2 && !injected_) inject_leak();
+      if (!s_.inject.empty() && s_.inject != "wrong" && rank_ + 1 == world_ && done >= s_.ops / 2 && !injected_)
+        inject_leak();
       if (done >= next_sample || done == s_.ops) {
         if (!sample(done)) failed = true;
         while (next_sample <= done) next_sample += s_.sample_every;
@@ -897,9 +999,12 @@ class Rank {
   }
 
  private:
-  template <DataType D> using S = typename Elem<D>::Store;
+  template <DataType D>
+  using S = typename Elem<D>::Store;
 
-  std::uint64_t base(const Op& o, int r) const { return mix64(o.key ^ (0x5851f42d4c957f2dull * static_cast<std::uint64_t>(r + 1))); }
+  std::uint64_t base(const Op& o, int r) const {
+    return mix64(o.key ^ (0x5851f42d4c957f2dull * static_cast<std::uint64_t>(r + 1)));
+  }
 
   // Elements [first, first + n) of rank r's input to `o`, into dst. Bits and integers are
   // the bytes of the rank's stream of words mix64(base + w·golden); floats take one word
@@ -934,7 +1039,8 @@ class Rank {
 
   // The reference reduction of the ranks' inputs in scratch_, folded in rank order
   // (0, 1, ..., W-1) into scratch_[0].
-  template <DataType D> const S<D>* fold(const Op& o, std::size_t n) {
+  template <DataType D>
+  const S<D>* fold(const Op& o, std::size_t n) {
     auto* acc = reinterpret_cast<S<D>*>(scratch_[0]->get());
     for (int r = 1; r < world_; ++r) {
       const auto* x = reinterpret_cast<const S<D>*>(scratch_[static_cast<std::size_t>(r)]->get());
@@ -951,10 +1057,14 @@ class Rank {
   // core::MeasuredTuner::tune_key): a fixed bitset, so that counting adds no memory.
   void note_shape(const Op& o) {
     collectives::Collective c;
-    if (o.kind == Kind::allreduce && o.algorithm == Algorithm::automatic) c = collectives::Collective::allreduce;
-    else if (o.kind == Kind::broadcast) c = collectives::Collective::broadcast;
-    else if (o.kind == Kind::reduce) c = collectives::Collective::reduce;
-    else return;
+    if (o.kind == Kind::allreduce && o.algorithm == Algorithm::automatic)
+      c = collectives::Collective::allreduce;
+    else if (o.kind == Kind::broadcast)
+      c = collectives::Collective::broadcast;
+    else if (o.kind == Kind::reduce)
+      c = collectives::Collective::reduce;
+    else
+      return;
     const std::size_t es = dtype_size(o.dtype);
     const int bucket = collectives::Tuner::size_bucket(collectives::size_bytes(c, o.count, es, world_));
     const bool reduces = c != collectives::Collective::broadcast;
@@ -962,7 +1072,8 @@ class Rank {
     i = i * 4 + (es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3);
     i = i * kNumReduceOps + static_cast<std::size_t>(reduces ? o.op : ReduceOp::sum);
     i = i * 2 + (reduces && o.deterministic ? 1 : 0);
-    i = i * static_cast<std::size_t>(world_) + static_cast<std::size_t>(c == collectives::Collective::allreduce ? 0 : o.root);
+    i = i * static_cast<std::size_t>(world_) +
+        static_cast<std::size_t>(c == collectives::Collective::allreduce ? 0 : o.root);
     i = i * 256 + static_cast<std::size_t>(std::clamp(bucket, 0, 255));
     const std::uint64_t bit = std::uint64_t{1} << (i % 64);
     if (!(shape_bits_[i / 64] & bit)) {
@@ -1141,7 +1252,8 @@ class Rank {
   void wrong_result(const Op& o, const std::string& what) {
     ++wrong_;
     if (wrong_ <= static_cast<std::uint64_t>(s_.max_reports))
-      std::fprintf(stderr, "braid soak: WRONG RESULT on rank %d/%d: %s: %s\n", rank_, world_, describe(o).c_str(), what.c_str());
+      std::fprintf(stderr, "braid soak: WRONG RESULT on rank %d/%d: %s: %s\n", rank_, world_, describe(o).c_str(),
+                   what.c_str());
   }
 
   // Compares out[0..n) with want[0..n) (bitwise, or by value: -0 == +0); reports the first
@@ -1162,7 +1274,8 @@ class Rank {
   }
 
   // Compares out[0..n) bit for bit with rank r's input elements [first, first + n).
-  template <DataType D> bool compare_input(const Op& o, const char* where, const std::byte* out, int r, std::size_t first, std::size_t n) {
+  template <DataType D>
+  bool compare_input(const Op& o, const char* where, const std::byte* out, int r, std::size_t first, std::size_t n) {
     gen(o, r, first, n, scratch_[0]->get());
     return compare<D>(o, where, out, reinterpret_cast<const S<D>*>(scratch_[0]->get()), n, true);
   }
@@ -1194,7 +1307,8 @@ class Rank {
     }
     with_dtype(o.dtype, [&](auto d) {
       constexpr DataType D = decltype(d)::value;
-      if (slot.input) compare_input<D>(o, "out-of-place input changed", slot.input, rank_, slot.input_offset, slot.input_count);
+      if (slot.input)
+        compare_input<D>(o, "out-of-place input changed", slot.input, rank_, slot.input_offset, slot.input_count);
     });
     if (!slot.out) return;
     if (slot.untouched) {
@@ -1233,11 +1347,15 @@ class Rank {
           return;
         case Kind::allgather:
           for (std::size_t r = 0; r < W; ++r)
-            if (!compare_input<D>(o, ("block of rank " + std::to_string(r)).c_str(), slot.out + r * n * es, static_cast<int>(r), 0, n)) return;
+            if (!compare_input<D>(o, ("block of rank " + std::to_string(r)).c_str(), slot.out + r * n * es,
+                                  static_cast<int>(r), 0, n))
+              return;
           return;
         case Kind::alltoall:
           for (std::size_t r = 0; r < W; ++r)
-            if (!compare_input<D>(o, ("block from rank " + std::to_string(r)).c_str(), slot.out + r * n * es, static_cast<int>(r), me * n, n)) return;
+            if (!compare_input<D>(o, ("block from rank " + std::to_string(r)).c_str(), slot.out + r * n * es,
+                                  static_cast<int>(r), me * n, n))
+              return;
           return;
         case Kind::exchange:
           compare_input<D>(o, "received", slot.out, (rank_ - o.peer + world_) % world_, 0, n);
@@ -1255,7 +1373,8 @@ class Rank {
   // Random floats summed in any order (the ranks' inputs in scratch_): within 2·W·u·Σ|x|
   // (u the type's unit roundoff) of the exact sum, and the same bits on every rank (hashed,
   // compared at the samples).
-  template <DataType D> void check_tolerance(Slot& slot) {
+  template <DataType D>
+  void check_tolerance(Slot& slot) {
     const Op& o = slot.op;
     const auto* p = reinterpret_cast<const S<D>*>(slot.out);
     const double scale = o.op == ReduceOp::avg ? 1.0 / world_ : 1.0;
@@ -1313,7 +1432,8 @@ class Rank {
     step.step = o.codec_step;
     step.key = o.ef_key;
     const auto ref = compression::reference_allreduce(step, ref_in_, ref_ptrs_);
-    compare<DataType::f32>(o, "result (compression::reference_allreduce)", slot.out, ref[static_cast<std::size_t>(rank_)].data(), n, false);
+    compare<DataType::f32>(o, "result (compression::reference_allreduce)", slot.out,
+                           ref[static_cast<std::size_t>(rank_)].data(), n, false);
   }
 
   // Every rank's resources to rank 0 (one all-gather), which prints a row. False when the
@@ -1325,7 +1445,8 @@ class Rank {
       AllgatherOptions g;
       comm_->allgather(mine.data(), all.data(), kFields, DataType::i64, g).wait();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "braid soak: rank %d: the sample all-gather after %" PRIu64 " operations failed: %s\n", rank_, done, e.what());
+      std::fprintf(stderr, "braid soak: rank %d: the sample all-gather after %" PRIu64 " operations failed: %s\n",
+                   rank_, done, e.what());
       ++call_errors_;
       return false;
     }
@@ -1338,8 +1459,10 @@ class Rank {
       s.ranks.push_back(f);
       if (f[out_hash] != mine[out_hash] && !hash_mismatch_) {
         hash_mismatch_ = true;
-        std::fprintf(stderr, "braid soak: rank %d: results that must be identical on every rank differ: rank %d's hash of "
-                     "them differs from rank %d's by operation %" PRIu64 "\n", rank_, r, rank_, done);
+        std::fprintf(stderr,
+                     "braid soak: rank %d: results that must be identical on every rank differ: rank %d's hash of "
+                     "them differs from rank %d's by operation %" PRIu64 "\n",
+                     rank_, r, rank_, done);
       }
     }
     if (rank_ == 0) {
@@ -1356,11 +1479,11 @@ class Rank {
       const double dt = samples_.empty() ? 0 : s.seconds - samples_.back().seconds;
       const double rate = samples_.empty() || dt <= 0 ? 0 : static_cast<double>(done - samples_.back().ops) / dt;
       auto mib = [&](Field k) { return static_cast<double>(sum(k)) / 1024; };
-      std::printf("%9" PRIu64 " %7.1f %6.0f %8.1f %7.1f %8.1f %8.1f %8.1f %4" PRId64 " %7" PRId64 " %8" PRId64 " %7.1f %9" PRId64
-                  " %6" PRId64 " %6" PRId64 " %5" PRId64 "\n",
+      std::printf("%9" PRIu64 " %7.1f %6.0f %8.1f %7.1f %8.1f %8.1f %8.1f %4" PRId64 " %7" PRId64 " %8" PRId64
+                  " %7.1f %9" PRId64 " %6" PRId64 " %6" PRId64 " %5" PRId64 "\n",
                   done, s.seconds, rate, mib(rss_kb), static_cast<double>(rss_max) / 1024, mib(anon_kb), mib(shmem_kb),
-                  mib(heap_kb), sum(fds), sum(threads), sum(shm_maps), mib(shm_map_kb), sum(shm_files), devshm, mine[shapes],
-                  sum(wrong));
+                  mib(heap_kb), sum(fds), sum(threads), sum(shm_maps), mib(shm_map_kb), sum(shm_files), devshm,
+                  mine[shapes], sum(wrong));
       std::fflush(stdout);
     }
     samples_.push_back(std::move(s));
@@ -1373,9 +1496,10 @@ class Rank {
     std::int64_t wrong_total = 0;
     for (const auto& f : last.ranks) wrong_total += f[wrong];
     std::printf("operations by collective:");
-    for (int k = 0; k < kKinds; ++k) std::printf(" %s %" PRIu64 "%s", kind_name(static_cast<Kind>(k)), kind_counts_[k], k + 1 < kKinds ? "," : "\n");
-    std::printf("%" PRIu64 " operations in %.1f s (%.0f ops/s), %" PRId64 " wrong results on all ranks\n", last.ops, last.seconds,
-                last.seconds > 0 ? static_cast<double>(last.ops) / last.seconds : 0.0, wrong_total);
+    for (int k = 0; k < kKinds; ++k)
+      std::printf(" %s %" PRIu64 "%s", kind_name(static_cast<Kind>(k)), kind_counts_[k], k + 1 < kKinds ? "," : "\n");
+    std::printf("%" PRIu64 " operations in %.1f s (%.0f ops/s), %" PRId64 " wrong results on all ranks\n", last.ops,
+                last.seconds, last.seconds > 0 ? static_cast<double>(last.ops) / last.seconds : 0.0, wrong_total);
     const Sample* basep = nullptr;
     for (const auto& sm : samples_)
       if (sm.ops >= s_.warmup) {
@@ -1383,7 +1507,8 @@ class Rank {
         break;
       }
     if (!basep || basep == &last) {
-      std::printf("resources: too few samples after the warm-up of %" PRIu64 " operations to judge growth\n", s_.warmup);
+      std::printf("resources: too few samples after the warm-up of %" PRIu64 " operations to judge growth\n",
+                  s_.warmup);
       return wrong_total == 0;
     }
     const Sample& base = *basep;
@@ -1399,9 +1524,12 @@ class Rank {
         worst_rss = rss;
         worst_rank = r;
       }
-      if (rss > s_.rss_tolerance && !kSanitized) grew << " rank " << r << " VmRSS " << a[rss_kb] << " -> " << b[rss_kb] << " kB;";
+      if (rss > s_.rss_tolerance && !kSanitized)
+        grew << " rank " << r << " VmRSS " << a[rss_kb] << " -> " << b[rss_kb] << " kB;";
       for (Field f : {fds, threads, shm_maps, shm_map_kb, shm_files, shm_file_kb}) {
-        static const char* names[kFields] = {"VmRSS", "RssAnon", "RssShmem", "heap in use kB", "fds", "threads", "shm mappings", "shm mapped kB", "shm entries", "shm entry kB"};
+        static const char* names[kFields] = {"VmRSS",       "RssAnon",     "RssShmem",     "heap in use kB",
+                                             "fds",         "threads",     "shm mappings", "shm mapped kB",
+                                             "shm entries", "shm entry kB"};
         if (b[f] > a[f]) grew << " rank " << r << " " << names[f] << " " << a[f] << " -> " << b[f] << ";";
       }
     }
@@ -1412,13 +1540,16 @@ class Rank {
       for (const auto& f : sm.ranks) t += f[k];
       return t;
     };
-    std::printf("resources from the baseline (%" PRIu64 " ops) to the end (%" PRIu64 " ops), all ranks: VmRSS %.1f -> %.1f MiB "
-                "(largest growth of one rank: %+.2f%%, rank %d; limit %.2f%%), fds %" PRId64 " -> %" PRId64 ", threads %" PRId64
-                " -> %" PRId64 ", shm mappings %" PRId64 " -> %" PRId64 " (%.1f -> %.1f MiB), shm entries %" PRId64 " -> %" PRId64 "\n",
-                base.ops, last.ops, static_cast<double>(sum(base, rss_kb)) / 1024, static_cast<double>(sum(last, rss_kb)) / 1024,
-                worst_rss, worst_rank, s_.rss_tolerance, sum(base, fds), sum(last, fds), sum(base, threads), sum(last, threads),
-                sum(base, shm_maps), sum(last, shm_maps), static_cast<double>(sum(base, shm_map_kb)) / 1024,
-                static_cast<double>(sum(last, shm_map_kb)) / 1024, sum(base, shm_files), sum(last, shm_files));
+    std::printf("resources from the baseline (%" PRIu64 " ops) to the end (%" PRIu64
+                " ops), all ranks: VmRSS %.1f -> %.1f MiB "
+                "(largest growth of one rank: %+.2f%%, rank %d; limit %.2f%%), fds %" PRId64 " -> %" PRId64
+                ", threads %" PRId64 " -> %" PRId64 ", shm mappings %" PRId64 " -> %" PRId64
+                " (%.1f -> %.1f MiB), shm entries %" PRId64 " -> %" PRId64 "\n",
+                base.ops, last.ops, static_cast<double>(sum(base, rss_kb)) / 1024,
+                static_cast<double>(sum(last, rss_kb)) / 1024, worst_rss, worst_rank, s_.rss_tolerance, sum(base, fds),
+                sum(last, fds), sum(base, threads), sum(last, threads), sum(base, shm_maps), sum(last, shm_maps),
+                static_cast<double>(sum(base, shm_map_kb)) / 1024, static_cast<double>(sum(last, shm_map_kb)) / 1024,
+                sum(base, shm_files), sum(last, shm_files));
     if (kSanitized)
       std::printf("VmRSS not judged: a sanitizer's allocator (quarantine, shadow memory) grows it by design\n");
     if (!flat) std::printf("resources GREW:%s\n", g.c_str());
@@ -1434,7 +1565,7 @@ class Rank {
   Schedule schedule_;
   std::unique_ptr<Communicator> comm_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::vector<std::unique_ptr<AlignedBuffer>> scratch_;  // every rank's input, for the references
+  std::vector<std::unique_ptr<AlignedBuffer>> scratch_;            // every rank's input, for the references
   std::unique_ptr<compression::ErrorFeedbackStore[]> ref_stores_;  // every rank's residuals, for the reference
   std::vector<compression::ErrorFeedbackStore*> ref_ptrs_;
   std::vector<std::vector<float>> ref_in_;
@@ -1522,8 +1653,10 @@ int main(int argc, char** argv) {
     const int st = status[i];
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
     ++failed;
-    if (WIFSIGNALED(st)) std::fprintf(stderr, "braid soak: rank %zu was killed by signal %d\n", i, WTERMSIG(st));
-    else std::fprintf(stderr, "braid soak: rank %zu exited with status %d\n", i, WEXITSTATUS(st));
+    if (WIFSIGNALED(st))
+      std::fprintf(stderr, "braid soak: rank %zu was killed by signal %d\n", i, WTERMSIG(st));
+    else
+      std::fprintf(stderr, "braid soak: rank %zu exited with status %d\n", i, WEXITSTATUS(st));
   }
   if (failed) std::fprintf(stderr, "braid soak: FAILED (%d of %d ranks)\n", failed, s.ranks);
   return failed ? 1 : 0;
