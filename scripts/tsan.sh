@@ -18,7 +18,7 @@
 # --full: every point of every grid, the dtype x op x count grid (AllreduceThreads.
 # EveryTypeOpAndCount) included, and the ucx points again over UCX_TLS=sm,self (the
 # *_ucx_sm tests); pass 2 as tests/CMakeLists.txt's *_wait_helps tests (every point but
-# tcp and auto) without EveryTypeOpAndCount. About an hour on 2 cores.
+# tcp and auto) without EveryTypeOpAndCount. About 25 minutes on 2 cores, plus the build.
 #
 # Left out, and why:
 # - Processes.AllreduceOverFileStoreIsBitwiseIdentical: under TSan the measured tuner's
