@@ -313,11 +313,15 @@ TEST_P(Conformance, SizeMismatchFailsTheReceiveNamingBothSizes) {
         r.drive({&first, &s}, 5s);  // may stay pending or fail once the receiver gives up
         return;
       }
-      bt::Request q;
+      // The good message is received before the bad one is posted: with several sockets
+      // the bad header may arrive first (its socket connected sooner), and then failing
+      // the connection rightly takes the earlier, still pending receive with it.
       c->recv(&one, 1, 4, &first);
-      c->recv(buf.data(), recv_bytes, 5, &q);
-      ASSERT_TRUE(r.drive({&first, &q}));
+      ASSERT_TRUE(r.drive({&first}));
       EXPECT_DONE(first);
+      bt::Request q;
+      c->recv(buf.data(), recv_bytes, 5, &q);
+      ASSERT_TRUE(r.drive({&q}));
       ASSERT_EQ(q.state, State::failed);
       const std::string want = "expected tag 5 and " + std::to_string(recv_bytes) + " bytes, got tag 5 and " +
                                std::to_string(sent_bytes) + " bytes";

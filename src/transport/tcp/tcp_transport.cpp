@@ -198,6 +198,11 @@ class TcpConnection final : public Connection {
 
   Failure failure_;
   bool eof_seen_ = false;  // some socket reached EOF between messages
+  // A receive waits on a socket that reached EOF. The connection fails as "closed by
+  // peer" at the end of this progress pass, not at once: with several sockets the peer's
+  // last bytes may sit on another socket (a header that does not match the posted
+  // receive, say), and that explanation is the better error.
+  bool eof_fail_pending_ = false;
 };
 
 // `deadline` > 0 arms dead-peer detection: a peer whose kernel acknowledges nothing
@@ -259,6 +264,13 @@ class TcpTransport final : public Skeleton {
   ~TcpTransport() override;
 
   const char* name() const noexcept override { return "tcp"; }
+  /// A receive posted on a socket that already saw EOF fails in the next progress pass
+  /// (eof_fail_pending_), which must come before the engine blocks.
+  bool prepare_sleep() override {
+    for (const TcpConnection* c : conns_.all())
+      if (c->eof_fail_pending_ && !c->failure_.failed) return false;
+    return true;
+  }
   Connection* connection(int peer) override;
 
   /// Fails every pending request of `c` with `msg` and closes its sockets; later
@@ -348,7 +360,7 @@ void TcpConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
   if (eof_seen_ && !failure_.failed) {
     for (int i = 0; i < parts; ++i) {
       if (socks_[static_cast<std::size_t>(wire::part_socket(seq, i, sockets))]->eof) {
-        t_.fail(*this, who() + " closed by peer", true, peer_);
+        eof_fail_pending_ = true;  // failed by the next progress pass (see the member)
         break;
       }
     }
@@ -518,6 +530,10 @@ bool TcpTransport::progress_connection(TcpConnection& c) {
     if (c.failure_.failed) break;
     // A header already read (e.g. with the previous payload) needs no readiness.
     if ((s.readable || s.hdr_got == kHeader) && read_some(c, s) > 0) moved = true;
+  }
+  if (!c.failure_.failed && c.eof_fail_pending_) {
+    fail(c, c.who() + " closed by peer", true, c.peer_);
+    return true;
   }
   if (!c.failure_.failed && complete(c)) moved = true;
   return moved;
@@ -731,7 +747,11 @@ void TcpTransport::on_eof(TcpConnection& c, Sock& s, bool at_boundary) {
   close_sock(s);
   s.eof = true;
   c.eof_seen_ = true;
-  if (!c.sends_.empty() || !s.recvq.empty()) fail(c, c.who() + " closed by peer", true, c.peer_);
+  if (!c.sends_.empty()) {
+    fail(c, c.who() + " closed by peer", true, c.peer_);
+  } else if (!s.recvq.empty()) {
+    c.eof_fail_pending_ = true;  // after the other sockets are read (see the member)
+  }
 }
 
 bool TcpTransport::complete(TcpConnection& c) {
