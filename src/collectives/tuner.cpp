@@ -146,9 +146,17 @@ std::shared_ptr<const Choice> Tuner::choose(Collective collective, std::uint64_t
   std::lock_guard<std::mutex> lock(mu_);
   if (first) *first = false;
   auto it = cache_.find(key);
-  if (it != cache_.end()) return it->second;
+  if (it != cache_.end()) {
+    it->second.last_use = ++uses_;
+    return it->second.choice;
+  }
   auto c = std::make_shared<const Choice>(price(collective, count, elem_size, op, root, deterministic));
-  cache_.emplace(key, c);
+  if (cache_.size() >= kMaxCached) {
+    cache_.erase(std::min_element(cache_.begin(), cache_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    }));
+  }
+  cache_.emplace(key, Cached{c, ++uses_});
   if (first) *first = true;
   return c;
 }

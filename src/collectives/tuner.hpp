@@ -131,7 +131,16 @@ class Tuner {
   CostModel model_;
   TuneOptions options_;
   mutable std::mutex mu_;
-  std::map<std::tuple<int, std::size_t, int, bool, int>, std::shared_ptr<const Choice>> cache_;
+  /// Buckets priced at most: past it the least recently used is priced again when it
+  /// comes back (a pricing is a pure function of the call, so this only costs time),
+  /// so a job with ever new shapes keeps flat memory (tests/soak).
+  static constexpr std::size_t kMaxCached = 1024;
+  struct Cached {
+    std::shared_ptr<const Choice> choice;
+    std::uint64_t last_use = 0;
+  };
+  std::map<std::tuple<int, std::size_t, int, bool, int>, Cached> cache_;
+  std::uint64_t uses_ = 0;
 };
 
 }  // namespace braid::collectives

@@ -60,8 +60,20 @@ MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req) {
     return pick;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  auto [it, inserted] = tunings_.try_emplace(tune_key(req));
-  Tuning& tu = it->second;
+  const TuneKey key = tune_key(req);
+  auto found = tunings_.find(key);
+  const bool inserted = found == tunings_.end();
+  if (inserted) {
+    if (tunings_.size() >= kMaxTunings) {
+      tunings_.erase(std::min_element(tunings_.begin(), tunings_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_use < b.second.last_use;
+      }));
+    }
+    found = tunings_.emplace(key, Remembered{std::make_shared<Tuning>(), 0}).first;
+  }
+  found->second.last_use = ++uses_;
+  const std::shared_ptr<Tuning> held = found->second.tuning;
+  Tuning& tu = *held;
   if (inserted) {
     tu.model = model;
     // A trial is a block of calls spanning about 100 us by the model (1 to 16 calls):
@@ -84,7 +96,7 @@ MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req) {
       // This call runs the model's choice, as without measuring (so it fails, if it
       // fails, with its own error); the trials follow it.
       pick.then_measure = experiment;
-      pick.tuning = &tu;
+      pick.tuning = held;
       return pick;
     }
   }
@@ -104,7 +116,7 @@ void MeasuredTuner::measure(const Pick& pick, const PlanRequest& req, DataType d
                             std::chrono::milliseconds call_timeout) {
   if (!pick.then_measure) return;
   try {
-    run_trials(req, dtype, *pick.then_measure, *pick.tuning, call_timeout);
+    run_trials(req, dtype, *pick.then_measure, pick.tuning, call_timeout);
   } catch (const Error& e) {
     // Only when the communicator has failed meanwhile (post refuses then): the call
     // itself is out and its Work reports what happened.
@@ -112,7 +124,8 @@ void MeasuredTuner::measure(const Pick& pick, const PlanRequest& req, DataType d
   }
 }
 
-void MeasuredTuner::run_trials(const PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& tu,
+void MeasuredTuner::run_trials(const PlanRequest& req, DataType dtype, const collectives::Experiment& e,
+                               const std::shared_ptr<Tuning>& tu,
                                std::chrono::milliseconds call_timeout) {
   // The trials are calls of their own, in place on a zeroed scratch buffer of the
   // call's size: every rank issues them at the same point (the first call of this
@@ -185,9 +198,9 @@ void MeasuredTuner::run_trials(const PlanRequest& req, DataType dtype, const col
   exchange.internal = true;
   poster_.post(std::move(exchange));
   poster_.post_task(
-      [this, run, e, &tu] {
+      [this, run, e, tu] {
         const std::vector<double> agreed = e.medians(run->seconds);
-        settle(tu, e.verdict(agreed), tu.model->explanation + "; " + e.explain(agreed));
+        settle(*tu, e.verdict(agreed), tu->model->explanation + "; " + e.explain(agreed));
       },
       "tuner: verdict", run);
 }
@@ -226,8 +239,9 @@ std::string MeasuredTuner::explain(const PlanRequest& req) {
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = tunings_.find(tune_key(req));
     if (it != tunings_.end()) {
-      if (it->second.verdict) return it->second.explanation;
-      return it->second.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
+      const Tuning& tu = *it->second.tuning;
+      if (tu.verdict) return tu.explanation;
+      return tu.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
     }
   }
   const auto choice = tuner_ref().price(req.collective, req.count, req.elem_size, req.op, req.root, req.deterministic);

@@ -46,7 +46,7 @@ class MeasuredTuner {
     Algorithm algorithm = Algorithm::automatic;
     DeferredPlan deferred;  ///< set: post with it; the verdict decides the plan
     std::optional<collectives::Experiment> then_measure;  ///< set: call measure() after posting
-    Tuning* tuning = nullptr;
+    std::shared_ptr<Tuning> tuning;
   };
 
   /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first call of a
@@ -74,7 +74,8 @@ class MeasuredTuner {
   using TuneKey = std::tuple<int, std::size_t, int, bool, int, int>;
   TuneKey tune_key(const collectives::PlanRequest& req) const;
   collectives::CostModel cost_model() const;
-  void run_trials(const collectives::PlanRequest& req, DataType dtype, const collectives::Experiment& e, Tuning& t,
+  void run_trials(const collectives::PlanRequest& req, DataType dtype, const collectives::Experiment& e,
+                  const std::shared_ptr<Tuning>& tu,
                   std::chrono::milliseconds call_timeout);
   /// Fixes a bucket's verdict (unless one is set), logs it and gives the calls waiting
   /// for it their plans.
@@ -84,9 +85,20 @@ class MeasuredTuner {
   const Membership member_;
   PlanCache& plans_;
   Poster& poster_;
-  std::mutex mu_;                              ///< guards tuner_ and tunings_
+  /// Buckets remembered at most. Past it the least recently called one is forgotten when a
+  /// new bucket comes, and measured again if it comes back, so a job with ever new shapes
+  /// keeps flat memory (tests/soak). Eviction follows the calls' issue order only, which
+  /// every rank shares, so every rank forgets the same bucket at the same call; a bucket
+  /// forgotten while its trials run lives on (shared_ptr) until their verdict task.
+  static constexpr std::size_t kMaxTunings = 256;
+  struct Remembered {
+    std::shared_ptr<Tuning> tuning;
+    std::uint64_t last_use = 0;
+  };
+  std::mutex mu_;                              ///< guards tuner_, tunings_ and uses_
   std::unique_ptr<collectives::Tuner> tuner_;  ///< made by tuner_ref(); never replaced once set
-  std::map<TuneKey, Tuning> tunings_;          ///< node-based: Tuning references stay valid
+  std::map<TuneKey, Remembered> tunings_;
+  std::uint64_t uses_ = 0;
 };
 
 }  // namespace braid::core

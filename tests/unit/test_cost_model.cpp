@@ -508,6 +508,32 @@ TEST(Tuner, CachesPerCollectiveAndSizeBucket) {
   EXPECT_LT(Tuner::size_bucket(4000), Tuner::size_bucket(4000 * 1.2));
 }
 
+// A job that keeps making new shapes must not grow the cache without bound (tests/soak):
+// past the cap the least recently used bucket goes, and pricing it again gives the same
+// choice; the buckets in use stay.
+TEST(Tuner, CacheKeepsAtMostItsCapAndForgetsTheLeastRecentlyUsed) {
+  Tuner t(4, Topology::single_host(4), CostModel::defaults());
+  bool first = false;
+  const auto hot = t.choose(Collective::allreduce, 1000, 4, ReduceOp::sum, &first);
+  const Algorithm cold_choice = t.choose(Collective::broadcast, 100, 4, ReduceOp::sum, &first)->algorithm;
+  std::size_t priced = 2;
+  for (const std::size_t elem : {std::size_t{1}, std::size_t{2}, std::size_t{4}, std::size_t{8}})
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max})
+      for (const bool det : {false, true})
+        for (std::uint64_t count = 1; count * elem < 65536; count += count / 5 + 1) {
+          t.choose(Collective::allreduce, count, elem, op, &first, 0, det);
+          priced += first ? 1 : 0;
+          EXPECT_EQ(t.choose(Collective::allreduce, 1000, 4, ReduceOp::sum, &first).get(), hot.get());
+          EXPECT_FALSE(first);
+        }
+  ASSERT_GT(priced, 1100u) << "the loop must price more buckets than the cap";
+  EXPECT_LE(t.cached(), 1024u);
+  EXPECT_GE(t.cached(), 1000u);
+  const auto again = t.choose(Collective::broadcast, 100, 4, ReduceOp::sum, &first);
+  EXPECT_TRUE(first) << "the least recently used bucket was not the one forgotten";
+  EXPECT_EQ(again->algorithm, cold_choice);
+}
+
 TEST(Tuner, RootedCollectivesTakeTheTreeForSmallAndTheChainForLargeMessages) {
   // Broadcast and reduce: a binomial tree (log-depth, whole message per hop) against a
   // pipelined chain (n-1 hops, but each rank forwards N once).
