@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds Release into build/ and runs
 # every test, then builds with AddressSanitizer + UndefinedBehaviorSanitizer into
-# build-asan/ and runs the suite again there, then runs every fuzz target for a short
-# while (scripts/fuzz.sh, build-fuzz/). Exits non-zero on any failure.
+# build-asan/ and runs the suite again there, then builds with ThreadSanitizer into
+# build-tsan/ and runs its default selection (scripts/tsan.sh: the engine, stores,
+# transports and multirank tests), then runs every fuzz target for a short while
+# (scripts/fuzz.sh, build-fuzz/). Exits non-zero on any failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -44,5 +46,6 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=a
 
 # Every parser of outside bytes under libFuzzer for 20 s per target, so that an input the
 # seeds or a short run reach and that crashes fails CI (docs/reliability.md, "Fuzzing").
+scripts/tsan.sh
 scripts/fuzz.sh 20
 echo "== all tests passed =="
