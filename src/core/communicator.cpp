@@ -275,8 +275,11 @@ void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType
   // rank that differs, instead of hanging in mismatched collectives.
   const std::uint64_t k = next_check++;
   std::ostringstream sig;
-  sig << what << "(count=" << plan.request.count << ", type=" << to_string(dtype) << ", op=" << to_string(op)
-      << ", algo=" << (automatic ? std::string_view("auto") : to_string(plan.request.algorithm)) << ")";
+  sig << what << "(count=" << plan.request.count << ", type=" << to_string(dtype) << ", op=" << to_string(op);
+  // Ranks that disagree about the root hang or run a different tree: part of the call.
+  if (plan.request.collective == Collective::broadcast || plan.request.collective == Collective::reduce)
+    sig << ", root=" << plan.request.root;
+  sig << ", algo=" << (automatic ? std::string_view("auto") : to_string(plan.request.algorithm)) << ")";
   const std::string base = "check/" + std::to_string(k) + "/";
   if (engine->failed()) {
     // Tell rank 0 instead of leaving it waiting for this rank's signature.

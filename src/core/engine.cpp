@@ -466,7 +466,16 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
       // The record is written before the connections close, so it is there by now if
       // the peer failed on its own; a peer that died leaves none. Do not wait.
       const std::string key = "abort/" + std::to_string(blame);
-      if (!store_->check({key})) throw std::runtime_error("no record");
+      bool recorded = false;
+      try {
+        recorded = store_->check({key});
+      } catch (const std::exception& e) {
+        // The store itself is gone (its server died): say so rather than guess that
+        // the peer died, since the peer may have failed for that very reason.
+        msg += " (rank " + std::to_string(blame) + "'s reason could not be read: " + e.what() + ")";
+        return std::make_exception_ptr(RemoteError(blame, msg));
+      }
+      if (!recorded) throw std::runtime_error("no record");
       const std::string rec = store_->get(key, std::chrono::milliseconds(1000));
       const auto nl = rec.find('\n');
       const int origin = std::atoi(rec.substr(0, nl).c_str());

@@ -1,0 +1,519 @@
+// The fault matrix (issue 18, docs/reliability.md "Fault matrix"): ranks are forked
+// processes over a forced transport (shm, tcp), and one of them fails in the middle of a
+// collective in each of the ways a job's rank fails. Every scenario asserts: no hang (a
+// bound on every wait); every survivor gets a braid::Error naming the collective and the
+// failed rank within the bound; the communicator fails fast afterwards; and nothing is
+// left behind (the process's fds and threads are back to what they were before the
+// communicator, and no braid segment stays in /dev/shm).
+//
+// The scenarios that need emulated hosts and shaped links (a link cut, a link that drops
+// and comes back, a slow peer throttled by tc) are cases of the `cluster` suite
+// (tests/cluster/cluster_test.sh), labelled `faults` as well.
+#include "test_support.hpp"
+
+#include <braid/braid.hpp>
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace braid;
+using namespace std::chrono_literals;
+using braid::test::run_processes;
+using braid::test::run_threads;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kRanks = 4;
+constexpr int kVictim = 2;
+
+std::set<std::string> dir_entries(const char* dir, const char* prefix = "") {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir(dir)) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != ".." && name.rfind(prefix, 0) == 0) out.insert(name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+int open_fds() { return static_cast<int>(dir_entries("/proc/self/fd").size()) - 1; }  // less opendir's own
+int threads() { return static_cast<int>(dir_entries("/proc/self/task").size()); }
+
+long long now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// braid's segments in /dev/shm that appeared during a scenario and are still there a
+// moment later (other tests running in parallel make and unlink their own in between).
+std::vector<std::string> leaked_segments(const std::set<std::string>& before) {
+  std::vector<std::string> left;
+  for (const auto& n : dir_entries("/dev/shm", "braid"))
+    if (!before.count(n)) left.push_back(n);
+  if (left.empty()) return left;
+  std::this_thread::sleep_for(300ms);
+  const auto now = dir_entries("/dev/shm", "braid");
+  left.erase(std::remove_if(left.begin(), left.end(), [&](const std::string& n) { return !now.count(n); }), left.end());
+  return left;
+}
+
+// ---------------------------------------------------------------------------
+// The collectives a rank fails in.
+
+enum class Op { ring, tree, rhd, hierarchical, codec, codec_hierarchical, broadcast, sendrecv };
+const Op kOps[] = {Op::ring,  Op::tree,     Op::rhd,      Op::hierarchical, Op::codec, Op::codec_hierarchical,
+                   Op::broadcast, Op::sendrecv};
+
+const char* op_label(Op op) {
+  switch (op) {
+    case Op::ring: return "ring";
+    case Op::tree: return "tree";
+    case Op::rhd: return "rhd";
+    case Op::hierarchical: return "hierarchical";
+    case Op::codec: return "int8";
+    case Op::codec_hierarchical: return "int8_hierarchical";
+    case Op::broadcast: return "broadcast";
+    case Op::sendrecv: return "sendrecv";
+  }
+  return "?";
+}
+bool two_hosts(Op op) { return op == Op::hierarchical || op == Op::codec_hierarchical; }
+// What the error must call the collective.
+std::vector<std::string> op_words(Op op) {
+  if (op == Op::broadcast) return {"broadcast"};
+  if (op == Op::sendrecv) return {"send", "recv"};
+  return {"allreduce"};
+}
+
+struct Buffers {
+  std::vector<float> x, y;
+  explicit Buffers(std::size_t n) : x(n, 1.f), y(n, 0.f) {}
+};
+
+// One call of `op`, waited for (throws braid::Error).
+void run_op(Communicator& c, Op op, Buffers& b, int r, std::chrono::milliseconds timeout) {
+  const std::size_t n = b.x.size();
+  switch (op) {
+    case Op::broadcast: {
+      BroadcastOptions o;
+      o.timeout = timeout;
+      c.broadcast(b.x.data(), b.x.data(), n, DataType::f32, o).wait();
+      return;
+    }
+    case Op::sendrecv: {
+      P2POptions o;
+      o.timeout = timeout;
+      Work s = c.send(b.x.data(), n, DataType::f32, (r + 1) % kRanks, o);
+      Work v = c.recv(b.y.data(), n, DataType::f32, (r + kRanks - 1) % kRanks, o);
+      v.wait();
+      s.wait();
+      return;
+    }
+    default: {
+      AllreduceOptions o;
+      o.timeout = timeout;
+      // A compressed all-reduce picks its own plan: hierarchical (compressed between hosts
+      // only) when the ranks span hosts.
+      o.algorithm = op == Op::ring           ? Algorithm::ring
+                    : op == Op::tree         ? Algorithm::tree
+                    : op == Op::rhd          ? Algorithm::rhd
+                    : op == Op::hierarchical ? Algorithm::hierarchical
+                                             : Algorithm::automatic;
+      if (op == Op::codec || op == Op::codec_hierarchical) o.codec = "int8";
+      std::fill(b.x.begin(), b.x.end(), 1.f);  // keeps sums small for the codec
+      c.allreduce(b.x.data(), b.x.data(), n, DataType::f32, ReduceOp::sum, o).wait();
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A rank fails in the middle of a collective.
+
+enum class Fault {
+  kill,   // SIGKILL
+  abort,  // Communicator::abort() from another thread of the rank
+  stop,   // SIGSTOP: a silent peer, caught by the deadline
+  leave,  // returns (destroying its communicator) instead of joining the next call
+};
+const char* fault_label(Fault f) {
+  switch (f) {
+    case Fault::kill: return "killed";
+    case Fault::abort: return "aborted";
+    case Fault::stop: return "stopped";
+    case Fault::leave: return "left";
+  }
+  return "?";
+}
+
+struct Scenario {
+  std::string transport;
+  Op op;
+  Fault fault;
+};
+
+void run_scenario(const Scenario& sc) {
+  const std::string path = braid::test::temp_path("faults");
+  const auto shm_before = dir_entries("/dev/shm", "braid");
+  // A stopped peer is found by the deadline; every other fault by the transport.
+  const auto deadline = sc.fault == Fault::stop ? 2000ms * braid::test::kTimeScale : 20000ms;
+  const long long bound_us =
+      sc.fault == Fault::stop ? 2 * deadline.count() * 1000LL + 3'000'000LL : 5'000'000LL * braid::test::kTimeScale;
+  const auto st = run_processes(kRanks, [&](int r) {
+    auto store = std::make_shared<FileStore>(path);
+    CommOptions opt;
+    opt.timeout = deadline;
+    opt.transport = sc.transport;
+    if (two_hosts(sc.op)) opt.host_id = "faults-host-" + std::to_string(r / 2);
+    const int fds0 = open_fds(), threads0 = threads();
+    {
+      Communicator c(store, r, kRanks, opt);
+      Buffers b(std::size_t{2} << 20);  // 8 MiB: tens of milliseconds a call on these ranks
+      run_op(c, sc.op, b, r, deadline);  // every connection up, every rank agrees
+      std::thread failer;
+      if (r == kVictim) {
+        if (sc.fault == Fault::leave) {
+          store->set("failed_at", std::to_string(now_us()));
+          return;  // the communicator closes; the others are entering the next call
+        }
+        failer = std::thread([&] {
+          std::this_thread::sleep_for(30ms);
+          store->set("victim_pid", std::to_string(::getpid()));
+          store->set("failed_at", std::to_string(now_us()));
+          if (sc.fault == Fault::kill) ::kill(::getpid(), SIGKILL);
+          if (sc.fault == Fault::stop) ::kill(::getpid(), SIGSTOP);
+          if (sc.fault == Fault::abort) c.abort();
+        });
+      }
+      bool noticed = false;
+      for (int it = 0; it < 2000 && !noticed; ++it) {
+        try {
+          run_op(c, sc.op, b, r, deadline);
+        } catch (const Error& e) {
+          noticed = true;
+          const long long at = now_us();
+          const std::string msg = e.what();
+          const long long failed_at = std::stoll(store->get("failed_at", 10s));
+          std::fprintf(stderr, "[faults] %s %s rank %d: error %.1f ms after rank %d %s: %s\n", sc.transport.c_str(),
+                       op_label(sc.op), r, (at - failed_at) / 1000.0, kVictim, fault_label(sc.fault), msg.c_str());
+          store->set("error_" + std::to_string(r), msg);
+          EXPECT_LT(at - failed_at, bound_us) << "the error came too late: " << msg;
+          bool named_op = false;
+          for (const auto& w : op_words(sc.op)) named_op = named_op || msg.find(w) != std::string::npos;
+          EXPECT_TRUE(named_op) << "the error does not name the collective: " << msg;
+          if (r == kVictim) {  // the aborting rank itself
+            EXPECT_EQ(e.code(), ErrorCode::Aborted) << msg;
+          } else if (sc.fault != Fault::stop) {
+            // Whoever noticed first names the failed rank; the others carry that report.
+            EXPECT_NE(msg.find("rank " + std::to_string(kVictim)), std::string::npos)
+                << "the error does not name the failed rank " << kVictim << ": " << msg;
+            const bool refused = e.code() == ErrorCode::Aborted && msg.find("failed earlier") != std::string::npos;
+            EXPECT_TRUE(dynamic_cast<const RemoteError*>(&e) != nullptr || refused) << msg;
+          } else {
+            EXPECT_TRUE(e.code() == ErrorCode::Timeout || e.code() == ErrorCode::RemoteError ||
+                        e.code() == ErrorCode::Aborted)
+                << msg;
+          }
+          // Fails fast from now on.
+          EXPECT_TRUE(c.failed());
+          const auto t0 = Clock::now();
+          EXPECT_THROW(run_op(c, sc.op, b, r, deadline), Error);
+          EXPECT_LT(Clock::now() - t0, 500ms * braid::test::kTimeScale) << "a call after the failure was slow";
+        }
+      }
+      if (!noticed) ADD_FAILURE() << "rank " << r << " never noticed that rank " << kVictim << " "
+                                  << fault_label(sc.fault);
+      if (failer.joinable()) failer.join();
+      if (sc.fault == Fault::stop && r == 0) {  // the stopped rank is not coming back
+        const int pid = std::stoi(store->get("victim_pid", 10s));
+        ::kill(pid, SIGKILL);
+      }
+    }
+    // Nothing left behind: the engine's, transports' and stores' threads and fds are gone.
+    for (int i = 0; i < 100 && (threads() != threads0 || open_fds() != fds0); ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(threads(), threads0) << "threads left behind by the communicator";
+    EXPECT_EQ(open_fds(), fds0) << "fds left behind by the communicator";
+  }, std::chrono::seconds(90 * braid::test::kTimeScale));
+
+  for (int r = 0; r < kRanks; ++r) {
+    const int s = st[static_cast<std::size_t>(r)];
+    if (r == kVictim && (sc.fault == Fault::kill || sc.fault == Fault::stop)) {
+      EXPECT_TRUE(WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL) << "the victim was not killed as planned";
+    } else {
+      EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0) << "rank " << r << " failed a check or hung (status " << s << ")";
+    }
+  }
+  if (sc.fault == Fault::stop) {
+    // A silent peer: the ranks waiting on it time out naming it, and the others hear of it.
+    FileStore store(path);
+    int named = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      if (r == kVictim || !store.check({"error_" + std::to_string(r)})) continue;
+      named += store.get("error_" + std::to_string(r), 1s).find("rank " + std::to_string(kVictim)) != std::string::npos;
+    }
+    EXPECT_GE(named, 1) << "no survivor's error names the stopped rank";
+  }
+  const auto left = leaked_segments(shm_before);
+  EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left.front();
+  std::remove(path.c_str());
+}
+
+class FailedRank : public ::testing::TestWithParam<std::tuple<std::string, Op, Fault>> {};
+
+TEST_P(FailedRank, EverySurvivorGetsANamedErrorAndNothingIsLeft) {
+  run_scenario({std::get<0>(GetParam()), std::get<1>(GetParam()), std::get<2>(GetParam())});
+}
+
+std::string scenario_name(const ::testing::TestParamInfo<std::tuple<std::string, Op, Fault>>& info) {
+  return std::get<0>(info.param) + "_" + fault_label(std::get<2>(info.param)) + "_in_" +
+         op_label(std::get<1>(info.param));
+}
+
+// Every collective for SIGKILL and abort(); one for the silent peer (its deadline makes it
+// the slowest) and for the rank that leaves.
+INSTANTIATE_TEST_SUITE_P(Kill, FailedRank,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::ValuesIn(kOps),
+                                            ::testing::Values(Fault::kill, Fault::abort)),
+                         scenario_name);
+INSTANTIATE_TEST_SUITE_P(Silent, FailedRank,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Values(Op::ring),
+                                            ::testing::Values(Fault::stop, Fault::leave)),
+                         scenario_name);
+
+// ---------------------------------------------------------------------------
+// The store server goes away.
+
+// A TcpStoreServer in a process of its own (as a launcher's store would be); its port.
+struct StoreProcess {
+  pid_t pid = -1;
+  std::uint16_t port = 0;
+  StoreProcess() {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      TcpStoreServer server("127.0.0.1", 0);
+      const std::uint16_t p = server.port();
+      if (::write(fds[1], &p, sizeof p) != sizeof p) ::_exit(1);
+      for (;;) ::pause();
+    }
+    ::close(fds[1]);
+    if (::read(fds[0], &port, sizeof port) != sizeof port) port = 0;
+    ::close(fds[0]);
+  }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~StoreProcess() { kill(); }
+};
+
+// Three of four ranks are in their first all-reduce, still looking for the fourth, which
+// never comes (a communicator is made without waiting for its peers; the first call finds
+// them through the store), when the store dies: each gets an error naming the store's
+// address long before its 20 s deadline.
+TEST(StoreServer, KilledDuringBootstrapFailsEveryRankNamingTheStore) {
+  StoreProcess server;
+  ASSERT_NE(server.port, 0);
+  const std::string where = "127.0.0.1:" + std::to_string(server.port);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(500ms);
+    server.kill();
+  });
+  const auto st = run_processes(3, [&](int r) {
+    CommOptions opt;
+    opt.timeout = 20s;
+    const auto t0 = Clock::now();
+    try {
+      Communicator c(std::make_shared<TcpStore>("127.0.0.1", server.port), r, 4, opt);
+      float x = 1.f;
+      c.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum).wait();
+      ADD_FAILURE() << "rank " << r << " completed an all-reduce without rank 3 and without its store";
+    } catch (const Error& e) {
+      const auto took = Clock::now() - t0;
+      std::fprintf(stderr, "[faults] store killed during bootstrap: rank %d: %.0f ms: %s\n", r,
+                   std::chrono::duration<double, std::milli>(took).count(), e.what());
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << "the error does not name the store: " << e.what();
+      EXPECT_LT(took, 5s * braid::test::kTimeScale) << e.what();
+    }
+  }, std::chrono::seconds(60 * braid::test::kTimeScale));
+  killer.join();
+  for (int s : st) EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0);
+}
+
+// After the bootstrap the store is needed only to find peers not met yet: collectives on
+// the connections already made go on. One that needs a new pair fails: the rank that
+// looks the peer up names the store; a rank whose neighbour failed gets that error over
+// the connection, or, having no connection to it yet, its deadline (failures travel over
+// connections, and the store that would carry the reasons is gone). Never a hang.
+TEST(StoreServer, KilledAfterBootstrapLeavesMadeConnectionsWorking) {
+  StoreProcess server;
+  ASSERT_NE(server.port, 0);
+  const std::string where = "127.0.0.1:" + std::to_string(server.port);
+  const pid_t server_pid = server.pid;
+  const auto st = run_processes(kRanks, [&](int r) {
+    CommOptions opt;
+    opt.timeout = 10s;
+    opt.transport = "tcp";
+    Communicator c(std::make_shared<TcpStore>("127.0.0.1", server.port), r, kRanks, opt);
+    std::vector<float> x(1 << 16, 1.f);
+    AllreduceOptions ring;
+    ring.algorithm = Algorithm::ring;
+    c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, ring).wait();
+    if (r == 0) ::kill(server_pid, SIGKILL);
+    c.barrier().wait();  // the barrier's pairs may be new: it must not need the store either
+    for (int i = 0; i < 5; ++i) {
+      std::fill(x.begin(), x.end(), 1.f);
+      c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, ring).wait();
+      ASSERT_EQ(x[0], static_cast<float>(kRanks));
+    }
+    std::vector<float> in(kRanks * 1024, 1.f), out(kRanks * 1024);
+    AlltoallOptions o;
+    o.timeout = 3s * braid::test::kTimeScale;
+    const auto t0 = Clock::now();
+    try {
+      c.alltoall(in.data(), out.data(), 1024, DataType::f32, o).wait();
+      ::_exit(::testing::Test::HasFailure() ? 1 : 0);  // every peer's address was read before
+    } catch (const Error& e) {
+      std::fprintf(stderr, "[faults] store killed after bootstrap: rank %d: alltoall: %s\n", r, e.what());
+      EXPECT_LT(Clock::now() - t0, o.timeout + 2s) << e.what();
+      const std::string msg = e.what();
+      if (::testing::Test::HasFailure()) ::_exit(1);
+      ::_exit(msg.find(where) != std::string::npos ? 10 : e.code() == ErrorCode::Timeout ? 11 : 12);
+    }
+  }, std::chrono::seconds(60 * braid::test::kTimeScale));
+  int named = 0;
+  for (int s : st) {
+    ASSERT_TRUE(WIFEXITED(s) && (WEXITSTATUS(s) == 0 || (WEXITSTATUS(s) >= 10 && WEXITSTATUS(s) <= 12)))
+        << "a rank failed a check or hung";
+    named += WEXITSTATUS(s) == 10;
+  }
+  EXPECT_GE(named, 1) << "no rank's error names the store " << where;
+}
+
+// ---------------------------------------------------------------------------
+// /dev/shm full (a container's 64 MiB default is the common case): the shm connection
+// is refused when it is made, with what to do, before any byte moves; no SIGBUS later.
+TEST(DevShm, FullIsAClearErrorNamingTheFix) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: mounts a 256 KiB tmpfs on /dev/shm in a private mount namespace";
+  const auto st = run_processes(1, [&](int) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256k") != 0) {
+      std::fprintf(stderr, "cannot make a private /dev/shm: %s\n", std::strerror(errno));
+      ::_exit(77);
+    }
+    TcpStoreServer server("127.0.0.1", 0);
+    run_threads(2, [&](int r) {
+      CommOptions opt;
+      opt.timeout = 10s;
+      opt.transport = "shm";
+      Communicator c(std::make_shared<TcpStore>("127.0.0.1", server.port()), r, 2, opt);
+      std::vector<float> x(1 << 18, 1.f);
+      try {
+        c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum).wait();
+        ADD_FAILURE() << "rank " << r << ": an all-reduce over a full /dev/shm succeeded";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        std::fprintf(stderr, "[faults] /dev/shm full: rank %d: %s\n", r, msg.c_str());
+        EXPECT_NE(msg.find("/dev/shm"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("BRAID_TRANSPORT=tcp"), std::string::npos) << "no fix suggested: " << msg;
+        EXPECT_EQ(x[0], 1.f) << "the buffer was written";
+      }
+    });
+  });
+  if (WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 77) GTEST_SKIP() << "no private mount namespace here";
+  EXPECT_TRUE(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0);
+}
+
+// ---------------------------------------------------------------------------
+// The ranks disagree about the call (a bug in the training script). Under BRAID_CHECK_ARGS
+// every rank fails naming the rank that differs; without it the call fails or times out,
+// and never writes outside the buffers (guard zones around them stay intact).
+
+enum class Mismatch { count, collective, root };
+const char* mismatch_label(Mismatch m) {
+  return m == Mismatch::count ? "count" : m == Mismatch::collective ? "collective" : "root";
+}
+
+void run_mismatch(const std::string& transport, Mismatch m, bool check_args) {
+  const std::string path = braid::test::temp_path("mismatch");
+  constexpr int n = 3, odd = 2;
+  constexpr std::size_t count = 50000, guard = 4096;
+  constexpr float kGuard = -12345.f;
+  const auto st = run_processes(n, [&](int r) {
+    if (check_args) ::setenv("BRAID_CHECK_ARGS", "1", 1);
+    CommOptions opt;
+    opt.timeout = 2000ms * braid::test::kTimeScale;
+    opt.transport = transport;
+    Communicator c(std::make_shared<FileStore>(path), r, n, opt);
+    std::vector<float> buf(guard + 2 * count + guard, kGuard);  // room for the larger count
+    float* data = buf.data() + guard;
+    const std::size_t mine = m == Mismatch::count && r == odd ? 2 * count : count;
+    std::fill(data, data + mine, 1.f);
+    try {
+      if (m == Mismatch::collective && r == odd) {
+        c.broadcast(data, data, mine, DataType::f32).wait();
+      } else if (m == Mismatch::root) {
+        BroadcastOptions o;
+        o.root = r == odd ? 1 : 0;
+        c.broadcast(data, data, mine, DataType::f32, o).wait();
+      } else {
+        c.allreduce(data, data, mine, DataType::f32, ReduceOp::sum).wait();
+      }
+      std::fprintf(stderr, "[faults] %s mismatch (%s, check_args %d): rank %d completed\n", mismatch_label(m),
+                   transport.c_str(), check_args, r);
+      EXPECT_FALSE(check_args) << "a mismatched call completed under BRAID_CHECK_ARGS";
+    } catch (const Error& e) {
+      std::fprintf(stderr, "[faults] %s mismatch (%s, check_args %d): rank %d: %s\n", mismatch_label(m),
+                   transport.c_str(), check_args, r, e.what());
+      if (check_args) {
+        EXPECT_EQ(e.code(), ErrorCode::InvalidUsage) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(odd)), std::string::npos) << e.what();
+      }
+    }
+    for (std::size_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(buf[i], kGuard) << "written before the buffer, at -" << (guard - i);
+      ASSERT_EQ(buf[guard + mine + i], kGuard) << "written past the buffer's end, at +" << i;
+    }
+    // What lies between this rank's count and the larger one is outside its buffer too.
+    for (std::size_t i = guard + mine; i < buf.size(); ++i) ASSERT_EQ(buf[i], kGuard) << "written past the end";
+  }, std::chrono::seconds(60 * braid::test::kTimeScale));
+  for (int s : st) EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0) << "a rank hung or failed a check";
+  std::remove(path.c_str());
+}
+
+class MismatchedCalls : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MismatchedCalls, CheckedAreNamedUncheckedNeverWriteOutsideTheBuffers) {
+  for (const Mismatch m : {Mismatch::count, Mismatch::collective, Mismatch::root}) {
+    for (const bool check : {true, false}) {
+      SCOPED_TRACE(std::string(mismatch_label(m)) + (check ? ", BRAID_CHECK_ARGS=1" : ", unchecked"));
+      run_mismatch(GetParam(), m, check);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, MismatchedCalls, ::testing::Values("shm", "tcp"));
+
+}  // namespace
