@@ -1,5 +1,5 @@
 // The fault matrix (issue 18, docs/reliability.md "Fault matrix"): ranks are forked
-// processes over a forced transport (shm, tcp), and one of them fails in the middle of a
+// processes over a forced transport (each of the build: shm, tcp, ucx), and one of them fails in the middle of a
 // collective in each of the ways a job's rank fails. Every scenario asserts: no hang (a
 // bound on every wait); every survivor gets a braid::Error naming the collective and the
 // failed rank within the bound; the communicator fails fast afterwards; and nothing is
@@ -274,6 +274,15 @@ void run_scenario(const Scenario& sc) {
   std::remove(path.c_str());
 }
 
+// Every transport of the build (shm, tcp, and ucx where built), as the grids take them: a
+// transport added to the registry joins the matrix without an edit here.
+std::vector<std::string> fault_transports() {
+  std::vector<std::string> out;
+  for (const auto& t : braid::test::grid_transports())
+    if (t != "auto") out.push_back(t);
+  return out;
+}
+
 class FailedRank : public ::testing::TestWithParam<std::tuple<std::string, Op, Fault>> {};
 
 TEST_P(FailedRank, EverySurvivorGetsANamedErrorAndNothingIsLeft) {
@@ -288,11 +297,11 @@ std::string scenario_name(const ::testing::TestParamInfo<std::tuple<std::string,
 // Every collective for SIGKILL and abort(); one for the silent peer (its deadline makes it
 // the slowest) and for the rank that leaves.
 INSTANTIATE_TEST_SUITE_P(Kill, FailedRank,
-                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::ValuesIn(kOps),
+                         ::testing::Combine(::testing::ValuesIn(fault_transports()), ::testing::ValuesIn(kOps),
                                             ::testing::Values(Fault::kill, Fault::abort)),
                          scenario_name);
 INSTANTIATE_TEST_SUITE_P(Silent, FailedRank,
-                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Values(Op::ring),
+                         ::testing::Combine(::testing::ValuesIn(fault_transports()), ::testing::Values(Op::ring),
                                             ::testing::Values(Fault::stop, Fault::leave)),
                          scenario_name);
 
@@ -514,6 +523,7 @@ TEST_P(MismatchedCalls, CheckedAreNamedUncheckedNeverWriteOutsideTheBuffers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, MismatchedCalls, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, MismatchedCalls, ::testing::ValuesIn(fault_transports()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
