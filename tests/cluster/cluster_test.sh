@@ -13,6 +13,15 @@
 #   linkcut   4 hosts; while a long ring all-reduce runs, host vc3's link goes down; every
 #             rank must report a braid error within BRAID_TIMEOUT + 3 s (no hang); the
 #             ranks on the other hosts must name rank 2 (vc3's), rank 2 a peer it lost
+#   flap      4 hosts; while checked all-reduces run (BRAID_TIMEOUT 8 s), host vc3's link
+#             goes down for 1 s and comes back. The job must either complete with every
+#             result correct, or fail on every rank with a braid error naming a peer;
+#             never hang (mpirun is bounded) and never print a wrong result. Says which
+#             of the two happened, and the TCP retransmissions of the 4 hosts meanwhile
+#   slowpeer  4 hosts; vc3's link throttled to 50 Mbit/s both ways (tbf; 1/20 of the
+#             others) with BRAID_TIMEOUT 10 s: a checked all-reduce job completes, correct;
+#             prints its time beside the same job on the normal links. The shaping is
+#             restored on exit (later cases see 1 Gbit/s links again)
 #   algos_ucx, hier_ucx, linkcut_ucx
 #             the same with BRAID_TRANSPORT=ucx (every pair over UCX, which finds its tcp
 #             transport on eth0 here: no RDMA fabric); skipped when the build or the host
@@ -84,7 +93,7 @@ mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts
 checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
   local what=$1 hosts=$2 np=$3 out rc
   shift 3
-  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT=60s "$bench" --quiet "$@" 2>&1)
+  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT="${CHECKED_TIMEOUT:-60s}" "$bench" --quiet "$@" 2>&1)
   rc=$?
   if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
     grep -v setpgid <<<"$out" | tail -n 30
@@ -92,6 +101,7 @@ checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
   fi
   grep -q "allreduce_bench: $np ranks" <<<"$out" || { echo "$out" | tail -5; fail "$what: not $np ranks in one communicator"; }
   echo "ok: $what (transport $transport)"
+  last_out=$out
 }
 
 case $case in
@@ -156,6 +166,107 @@ case $case in
     done
     said 2 | grep -qE "rank [013]([^0-9]|$)" || fail "rank 2's error names no peer it lost"
     echo "ok: link cut detected on every rank"
+    ;;
+  flap)
+    # FLAP_OUTAGE=6 (past TCP_USER_TIMEOUT) exercises the second outcome by hand.
+    t_ms=8000 outage=${FLAP_OUTAGE:-1} host=vc3 hrank=2  # rank 2 runs on vc3 (one rank per host)
+    log=$(mktemp) outdir=$(mktemp -d)
+    trap 'ip link set $host-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
+    retrans() {  # TCP segments retransmitted and retransmission timeouts so far, all 4 hosts
+      local h
+      for h in vc1 vc2 vc3 vc4; do
+        ip netns exec "$h" awk '$1 == "Tcp:" && !h { for (i = 2; i <= NF; i++) c[$i] = i; h = 1; next }
+          $1 == "Tcp:" { r = $c["RetransSegs"] } $1 == "TcpExt:" && !x { for (i = 2; i <= NF; i++) e[$i] = i; x = 1; next }
+          $1 == "TcpExt:" { t = $e["TCPTimeouts"] } END { print r + 0, t + 0 }' /proc/net/snmp /proc/net/netstat
+      done | awk '{ r += $1; t += $2 } END { print r, t }'
+    }
+    # 4..32 MiB by 1.25 (11 sizes), 1 timed + 1 checked call per size and placement: half
+    # the traffic is checked calls, and the calls after the flap check that no byte of a
+    # stream was lost or repeated. About 16 s on 1 Gbit/s links and 2 cores (fills and
+    # checks take a third of it), the flap 3 s in (its row shows a 1.5 s call when it hits
+    # a timed call; a checked one otherwise).
+    t0=$(date +%s.%N)
+    MPI_TIMEOUT=60 mpi vc1:1,vc2:1,vc3:1,vc4:1 4 --output-filename "$outdir" --mca orte_abort_on_non_zero_status 0 \
+      -x BRAID_TIMEOUT=${t_ms}ms "$bench" --quiet -b 4M -e 32M -f 1.25 -n 1 -w 0 -c 1 --algo ring >"$log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 200); do cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" && break; sleep 0.1; done
+    cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" || { cat "$log"; fail "the job did not start"; }
+    sleep 3
+    # Cut while a call's data is flowing into vc3 (> 2 MB in 50 ms), not while the ranks
+    # fill or check buffers, which leaves the link idle for up to a second here.
+    rx() { cat /sys/class/net/$host-br/statistics/tx_bytes; }
+    busy=""
+    for _ in $(seq 1 100); do
+      a=$(rx); sleep 0.05; b=$(rx)
+      if [ $((b - a)) -gt 2000000 ]; then busy=$(( (b - a) / 50000 )); break; fi
+    done
+    read -r rs0 to0 < <(retrans)
+    ip link set $host-br down
+    cut=$(date +%s.%N)
+    sleep $outage
+    ip link set $host-br up
+    back=$(date +%s.%N)
+    wait "$job"
+    rc=$?
+    end=$(date +%s.%N)
+    read -r rs1 to1 < <(retrans)
+    errs() { cat "$outdir"/*/rank."$1"/stderr 2>/dev/null; }
+    out0=$(cat "$outdir"/*/rank.0/stdout 2>/dev/null)
+    echo "--- rank 0's table (mpirun exit $rc):"
+    grep -v "^#  " <<<"$out0"
+    for r in 0 1 2 3; do errs $r | grep -v setpgid | sed "s/^/[rank $r] /" | cut -c1-600; done
+    took() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+    echo "$host's link down $(took "$cut" "$back") s, $(took "$t0" "$cut") s after the start; the job ended $(took "$back" "$end") s after the link came back ($(took "$t0" "$end") s in all; BRAID_TIMEOUT ${t_ms} ms)"
+    if [ -n "$busy" ]; then busy="while $busy MB/s flowed into $host"; else busy="without seeing traffic on the link for 5 s"; fi
+    echo "cut $busy; since just before it the 4 hosts retransmitted $((rs1 - rs0)) TCP segments, $((to1 - to0)) on a retransmission timeout"
+    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mpirun did not finish within 60 s (hang?)"
+    # Never a wrong result: no row of the table with a nonzero #wrong, no FAILED summary.
+    bad=$(awk '!/^#/ && NF >= 12 && ($8 != 0 || $12 != 0)' <<<"$out0")
+    [ -z "$bad" ] || fail "wrong results after the flap: $bad"
+    grep -q "Out of bounds values : [1-9]" <<<"$out0" && fail "wrong results after the flap"
+    # mpirun's exit status says nothing here: with orte_abort_on_non_zero_status 0 (every
+    # rank reports its own error) it exits 0 when ranks fail too. The ranks' output decides.
+    nerr=0
+    for r in 0 1 2 3; do errs $r | grep -qE "braid ERROR|allreduce_bench: " && nerr=$((nerr + 1)); done
+    if grep -q "Out of bounds values : 0 OK" <<<"$out0"; then
+      [ "$nerr" -eq 0 ] || fail "the sweep completed correct on rank 0, yet $nerr rank(s) reported an error"
+      echo "ok: flap: outcome 1 of 2: the job rode through the ${outage} s outage, every result correct"
+    else
+      # Outcome 2: every rank must fail, each with a braid error that names a peer.
+      for r in 0 1 2 3; do
+        errs $r | grep -E "braid ERROR|allreduce_bench: " | grep -qE "rank [0-3]([^0-9]|$)" ||
+          fail "no correct result, and rank $r reported no braid error naming a peer (mpirun exit $rc)"
+      done
+      echo "ok: flap: outcome 2 of 2: every rank failed with a braid error naming a peer (rank $hrank is on $host)"
+    fi
+    ;;
+  slowpeer)
+    host=vc3 slow=50mbit
+    rate=$(sed -n 's/^rate=//p' /run/braid-vcluster/state)
+    delay=$(sed -n 's/^delay=//p' /run/braid-vcluster/state)
+    # Both directions of vc3's link: vc3-br (root side, into vc3) and eth0 inside (out of
+    # it), the tbf that scripts/vcluster.sh put there (or its tbf under netem with --delay).
+    shape_link() {  # shape_link RATE
+      local parent=(root)
+      [ -n "$delay" ] && parent=(parent 1:1 handle 10:)
+      tc qdisc change dev "$host-br" "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms &&
+        ip netns exec "$host" tc qdisc change dev eth0 "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms
+    }
+    trap 'shape_link "$rate" || echo "slowpeer: could not restore $host to $rate (scripts/vcluster.sh status)"' EXIT
+    h4=vc1:1,vc2:1,vc3:1,vc4:1
+    args=(4 -b 1M -e 8M -f 2 -n 1 -w 0 -c 1 --algo ring)
+    secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+    t=$(date +%s.%N)
+    CHECKED_TIMEOUT=10s checked_run "4 hosts x 1, all links $rate" "$h4" "${args[@]}"
+    normal=$(secs "$t")
+    shape_link "$slow" || fail "cannot reshape $host's link"
+    tc qdisc show dev "$host-br" | grep -q "rate ${slow%mbit}Mbit" || fail "$host-br is not at $slow: $(tc qdisc show dev "$host-br")"
+    t=$(date +%s.%N)
+    CHECKED_TIMEOUT=10s checked_run "4 hosts x 1, $host's link $slow" "$h4" "${args[@]}"
+    slowed=$(secs "$t")
+    echo "rank 0's table with $host at $slow (time in us per call):"
+    grep -E "^# +size|^ +[0-9]" <<<"$last_out"
+    echo "checked ring all-reduces 1..8 MiB (BRAID_TIMEOUT 10 s): ${normal} s on $rate links, ${slowed} s with $host at $slow"
     ;;
   *) fail "unknown case '$case'" ;;
 esac
