@@ -369,6 +369,37 @@ TEST(TcpTransport, MismatchedSocketsPerPeerIsReportedClearly) {
   EXPECT_TRUE(contains(q.error, "rank 0 uses 4 sockets per peer, rank 1 uses 2")) << q.error;
 }
 
+// A live peer that posts its receive late (a rank in a long checkpoint or evaluation) keeps
+// the sender's socket at a zero window for longer than the dead-peer detection time. That
+// is not a dead peer: the send completes once the receive is posted. (Linux applies
+// TCP_USER_TIMEOUT to zero-window probing too, so braid does not use it: docs/
+// transport-tcp.md, "Dead peers".)
+TEST(TcpTransport, AReceiverLateByMoreThanTheDetectionTimeIsNotDead) {
+  MemDirectory dir;
+  const auto late = 3s;
+  std::vector<std::uint8_t> out(std::size_t{48} << 20, 7), in(out.size(), 0);
+  bt::Request s, q;
+  std::thread receiver([&] {
+    auto o = options(1, 2);
+    o.connect_timeout = 1s;  // detection after 1 s without acknowledgement
+    Rank r(dir, o);
+    r.step_for(late);  // connected, reading nothing: the sender's window closes
+    r.to(0)->recv(in.data(), in.size(), 9, &q);
+    r.drive({&q}, 20s);
+  });
+  auto o = options(0, 2);
+  o.connect_timeout = 1s;
+  Rank r(dir, o);
+  const auto t0 = Clock::now();
+  r.to(1)->send(out.data(), out.size(), 9, &s);
+  r.drive({&s}, 20s);
+  receiver.join();
+  EXPECT_EQ(s.state, State::done) << s.error;
+  EXPECT_EQ(q.state, State::done) << q.error;
+  EXPECT_GE(Clock::now() - t0, late - 500ms);
+  EXPECT_TRUE(in == out);
+}
+
 TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
   // A raw socket server plays rank 1 and checks byte by byte what rank 0 sends.
   MemDirectory dir;

@@ -34,6 +34,7 @@
 #include "base/text.hpp"
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
+#include "transport/tcp/ack_state.hpp"
 #include "transport/tcp/wire.hpp"
 
 #include <braid/error.hpp>
@@ -203,25 +204,33 @@ class TcpConnection final : public Connection {
   // last bytes may sit on another socket (a header that does not match the posted
   // receive, say), and that explanation is the better error.
   bool eof_fail_pending_ = false;
+  Clock::time_point next_ack_check_{};  // TcpTransport::check_acks
 };
 
-// `deadline` > 0 arms dead-peer detection: a peer whose kernel acknowledges nothing
-// (data, or keepalive probes on an idle socket) for half the deadline, at most 30 s,
-// is unreachable (cable, link or host gone), and the socket fails with ETIMEDOUT
-// naming that peer, before the collective's own deadline blames whichever rank
-// happened to be waiting. A live peer that is merely slow or late still acknowledges
-// (zero-window probes included), so this never fires on it.
+// How long a peer may leave data unacknowledged before it is unreachable (cable, link or
+// host gone): half the set-up deadline, 1 to 30 s. The connection then fails naming that
+// peer, before the collective's own deadline blames whichever rank happened to be waiting.
+std::chrono::milliseconds dead_peer_limit(std::chrono::milliseconds deadline) {
+  return std::chrono::milliseconds(std::clamp<long long>(deadline.count() / 2, 1000, 30000));
+}
+
+// `deadline` > 0 arms dead-peer detection (docs/transport-tcp.md, "Dead peers"):
+// - idle sockets: keepalive probes every quarter of the limit; three unanswered ones after
+//   an idle quarter end the connection with ETIMEDOUT;
+// - data in flight: TcpTransport::check_acks reads TCP_INFO.
+// Not TCP_USER_TIMEOUT: Linux applies it to zero-window probing too, so it would fail a
+// live peer that only posts its receive late (a rank in a long checkpoint or evaluation)
+// while the collective's deadline still has time.
 void tune_socket(int fd, std::size_t buffer, std::chrono::milliseconds deadline = std::chrono::milliseconds(0)) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (deadline.count() > 0) {
-    const long long ms = std::clamp<long long>(deadline.count() / 2, 1000, 30000);
-    const unsigned user_timeout = static_cast<unsigned>(ms);
-    const int probe_s = static_cast<int>(std::max<long long>(1, ms / 3000));
-    ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+    const int probe_s = static_cast<int>(std::max<long long>(1, dead_peer_limit(deadline).count() / 4000));
+    const int probes = 3;
     ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &probe_s, sizeof probe_s);
     ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &probe_s, sizeof probe_s);
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
   }
   if (buffer > 0) {
     int b = buffer > static_cast<std::size_t>(INT_MAX) ? INT_MAX : static_cast<int>(buffer);
@@ -287,6 +296,11 @@ class TcpTransport final : public Skeleton {
   void fail_io(TcpConnection& c, int err, const char* op);
 
   bool progress_connection(TcpConnection& c);
+  /// Dead-peer detection while data is in flight (tune_socket): a socket whose bytes the
+  /// peer's kernel has not acknowledged for dead_peer_limit() although its window is open
+  /// fails the connection, naming the peer. A closed window means a live peer that has not
+  /// posted its receive yet: that is the collective deadline's business.
+  void check_acks(TcpConnection& c);
   std::size_t write_some(TcpConnection& c, Sock& s);
   std::size_t read_some(TcpConnection& c, Sock& s);
   /// What a recv or readv on `s` that returned `r` means to read_some's loop: bytes
@@ -535,6 +549,7 @@ bool TcpTransport::progress_connection(TcpConnection& c) {
     fail(c, c.who() + " closed by peer", true, c.peer_);
     return true;
   }
+  if (!c.failure_.failed && (!c.sends_.empty() || !c.recvs_.empty())) check_acks(c);
   if (!c.failure_.failed && complete(c)) moved = true;
   return moved;
 }
@@ -681,6 +696,24 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     s.matched = false;
   }
   return total;
+}
+
+void TcpTransport::check_acks(TcpConnection& c) {
+  const auto now = Clock::now();
+  if (now < c.next_ack_check_) return;
+  const auto limit = dead_peer_limit(opts_.connect_timeout);
+  c.next_ack_check_ = now + std::max<std::chrono::milliseconds>(limit / 4, std::chrono::milliseconds(250));
+  for (auto& sp : c.socks_) {
+    if (sp->phase != Sock::Phase::up || sp->fd < 0) continue;
+    tcp::AckState a;
+    if (!tcp::read_ack_state(sp->fd, &a)) return;  // the kernel does not say: keepalive and deadlines only
+    if (a.in_flight && a.window_open && a.ms_since_ack > static_cast<std::uint32_t>(limit.count())) {
+      fail(c, c.who() + " is unreachable: no TCP acknowledgement for " + std::to_string(a.ms_since_ack) +
+                  " ms with data in flight on socket " + std::to_string(sp->index) + " (link, network or host down)",
+           false, c.peer_);
+      return;
+    }
+  }
 }
 
 TcpTransport::ReadOutcome TcpTransport::read_outcome(TcpConnection& c, Sock& s, ssize_t r, bool eof_at_boundary) {

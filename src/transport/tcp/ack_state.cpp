@@ -1,0 +1,22 @@
+#include "transport/tcp/ack_state.hpp"
+
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+
+namespace braid::transport::tcp {
+
+bool read_ack_state(int fd, AckState* out) {
+  struct tcp_info ti {};
+  socklen_t len = sizeof ti;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return false;
+  if (len < offsetof(struct tcp_info, tcpi_snd_wnd) + sizeof ti.tcpi_snd_wnd) return false;
+  out->ms_since_ack = ti.tcpi_last_ack_recv;
+  out->in_flight = ti.tcpi_unacked > 0 || ti.tcpi_notsent_bytes > 0 || ti.tcpi_probes > 0;
+  out->window_open = ti.tcpi_snd_wnd > 0;
+  return true;
+}
+
+}  // namespace braid::transport::tcp
