@@ -145,18 +145,9 @@ std::shared_ptr<const Choice> Tuner::choose(Collective collective, std::uint64_t
   const auto key = std::make_tuple(static_cast<int>(collective), elem_size, static_cast<int>(op), deterministic, bucket);
   std::lock_guard<std::mutex> lock(mu_);
   if (first) *first = false;
-  auto it = cache_.find(key);
-  if (it != cache_.end()) {
-    it->second.last_use = ++uses_;
-    return it->second.choice;
-  }
+  if (const auto* cached = cache_.find(key)) return *cached;
   auto c = std::make_shared<const Choice>(price(collective, count, elem_size, op, root, deterministic));
-  if (cache_.size() >= kMaxCached) {
-    cache_.erase(std::min_element(cache_.begin(), cache_.end(), [](const auto& a, const auto& b) {
-      return a.second.last_use < b.second.last_use;
-    }));
-  }
-  cache_.emplace(key, Cached{c, ++uses_});
+  cache_.insert(key, c);
   if (first) *first = true;
   return c;
 }

@@ -10,6 +10,7 @@
 // choice, a pure function of those and the call, is the same everywhere.
 #pragma once
 
+#include "base/lru_map.hpp"
 #include "collectives/cost.hpp"
 #include "collectives/plan.hpp"
 
@@ -135,12 +136,7 @@ class Tuner {
   /// comes back (a pricing is a pure function of the call, so this only costs time),
   /// so a job with ever new shapes keeps flat memory (tests/soak).
   static constexpr std::size_t kMaxCached = 1024;
-  struct Cached {
-    std::shared_ptr<const Choice> choice;
-    std::uint64_t last_use = 0;
-  };
-  std::map<std::tuple<int, std::size_t, int, bool, int>, Cached> cache_;
-  std::uint64_t uses_ = 0;
+  base::LruMap<std::tuple<int, std::size_t, int, bool, int>, std::shared_ptr<const Choice>> cache_{kMaxCached};
 };
 
 }  // namespace braid::collectives

@@ -61,18 +61,10 @@ MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req) {
   }
   std::unique_lock<std::mutex> lock(mu_);
   const TuneKey key = tune_key(req);
-  auto found = tunings_.find(key);
-  const bool inserted = found == tunings_.end();
-  if (inserted) {
-    if (tunings_.size() >= kMaxTunings) {
-      tunings_.erase(std::min_element(tunings_.begin(), tunings_.end(), [](const auto& a, const auto& b) {
-        return a.second.last_use < b.second.last_use;
-      }));
-    }
-    found = tunings_.emplace(key, Remembered{std::make_shared<Tuning>(), 0}).first;
-  }
-  found->second.last_use = ++uses_;
-  const std::shared_ptr<Tuning> held = found->second.tuning;
+  std::shared_ptr<Tuning>* found = tunings_.find(key);
+  const bool inserted = found == nullptr;
+  if (inserted) found = tunings_.insert(key, std::make_shared<Tuning>());
+  const std::shared_ptr<Tuning> held = *found;
   Tuning& tu = *held;
   if (inserted) {
     tu.model = model;
@@ -237,9 +229,8 @@ MeasuredTuner::TuneKey MeasuredTuner::tune_key(const PlanRequest& req) const {
 std::string MeasuredTuner::explain(const PlanRequest& req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = tunings_.find(tune_key(req));
-    if (it != tunings_.end()) {
-      const Tuning& tu = *it->second.tuning;
+    if (const auto* found = tunings_.find(tune_key(req))) {
+      const Tuning& tu = **found;
       if (tu.verdict) return tu.explanation;
       return tu.model->explanation + " (BRAID_TUNE=measure: trials queued, no verdict yet)";
     }

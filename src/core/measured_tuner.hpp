@@ -5,6 +5,7 @@
 // their own, issued through the communicator's Poster.
 #pragma once
 
+#include "base/lru_map.hpp"
 #include "collectives/plan.hpp"
 #include "collectives/tuner.hpp"
 #include "core/comm_parts.hpp"
@@ -81,24 +82,20 @@ class MeasuredTuner {
   /// for it their plans.
   void settle(Tuning& t, Algorithm verdict, std::string explanation);
 
-  const Config& cfg_;
-  const Membership member_;
-  PlanCache& plans_;
-  Poster& poster_;
   /// Buckets remembered at most. Past it the least recently called one is forgotten when a
   /// new bucket comes, and measured again if it comes back, so a job with ever new shapes
   /// keeps flat memory (tests/soak). Eviction follows the calls' issue order only, which
   /// every rank shares, so every rank forgets the same bucket at the same call; a bucket
   /// forgotten while its trials run lives on (shared_ptr) until their verdict task.
   static constexpr std::size_t kMaxTunings = 256;
-  struct Remembered {
-    std::shared_ptr<Tuning> tuning;
-    std::uint64_t last_use = 0;
-  };
-  std::mutex mu_;                              ///< guards tuner_, tunings_ and uses_
+
+  const Config& cfg_;
+  const Membership member_;
+  PlanCache& plans_;
+  Poster& poster_;
+  std::mutex mu_;                              ///< guards tuner_ and tunings_
   std::unique_ptr<collectives::Tuner> tuner_;  ///< made by tuner_ref(); never replaced once set
-  std::map<TuneKey, Remembered> tunings_;
-  std::uint64_t uses_ = 0;
+  base::LruMap<TuneKey, std::shared_ptr<Tuning>> tunings_{kMaxTunings};
 };
 
 }  // namespace braid::core

@@ -2,11 +2,11 @@
 // reuses its plan instead of building (and, in debug builds, verifying) it again.
 #pragma once
 
+#include "base/lru_map.hpp"
 #include "collectives/plan.hpp"
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,11 +16,11 @@
 namespace braid::core {
 
 /// Plans by request, at most `capacity` of them (BRAID_PLAN_CACHE; 0: nothing is kept),
-/// the oldest entry evicted first. Thread-safe: callers ask, and so does the engine
+/// the least recently used evicted first. Thread-safe: callers ask, and so does the engine
 /// thread when the measuring tuner's verdict fills in deferred plans.
 class PlanCache {
  public:
-  explicit PlanCache(std::size_t capacity) : capacity_(capacity) {}
+  explicit PlanCache(std::size_t capacity) : plans_(capacity) {}
   /// The plan for `req`: the cached one, or collectives::build_plan's, then cached.
   std::shared_ptr<const collectives::Plan> plan_for(const collectives::PlanRequest& req);
 
@@ -28,10 +28,8 @@ class PlanCache {
   /// Collective, algorithm, count, element size, op/deterministic/root bits, codec name
   /// with feedback ("" for none). The host map is not in it: it is fixed per communicator.
   using Key = std::tuple<int, int, std::uint64_t, std::size_t, int, std::string>;
-  const std::size_t capacity_;
-  std::mutex mu_;  ///< guards plans_ and order_
-  std::map<Key, std::shared_ptr<const collectives::Plan>> plans_;
-  std::deque<Key> order_;  ///< insertion order: the front is evicted first
+  std::mutex mu_;  ///< guards plans_
+  base::LruMap<Key, std::shared_ptr<const collectives::Plan>> plans_;
 };
 
 }  // namespace braid::core
