@@ -135,7 +135,7 @@ class Tuner {
   /// Buckets priced at most: past it the least recently used is priced again when it
   /// comes back (a pricing is a pure function of the call, so this only costs time),
   /// so a job with ever new shapes keeps flat memory (tests/soak).
-  static constexpr std::size_t kMaxCached = 1024;
+  static constexpr std::size_t kMaxCached = 256;
   base::LruMap<std::tuple<int, std::size_t, int, bool, int>, std::shared_ptr<const Choice>> cache_{kMaxCached};
 };
 

@@ -843,6 +843,10 @@ int count_dir(const char* path) {
 std::array<std::int64_t, kFields> take_sample(std::uint64_t hash, std::int64_t wrong_results,
                                               std::int64_t tuned_shapes) {
   std::array<std::int64_t, kFields> f{};
+  // Memory malloc holds free (fragments between live blocks, the top of an arena) goes
+  // back to the kernel first, so that VmRSS counts what the process uses, not what the
+  // allocator kept after a peak; heap_MiB (in use) is read either way.
+  ::malloc_trim(0);
   const std::string status = read_file("/proc/self/status");
   f[rss_kb] = status_field(status, "VmRSS");
   f[anon_kb] = status_field(status, "RssAnon");

@@ -526,9 +526,8 @@ TEST(Tuner, CacheKeepsAtMostItsCapAndForgetsTheLeastRecentlyUsed) {
           EXPECT_EQ(t.choose(Collective::allreduce, 1000, 4, ReduceOp::sum, &first).get(), hot.get());
           EXPECT_FALSE(first);
         }
-  ASSERT_GT(priced, 1100u) << "the loop must price more buckets than the cap";
-  EXPECT_LE(t.cached(), 1024u);
-  EXPECT_GE(t.cached(), 1000u);
+  ASSERT_GT(priced, 300u) << "the loop must price more buckets than the cap";
+  EXPECT_EQ(t.cached(), 256u);
   const auto again = t.choose(Collective::broadcast, 100, 4, ReduceOp::sum, &first);
   EXPECT_TRUE(first) << "the least recently used bucket was not the one forgotten";
   EXPECT_EQ(again->algorithm, cold_choice);
