@@ -171,6 +171,12 @@ class Engine {
   bool reap(Exec& ex);
   void check_peers(Exec& ex);
   std::string deadline_error(Exec& ex);
+  /// After a deadline: publishes whom this rank waits on ("stall/<rank>") and follows the
+  /// records of the ranks waited on, for a short grace while their deadlines fire too, to
+  /// the first rank with none (a silent peer: stopped, hung outside braid, or not calling
+  /// this collective). Sets timeout_blame_ to it and returns the sentence that names it,
+  /// or "" when the chain shows nothing beyond this rank's own wait.
+  std::string follow_stalls(const Exec& ex);
   bool admit();
   bool route(Exec& ex);
   int transport_for(int peer);
