@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -732,78 +733,107 @@ std::string Engine::deadline_error(Exec& ex) {
   return os.str();
 }
 
+namespace {
+
+struct StallVerdict {
+  int blame = -1;    ///< the silent rank, or -1 (the local blame stands)
+  std::string text;  ///< the sentence for the error, or ""
+};
+
+// The store side of Engine::follow_stalls: publishes this rank's wait and follows the
+// others' records until `until`. Runs on a thread of its own, since a store that cannot
+// be reached (the rank's host cut off) blocks a call for its I/O timeout.
+StallVerdict chase_stalls(Store& store, int rank, std::uint64_t seq, int first, Clock::time_point until,
+                          std::chrono::milliseconds grace) {
+  StallVerdict v;
+  try {
+    store.set("stall/" + std::to_string(rank), std::to_string(seq) + "\n" + std::to_string(first));
+    if (first < 0) return v;
+    std::vector<int> chain{rank, first};
+    std::map<int, std::string> calls;  // ranks met in another call than this rank's: that call's number
+    for (;;) {
+      const int p = chain.back();
+      std::optional<std::string> rec;
+      const std::string key = "stall/" + std::to_string(p);
+      while (!rec && Clock::now() < until) {
+        if (store.check({key})) {
+          rec = store.get(key, std::chrono::milliseconds(1000));
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+      if (!rec && store.check({"abort/" + std::to_string(p)})) return v;  // it failed on its own: its report says why
+      std::ostringstream os;
+      auto waits = [&](std::size_t from) {
+        for (std::size_t i = from; i + 1 < chain.size(); ++i) {
+          os << " rank " << chain[i];
+          if (calls.count(chain[i])) os << " (in its call #" << calls[chain[i]] << ")";
+          os << " waits on rank " << chain[i + 1] << ";";
+        }
+      };
+      if (!rec) {
+        if (chain.size() == 2) {
+          os << " Rank " << p;
+        } else {
+          os << " Following the waits:";
+          waits(1);
+          os << " rank " << p;
+        }
+        os << " has not reported a timeout of its own within " << grace.count()
+           << " ms: it is the likely cause (stopped, hung outside braid, or not calling this collective).";
+        v.blame = p;
+        v.text = os.str();
+        return v;
+      }
+      const auto nl = rec->find('\n');
+      const std::string their_seq = rec->substr(0, nl);
+      const int next = nl == std::string::npos ? -1 : std::atoi(rec->c_str() + nl + 1);
+      // A rank may be a call ahead (it finished its part of the previous one) or behind: the
+      // wait is followed all the same.
+      if (their_seq != std::to_string(seq)) calls[p] = their_seq;
+      if (next < 0 || next == p) return v;
+      if (std::find(chain.begin(), chain.end(), next) != chain.end()) {
+        chain.push_back(next);
+        os << " The waits form a cycle:";
+        waits(0);
+        os << " no rank is silent: the ranks may disagree about the call (different collectives, counts or roots;"
+              " BRAID_CHECK_ARGS=1 names them), or the call is slower than its deadline.";
+        v.text = os.str();
+        return v;
+      }
+      chain.push_back(next);
+    }
+  } catch (const std::exception&) {
+    return v;
+  }
+}
+
+}  // namespace
+
 std::string Engine::follow_stalls(const Exec& ex) {
   // Every rank whose deadline fires in this call waits on someone; a silent rank (SIGSTOP,
   // a hang in the training script, a call it never made) writes nothing. The deadlines of
   // a call fire at about the same time on every rank, so the first to fire waits a little
   // for the others' records before it closes its connections, which would otherwise fail
-  // its neighbours with its own report first and hide whom they were waiting on.
-  const int first = timeout_blame_;
-  try {
-    store_->set("stall/" + std::to_string(opt_.rank), std::to_string(ex.op.seq) + "\n" + std::to_string(first));
-  } catch (const std::exception&) {
-    return "";
-  }
-  if (first < 0) return "";
+  // its neighbours with its own report first and hide whom they were waiting on. The store
+  // work runs on a thread of its own and this one waits for it a grace at most: a rank cut
+  // off from the store keeps its local blame instead of waiting the store's I/O timeout.
   const auto grace = std::clamp<std::chrono::milliseconds>(ex.op.timeout / 10, std::chrono::milliseconds(200),
                                                            std::chrono::milliseconds(2000));
   const auto until = Clock::now() + grace;
-  std::vector<int> chain{opt_.rank, first};
-  std::map<int, std::string> calls;  // ranks met in another call than this rank's: that call's number
-  for (;;) {
-    const int p = chain.back();
-    std::optional<std::string> rec;
-    try {
-      const std::string key = "stall/" + std::to_string(p);
-      while (!rec && Clock::now() < until) {
-        if (store_->check({key})) {
-          rec = store_->get(key, std::chrono::milliseconds(1000));
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-      if (!rec && store_->check({"abort/" + std::to_string(p)})) return "";  // it failed on its own: its report says why
-    } catch (const std::exception&) {
-      return "";
-    }
-    std::ostringstream os;
-    auto waits = [&](std::size_t from) {
-      for (std::size_t i = from; i + 1 < chain.size(); ++i) {
-        os << " rank " << chain[i];
-        if (calls.count(chain[i])) os << " (in its call #" << calls[chain[i]] << ")";
-        os << " waits on rank " << chain[i + 1] << ";";
-      }
-    };
-    if (!rec) {
-      if (chain.size() == 2) {
-        os << " Rank " << p;
-      } else {
-        os << " Following the waits:";
-        waits(1);
-        os << " rank " << p;
-      }
-      os << " has not reported a timeout of its own within " << grace.count()
-         << " ms: it is the likely cause (stopped, hung outside braid, or not calling this collective).";
-      timeout_blame_ = p;
-      return os.str();
-    }
-    const auto nl = rec->find('\n');
-    const std::string seq = rec->substr(0, nl);
-    const int next = nl == std::string::npos ? -1 : std::atoi(rec->c_str() + nl + 1);
-    // A rank may be a call ahead (it finished its part of the previous one) or behind: the
-    // wait is followed all the same.
-    if (seq != std::to_string(ex.op.seq)) calls[p] = seq;
-    if (next < 0 || next == p) return "";
-    if (std::find(chain.begin(), chain.end(), next) != chain.end()) {
-      chain.push_back(next);
-      os << " The waits form a cycle:";
-      waits(0);
-      os << " no rank is silent: the ranks may disagree about the call (different collectives, counts or roots;"
-            " BRAID_CHECK_ARGS=1 names them), or the call is slower than its deadline.";
-      return os.str();
-    }
-    chain.push_back(next);
+  auto verdict = std::make_shared<std::promise<StallVerdict>>();
+  std::future<StallVerdict> ready = verdict->get_future();
+  try {
+    std::thread([store = store_, rank = opt_.rank, seq = ex.op.seq, first = timeout_blame_, until, grace, verdict] {
+      verdict->set_value(chase_stalls(*store, rank, seq, first, until, grace));
+    }).detach();
+  } catch (const std::system_error&) {
+    return "";  // no thread to spare: the local blame stands
   }
+  if (ready.wait_until(until + std::chrono::milliseconds(200)) != std::future_status::ready) return "";
+  StallVerdict v = ready.get();
+  if (v.blame >= 0) timeout_blame_ = v.blame;
+  return v.text;
 }
 
 bool Engine::step(bool& unrouted) {
