@@ -23,7 +23,7 @@ JobSecret share_secret(Store& store, int rank, const std::string& token, std::ch
   if (rank == 0) {
     s.comm_id = random_u64();
     if (token.empty()) {
-      s.token = base::hex(random_u64()) + base::hex(random_u64());
+      s.token = base::hex16(random_u64()) + base::hex16(random_u64());
       store.set("meta", base::hex(s.comm_id) + "\ntoken " + s.token);
     } else {
       s.token = token;
