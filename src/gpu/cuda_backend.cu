@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace braid::gpu {
@@ -134,7 +136,17 @@ class Cuda final : public Runtime {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes) check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    if (bytes == 0) return;
+    // Not cudaMemcpy: from pageable host memory it returns once the source is staged,
+    // before the DMA has landed, and it runs on the legacy stream, which orders nothing
+    // on the non-blocking streams braid and its users enqueue on. A device collective
+    // issued right after it then staged stale data (seen on an H100: in-place all-reduce
+    // results wrong after a refill). A copy on a private non-blocking stream, then a
+    // synchronize of that stream, is complete when this returns. Never the whole device:
+    // other ranks' streams on this GPU may be waiting on a collective.
+    const cudaStream_t s = copy_stream();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (synchronous copy)");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize (synchronous copy)");
   }
   void begin_capture(Stream s) override {
     check(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeRelaxed),
@@ -147,6 +159,18 @@ class Cuda final : public Runtime {
   }
 
  private:
+  /// The calling thread's current device's stream for copy(), created on first use and
+  /// kept for the life of the process.
+  cudaStream_t copy_stream() {
+    const int d = current_device();
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    auto& s = copy_streams_[d];
+    if (!s) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copy stream)");
+    return s;
+  }
+
+  std::mutex copy_mu_;
+  std::map<int, cudaStream_t> copy_streams_;
   int devices_ = 0;
   int driver_ = 0;
   std::string name_ = "unknown";

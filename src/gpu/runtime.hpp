@@ -93,7 +93,8 @@ class Runtime {
   virtual void signal(std::uint32_t* word, std::uint32_t value) noexcept = 0;
   /// Blocks until everything enqueued on `s` has run.
   virtual void synchronize(Stream s) = 0;
-  /// Synchronous copy of `bytes` bytes, any direction.
+  /// Synchronous copy of `bytes` bytes, any direction: complete when it returns, so work
+  /// enqueued afterwards on any stream sees it.
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   /// Stream capture, for tests of the refusal (cudaStreamBeginCapture / EndCapture).
   virtual void begin_capture(Stream s) = 0;

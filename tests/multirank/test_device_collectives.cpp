@@ -27,6 +27,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -59,6 +60,27 @@ struct DeviceBuffer {
   std::byte* data() const { return static_cast<std::byte*>(p); }
   std::size_t bytes;
   void* p;
+};
+
+/// Page-locked host memory, freed on scope exit. Ranks that are threads of one process
+/// copy to and from the host through it: a copy to pageable memory blocks its thread until
+/// the stream gets there, and CUDA holds up the other threads' CUDA calls meanwhile (seen on
+/// an H100), so a rank waiting that way for a collective would keep the other ranks from
+/// issuing theirs: a deadlock. With pinned memory copy_async returns at once.
+template <typename T>
+struct PinnedHost {
+  explicit PinnedHost(std::size_t count, T value = T{})
+      : n(count), p(static_cast<T*>(rt().alloc_pinned(count * sizeof(T)))) {
+    std::fill(p, p + n, value);
+  }
+  ~PinnedHost() { rt().free_pinned(p); }
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  T* data() const { return p; }
+  std::size_t size() const { return n; }
+  T& operator[](std::size_t i) const { return p[i]; }
+  std::size_t n;
+  T* p;
 };
 
 /// A stream of the calling rank (ranks that are threads of one process need their own
@@ -217,7 +239,17 @@ std::vector<Work> issue(Communicator& c, const Case& k, const void* in, void* ou
 
 /// Runs the case on host buffers and on device buffers on this rank, and checks the device
 /// result equals the host result bit for bit (read back on the stream, before waiting).
-void check_case(Communicator& c, const Case& k, gpu::Stream stream) {
+/// One rank's device buffer and pinned host copies, made once for all its cases: cudaFree
+/// synchronizes the whole device, so a rank freeing a buffer between cases would wait on
+/// another rank's stream, which waits for this rank's next call (a deadlock; the same holds
+/// for NCCL kernels). The largest case decides the size.
+struct RankBuffers {
+  explicit RankBuffers(std::size_t bytes) : dev(bytes), init(bytes), back(bytes) {}
+  DeviceBuffer dev;
+  PinnedHost<std::byte> init, back;
+};
+
+void check_case(Communicator& c, const Case& k, gpu::Stream stream, RankBuffers& rb) {
   const int rank = c.rank(), world = c.size();
   const std::size_t es = dtype_size(k.dtype);
   const Layout l = layout(k, rank, world);
@@ -227,18 +259,21 @@ void check_case(Communicator& c, const Case& k, gpu::Stream stream) {
   host = init;
   for (auto& w : issue(c, k, host.data() + l.in_at * es, host.data() + l.out_at * es, nullptr, "host")) w.wait();
 
-  DeviceBuffer dev(l.span * es + 1);
-  std::vector<std::byte> back(l.span * es + 1);
-  rt().copy_async(dev.data(), init.data(), init.size(), stream);
-  auto works = issue(c, k, dev.data() + l.in_at * es, dev.data() + l.out_at * es, stream, "device");
-  rt().copy_async(back.data(), dev.data(), back.size(), stream);  // stream order, no host wait
+  const std::size_t bytes = l.span * es + 1;
+  ASSERT_LE(bytes, rb.dev.bytes) << describe(k);
+  std::byte* const dev = rb.dev.data();
+  std::byte* const back = rb.back.data();
+  std::memcpy(rb.init.data(), init.data(), bytes);
+  rt().copy_async(dev, rb.init.data(), bytes, stream);
+  auto works = issue(c, k, dev + l.in_at * es, dev + l.out_at * es, stream, "device");
+  rt().copy_async(back, dev, bytes, stream);  // stream order, no host wait
   rt().synchronize(stream);
   for (auto& w : works) w.wait();
   if (writes_out) {
-    ASSERT_EQ(0, std::memcmp(back.data() + l.out_at * es, host.data() + l.out_at * es, l.out * es))
+    ASSERT_EQ(0, std::memcmp(back + l.out_at * es, host.data() + l.out_at * es, l.out * es))
         << describe(k) << " on rank " << rank << "/" << world;
   } else {
-    ASSERT_EQ(0, std::memcmp(back.data(), init.data(), back.size())) << describe(k) << ": a non-root's buffer changed";
+    ASSERT_EQ(0, std::memcmp(back, init.data(), bytes)) << describe(k) << ": a non-root's buffer changed";
   }
 }
 
@@ -283,9 +318,12 @@ TEST_P(DeviceCollectives, EveryCollectiveMatchesTheHostPathBitForBit) {
   const auto all = cases(world());
   run_threads(world(), [&](int r) {
     OwnStream s;
+    std::size_t most = 0;
+    for (const Case& k : all) most = std::max(most, layout(k, r, world()).span * dtype_size(k.dtype) + 1);
+    RankBuffers rb(most);
     for (const Case& k : all) {
       if (k.algo == Algorithm::hierarchical && hosts() == 0) continue;  // needs several hosts
-      check_case(g[r], k, s.s);
+      check_case(g[r], k, s.s, rb);
       if (::testing::Test::HasFatalFailure()) return;
     }
   });
@@ -303,7 +341,8 @@ TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
   run_threads(n, [&](int r) {
     OwnStream s;
     DeviceBuffer buf(count * 4);
-    std::vector<float> zeros(count, 0.f), ones(count, static_cast<float>(r + 1)), back(count, -1.f);
+    std::vector<float> zeros(count, 0.f);
+    PinnedHost<float> ones(count, static_cast<float>(r + 1)), back(count, -1.f);
     rt().copy(buf.data(), zeros.data(), count * 4);
     // Earlier work on the stream: a slow host step, then the input is written. If the
     // collective did not wait for it, it would reduce the zeros.
@@ -328,7 +367,8 @@ TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
   run_threads(n, [&](int r) {
     OwnStream s;
     DeviceBuffer buf(4 * 1024);
-    std::vector<std::int32_t> init(1024, 1), back(1024, 0);
+    std::vector<std::int32_t> init(1024, 1);
+    PinnedHost<std::int32_t> back(1024, 0);
     rt().copy(buf.data(), init.data(), init.size() * 4);
     std::vector<Work> works;
     AllreduceOptions o;
