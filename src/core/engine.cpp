@@ -281,6 +281,11 @@ void Engine::submit(Operation op) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!failed_.load() && !stop_) {
       if (opt_.wait_helps) op.work->helper = gate_;
+      if (op.gate) {
+        const auto now = Clock::now();
+        if (op.timeout < std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
+          op.gate_deadline = now + op.timeout;
+      }
       // Inline: a small collective, the engine idle (nothing queued or running, no
       // helper inside), and not the engine's own thread (which must not wait on itself).
       const bool run_here = opt_.inline_bytes > 0 && !no_helpers_.load(std::memory_order_acquire) && !op.task &&
@@ -552,6 +557,27 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   }
   active_.clear();
   fail_all(reason, kind);
+}
+
+long long Engine::shut_gate_left(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty() || !queue_.front().gate || queue_.front().gate_deadline == Clock::time_point::max()) return -1;
+  return std::max<long long>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(queue_.front().gate_deadline - now).count() + 1);
+}
+
+std::string Engine::shut_gate_expired() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load() || queue_.empty()) return "";
+  const Operation& front = queue_.front();
+  if (!front.gate || front.gate->load(std::memory_order_acquire) || Clock::now() <= front.gate_deadline) return "";
+  // The stream never got to the call: nothing of it has moved, and the peers wait for
+  // this rank. Fail now, naming why, rather than leave them to blame a silent rank.
+  return front.name + ": timed out after " + std::to_string(front.timeout.count()) +
+         " ms: the call's stream has not reached it, so its device input was never staged. Work enqueued on "
+         "that stream before the call has not finished (a kernel still running, a wait on an event never "
+         "recorded), or the stream shares a hardware queue with a stream that waits on another collective "
+         "(ranks that are threads of one process on one GPU; docs/gpu.md, \"Several ranks on one GPU\")";
 }
 
 void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
@@ -851,6 +877,10 @@ bool Engine::step(bool& unrouted) {
                    "aborted: " + why);
     }
     if (admit()) progressed = true;
+    if (const std::string stuck = shut_gate_expired(); !stuck.empty()) {
+      fail_current(std::make_exception_ptr(TimeoutError(stuck)), stuck);
+      return true;
+    }
     if (!failed_.load()) {
       if (poller_->dispatch() > 0) progressed = true;
       for (auto& t : transports_) progressed |= t->progress();
@@ -945,6 +975,8 @@ void Engine::run() {
                 : std::chrono::duration_cast<std::chrono::milliseconds>(ex->deadline - now).count() + 1;
         wait_ms = wait_ms < 0 ? left : std::min(wait_ms, left);
       }
+      if (const auto gate_left = shut_gate_left(now); gate_left >= 0)
+        wait_ms = wait_ms < 0 ? gate_left : std::min(wait_ms, gate_left);
       if (wait_ms >= 0) wait_ms = std::clamp<long long>(wait_ms, 1, 1000);
       if (unrouted) {  // a peer has not joined yet: look again soon, backing off
         wait_ms = route_backoff.count();

@@ -89,8 +89,10 @@ struct Operation {
   std::uint64_t codec_step = 0;
   /// A gate (no plan, no task): admission stops at it until it is set, so that nothing
   /// issued after it starts before then (a device call's input is staged; core::DeviceStaging).
-  /// It completes when it opens.
+  /// It completes when it opens. If it is still shut `timeout` after it was submitted,
+  /// the communicator fails with a Timeout naming the stream that never got there.
   std::shared_ptr<std::atomic<bool>> gate;
+  std::chrono::steady_clock::time_point gate_deadline = std::chrono::steady_clock::time_point::max();
 };
 
 /// Settings the engine needs, resolved by the communicator.
@@ -184,6 +186,11 @@ class Engine {
   /// Fails every queued operation, with an error of the same kind as `cause` (a
   /// peer's failure: RemoteError naming it; a deadline: TimeoutError; else Aborted).
   void fail_all(const std::string& reason, const std::exception_ptr& cause = nullptr);
+  /// A device call's gate at the queue's head, still shut past its deadline: the
+  /// message to fail with; else "".
+  std::string shut_gate_expired() const;
+  /// Milliseconds until the deadline of a shut gate at the queue's head; -1 if none.
+  long long shut_gate_left(std::chrono::steady_clock::time_point now) const;
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
 
   EngineOptions opt_;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -42,6 +43,12 @@ namespace {
 // with BRAID_GPU_BACKEND=cuda). Set before the configuration is first read.
 const bool kBackendSet = [] {
   ::setenv("BRAID_GPU_BACKEND", "emulated", 0);
+  // Up to 8 ranks of this process share the one GPU, each stream waiting on its own host
+  // word. On an H100 the grid deadlocked from 5 ranks on (2 to 4 passed): a stream's wait
+  // is thought to hold up the other streams CUDA maps onto the same hardware queue, so
+  // one rank's staging never ran (docs/gpu.md, "Several ranks on one GPU"). As many queues
+  // as CUDA allows, read when the context is made, so before any CUDA call. Unverified.
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   return true;
 }();
 
@@ -384,6 +391,51 @@ TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
   });
 }
 
+TEST(DeviceStream, AStreamThatNeverReachesTheCallFailsItWithATimeoutThatSaysSo) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  CommOptions co;
+  co.timeout = 300ms;
+  test::Group g(2, co);
+  std::atomic<bool> release{false};
+  run_threads(2, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(4096);
+    AllreduceOptions o;
+    o.stream = s.s;
+    // Rank 0's stream is held by earlier work that outlives the deadline (here a host
+    // step; on a GPU, a kernel or an event wait).
+    if (r == 0)
+      rt().launch_host(
+          s.s,
+          [](void* flag) {
+            while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+          },
+          &release);
+    Work w = g[r].allreduce(buf.data(), buf.data(), 1024, DataType::f32, ReduceOp::sum, o);
+    if (r == 0) {
+      // The call fails while its stream is still held; its Work completes once the stream
+      // has let go of the staging memory, so let the stream go on first.
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (!g[0].failed() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(5ms);
+      release = true;
+    }
+    try {
+      w.wait();
+      ADD_FAILURE() << "rank " << r << ": the all-reduce succeeded without rank 0's input";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      if (r == 0) {
+        EXPECT_EQ(e.code(), ErrorCode::Timeout) << msg;
+        EXPECT_NE(msg.find("stream has not reached it"), std::string::npos) << msg;
+      } else {
+        EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+      }
+    }
+    EXPECT_TRUE(g[r].failed());
+    rt().synchronize(s.s);  // the stream drains: the failed call released it
+  });
+}
+
 TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   test::Group g(1);
@@ -434,9 +486,11 @@ TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
 
 TEST(DeviceFailures, AKilledRankFailsEverySurvivorAndReleasesTheirStreams) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  const std::string path = braid::test::temp_path("devfault");
+  // Fresh processes, not forks: this process has used the device runtime already, and
+  // CUDA does not work in a child forked after that.
+  const std::string path = test::shared_value("DEVFAULT_PATH", braid::test::temp_path("devfault"));
   const int n = 3, victim = 1;
-  const auto st = test::run_processes(n, [&](int r) {
+  const auto st = test::run_spawned(n, [&](int r) {
     auto store = std::make_shared<FileStore>(path);
     CommOptions opt;
     opt.timeout = 20s;

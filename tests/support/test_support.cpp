@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,12 +16,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+
+extern char** environ;
 
 namespace braid::test {
 
@@ -118,31 +122,26 @@ void run_threads(int size, const std::function<void(int rank)>& fn) {
     if (e) std::rethrow_exception(e);
 }
 
-std::vector<int> run_processes(int size, const std::function<void(int rank)>& fn, std::chrono::seconds timeout) {
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < size; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      ADD_FAILURE() << "fork failed";
-      break;
-    }
-    if (pid == 0) {
-      int code = 0;
-      try {
-        fn(r);
-        if (::testing::Test::HasFailure()) code = 1;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d threw: %s\n", r, e.what());
-        code = 1;
-      } catch (...) {
-        code = 1;
-      }
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    pids.push_back(pid);
+namespace {
+
+/// Runs fn(rank) in a child: exit status 0 when it returns with no gtest failure, else 1.
+[[noreturn]] void run_child(int rank, const std::function<void(int rank)>& fn) {
+  int code = 0;
+  try {
+    fn(rank);
+    if (::testing::Test::HasFailure()) code = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d threw: %s\n", rank, e.what());
+    code = 1;
+  } catch (...) {
+    code = 1;
   }
+  std::fflush(nullptr);
+  _exit(code);
+}
+
+/// Waits for the children, killing those still running at the deadline.
+std::vector<int> wait_children(const std::vector<pid_t>& pids, std::chrono::seconds timeout) {
   std::vector<int> status(pids.size(), -1);
   std::size_t left = pids.size();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -170,6 +169,68 @@ std::vector<int> run_processes(int size, const std::function<void(int rank)>& fn
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return status;
+}
+
+constexpr const char* kSpawnedRank = "BRAID_TEST_SPAWNED_RANK";
+
+}  // namespace
+
+std::vector<int> run_processes(int size, const std::function<void(int rank)>& fn, std::chrono::seconds timeout) {
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork failed";
+      break;
+    }
+    if (pid == 0) run_child(r, fn);
+    pids.push_back(pid);
+  }
+  return wait_children(pids, timeout);
+}
+
+std::vector<int> run_spawned(int size, const std::function<void(int rank)>& fn, std::chrono::seconds timeout) {
+  if (const char* r = std::getenv(kSpawnedRank)) run_child(std::atoi(r), fn);
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (!info) {
+    ADD_FAILURE() << "run_spawned outside a test";
+    return {};
+  }
+  const std::string filter = std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
+  char exe[] = "/proc/self/exe";
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, kSpawnedRank, std::strlen(kSpawnedRank)) != 0) env_strings.emplace_back(*e);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    std::vector<std::string> env = env_strings;
+    env.push_back(std::string(kSpawnedRank) + "=" + std::to_string(r));
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string arg0 = "/proc/self/exe", arg1 = filter;
+    char* argv[] = {arg0.data(), arg1.data(), nullptr};
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data());
+    if (rc != 0) {
+      ADD_FAILURE() << "posix_spawn of this test binary failed: " << std::strerror(rc);
+      break;
+    }
+    pids.push_back(pid);
+  }
+  return wait_children(pids, timeout);
+}
+
+std::string shared_value(const std::string& name, const std::string& parent_value) {
+  const std::string key = "BRAID_TEST_SHARED_" + name;
+  if (std::getenv(kSpawnedRank)) {
+    const char* v = std::getenv(key.c_str());
+    return v ? v : parent_value;
+  }
+  ::setenv(key.c_str(), parent_value.c_str(), 1);
+  return parent_value;
 }
 
 void run_processes_ok(int size, const std::function<void(int rank)>& fn, std::chrono::seconds timeout) {

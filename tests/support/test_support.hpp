@@ -29,6 +29,20 @@ void run_threads(int size, const std::function<void(int rank)>& fn);
 std::vector<int> run_processes(int size, const std::function<void(int rank)>& fn,
                                std::chrono::seconds timeout = std::chrono::seconds(120));
 
+/// As run_processes, but each rank is a fresh process: this test binary started again
+/// (posix_spawn of /proc/self/exe, no fork) running only the current test, with
+/// BRAID_TEST_SPAWNED_RANK=r in its environment. There the test body runs again up to this
+/// call, which runs fn(r) and exits the child. For code that cannot survive a fork: CUDA
+/// fails in a child forked after the parent used it ("initialization error", seen on an
+/// H100). What the body computes before the call must come out the same in the children
+/// (pass per-run values through shared_value).
+std::vector<int> run_spawned(int size, const std::function<void(int rank)>& fn,
+                             std::chrono::seconds timeout = std::chrono::seconds(120));
+
+/// In a test that calls run_spawned: returns `parent_value` in the parent (and puts it in
+/// the environment the children inherit), and the parent's value in a spawned child.
+std::string shared_value(const std::string& name, const std::string& parent_value);
+
 /// Runs run_processes and adds a gtest failure naming every child that did not exit 0.
 void run_processes_ok(int size, const std::function<void(int rank)>& fn,
                       std::chrono::seconds timeout = std::chrono::seconds(120));
