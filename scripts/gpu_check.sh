@@ -33,9 +33,10 @@
 #   --no-build          use --build-dir as it is (tests of this script's plumbing)
 #   --jobs N            build jobs (default: nproc)
 #   --deps DIR          a folder made by --pack-deps on another machine: CLI11 (needed by
-#                       the benches and braidrun) and GoogleTest's source, for bare machines
-#   --pack-deps DIR     make that folder from this machine's /usr/include/CLI and
-#                       /usr/src/googletest, then exit
+#                       the benches and braidrun), GoogleTest's source and Google
+#                       Benchmark, for bare machines
+#   --pack-deps DIR     make that folder from this machine's /usr/include/CLI,
+#                       /usr/src/googletest and Google Benchmark, then exit
 #   --nccl-library P    libnccl.so.2 to load (default: found on the loader path, in the CUDA
 #                       toolkit, or in Python's nvidia-nccl wheel)
 #   --budget S          the whole run's seconds (default 480)
@@ -69,6 +70,16 @@ endif()
 set(CLI11_FOUND TRUE)
 EOF
       if [ -d /usr/src/googletest ]; then cp -r /usr/src/googletest "$d/googletest"; else echo "no /usr/src/googletest: not packed"; fi
+      # Google Benchmark (bench_cuda_kernels), as installed: headers, library, package config.
+      lib=/usr/lib/x86_64-linux-gnu
+      if [ -f $lib/cmake/benchmark/benchmarkConfig.cmake ] && [ -d /usr/include/benchmark ]; then
+        mkdir -p "$d/benchmark/include" "$d/benchmark/lib/x86_64-linux-gnu/cmake"
+        cp -r /usr/include/benchmark "$d/benchmark/include/"
+        cp -a $lib/libbenchmark* "$d/benchmark/lib/x86_64-linux-gnu/"
+        cp -r $lib/cmake/benchmark "$d/benchmark/lib/x86_64-linux-gnu/cmake/"
+      else
+        echo "no Google Benchmark (apt install libbenchmark-dev): not packed; bench_cuda_kernels will be skipped"
+      fi
       du -sh "$d"
       exit 0 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -163,6 +174,7 @@ if [ "$build" = 1 ]; then
   probe=$bd/_deps/probe
   mkdir -p "$probe"
   [ -n "$deps" ] && [ -f "$deps/cli11/CLI11Config.cmake" ] && cmake_args+=(-DCLI11_DIR="$deps/cli11")
+  [ -n "$deps" ] && [ -d "$deps/benchmark" ] && export CMAKE_PREFIX_PATH="$deps/benchmark${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   cat >"$probe/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(probe CXX)
