@@ -2,7 +2,8 @@
 //
 //   braid_sim                                   # all-reduce, 8..1024 GPUs, 8 per host
 //   braid_sim -r 16,256 -b 4K -e 256M -f 4 -a ring,tree
-//   braid_sim --intra nvlink --intra-bw 450 --inter ib --inter-bw 50 --nic-per-host 0
+//   braid_sim --intra nvlink --intra-bw 390 --inter ib --inter-bw 50 --nic-per-host 0
+//   braid_sim --intra pcie -r 4,8                # GPUs joined by PCIe, no NVLink
 //
 // For every world size it builds the plans of all ranks with build_plan, simulates
 // them with the α-β-γ cost model (src/collectives/cost.hpp, docs/cost-model.md) and
@@ -94,7 +95,8 @@ int main(int argc, char** argv) {
   std::string ranks_s = "8-1024", minb = "1K", maxb = "1G", coll_s = "allreduce", algos_s = "all", dname = "float",
               oname = "sum", csv, slice_s = "512K";
   std::string intra_s = "nvlink", inter_s = "ib";
-  double factor = 2, intra_bw = 450, intra_us = 1.5, inter_bw = 50, inter_us = 5, nic_bw = 0, reduce_bw = 1000,
+  // Bandwidths and latencies 0: the link class's default (CostModel::defaults()).
+  double factor = 2, intra_bw = 0, intra_us = 0, inter_bw = 0, inter_us = 0, nic_bw = 0, reduce_bw = 1000,
          copy_bw = 1500;
   int per_host = 8, jobs = 1;
   std::uint64_t max_steps = 1ull << 23;
@@ -108,12 +110,15 @@ int main(int argc, char** argv) {
   app.add_option("-a,--algos", algos_s, "comma-separated algorithms (ring,tree,rhd,hier) or all")->capture_default_str();
   app.add_option("-d,--datatype", dname, "element type (float, half, bfloat16, double, ...)")->capture_default_str();
   app.add_option("-o,--op", oname, "sum, prod, min, max, avg")->capture_default_str();
-  app.add_option("--intra", intra_s, "link class inside a host: nvlink, shm, tcp, ib")->capture_default_str();
-  app.add_option("--intra-bw", intra_bw, "intra-host bandwidth per rank per direction, GB/s (NVLink4: 450 per GPU)")->capture_default_str();
-  app.add_option("--intra-alpha", intra_us, "intra-host latency per message, us")->capture_default_str();
-  app.add_option("--inter", inter_s, "link class between hosts: ib, tcp, nvlink, shm")->capture_default_str();
-  app.add_option("--inter-bw", inter_bw, "inter-host bandwidth per rank per direction, GB/s (400 Gb/s NIC: 50)")->capture_default_str();
-  app.add_option("--inter-alpha", inter_us, "inter-host latency per message, us")->capture_default_str();
+  app.add_option("--intra", intra_s, "link class inside a host: nvlink, pcie, shm, tcp, ib")->capture_default_str();
+  app.add_option("--intra-bw", intra_bw,
+                 "intra-host bandwidth per rank per direction, GB/s (0: the class's default, docs/cost-model.md; "
+                 "nvlink 390, what an H100's NVLink4 copy achieves of its 450)")
+      ->capture_default_str();
+  app.add_option("--intra-alpha", intra_us, "intra-host latency per message, us (0: the class's default)")->capture_default_str();
+  app.add_option("--inter", inter_s, "link class between hosts: ib, tcp, nvlink, pcie, shm")->capture_default_str();
+  app.add_option("--inter-bw", inter_bw, "inter-host bandwidth per rank per direction, GB/s (0: the class's default; ib 50, a 400 Gb/s NIC)")->capture_default_str();
+  app.add_option("--inter-alpha", inter_us, "inter-host latency per message, us (0: the class's default)")->capture_default_str();
   app.add_option("--nic-per-host", nic_bw, "when > 0: one NIC of this many GB/s per host shared by its ranks (0: a NIC per rank)")->capture_default_str();
   app.add_option("--reduce-bw", reduce_bw, "reduction rate per rank, GB/s of output (GPU: HBM-bound)")->capture_default_str();
   app.add_option("--copy-bw", copy_bw, "local copy rate per rank, GB/s")->capture_default_str();
@@ -155,7 +160,15 @@ int main(int argc, char** argv) {
   if (!coll) bad += "unknown collective '" + coll_s + "'; ";
   if (!dtype) bad += "unknown datatype '" + dname + "'; ";
   if (!op) bad += "unknown op '" + oname + "'; ";
-  if (!intra || !inter) bad += "link classes are nvlink, shm, tcp, ib; ";
+  if (!intra || !inter) bad += "link classes are nvlink, pcie, shm, tcp, ib; ";
+  if (intra && inter) {
+    // 0: the class's default constants.
+    const CostModel d = CostModel::defaults();
+    if (intra_bw == 0) intra_bw = 1e-9 / d[*intra].beta;
+    if (intra_us == 0) intra_us = d[*intra].alpha * 1e6;
+    if (inter_bw == 0) inter_bw = 1e-9 / d[*inter].beta;
+    if (inter_us == 0) inter_us = d[*inter].alpha * 1e6;
+  }
   if (intra && inter && *intra == *inter && (intra_bw != inter_bw || intra_us != inter_us))
     bad += "--intra and --inter name the same class with different constants; ";
   if (factor <= 1) bad += "-f must be > 1; ";
@@ -167,8 +180,8 @@ int main(int argc, char** argv) {
   }
 
   CostModel model = CostModel::defaults();
-  model[*intra] = {intra_us * 1e-6, 1.0 / (intra_bw * 1e9)};
-  model[*inter] = {inter_us * 1e-6, 1.0 / (inter_bw * 1e9)};
+  model[*intra] = {intra_us * 1e-6, 1.0 / (intra_bw * 1e9), model[*intra].eager};
+  model[*inter] = {inter_us * 1e-6, 1.0 / (inter_bw * 1e9), model[*inter].eager};
   model.gamma = 1.0 / (reduce_bw * 1e9);
   model.copy_beta = 1.0 / (copy_bw * 1e9);
   const std::size_t es = braid::dtype_size(*dtype);

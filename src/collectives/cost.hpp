@@ -1,6 +1,6 @@
 // The α-β-γ cost model: prices any plan by simulating every rank's plan in time.
 //
-// A link class (shm, tcp, nvlink, ib) costs α seconds of latency per message and β
+// A link class (shm, tcp, nvlink, ib, pcie) costs α seconds of latency per message and β
 // seconds per byte; a rank reduces at γ seconds per byte and copies at `copy_beta`
 // seconds per byte. A Topology places ranks on hosts and names the link class used
 // between ranks of one host and between hosts (optionally a NIC shared by a host).
@@ -52,12 +52,15 @@
 namespace braid::collectives {
 
 /// Kinds of links between two ranks.
-enum class LinkClass : std::uint8_t { shm = 0, tcp, nvlink, ib };
+/// pcie: GPU to GPU of one host through PCIe peer-to-peer (no NVLink between them).
+/// New classes go at the end: serialize() names them, and deserialize() takes text
+/// written before a class existed (it gets the class's default).
+enum class LinkClass : std::uint8_t { shm = 0, tcp, nvlink, ib, pcie };
 
 /// Number of link classes; valid LinkClass values are [0, kNumLinkClasses).
-inline constexpr int kNumLinkClasses = 4;
+inline constexpr int kNumLinkClasses = 5;
 
-/// "shm", "tcp", "nvlink", "ib".
+/// "shm", "tcp", "nvlink", "ib", "pcie".
 const char* to_string(LinkClass c) noexcept;
 
 /// Latency and inverse bandwidth of one link class.
@@ -77,7 +80,8 @@ struct CostModel {
   const LinkCost& operator[](LinkClass c) const { return link[static_cast<std::size_t>(c)]; }
 
   /// Defaults: shm and tcp, γ and copy from measurements on the development machine
-  /// (host memory, CPU reductions); nvlink and ib from published H100 / NDR figures.
+  /// (host memory, CPU reductions); nvlink, pcie and ib from published H100 / NDR
+  /// figures, as rates a copy achieves rather than line rates.
   /// See docs/cost-model.md for the sources.
   static CostModel defaults();
 };
@@ -87,7 +91,9 @@ struct CostModel {
 /// ranks would choose different algorithms.
 std::string serialize(const CostModel& model);
 /// Parses serialize()'s output (surrounding white space, such as a file's final
-/// newline, is ignored); throws Error(InvalidUsage) on malformed text.
+/// newline, is ignored); throws Error(InvalidUsage) on malformed text, a repeated field
+/// or a missing one. Link classes added after the first four (pcie) may be missing:
+/// text written before they existed gets their defaults.
 CostModel deserialize(std::string_view text);
 
 /// Where ranks live and which links join them.

@@ -48,7 +48,7 @@ struct TransportContext {
 struct TransportEntry {
   const char* name;     ///< "tcp": BRAID_TRANSPORT's value, logs, describe_topology()
   const char* summary;  ///< one line for braid_info and the BRAID_TRANSPORT help
-  /// The cost model's link class of the pairs it serves ("shm", "tcp", "nvlink", "ib").
+  /// The cost model's link class of the pairs it serves ("shm", "tcp", "nvlink", "ib", "pcie").
   const char* link_class;
   /// Its configuration rows (each variable declared once, here).
   std::vector<base::Setting> settings;
