@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   app.add_flag("--config-markdown", markdown, "print docs/configuration.md as generated from the table");
   app.add_flag("-t,--topology", topology,
                "join the job described by the environment (run under braidrun, mpirun, torchrun or srun) and, on "
-               "rank 0, print its hosts, ranks, the transport of every pair and rank 0's host's RDMA devices");
+               "rank 0, print its hosts, ranks, each rank's GPU, rank 0's host's NICs (PCI address, NUMA node, "
+               "distance from rank 0's GPU), the transport of every pair and rank 0's host's RDMA devices");
   CLI11_PARSE(app, argc, argv);
   if (topology) {
     try {

@@ -3,6 +3,7 @@
 // core::MeasuredTuner, compressed all-reduce from core::Compressor. Bootstrapping from
 // the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
+#include "core/host_hardware.hpp"
 #include "core/job_secret.hpp"
 
 #include "base/check.hpp"
@@ -177,9 +178,15 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   std::int64_t gen = 0;
   std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
   const core::JobSecret secret = core::share_secret(*store, rank, cfg.auth_token, timeout);
+  std::string gpu;
+  if (device >= 0) {
+    const std::string pci = rt.pci_bus_id(device);
+    gpu = "GPU " + std::to_string(device) + (pci.empty() ? " (" + std::string(gpu::to_string(rt.backend())) + ")"
+                                                         : ", PCI " + pci);
+  }
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
-      timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library));
+      timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library), gpu);
   const core::Membership member{rank, size, timeout, store, topology};
   engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
@@ -679,8 +686,24 @@ std::string Communicator::describe_topology() const {
     os << "  host " << h << " (" << l.host_names[static_cast<std::size_t>(h)] << "): ranks";
     for (int r : l.ranks_of_host[static_cast<std::size_t>(h)]) os << " " << r;
     os << "\n";
+    for (int r : l.ranks_of_host[static_cast<std::size_t>(h)]) {
+      const std::string g = im.topology->gpu_of(r);
+      if (!g.empty()) os << "    rank " << r << " uses " << g << "\n";
+    }
   }
   os << "  RDMA devices of rank " << im.rank << "'s host: " << rdma_status() << "\n";
+  // This rank's host: its NICs, each one's PCI distance from this rank's GPU, and which
+  // of this process's GPUs can map each other's memory.
+  gpu::Runtime& rt = core::gpu_runtime();
+  const std::string my_pci = im.device >= 0 ? rt.pci_bus_id(im.device) : "";
+  os << "  hardware of rank " << im.rank << "'s host:\n" << core::describe_host_hardware(my_pci, "    ");
+  if (rt.device_count() > 1) {
+    os << "    GPU peer access (this process's devices):";
+    for (int a = 0; a < rt.device_count(); ++a)
+      for (int b = a + 1; b < rt.device_count(); ++b)
+        os << " " << a << "<->" << b << "=" << (rt.can_access_peer(a, b) && rt.can_access_peer(b, a) ? "yes" : "no");
+    os << "\n";
+  }
   const core::Router router(im.cfg.transport);
   os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
   for (int a = 0; a < im.size; ++a) {

@@ -16,7 +16,7 @@ bool Layout::uniform() const noexcept {
 }
 
 Topology::Topology(std::shared_ptr<Store> store, int rank, int size, std::string host_id,
-                   std::chrono::milliseconds timeout, bool rdma)
+                   std::chrono::milliseconds timeout, bool rdma, const std::string& gpu)
     : store_(std::move(store)), rank_(rank), size_(size), host_id_(std::move(host_id)), timeout_(timeout),
       rdma_(rdma) {
   known_.assign(static_cast<std::size_t>(size_), std::string());
@@ -25,6 +25,7 @@ Topology::Topology(std::shared_ptr<Store> store, int rank, int size, std::string
   rdma_of_[static_cast<std::size_t>(rank_)] = rdma_ ? 1 : 0;
   // The fabric first: whoever sees this rank's host sees its fabric too.
   store_->set("fabric/" + std::to_string(rank_), rdma_ ? "rdma" : "none");
+  store_->set("gpu/" + std::to_string(rank_), gpu.empty() ? "none" : gpu);
   store_->set("host/" + std::to_string(rank_), host_id_);
 }
 
@@ -38,6 +39,11 @@ bool Topology::has_rdma(int peer) const {
   std::lock_guard<std::mutex> lock(mu_);
   rdma_of_[p] = v == "rdma" ? 1 : 0;
   return rdma_of_[p] == 1;
+}
+
+std::string Topology::gpu_of(int r) const {
+  const std::string v = store_->get("gpu/" + std::to_string(r), std::chrono::seconds(10));
+  return v == "none" ? "" : v;
 }
 
 std::string Topology::local_host_id(const std::string& override_id) {

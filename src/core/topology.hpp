@@ -6,7 +6,8 @@
 // made ("host/<rank>"). Reads are lazy, so making a communicator does not wait for the
 // others: same_host() asks without waiting (the engine's router retries later), layout()
 // waits up to the communicator's timeout for every rank, once, and keeps the answer.
-// Later issues add each rank's GPU and the host's NICs here.
+// Each rank also publishes its GPU ("gpu/<rank>": device index and PCI bus id, or "none")
+// for describe_topology(); the host's NICs come from sysfs (core/host_hardware.hpp).
 #pragma once
 
 #include <braid/store.hpp>
@@ -41,8 +42,10 @@ class Topology {
   /// namespace). `timeout` bounds layout()'s wait for the other ranks.
   /// `rdma`: this rank has an RDMA fabric to other hosts (its UCX reports an rc, dc or ud
   /// transport); published too, so that both ends of a pair make the same choice.
+  /// `gpu`: this rank's GPU as describe_topology() prints it ("GPU 0, PCI 0000:1b:00.0"),
+  /// "" for none.
   Topology(std::shared_ptr<Store> store, int rank, int size, std::string host_id,
-           std::chrono::milliseconds timeout, bool rdma = false);
+           std::chrono::milliseconds timeout, bool rdma = false, const std::string& gpu = "");
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -58,6 +61,9 @@ class Topology {
   /// The placement of every rank; waits (up to the timeout) for ranks that have not
   /// published, the first time. Throws braid::TimeoutError naming the rank. Thread-safe.
   const Layout& layout() const;
+  /// Rank r's GPU as it published it ("" for none). Call after layout() returned (r
+  /// published its GPU before its host). Thread-safe.
+  std::string gpu_of(int r) const;
   /// layout().host_of, shared (plan requests keep it).
   std::shared_ptr<const std::vector<int>> host_of() const;
 

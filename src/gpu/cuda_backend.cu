@@ -75,6 +75,27 @@ class Cuda final : public Runtime {
     if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return {MemoryKind::device, a.device};
     return {};
   }
+  std::string pci_bus_id(int device) override {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, sizeof id, device) != cudaSuccess) {
+      cudaGetLastError();
+      return "";
+    }
+    // Lower case with a 4-digit domain, as sysfs names the device.
+    std::string s;
+    for (const char* c = id; *c; ++c) s += static_cast<char>(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
+    const auto colon = s.find(':');
+    if (colon != std::string::npos && colon > 4) s.erase(0, colon - 4);
+    return s;
+  }
+  bool can_access_peer(int device, int peer) override {
+    int ok = 0;
+    if (device == peer || cudaDeviceCanAccessPeer(&ok, device, peer) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return ok != 0;
+  }
   bool capturing(Stream s) override {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &st), "cudaStreamIsCapturing");

@@ -116,6 +116,11 @@ class Emulated final : public Runtime {
     return {MemoryKind::device, it->second.device};
   }
   bool capturing(Stream s) override { return stream(s).capturing; }
+  std::string pci_bus_id(int) override { return ""; }  // host memory: no PCI device
+  // The emulated devices share host memory, as GPUs with peer access share theirs.
+  bool can_access_peer(int device, int peer) override {
+    return device != peer && device >= 0 && peer >= 0 && device < kDevices && peer < kDevices;
+  }
 
   void* alloc_device(std::size_t bytes, int device) override {
     BRAID_CHECK(device >= 0 && device < kDevices, InvalidUsage,

@@ -31,6 +31,8 @@ class NoDevice final : public Runtime {
   void set_device(int) override { refuse("set_device"); }
   PointerInfo classify(const void*) override { return {}; }
   bool capturing(Stream) override { return false; }
+  std::string pci_bus_id(int) override { return ""; }
+  bool can_access_peer(int, int) override { return false; }
   void* alloc_device(std::size_t, int) override { refuse("device memory"); }
   void free_device(void*) noexcept override {}
   void* alloc_pinned(std::size_t) override { refuse("pinned memory"); }

@@ -68,6 +68,11 @@ class Runtime {
   virtual PointerInfo classify(const void* p) = 0;
   /// True when `s` is being captured into a graph.
   virtual bool capturing(Stream s) = 0;
+  /// The PCI bus id of `device` as sysfs writes it ("0000:1b:00.0"); "" where the device
+  /// is not a PCI device (emulated) or the runtime cannot tell.
+  virtual std::string pci_bus_id(int device) = 0;
+  /// Whether `device` can map `peer`'s memory (NVLink or PCIe peer-to-peer).
+  virtual bool can_access_peer(int device, int peer) = 0;
 
   /// Device memory on `device` (freed with free_device).
   virtual void* alloc_device(std::size_t bytes, int device) = 0;

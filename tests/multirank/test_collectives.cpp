@@ -445,6 +445,8 @@ TEST(Topology, DescribesHostsAndTransports) {
   EXPECT_NE(text.find("RDMA devices of rank 0's host: "), std::string::npos) << text;
   EXPECT_NE(text.find("rank 0: 1="), std::string::npos) << text;
   EXPECT_NE(text.find("2=tcp"), std::string::npos) << text;
+  // The host's hardware from sysfs: at least this machine's NICs.
+  EXPECT_NE(text.find("hardware of rank 0's host:\n    NIC"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -436,6 +436,20 @@ TEST(DeviceStream, AStreamThatNeverReachesTheCallFailsItWithATimeoutThatSaysSo) 
   });
 }
 
+TEST(DeviceTopology, EachRanksGpuAndThePeerAccessOfThisProcessesGpusAreDescribed) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  test::Group g(2);
+  const std::string text = g[0].describe_topology();
+  // Every rank's GPU as it published it: on CUDA its PCI bus id, emulated its backend.
+  const std::string gpu = rt().pci_bus_id(0).empty() ? "GPU 0 (" + std::string(gpu::to_string(rt().backend())) + ")"
+                                                      : "GPU 0, PCI " + rt().pci_bus_id(0);
+  EXPECT_NE(text.find("rank 0 uses " + gpu), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 uses " + gpu), std::string::npos) << text;
+  if (rt().device_count() > 1) {
+    EXPECT_NE(text.find("GPU peer access (this process's devices): 0<->1="), std::string::npos) << text;
+  }
+}
+
 TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   test::Group g(1);
