@@ -10,7 +10,7 @@ namespace braid::transport::tcp {
 
 struct AckState {
   std::uint32_t ms_since_ack = 0;  ///< since the last ACK from the peer (any ACK: data, probe, keepalive)
-  bool in_flight = false;          ///< bytes sent and unacknowledged, or queued and not yet sent
+  bool in_flight = false;          ///< bytes sent and unacknowledged, or probes unanswered
   bool window_open = true;         ///< the peer's last advertised receive window was not zero
 };
 

@@ -129,6 +129,10 @@ struct Sock {
   std::size_t hello_sent = 0;
   // Send side.
   Fifo<SendPart> sendq;
+  // Dead-peer detection (check_acks): when this socket was first seen with data
+  // unacknowledged and the peer's window open, continuously since; max() when not.
+  Clock::time_point unacked_since = Clock::time_point::max();
+  Clock::time_point ack_checked{};  // the last check that read this socket
   // Receive side: the parts expected on this socket, in order, and the state of the
   // part being read.
   Fifo<RecvPart> recvq;
@@ -702,12 +706,31 @@ void TcpTransport::check_acks(TcpConnection& c) {
   const auto now = Clock::now();
   if (now < c.next_ack_check_) return;
   const auto limit = dead_peer_limit(opts_.connect_timeout);
-  c.next_ack_check_ = now + std::max<std::chrono::milliseconds>(limit / 4, std::chrono::milliseconds(250));
+  const auto period = std::max<std::chrono::milliseconds>(limit / 4, std::chrono::milliseconds(250));
+  c.next_ack_check_ = now + period;
   for (auto& sp : c.socks_) {
     if (sp->phase != Sock::Phase::up || sp->fd < 0) continue;
     tcp::AckState a;
     if (!tcp::read_ack_state(sp->fd, &a)) return;  // the kernel does not say: keepalive and deadlines only
-    if (a.in_flight && a.window_open && a.ms_since_ack > static_cast<std::uint32_t>(limit.count())) {
+    // The last ACK's age alone is not enough: on a connection idle for longer than the
+    // limit, a message just sent is unacknowledged for the moment its ACK takes, while the
+    // last ACK is old (a flake: a live rank declared unreachable 1 s into a wait). So the
+    // data must also have been unacknowledged at every check for the whole limit. Data
+    // first seen unacknowledged was sent after the previous check (which saw none) and
+    // not before the last ACK; checks run only while requests are pending, so after a
+    // pause longer than the limit it counts from now.
+    const bool continuous = sp->ack_checked != Clock::time_point{} && now - sp->ack_checked <= limit;
+    const auto previous = sp->ack_checked;
+    sp->ack_checked = now;
+    if (!a.in_flight || !a.window_open) {
+      sp->unacked_since = Clock::time_point::max();
+      continue;
+    }
+    if (!continuous)
+      sp->unacked_since = now;
+    else if (sp->unacked_since == Clock::time_point::max())
+      sp->unacked_since = std::max(previous, now - std::chrono::milliseconds(a.ms_since_ack));
+    if (now - sp->unacked_since >= limit && a.ms_since_ack > static_cast<std::uint32_t>(limit.count())) {
       fail(c, c.who() + " is unreachable: no TCP acknowledgement for " + std::to_string(a.ms_since_ack) +
                   " ms with data in flight on socket " + std::to_string(sp->index) + " (link, network or host down)",
            false, c.peer_);
