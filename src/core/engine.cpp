@@ -273,8 +273,43 @@ Engine::~Engine() {
   }
   poller_->wake();
   if (thread_.joinable()) thread_.join();
+  if (!failed_.load()) record_leaving();
   for (auto& t : transports_) t->close_all("communicator " + opt_.comm_name + " destroyed");
 }
+
+void Engine::record_leaving() noexcept {
+  // Peers that still need this rank see its connections close; without a record they
+  // would say it probably died. Written before the connections close, on a thread of its
+  // own (a store that cannot be reached blocks for its I/O timeout), waited on briefly.
+  try {
+    auto done = std::make_shared<std::promise<void>>();
+    auto ready = done->get_future();
+    std::thread([store = store_, rank = opt_.rank, name = opt_.comm_name, done] {
+      try {
+        store->set("left/" + std::to_string(rank), "rank " + std::to_string(rank) + " closed its communicator '" +
+                                                         name + "' (destroyed or closed by the program; it did not fail)");
+      } catch (const std::exception&) {
+      }
+      done->set_value();
+    }).detach();
+    ready.wait_for(std::chrono::milliseconds(200));
+  } catch (const std::exception&) {
+  }
+}
+
+namespace {
+
+// What rank `peer` left in the store when it closed its communicator cleanly; "" if nothing.
+std::string left_record(Store& store, int peer) {
+  const std::string key = "left/" + std::to_string(peer);
+  try {
+    if (store.check({key})) return store.get(key, std::chrono::milliseconds(1000));
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
+}  // namespace
 
 void Engine::submit(Operation op) {
   {
@@ -483,7 +518,16 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
         msg += " (rank " + std::to_string(blame) + "'s reason could not be read: " + e.what() + ")";
         return std::make_exception_ptr(RemoteError(blame, msg));
       }
-      if (!recorded) throw std::runtime_error("no record");
+      if (!recorded) {
+        // No failure of its own: it may have closed its communicator while this rank
+        // still needed it (a program that left early, or ranks that disagree on the calls).
+        const std::string left = left_record(*store_, blame);
+        if (!left.empty()) {
+          msg += "; " + left + ", while this rank still needed it: did the ranks issue the same calls?";
+          return std::make_exception_ptr(RemoteError(blame, msg));
+        }
+        throw std::runtime_error("no record");
+      }
       const std::string rec = store_->get(key, std::chrono::milliseconds(1000));
       const auto nl = rec.find('\n');
       const int origin = std::atoi(rec.substr(0, nl).c_str());
@@ -789,6 +833,19 @@ StallVerdict chase_stalls(Store& store, int rank, std::uint64_t seq, int first, 
         }
       }
       if (!rec && store.check({"abort/" + std::to_string(p)})) return v;  // it failed on its own: its report says why
+      if (!rec) {
+        if (const std::string left = left_record(store, p); !left.empty()) {
+          std::ostringstream lo;
+          if (chain.size() > 2) {
+            lo << " Following the waits:";
+            for (std::size_t i = 1; i + 1 < chain.size(); ++i) lo << " rank " << chain[i] << " waits on rank " << chain[i + 1] << ";";
+          }
+          lo << " " << left << ": it is not calling this collective.";
+          v.blame = p;
+          v.text = lo.str();
+          return v;
+        }
+      }
       std::ostringstream os;
       auto waits = [&](std::size_t from) {
         for (std::size_t i = from; i + 1 < chain.size(); ++i) {

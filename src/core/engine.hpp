@@ -189,6 +189,9 @@ class Engine {
   /// A device call's gate at the queue's head, still shut past its deadline: the
   /// message to fail with; else "".
   std::string shut_gate_expired() const;
+  /// Leaves "left/<rank>" in the store (a clean close), for peers that still wait on this
+  /// rank to say so instead of guessing it died.
+  void record_leaving() noexcept;
   /// Milliseconds until the deadline of a shut gate at the queue's head; -1 if none.
   long long shut_gate_left(std::chrono::steady_clock::time_point now) const;
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
