@@ -13,7 +13,6 @@
 #include "core/plan_cache.hpp"
 
 #include <chrono>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
