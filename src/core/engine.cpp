@@ -93,6 +93,7 @@ class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
     }
     ~Lease() { give_back(); }
     std::byte* data() const noexcept { return buf_.data.get(); }
+    std::size_t size() const noexcept { return buf_.size; }
 
    private:
     void give_back() noexcept {
@@ -151,6 +152,13 @@ struct Engine::Exec {
   std::vector<std::uint8_t> state;
   std::vector<transport::Request> req;
   std::vector<int> staging_of;  // staging slot a receive landed in, or -1
+  // Receive buffers of in-place reductions (at most kMaxStaging), leased from the scratch
+  // pool and given back with the operation: held across operations they each stayed at
+  // the largest message they had ever staged, and how many there were depended on how
+  // the receives of past operations happened to overlap in time, so the engine's memory
+  // grew in steps long after start-up (tests/soak).
+  std::vector<ScratchPool::Lease> staging;
+  std::vector<int> free_staging;
   std::vector<std::vector<std::uint32_t>> sendq, recvq;  // by index into plan->peers
   std::vector<std::size_t> send_head, recv_head;
   std::vector<transport::Connection*> conns;
@@ -578,9 +586,9 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
     const std::byte* src = ex.ptr(s.src);
     const int slot = ex.staging_of[i];
     // Commutative ops: the message either sits in staging or already in dst.
-    const std::byte* msg = slot >= 0 ? staging_[static_cast<std::size_t>(slot)].data() : dst;
+    const std::byte* msg = slot >= 0 ? ex.staging[static_cast<std::size_t>(slot)].data() : dst;
     kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
-    if (slot >= 0) free_staging_.push_back(slot);
+    if (slot >= 0) ex.free_staging.push_back(slot);
   }
   if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
   ex.state[i] = kDone;
@@ -610,15 +618,15 @@ bool Engine::post_ready(Exec& ex) {
       const std::size_t bytes = ex.bytes(s.dst);
       std::byte* target = ex.ptr(s.dst);
       if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
-        if (free_staging_.empty()) {
-          if (staging_.size() >= kMaxStaging) break;  // wait for a slot to free up
-          staging_.emplace_back();
-          free_staging_.push_back(static_cast<int>(staging_.size() - 1));
+        if (ex.free_staging.empty()) {
+          if (ex.staging.size() >= kMaxStaging) break;  // wait for a slot to free up
+          ex.staging.emplace_back();
+          ex.free_staging.push_back(static_cast<int>(ex.staging.size() - 1));
         }
-        const int slot = free_staging_.back();
-        free_staging_.pop_back();
-        auto& buf = staging_[static_cast<std::size_t>(slot)];
-        if (buf.size() < bytes) buf.resize(bytes);
+        const int slot = ex.free_staging.back();
+        ex.free_staging.pop_back();
+        auto& buf = ex.staging[static_cast<std::size_t>(slot)];
+        if (buf.size() < bytes) buf = scratch_pool_->take(bytes);
         ex.staging_of[i] = slot;
         target = buf.data();
       }

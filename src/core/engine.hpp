@@ -202,11 +202,9 @@ class Engine {
   /// no inline calls, no helping waiters from then on.
   std::atomic<bool> no_helpers_{false};
   std::shared_ptr<Gate> gate_;   ///< what submitted works call back into
-  std::vector<std::vector<std::byte>> staging_;  ///< receive buffers of in-place reductions
-  std::vector<int> free_staging_;
-  /// Scratch (and packed payload) buffers of finished operations, reused by the next
-  /// ones so that a large compressed all-reduce does not allocate and page-fault its
-  /// payload buffers again on every call.
+  /// Scratch (and packed payload, and in-place reductions' staging) buffers of finished
+  /// operations, reused by the next ones so that a large compressed all-reduce does not
+  /// allocate and page-fault its payload buffers again on every call.
   std::shared_ptr<class ScratchPool> scratch_pool_;
 
   mutable std::mutex mu_;
