@@ -93,6 +93,27 @@ struct Operation {
   std::shared_ptr<std::atomic<bool>> gate;
 };
 
+/// Receive buffers an operation holds for its in-place receive-and-reduces: a receive
+/// whose dst overlaps the src it is reduced with cannot land in dst, so its message lands
+/// in a staging slot until the reduction. Plans complete with this many slots (the
+/// verifier proves it, collectives::VerifyOptions::staging_slots).
+inline constexpr std::size_t kMaxStaging = 8;
+
+/// Whether plan step `s`, run on the caller's `input` and `output` with elements of
+/// `elem_bytes`, lands its message in staging (a receive-and-reduce whose dst overlaps
+/// its src). Scratch never overlaps the caller's buffers, so no scratch address is needed.
+bool lands_in_staging(const collectives::Step& s, std::size_t elem_bytes, const void* input, const void* output);
+
+/// The staging an operation reserves at admission, with its scratch and from the same
+/// pool: one slot per step that lands in staging, at most kMaxStaging, each of the
+/// largest of their messages (rounded up to 64 bytes). A function of the call alone, so
+/// that what a rank holds does not depend on how receives happened to overlap in time.
+struct StagingNeed {
+  std::size_t slots = 0;
+  std::size_t slot_bytes = 0;
+};
+StagingNeed staging_need(const collectives::Plan& plan, std::size_t elem_bytes, const void* input, const void* output);
+
 /// Settings the engine needs, resolved by the communicator.
 struct EngineOptions {
   int rank = 0;
