@@ -54,7 +54,6 @@ class StoreDirectory final : public transport::PeerDirectory {
 namespace {
 
 enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
-constexpr std::size_t kMaxStaging = 8;
 
 const char* kind_name(StepKind k) {
   switch (k) {
@@ -142,6 +141,31 @@ class ScratchPool : public std::enable_shared_from_this<ScratchPool> {
   std::vector<Buf> free_;
 };
 
+bool lands_in_staging(const Step& s, std::size_t elem_bytes, const void* input, const void* output) {
+  if (s.kind != StepKind::recv_reduce) return false;
+  const auto user = [](Buffer b) { return b == Buffer::input || b == Buffer::output; };
+  if (!user(s.src.buf) || !user(s.dst.buf))  // library buffers: the same one, overlapping elements
+    return s.src.buf == s.dst.buf && s.dst.offset < s.src.offset + s.src.count &&
+           s.src.offset < s.dst.offset + s.dst.count;
+  // The caller's buffers: in-place calls alias input and output.
+  const auto at = [&](const Region& r) {
+    return static_cast<const std::byte*>(r.buf == Buffer::input ? input : output) + r.offset * elem_bytes;
+  };
+  const std::byte* d = at(s.dst);
+  const std::byte* x = at(s.src);
+  return d < x + s.src.count * elem_bytes && x < d + s.dst.count * elem_bytes;
+}
+
+StagingNeed staging_need(const Plan& plan, std::size_t elem_bytes, const void* input, const void* output) {
+  std::size_t steps = 0, largest = 0;
+  for (const Step& s : plan.steps)
+    if (lands_in_staging(s, elem_bytes, input, output)) {
+      ++steps;
+      largest = std::max<std::size_t>(largest, s.dst.count * elem_bytes);
+    }
+  return {std::min(steps, kMaxStaging), (largest + 63) / 64 * 64};
+}
+
 /// Execution state of the running operation.
 struct Engine::Exec {
   Operation op;
@@ -151,6 +175,11 @@ struct Engine::Exec {
   std::vector<std::uint8_t> state;
   std::vector<transport::Request> req;
   std::vector<int> staging_of;  // staging slot a receive landed in, or -1
+  // The staging slots of in-place receive-and-reduces: the end of the scratch lease,
+  // stage_stride bytes each, reserved at admission (see admit()).
+  std::byte* staging = nullptr;
+  std::size_t stage_stride = 0;
+  std::vector<int> free_staging;
   std::vector<std::vector<std::uint32_t>> sendq, recvq;  // by index into plan->peers
   std::vector<std::size_t> send_head, recv_head;
   std::vector<transport::Connection*> conns;
@@ -450,8 +479,19 @@ bool Engine::admit() {
       packed_bytes = compression::framed_bytes(p.request.codec, ex->frame, p.packed_count);
       scratch_bytes = (scratch_bytes + 63) / 64 * 64;
     }
-    ex->scratch = scratch_pool_->take(scratch_bytes + packed_bytes);
+    // The staging of in-place receive-and-reduces comes after the scratch, in the same
+    // lease (staging_need). Staging the engine kept across operations stayed at the
+    // largest message each slot had ever held, and how many slots there were depended
+    // on how past receives happened to overlap in time: a rank's memory grew in steps
+    // long after start-up (tests/soak).
+    const StagingNeed staging = staging_need(p, ex->elem, ex->op.input, ex->op.output);
+    ex->stage_stride = staging.slot_bytes;
+    const std::size_t staging_at = staging.slots > 0 ? (scratch_bytes + packed_bytes + 63) / 64 * 64 : 0;
+    ex->scratch = scratch_pool_->take(staging.slots > 0 ? staging_at + staging.slots * staging.slot_bytes
+                                                        : scratch_bytes + packed_bytes);
     ex->packed = ex->scratch.data() + scratch_bytes;
+    ex->staging = ex->scratch.data() + staging_at;
+    for (std::size_t k = staging.slots; k > 0; --k) ex->free_staging.push_back(static_cast<int>(k - 1));
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
       if (collectives::is_local(s.kind)) {
@@ -633,14 +673,6 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
   for (auto& op : q) op.work->complete(same_kind(cause, op.name + " not run: the communicator failed earlier: " + why));
 }
 
-namespace {
-
-bool overlaps(const std::byte* a, std::size_t an, const std::byte* b, std::size_t bn) {
-  return a < b + bn && b < a + an;
-}
-
-}  // namespace
-
 void Engine::finish_step(Exec& ex, std::uint32_t i) {
   const Step& s = ex.plan->steps[i];
   if (s.kind == StepKind::recv_reduce) {
@@ -648,9 +680,9 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
     const std::byte* src = ex.ptr(s.src);
     const int slot = ex.staging_of[i];
     // Commutative ops: the message either sits in staging or already in dst.
-    const std::byte* msg = slot >= 0 ? staging_[static_cast<std::size_t>(slot)].data() : dst;
+    const std::byte* msg = slot >= 0 ? ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride : dst;
     kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
-    if (slot >= 0) free_staging_.push_back(slot);
+    if (slot >= 0) ex.free_staging.push_back(slot);
   }
   if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
   ex.state[i] = kDone;
@@ -679,18 +711,12 @@ bool Engine::post_ready(Exec& ex) {
       const Step& s = p.steps[i];
       const std::size_t bytes = ex.bytes(s.dst);
       std::byte* target = ex.ptr(s.dst);
-      if (s.kind == StepKind::recv_reduce && overlaps(target, bytes, ex.ptr(s.src), s.src.count * ex.elem)) {
-        if (free_staging_.empty()) {
-          if (staging_.size() >= kMaxStaging) break;  // wait for a slot to free up
-          staging_.emplace_back();
-          free_staging_.push_back(static_cast<int>(staging_.size() - 1));
-        }
-        const int slot = free_staging_.back();
-        free_staging_.pop_back();
-        auto& buf = staging_[static_cast<std::size_t>(slot)];
-        if (buf.size() < bytes) buf.resize(bytes);
+      if (lands_in_staging(s, ex.elem, ex.op.input, ex.op.output)) {
+        if (ex.free_staging.empty()) break;  // wait for a slot to free up
+        const int slot = ex.free_staging.back();
+        ex.free_staging.pop_back();
         ex.staging_of[i] = slot;
-        target = buf.data();
+        target = ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride;
       }
       ex.state[i] = kPosted;
       ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);

@@ -95,6 +95,27 @@ struct Operation {
   std::chrono::steady_clock::time_point gate_deadline = std::chrono::steady_clock::time_point::max();
 };
 
+/// Receive buffers an operation holds for its in-place receive-and-reduces: a receive
+/// whose dst overlaps the src it is reduced with cannot land in dst, so its message lands
+/// in a staging slot until the reduction. Plans complete with this many slots (the
+/// verifier proves it, collectives::VerifyOptions::staging_slots).
+inline constexpr std::size_t kMaxStaging = 8;
+
+/// Whether plan step `s`, run on the caller's `input` and `output` with elements of
+/// `elem_bytes`, lands its message in staging (a receive-and-reduce whose dst overlaps
+/// its src). Scratch never overlaps the caller's buffers, so no scratch address is needed.
+bool lands_in_staging(const collectives::Step& s, std::size_t elem_bytes, const void* input, const void* output);
+
+/// The staging an operation reserves at admission, with its scratch and from the same
+/// pool: one slot per step that lands in staging, at most kMaxStaging, each of the
+/// largest of their messages (rounded up to 64 bytes). A function of the call alone, so
+/// that what a rank holds does not depend on how receives happened to overlap in time.
+struct StagingNeed {
+  std::size_t slots = 0;
+  std::size_t slot_bytes = 0;
+};
+StagingNeed staging_need(const collectives::Plan& plan, std::size_t elem_bytes, const void* input, const void* output);
+
 /// Settings the engine needs, resolved by the communicator.
 struct EngineOptions {
   int rank = 0;
@@ -212,11 +233,9 @@ class Engine {
   /// no inline calls, no helping waiters from then on.
   std::atomic<bool> no_helpers_{false};
   std::shared_ptr<Gate> gate_;   ///< what submitted works call back into
-  std::vector<std::vector<std::byte>> staging_;  ///< receive buffers of in-place reductions
-  std::vector<int> free_staging_;
-  /// Scratch (and packed payload) buffers of finished operations, reused by the next
-  /// ones so that a large compressed all-reduce does not allocate and page-fault its
-  /// payload buffers again on every call.
+  /// Scratch (and packed payload, and in-place reductions' staging) buffers of finished
+  /// operations, reused by the next ones so that a large compressed all-reduce does not
+  /// allocate and page-fault its payload buffers again on every call.
   std::shared_ptr<class ScratchPool> scratch_pool_;
 
   mutable std::mutex mu_;

@@ -516,10 +516,19 @@ class Schedule {
         o.dtype = DataType::u8;
         o.values = Values::bits;
       }
-    if (on(Kind::allreduce))
-      for (int a = 0; a < kNumAlgorithms; ++a) add(Kind::allreduce, max_f32).algorithm = static_cast<Algorithm>(a);
-    if (on(Kind::reduce)) add(Kind::reduce, max_f32);
-    if (on(Kind::reduce_scatter)) add(Kind::reduce_scatter, max_f32 / static_cast<std::size_t>(world_));
+    // Each reduction out of place and in place: an in-place receive-and-reduce stages its
+    // messages in buffers of the scratch pool, so the pool's largest buffers are these.
+    for (const bool in_place : {false, true}) {
+      if (on(Kind::allreduce))
+        for (int a = 0; a < kNumAlgorithms; ++a) {
+          Op& o = add(Kind::allreduce, max_f32);
+          o.algorithm = static_cast<Algorithm>(a);
+          o.in_place = in_place;
+        }
+      if (on(Kind::reduce)) add(Kind::reduce, max_f32).in_place = in_place;
+      if (on(Kind::reduce_scatter))
+        add(Kind::reduce_scatter, max_f32 / static_cast<std::size_t>(world_)).in_place = in_place;
+    }
     if (on(Kind::broadcast)) add(Kind::broadcast, max_f32).values = Values::bits;
     if (on(Kind::allgather)) add(Kind::allgather, max_f32 / static_cast<std::size_t>(world_)).values = Values::bits;
   }
