@@ -268,7 +268,8 @@ Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream str
     if (enqueued < 2) {
       // Nothing will release this call: its pinned memory stays in use (a stream may
       // still copy into it), and the caller's Work fails here.
-      raw->outer->complete(std::make_exception_ptr(Error(ErrorCode::Cuda, why)));
+      std::exception_ptr err = std::make_exception_ptr(Error(ErrorCode::Cuda, why));  // dies before the hand-over
+      raw->outer->complete(std::move(err));
       std::lock_guard<std::mutex> lock(mu_);
       --outstanding_;
     }

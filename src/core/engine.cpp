@@ -372,8 +372,11 @@ void Engine::submit(Operation op) {
       return;
     }
   }
-  op.work->complete(std::make_exception_ptr(
-      Error(ErrorCode::Aborted, op.name + " not started: the communicator has failed earlier: " + reason())));
+  // Made in a statement of its own, so that the temporary dies before the hand-over (see
+  // fail_current).
+  std::exception_ptr err = std::make_exception_ptr(
+      Error(ErrorCode::Aborted, op.name + " not started: the communicator has failed earlier: " + reason()));
+  op.work->complete(std::move(err));
 }
 
 std::function<void()> Engine::waker() const {
@@ -442,8 +445,9 @@ bool Engine::admit() {
         // Nothing filled the slot although everything issued before has run: a bug.
         Operation lost = std::move(front);
         queue_.pop_front();
-        lost.work->complete(std::make_exception_ptr(
-            Error(ErrorCode::Internal, lost.name + ": its deferred plan was never decided")));
+        std::exception_ptr err = std::make_exception_ptr(
+            Error(ErrorCode::Internal, lost.name + ": its deferred plan was never decided"));
+        lost.work->complete(std::move(err));
         any = true;
         continue;
       }
@@ -624,6 +628,11 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   } catch (const std::exception&) {
   }
   for (auto& t : transports_) t->close_all(reason);
+  // Callers make `error` in a statement of their own, never as
+  // fail_current(std::make_exception_ptr(E(...)), ...): std::runtime_error shares its
+  // message (a reference-counted string inside libstdc++) between the temporary E and the
+  // copy the exception_ptr holds, and a temporary destroyed after the hand-over releases
+  // that string while a waiter may be reading what() (a ThreadSanitizer report in CI).
   // `error` is handed to the culprit's Work below; from then on a waiting thread may read
   // it and drop the last reference. That count lives in libstdc++, where ThreadSanitizer
   // cannot see it, so this thread reads nothing of `error` after the hand-over: the other
@@ -954,14 +963,15 @@ bool Engine::step(bool& unrouted) {
   try {
     if (abort_requested_.load() && !failed_.load()) {
       const std::string why = reason();
-      fail_current(std::make_exception_ptr(Error(ErrorCode::Aborted,
-                                                 (active_.empty() ? std::string() : active_.front()->op.name + ": ") +
-                                                     "aborted: " + why)),
-                   "aborted: " + why);
+      // Made in a statement of its own (see fail_current): the temporary dies before the hand-over.
+      std::exception_ptr err = std::make_exception_ptr(Error(
+          ErrorCode::Aborted, (active_.empty() ? std::string() : active_.front()->op.name + ": ") + "aborted: " + why));
+      fail_current(std::move(err), "aborted: " + why);
     }
     if (admit()) progressed = true;
     if (const std::string stuck = shut_gate_expired(); !stuck.empty()) {
-      fail_current(std::make_exception_ptr(TimeoutError(stuck)), stuck);
+      std::exception_ptr err = std::make_exception_ptr(TimeoutError(stuck));
+      fail_current(std::move(err), stuck);
       return true;
     }
     if (!failed_.load()) {
@@ -997,7 +1007,8 @@ bool Engine::step(bool& unrouted) {
       if (ex.routed && !progressed) check_peers(ex);
       if (Clock::now() > ex.deadline) {
         const std::string msg = deadline_error(ex);
-        fail_current(std::make_exception_ptr(TimeoutError(msg)), msg, &ex);
+        std::exception_ptr err = std::make_exception_ptr(TimeoutError(msg));
+        fail_current(std::move(err), msg, &ex);
         timeout_blame_ = -1;
         return true;  // go round again: admit() settles the idle state
       }
@@ -1074,7 +1085,10 @@ void Engine::run() {
     } catch (const std::exception& e) {
       const std::string msg = std::string("progress engine: waiting for events failed: ") + e.what();
       if (!drive.owns_lock()) drive.lock();
-      if (!failed_.load()) fail_current(std::make_exception_ptr(Error(ErrorCode::System, msg)), msg);
+      if (!failed_.load()) {
+        std::exception_ptr err = std::make_exception_ptr(Error(ErrorCode::System, msg));
+        fail_current(std::move(err), msg);
+      }
       drive.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // never spin on a broken poller
     }
