@@ -403,9 +403,25 @@ void Engine::drain() noexcept {
   idle_cv_.wait(lock, [&] { return !busy_; });
 }
 
+namespace {
+
+// Why a device call fails whose gate is still shut at its deadline. The stream never got
+// to the call: nothing of it has moved, and the peers wait for this rank. Failing now,
+// naming why, keeps them from blaming a silent rank.
+std::string gate_timeout_message(const Operation& gate) {
+  return gate.name + ": timed out after " + std::to_string(gate.timeout.count()) +
+         " ms: the call's stream has not reached it, so its device input was never staged. Work enqueued on "
+         "that stream before the call has not finished (a kernel still running, a wait on an event never "
+         "recorded), or the stream shares a hardware queue with a stream that waits on another collective "
+         "(ranks that are threads of one process on one GPU; docs/gpu.md, \"Several ranks on one GPU\")";
+}
+
+}  // namespace
+
 bool Engine::admit() {
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
+  shut_gate_deadline_ = Clock::time_point::max();
   for (;;) {
     if (queue_.empty()) {
       if (active_.empty()) {
@@ -418,7 +434,13 @@ bool Engine::admit() {
     if (front.gate) {
       // A device call's gate: nothing issued after it starts before its stream has
       // staged the input (the stream callback opens it and wakes the engine).
-      if (!front.gate->load(std::memory_order_acquire)) return any;
+      if (!front.gate->load(std::memory_order_acquire)) {
+        shut_gate_deadline_ = front.gate_deadline;
+        if (!failed_.load() && expired_gate_.empty() && front.gate_deadline != Clock::time_point::max() &&
+            Clock::now() > front.gate_deadline)
+          expired_gate_ = gate_timeout_message(front);
+        return any;
+      }
       Operation passed = std::move(front);
       queue_.pop_front();
       if (passed.work) passed.work->complete();
@@ -650,27 +672,6 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   }
   active_.clear();
   fail_all(reason, kind);
-}
-
-long long Engine::shut_gate_left(Clock::time_point now) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.empty() || !queue_.front().gate || queue_.front().gate_deadline == Clock::time_point::max()) return -1;
-  return std::max<long long>(
-      0, std::chrono::duration_cast<std::chrono::milliseconds>(queue_.front().gate_deadline - now).count() + 1);
-}
-
-std::string Engine::shut_gate_expired() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.load() || queue_.empty()) return "";
-  const Operation& front = queue_.front();
-  if (!front.gate || front.gate->load(std::memory_order_acquire) || Clock::now() <= front.gate_deadline) return "";
-  // The stream never got to the call: nothing of it has moved, and the peers wait for
-  // this rank. Fail now, naming why, rather than leave them to blame a silent rank.
-  return front.name + ": timed out after " + std::to_string(front.timeout.count()) +
-         " ms: the call's stream has not reached it, so its device input was never staged. Work enqueued on "
-         "that stream before the call has not finished (a kernel still running, a wait on an event never "
-         "recorded), or the stream shares a hardware queue with a stream that waits on another collective "
-         "(ranks that are threads of one process on one GPU; docs/gpu.md, \"Several ranks on one GPU\")";
 }
 
 void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
@@ -969,7 +970,9 @@ bool Engine::step(bool& unrouted) {
       fail_current(std::move(err), "aborted: " + why);
     }
     if (admit()) progressed = true;
-    if (const std::string stuck = shut_gate_expired(); !stuck.empty()) {
+    if (!expired_gate_.empty()) {
+      std::string stuck;
+      stuck.swap(expired_gate_);
       std::exception_ptr err = std::make_exception_ptr(TimeoutError(stuck));
       fail_current(std::move(err), stuck);
       return true;
@@ -1069,8 +1072,11 @@ void Engine::run() {
                 : std::chrono::duration_cast<std::chrono::milliseconds>(ex->deadline - now).count() + 1;
         wait_ms = wait_ms < 0 ? left : std::min(wait_ms, left);
       }
-      if (const auto gate_left = shut_gate_left(now); gate_left >= 0)
+      if (shut_gate_deadline_ != Clock::time_point::max()) {
+        const long long gate_left = std::max<long long>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(shut_gate_deadline_ - now).count() + 1);
         wait_ms = wait_ms < 0 ? gate_left : std::min(wait_ms, gate_left);
+      }
       if (wait_ms >= 0) wait_ms = std::clamp<long long>(wait_ms, 1, 1000);
       if (unrouted) {  // a peer has not joined yet: look again soon, backing off
         wait_ms = route_backoff.count();

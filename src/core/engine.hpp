@@ -207,14 +207,9 @@ class Engine {
   /// Fails every queued operation, with an error of the same kind as `cause` (a
   /// peer's failure: RemoteError naming it; a deadline: TimeoutError; else Aborted).
   void fail_all(const std::string& reason, const std::exception_ptr& cause = nullptr);
-  /// A device call's gate at the queue's head, still shut past its deadline: the
-  /// message to fail with; else "".
-  std::string shut_gate_expired() const;
   /// Leaves "left/<rank>" in the store (a clean close), for peers that still wait on this
   /// rank to say so instead of guessing it died.
   void record_leaving() noexcept;
-  /// Milliseconds until the deadline of a shut gate at the queue's head; -1 if none.
-  long long shut_gate_left(std::chrono::steady_clock::time_point now) const;
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
 
   EngineOptions opt_;
@@ -237,6 +232,12 @@ class Engine {
   /// operations, reused by the next ones so that a large compressed all-reduce does not
   /// allocate and page-fault its payload buffers again on every call.
   std::shared_ptr<class ScratchPool> scratch_pool_;
+
+  /// Set by admit() (the driving thread, under the drive lock): the deadline of a device
+  /// call's gate that holds the queue's head shut (max() when none), and, once it has
+  /// passed, the message step() fails the communicator with.
+  std::chrono::steady_clock::time_point shut_gate_deadline_ = std::chrono::steady_clock::time_point::max();
+  std::string expired_gate_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
