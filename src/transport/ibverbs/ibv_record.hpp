@@ -1,0 +1,68 @@
+// The connection record of the verbs transport: what a rank publishes in braid's store for
+// one peer so that the peer can bring its RC QP to RTR and write into the rank's memory (the
+// QP number and PSN, the port's LID or GID, and the address and rkey of the receive slot
+// ring and of the control region: credit word + CTS ring).
+//
+// Wire format (little-endian, 88 bytes then the token; version 1):
+//   u32 magic "BIBV" | u16 version | u8 flags (bit 0: Ethernet; others 0) | u8 mtu (1..5)
+//   u64 comm_id | i32 from | i32 to | u16 lid | u16 token_bytes (<= 256)
+//   u32 qpn | u32 psn (24-bit each) | u64 ring_addr | u32 ring_rkey | u32 slots | u32 slot_bytes
+//   u64 ctrl_addr | u32 ctrl_rkey | u32 ctrl_bytes | u8 gid[16] | token
+//
+// The store is shared and may hold anything (another job, a stale run, a hostile peer): the
+// decoder reads only within the bytes it is given, refuses a record that is short, long or
+// has a field out of range, and says why; record_authentic then checks who it is for.
+// Verbs-free (no verbs.h), so that it builds and is fuzzed everywhere. Thread-safe.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace braid::transport::ibverbs {
+
+constexpr std::uint32_t kRecordMagic = 0x56424942u;  ///< "BIBV" in memory order
+constexpr std::uint16_t kRecordVersion = 1;
+constexpr std::size_t kRecordFixedBytes = 88;      ///< the record less its token
+constexpr std::size_t kRecordMaxToken = 256;       ///< bytes
+constexpr std::uint32_t kRecordMaxSlots = 4096;
+constexpr std::uint32_t kRecordMinSlotBytes = 256;
+constexpr std::uint32_t kRecordMaxSlotBytes = 16u << 20;
+constexpr std::uint32_t kRecordMinCtrlBytes = 8;
+constexpr std::uint32_t kRecordMaxCtrlBytes = 1u << 20;
+
+struct ConnRecord {
+  std::uint64_t comm_id = 0;
+  std::int32_t from = -1, to = -1;  ///< the publishing rank and the peer it is meant for
+  std::string token;                ///< the per-job token (≤ 256 bytes)
+  std::uint16_t lid = 0;
+  std::array<std::uint8_t, 16> gid{};
+  bool ethernet = false;
+  std::uint8_t mtu = 0;           ///< ibv_mtu value 1..5 (the publisher's active MTU)
+  std::uint32_t qpn = 0, psn = 0;  ///< 24-bit each
+  std::uint64_t ring_addr = 0;
+  std::uint32_t ring_rkey = 0;  ///< the receive slot ring the peer writes into
+  std::uint32_t slots = 0, slot_bytes = 0;  ///< slots 1..4096, slot_bytes 256..16 MiB, power of two
+  std::uint64_t ctrl_addr = 0;
+  std::uint32_t ctrl_rkey = 0, ctrl_bytes = 0;  ///< credit word + CTS ring (ctrl_bytes 8..1 MiB)
+};
+
+/// The record's bytes (the format above). Throws braid::Error (InvalidUsage) for a token
+/// longer than 256 bytes, which no peer would accept; other fields are written as they are
+/// (the publisher's own values: a wrong one is refused by the reader, with its reason).
+std::string encode_record(const ConnRecord& r);
+
+/// Decodes `bytes` into *out (set only on success). false with *why ("truncated: 12 of 88
+/// bytes", "qpn 0x1000000 is not 24-bit", ...) on anything wrong: short or trailing bytes,
+/// magic, version, unknown flags, a token over 256 bytes, a negative rank, an MTU outside
+/// 1..5, a QPN/PSN over 24 bits, slots/slot_bytes/ctrl_bytes out of range, a null address,
+/// or a region that wraps around the address space.
+bool decode_record(std::string_view bytes, ConnRecord* out, std::string* why);
+
+/// Built for me (to == me), from `peer` (from == peer), this communicator, this token (the
+/// token compared in constant time).
+bool record_authentic(const ConnRecord& r, std::uint64_t comm_id, int me, int peer, const std::string& token);
+
+}  // namespace braid::transport::ibverbs
