@@ -8,6 +8,7 @@
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "core/store_wire.hpp"
+#include "transport/ibverbs/ibv_record.hpp"
 #include "transport/shm/shm_wire.hpp"
 #include "transport/tcp/wire.hpp"
 #include "transport/ucx/ucx_wire.hpp"
@@ -117,6 +118,33 @@ void ucx() {
   h.echo = 12;
   seed("ucx_wire", "bye", u8(1 << 1) + bytes_of(w::encode_control(h, kToken, {})));
   seed("ucx_wire", "address_hex", u8(1) + "102030405060708090a0b0c0d0e0f0ff");
+}
+
+void ibv_record() {
+  namespace ib = braid::transport::ibverbs;
+  ib::ConnRecord r;
+  r.comm_id = kComm;
+  r.from = 1;
+  r.to = 5;
+  r.token = kToken;
+  r.lid = 0x12;
+  r.mtu = 3;
+  r.qpn = 0x1a2b3c;
+  r.psn = 0x000777;
+  r.ring_addr = 0x7f0000001000ull;
+  r.ring_rkey = 0x1234;
+  r.slots = 64;
+  r.slot_bytes = 1u << 16;
+  r.ctrl_addr = 0x7f0000800000ull;
+  r.ctrl_rkey = 0x5678;
+  r.ctrl_bytes = 4096;
+  seed("ibv_record", "infiniband", ib::encode_record(r));
+  r.ethernet = true;
+  r.lid = 0;
+  r.mtu = 5;
+  const unsigned char gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+  for (int i = 0; i < 16; ++i) r.gid[static_cast<std::size_t>(i)] = gid[i];
+  seed("ibv_record", "roce", ib::encode_record(r));
 }
 
 void store() {
@@ -283,6 +311,7 @@ int main(int argc, char** argv) {
   tcp();
   shm();
   ucx();
+  ibv_record();
   store();
   file_store();
   error_feedback();
