@@ -14,6 +14,9 @@ const TransportEntry& shm_entry();
 #if BRAID_HAVE_UCX
 const TransportEntry& ucx_entry();
 #endif
+#if BRAID_HAVE_IBVERBS
+const TransportEntry& ibverbs_entry();
+#endif
 
 const std::vector<const TransportEntry*>& registry() {
   static const std::vector<const TransportEntry*> all = {
@@ -23,6 +26,9 @@ const std::vector<const TransportEntry*>& registry() {
 #endif
 #if BRAID_HAVE_UCX
       &ucx_entry(),
+#endif
+#if BRAID_HAVE_IBVERBS
+      &ibverbs_entry(),
 #endif
   };
   return all;

@@ -28,6 +28,17 @@ extern char** environ;
 
 namespace braid::test {
 
+#ifdef BRAID_FAKEVERBS_LIBRARY
+// The verbs transport runs against the test provider (tests/support/fakeverbs) wherever a
+// test does not name another libibverbs: the grids and the conformance suite take every
+// registered transport, and these machines have no RDMA device. A test binary sets it for
+// the ranks it spawns too (they inherit the environment).
+[[maybe_unused]] const bool kFakeVerbs = [] {
+  ::setenv("BRAID_IBVERBS_LIBRARY", BRAID_FAKEVERBS_LIBRARY, 0);
+  return true;
+}();
+#endif
+
 namespace {
 
 // Each pair's transport as describe_topology() reports it ("  rank 0: 1=tcp 2=shm" lines

@@ -27,6 +27,8 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <cstring>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -63,10 +65,19 @@ std::vector<Shape> shapes() {
 TransportFactory factory(const Shape& shape) {
   return [shape](const bt::CommonOptions& o, bt::Poller& poller, bt::PeerDirectory& dir) {
     const bt::TransportEntry* e = bt::find_transport(shape.transport);
-    const auto settings = braid::base::Settings::parse(e->settings, [&](const char* name) -> std::optional<std::string> {
+    // The loaders' rows are core's (braid_info loads the libraries too); the environment
+    // names them here as it does for the engine: the verbs transport runs against the test
+    // provider (test_support.cpp sets BRAID_IBVERBS_LIBRARY to it).
+    std::vector<braid::base::Setting> rows = e->settings;
+    for (const char* lib : {"BRAID_IBVERBS_LIBRARY", "BRAID_UCX_LIBRARY"})
+      rows.push_back({lib, braid::base::SettingType::text, "", "the library the transport loads"});
+    const auto settings = braid::base::Settings::parse(rows, [&](const char* name) -> std::optional<std::string> {
       const auto it = shape.settings.find(name);
-      if (it == shape.settings.end()) return std::nullopt;
-      return it->second;
+      if (it != shape.settings.end()) return it->second;
+      if (std::strncmp(name, "BRAID_", 6) == 0 && std::strstr(name, "_LIBRARY") != nullptr) {
+        if (const char* v = std::getenv(name)) return std::string(v);
+      }
+      return std::nullopt;
     });
     bt::TransportContext c;
     c.common = o;
@@ -520,6 +531,10 @@ TEST_P(Conformance, StrangersAreRefusedAndReportedWithoutDisturbingTheListener) 
     std::string refusal;
     std::mutex mu;
     auto o1 = opts(1, 2);
+    // The listener waits for its real peer longer than the stranger waits for it (a
+    // transport without listening sockets, ibverbs, finds peers through their records and
+    // refuses a stranger's record while it keeps waiting for the real one).
+    o1.connect_timeout = 60s;
     o1.on_refused = [&](const std::string& why) {
       std::lock_guard<std::mutex> g(mu);
       refusal = why;
@@ -537,6 +552,7 @@ TEST_P(Conformance, StrangersAreRefusedAndReportedWithoutDisturbingTheListener) 
     } else {
       o0.auth_token = "not-the-token";
     }
+    o0.connect_timeout = 3s;
     std::atomic<bool> stop{false};
     std::thread serve([&] {
       while (!stop) listener->step();

@@ -37,6 +37,26 @@ Loaded load_path(const std::string& library) {
   base::resolve(h, "ibv_query_device", &a.query_device, &missing, "IBVERBS_1.1");
   base::resolve(h, "ibv_query_port", &a.query_port_compat, &missing, "IBVERBS_1.1");
   base::resolve(h, "ibv_query_gid", &a.query_gid, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_alloc_pd", &a.alloc_pd, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_dealloc_pd", &a.dealloc_pd, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_reg_mr", &a.reg_mr, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_dereg_mr", &a.dereg_mr, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_create_comp_channel", &a.create_comp_channel, &missing, "IBVERBS_1.0");
+  base::resolve(h, "ibv_destroy_comp_channel", &a.destroy_comp_channel, &missing, "IBVERBS_1.0");
+  base::resolve(h, "ibv_create_cq", &a.create_cq, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_destroy_cq", &a.destroy_cq, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_get_cq_event", &a.get_cq_event, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_ack_cq_events", &a.ack_cq_events, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_create_qp", &a.create_qp, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_destroy_qp", &a.destroy_qp, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_modify_qp", &a.modify_qp, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_get_async_event", &a.get_async_event, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_ack_async_event", &a.ack_async_event, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_wc_status_str", &a.wc_status_str, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_event_type_str", &a.event_type_str, &missing, "IBVERBS_1.1");
+  base::resolve(h, "ibv_fork_init", &a.fork_init, &missing, "IBVERBS_1.1");
+  std::string optional;
+  base::resolve(h, "ibv_is_fork_initialized", &a.is_fork_initialized, &optional, "IBVERBS_1.13");
   if (!missing.empty()) {
     l.why = l.api.path + " has no " + missing + " (not libibverbs, or older than rdma-core's IBVERBS_1.1)";
     ::dlclose(h);

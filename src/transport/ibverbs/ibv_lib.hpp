@@ -15,6 +15,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +38,30 @@ struct Api {
   /// The exported ibv_query_port@IBVERBS_1.1 (fills the pre-extension part of the attributes).
   int (*query_port_compat)(ibv_context* context, std::uint8_t port, _compat_ibv_port_attr* attr) = nullptr;
   int (*query_gid)(ibv_context* context, std::uint8_t port, int index, ibv_gid* gid) = nullptr;
+
+  // The verbs transport's entry points (issue 17). ibv_post_send, ibv_post_recv, ibv_poll_cq
+  // and ibv_req_notify_cq are verbs.h inlines through the context's ops: no symbol to load.
+  ibv_pd* (*alloc_pd)(ibv_context* context) = nullptr;
+  int (*dealloc_pd)(ibv_pd* pd) = nullptr;
+  ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, std::size_t length, int access) = nullptr;
+  int (*dereg_mr)(ibv_mr* mr) = nullptr;
+  ibv_comp_channel* (*create_comp_channel)(ibv_context* context) = nullptr;
+  int (*destroy_comp_channel)(ibv_comp_channel* channel) = nullptr;
+  ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                       int comp_vector) = nullptr;
+  int (*destroy_cq)(ibv_cq* cq) = nullptr;
+  int (*get_cq_event)(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = nullptr;
+  void (*ack_cq_events)(ibv_cq* cq, unsigned int nevents) = nullptr;
+  ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr) = nullptr;
+  int (*destroy_qp)(ibv_qp* qp) = nullptr;
+  int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) = nullptr;
+  int (*get_async_event)(ibv_context* context, ibv_async_event* event) = nullptr;
+  void (*ack_async_event)(ibv_async_event* event) = nullptr;
+  const char* (*wc_status_str)(ibv_wc_status status) = nullptr;
+  const char* (*event_type_str)(ibv_event_type event) = nullptr;
+  int (*fork_init)() = nullptr;
+  /// Optional (rdma-core 35+): IBV_FORK_UNNEEDED when the kernel makes fork safe by itself.
+  ibv_fork_status (*is_fork_initialized)() = nullptr;
 
   /// ibv_query_port as verbs.h's inline does it: the context's extended query_port op when
   /// the provider has one, else the exported symbol on zeroed attributes.
