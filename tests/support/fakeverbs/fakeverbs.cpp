@@ -31,7 +31,7 @@
 //   FAKEVERBS_LINK=eth|ib         port link layer (default eth = RoCE).
 //   FAKEVERBS_LID=n               the port's LID when FAKEVERBS_LINK=ib (default 1; 0 on eth).
 //   FAKEVERBS_GID_IPV4=a.b.c.d    address of GID index 1 (::ffff:a.b.c.d, RoCE only) and the
-//                                 interface id of GID index 0 (fe80::2fa:ceff:<a.b.c.d>);
+//                                 interface id of GID index 0 (fe80::2fa:ceff:<a.b.c.d>; IB: cfff);
 //                                 default 127.0.0.1. Emulated hosts give each its own.
 //   FAKEVERBS_PORT_STATE=down     the port reports IBV_PORT_DOWN (default ACTIVE).
 //   FAKEVERBS_RETRY_MS=n          cap on the ACK timeout derived from timeout/retry_cnt
@@ -146,7 +146,7 @@ Config read_config() {
   g0[1] = 0x80;
   g0[8] = 0x02;
   g0[9] = 0xfa;
-  g0[10] = 0xce;
+  g0[10] = c.ib ? 0xcf : 0xce;  // IB and RoCE ports never share a GID
   g0[11] = 0xff;
   std::memcpy(g0 + 12, &c.ipv4, 4);
   std::uint8_t* g1 = c.gid[1].raw;
@@ -1132,8 +1132,8 @@ FV_EXPORT ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* ia) {
       return nullptr;
     }
   }
-  // What the "hardware" grants, reported back as libibverbs does.
-  cap.max_inline_data = kMaxInline;
+  // What the "hardware" grants, reported back as libibverbs does (inline: exactly what was
+  // asked, so that post_send's check against it is the one the caller expects).
   if (cap.max_send_sge == 0) cap.max_send_sge = 1;
   if (cap.max_recv_sge == 0) cap.max_recv_sge = 1;
   qp->cap = cap;
