@@ -26,6 +26,12 @@
 #             the same with BRAID_TRANSPORT=ucx (every pair over UCX, which finds its tcp
 #             transport on eth0 here: no RDMA fabric); skipped when the build or the host
 #             has no usable UCX
+#   algos_ibverbs, hier_ibverbs
+#             the same with BRAID_TRANSPORT=ibverbs over the test provider fakeverbs (no RDMA
+#             device here): each emulated host's port has its own GID (::ffff:<its eth0
+#             address>), and the queue pairs of all hosts meet in one fabric directory
+#             (Unix sockets, which the namespaces share: a cut link does not cut them, so
+#             there is no linkcut case for it); skipped when built without verbs headers
 # Exit 77 (ctest: skipped) with the reason when this machine cannot emulate hosts (not
 # root, no netns/veth/tc), when mpirun is missing, or when allreduce_bench was built
 # without MPI.
@@ -35,6 +41,9 @@ transport=default
 if [[ $case == *_ucx ]]; then
   transport=ucx
   case=${case%_ucx}
+elif [[ $case == *_ibverbs ]]; then
+  transport=ibverbs
+  case=${case%_ibverbs}
 fi
 vcl=$src/scripts/vcluster.sh
 bench=$build/bench/allreduce_bench
@@ -58,6 +67,16 @@ if [ "$transport" = ucx ]; then
   # UCX_NET_DEVICES: UCX would also offer each host's loopback, which another namespace's
   # 127.0.0.1 cannot reach; eth0 is the emulated host's link.
   transport_env=(-x BRAID_TRANSPORT=ucx -x UCX_NET_DEVICES=eth0)
+fi
+run_bench=("$bench")
+if [ "$transport" = ibverbs ]; then
+  fake=$build/tests/libfakeverbs.so
+  [ -f "$fake" ] || skip "built without the verbs headers (no $fake)"
+  fabric=$(mktemp -d /tmp/braid-cluster-fakeverbs.XXXXXX)
+  trap 'rm -rf "$fabric"' EXIT
+  transport_env=(-x BRAID_TRANSPORT=ibverbs -x BRAID_IBVERBS_LIBRARY="$fake" -x FAKEVERBS_FABRIC="$fabric")
+  # Each host's GID from its own address (read inside its namespace).
+  run_bench=(bash -c 'FAKEVERBS_GID_IPV4=$(ip -4 -o addr show eth0 | sed -n "s/.* inet \([0-9.]*\).*/\1/p") exec "$0" "$@"' "$bench")
 fi
 
 case $case in
@@ -93,7 +112,7 @@ mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts
 checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
   local what=$1 hosts=$2 np=$3 out rc
   shift 3
-  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT="${CHECKED_TIMEOUT:-60s}" "$bench" --quiet "$@" 2>&1)
+  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT="${CHECKED_TIMEOUT:-60s}" "${run_bench[@]}" --quiet "$@" 2>&1)
   rc=$?
   if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
     grep -v setpgid <<<"$out" | tail -n 30
