@@ -36,7 +36,7 @@
 //   FAKEVERBS_PORT_STATE=down     the port reports IBV_PORT_DOWN (default ACTIVE).
 //   FAKEVERBS_RETRY_MS=n          cap on the ACK timeout derived from timeout/retry_cnt
 //                                 (default 2000); after it the WR gets IBV_WC_RETRY_EXC_ERR.
-//   FAKEVERBS_FAIL_SEND_AFTER=n   the (n+1)-th send WR posted by this process completes with
+//   FAKEVERBS_FAIL_SEND_AFTER=n   the (n+1)-th send WR posted on one opened device (context) completes with
 //                                 IBV_WC_RETRY_EXC_ERR and its QP goes to ERR.
 //   FAKEVERBS_DROP_AFTER=n        after n data packets received, this process's HCAs stop
 //                                 answering (a peer that vanishes without closing).
@@ -169,8 +169,7 @@ std::string hex(const std::uint8_t* p, std::size_t n) {
 std::string gid_dir(const Config& c, const ibv_gid& g) { return c.fabric + "/" + hex(g.raw, 16); }
 std::string lid_dir(const Config& c, std::uint16_t lid) { return c.fabric + "/lid-" + std::to_string(lid); }
 
-// Process-wide counters of the fault injection (FAKEVERBS_FAIL_SEND_AFTER, _DROP_AFTER).
-std::atomic<long> g_sends_posted{0};
+// Process-wide counter of the fault injection FAKEVERBS_DROP_AFTER.
 std::atomic<long> g_packets_received{0};
 
 enum PacketType : std::uint8_t { kData = 1, kAck = 2, kNak = 3 };
@@ -284,6 +283,7 @@ struct Ctx {
   Clock::time_point port_err_at{};
   bool port_err_pending = false;
   std::deque<std::pair<std::string, Packet>> ctrl_out;  // ACK/NAKs the socket refused for now
+  long sends_posted = 0;  // FAKEVERBS_FAIL_SEND_AFTER counts per opened device
   std::mt19937 rng{std::random_device{}()};
 };
 
@@ -1388,7 +1388,7 @@ int fv_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         w.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
         w.prot_err = !sges_ok(c, ibqp->pd, wr->sg_list, wr->num_sge, 0);
       }
-      long n = g_sends_posted++;
+      long n = c->sends_posted++;
       w.inject_fail = c->cfg.fail_send_after >= 0 && n == c->cfg.fail_send_after;
       qp->sq.push_back(std::move(w));
     }

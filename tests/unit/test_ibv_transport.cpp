@@ -1,0 +1,317 @@
+// What only the ibverbs transport has, beyond the conformance suite (which runs it over the
+// test provider like every transport): the checks of what a peer writes into our memory
+// (slot headers, credits, immediates), its choices and refusals at creation (BRAID_IB_HCA,
+// GID index, slot settings), the rendezvous path with and without the registration cache,
+// InfiniBand (LID) addressing, and faults the provider injects (an error completion, the
+// port going down). Everything runs on tests/support/fakeverbs: hardware-untested.
+#include "test_support.hpp"
+#include "transport_harness.hpp"
+
+#include "base/settings.hpp"
+#include "transport/registry.hpp"
+
+#include <braid/config.hpp>
+
+#if BRAID_HAVE_IBVERBS
+#include "transport/ibverbs/ibv_wire.hpp"
+#endif
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+using namespace braid::test;
+using namespace std::chrono_literals;
+
+#if BRAID_HAVE_IBVERBS && defined(BRAID_FAKEVERBS_LIBRARY)
+
+namespace {
+
+namespace wire = braid::transport::ibverbs::wire;
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// --- What a peer writes ------------------------------------------------------------------
+
+std::vector<unsigned char> slot_with(wire::SlotHeader h, std::size_t slot_bytes = 256) {
+  std::vector<unsigned char> s(slot_bytes);
+  wire::put_header(s.data(), h);
+  return s;
+}
+
+TEST(IbvWire, HeadersRoundTripAndAreCheckedAgainstTheirSlot) {
+  const std::size_t room = 256 - wire::kHeaderBytes;
+  wire::SlotHeader in;
+  in.kind = wire::kData;
+  in.chunk = static_cast<std::uint32_t>(room);
+  in.tag = 0x1234'5678'9abc'def0ull;
+  in.total = 1000;
+  in.offset = room;
+  wire::SlotHeader out;
+  std::string why;
+  ASSERT_TRUE(wire::get_header(slot_with(in).data(), 256, &out, &why)) << why;
+  EXPECT_EQ(out.tag, in.tag);
+  EXPECT_EQ(out.total, 1000u);
+  EXPECT_EQ(out.offset, room);
+  EXPECT_EQ(out.chunk, room);
+
+  struct Bad {
+    const char* what;
+    wire::SlotHeader h;
+    const char* says;
+  };
+  auto h = [](std::uint32_t kind, std::uint32_t chunk, std::uint64_t total, std::uint64_t offset) {
+    wire::SlotHeader x;
+    x.kind = kind;
+    x.chunk = chunk;
+    x.total = total;
+    x.offset = offset;
+    return x;
+  };
+  const std::vector<Bad> bad = {
+      {"unknown kind", h(9, 0, 0, 0), "unknown kind 9"},
+      {"chunk larger than the slot", h(wire::kData, static_cast<std::uint32_t>(room + 1), 10000, 0), "in a slot of 256"},
+      {"chunk past the end", h(wire::kData, 10, 15, 10), "of a 15-byte message"},
+      {"offset past the end", h(wire::kData, 0, 5, 6), "of a 5-byte message"},
+      {"short chunk mid-message", h(wire::kData, 10, 1000, 0), "short chunk"},
+      {"bye with data", h(wire::kBye, 4, 4, 0), "carrying data"},
+      {"rts with an offset", h(wire::kRts, 0, 4096, 8), "carrying data"},
+  };
+  for (const Bad& b : bad) {
+    why.clear();
+    EXPECT_FALSE(wire::get_header(slot_with(b.h).data(), 256, &out, &why)) << b.what;
+    EXPECT_TRUE(has(why, b.says)) << b.what << ": " << why;
+  }
+  // The last chunk may be short, a 0-byte message is one empty chunk.
+  EXPECT_TRUE(wire::get_header(slot_with(h(wire::kData, 10, room + 10, room)).data(), 256, &out, &why)) << why;
+  EXPECT_TRUE(wire::get_header(slot_with(h(wire::kData, 0, 0, 0)).data(), 256, &out, &why)) << why;
+}
+
+TEST(IbvWire, CreditsNeverLetTheSenderPastTheRingAndRefuseImpossibleCounts) {
+  EXPECT_EQ(wire::credits(16, 0, 0), 16);
+  EXPECT_EQ(wire::credits(16, 16, 0), 0);
+  EXPECT_EQ(wire::credits(16, 20, 4), 0);
+  EXPECT_EQ(wire::credits(16, 20, 20), 16);
+  EXPECT_EQ(wire::credits(16, 20, 21), -1);  // more freed than written
+  EXPECT_EQ(wire::credits(16, 40, 20), -1);  // more in flight than the ring holds
+  EXPECT_EQ(wire::slots_for(0, 256), 1u);
+  EXPECT_EQ(wire::slots_for(224, 256), 1u);
+  EXPECT_EQ(wire::slots_for(225, 256), 2u);
+}
+
+TEST(IbvWire, ImmediatesCarryTheirKindAndTwentyEightBits) {
+  for (const wire::Imm k : {wire::kImmData, wire::kImmCredit, wire::kImmCts, wire::kImmRndvDone}) {
+    const std::uint32_t v = wire::imm(k, 0x1234567);
+    EXPECT_EQ(wire::imm_kind(v), k);
+    EXPECT_EQ(wire::imm_low(v), 0x1234567u);
+  }
+  EXPECT_EQ(wire::imm_low(wire::imm(wire::kImmCts, 0xfffffffffull)), 0x0fffffffu);  // cut to 28 bits
+  EXPECT_NE(wire::imm(wire::kImmData, 0), 0u);  // 0 means "no immediate" to the poster
+}
+
+// --- The transport over the test provider -------------------------------------------------
+
+/// Sets environment variables for the life of a scope (the provider reads its own when a
+/// device is opened, i.e. when a transport is made).
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      ::setenv(k, v, 1);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) {
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+/// The ibverbs entry's factory with some of its rows set (as test_transport_conformance).
+TransportFactory ibverbs(std::map<std::string, std::string> rows = {}) {
+  return [rows](const bt::CommonOptions& o, bt::Poller& poller, bt::PeerDirectory& dir) {
+    const bt::TransportEntry* e = bt::find_transport("ibverbs");
+    std::vector<braid::base::Setting> all = e->settings;
+    all.push_back({"BRAID_IBVERBS_LIBRARY", braid::base::SettingType::text, "", "test"});
+    const auto settings = braid::base::Settings::parse(all, [&](const char* name) -> std::optional<std::string> {
+      if (auto it = rows.find(name); it != rows.end()) return it->second;
+      if (std::strcmp(name, "BRAID_IBVERBS_LIBRARY") == 0) return std::string(BRAID_FAKEVERBS_LIBRARY);
+      return std::nullopt;
+    });
+    bt::TransportContext c;
+    c.common = o;
+    c.master_addr = "127.0.0.1";
+    c.settings = &settings;
+    c.poller = &poller;
+    c.directory = &dir;
+    return e->make(c);
+  };
+}
+
+std::function<bt::CommonOptions(int)> opts(int size) {
+  const std::uint64_t comm = fresh_comm_id();
+  return [=](int r) { return common_options(r, size, comm); };
+}
+
+/// Each way between two ranks: messages of `sizes`, in order, checked.
+void exchange(TransportRank& r, const std::vector<std::size_t>& sizes) {
+  bt::Connection* c = r.to(1 - r.rank);
+  std::vector<std::vector<unsigned char>> out(sizes.size()), in(sizes.size());
+  std::vector<bt::Request> s(sizes.size()), q(sizes.size());
+  std::vector<bt::Request*> all;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    out[i].resize(sizes[i]);
+    for (std::size_t k = 0; k < sizes[i]; ++k) out[i][k] = static_cast<unsigned char>(k * 7 + i + r.rank);
+    in[i].assign(sizes[i], 0xee);
+    c->recv(in[i].data(), sizes[i], 100 + i, &q[i]);
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) c->send(out[i].data(), sizes[i], 100 + i, &s[i]);
+  for (std::size_t i = 0; i < sizes.size(); ++i) all.push_back(&s[i]), all.push_back(&q[i]);
+  ASSERT_TRUE(r.drive(all, 60s));
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(s[i].state, State::done) << s[i].error;
+    ASSERT_EQ(q[i].state, State::done) << q[i].error;
+    for (std::size_t k = 0; k < sizes[i]; ++k) {
+      ASSERT_EQ(in[i][k], static_cast<unsigned char>(k * 7 + i + 1 - r.rank)) << "message " << i << " byte " << k;
+    }
+  }
+}
+
+TEST(IbvTransport, RendezvousAndEagerMessagesInterleaveInOrderWithAndWithoutTheRegistrationCache) {
+  // A low threshold so that every other message goes by rendezvous; small slots so that
+  // the eager ones take several; a ring of 4 slots so that credits run out.
+  const std::vector<std::size_t> sizes = {0, 5000, 100, 70000, 4096, 1 << 20, 1, 3 << 20, 0, 333};
+  for (const char* cache : {"0", "1"}) {
+    SCOPED_TRACE(std::string("BRAID_IB_REG_CACHE=") + cache);
+    run_thread_ranks(2, opts(2),
+                     ibverbs({{"BRAID_IB_RNDV_THRESHOLD", "4K"},
+                              {"BRAID_IB_SLOT_BYTES", "1K"},
+                              {"BRAID_IB_SLOTS", "4"},
+                              {"BRAID_IB_REG_CACHE", cache}}),
+                     [&](TransportRank& r) {
+                       for (int round = 0; round < 3; ++round) exchange(r, sizes);
+                     });
+  }
+}
+
+TEST(IbvTransport, InfiniBandPortsAreAddressedByLid) {
+  ScopedEnv env({{"FAKEVERBS_LINK", "ib"}, {"FAKEVERBS_LID", "7"}});
+  run_process_ranks(2, opts(2), ibverbs(), [](TransportRank& r) { exchange(r, {0, 1, 70000, 1 << 20}); });
+}
+
+TEST(IbvTransport, CreationRefusesWhatCannotWorkNamingTheSetting) {
+  MemDirectory dir;
+  RankDirectory d(dir, 0);
+  struct Case {
+    std::map<std::string, std::string> rows;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{{"BRAID_IB_HCA", "^fakeverbs"}}, "excluded by BRAID_IB_HCA"},
+      {{{"BRAID_IB_HCA", "mlx5_0"}}, "BRAID_IB_HCA"},
+      {{{"BRAID_IB_GID_INDEX", "9"}}, "9"},
+      {{{"BRAID_IB_SLOTS", "6"}}, "BRAID_IB_SLOTS=6"},
+      {{{"BRAID_IB_ADDR_RANGE", "10.0.0.0/8"}}, "10.0.0.0/8"},
+  };
+  for (const Case& c : cases) {
+    try {
+      TransportRank r(d, common_options(0, 2, fresh_comm_id()), ibverbs(c.rows));
+      ADD_FAILURE() << "made a transport with " << c.rows.begin()->first << "=" << c.rows.begin()->second;
+    } catch (const braid::Error& e) {
+      EXPECT_TRUE(has(e.what(), c.says)) << c.rows.begin()->first << ": " << e.what();
+    }
+  }
+  ScopedEnv down({{"FAKEVERBS_PORT_STATE", "down"}});
+  try {
+    TransportRank r(d, common_options(0, 2, fresh_comm_id()), ibverbs());
+    ADD_FAILURE() << "made a transport on a DOWN port";
+  } catch (const braid::Error& e) {
+    EXPECT_EQ(e.code(), braid::ErrorCode::Unsupported);
+    EXPECT_TRUE(has(e.what(), "ACTIVE")) << e.what();
+  }
+}
+
+TEST(IbvTransport, RanksWithOtherSlotSettingsAreToldToSetThemAlike) {
+  MemDirectory dir;
+  RankDirectory d0(dir, 0), d1(dir, 1);
+  const std::uint64_t comm = fresh_comm_id();
+  TransportRank a(d0, common_options(0, 2, comm), ibverbs({{"BRAID_IB_SLOTS", "8"}}));
+  TransportRank b(d1, common_options(1, 2, comm), ibverbs());
+  std::uint64_t v = 1, w = 0;
+  bt::Request s, q;
+  a.to(1)->send(&v, sizeof v, 1, &s);
+  b.to(0)->recv(&w, sizeof w, 1, &q);
+  const auto until = Clock::now() + 20s;
+  while ((s.state == State::pending || q.state == State::pending) && Clock::now() < until) {
+    a.step();
+    b.step();
+  }
+  ASSERT_EQ(s.state, State::failed);
+  EXPECT_TRUE(has(s.error, "BRAID_IB_SLOTS")) << s.error;
+  EXPECT_EQ(s.failed_peer, 1);
+}
+
+TEST(IbvTransport, AnErrorCompletionFailsTheConnectionNamingThePeer) {
+  // The provider fails the 41st send work request posted on each rank's device with "retry
+  // count exceeded", as an HCA does when the peer stops acknowledging.
+  ScopedEnv env({{"FAKEVERBS_FAIL_SEND_AFTER", "40"}});
+  run_process_ranks(2, opts(2), ibverbs(), [](TransportRank& r) {
+    bt::Connection* c = r.to(1 - r.rank);
+    std::vector<std::uint64_t> out(64, 5), in(64);
+    std::vector<bt::Request> s(64), q(64);
+    std::vector<bt::Request*> all;
+    for (int i = 0; i < 64; ++i) c->recv(&in[i], 8, 9, &q[i]);
+    for (int i = 0; i < 64; ++i) c->send(&out[i], 8, 9, &s[i]);
+    for (int i = 0; i < 64; ++i) all.push_back(&s[i]), all.push_back(&q[i]);
+    ASSERT_TRUE(r.drive(all, 30s));
+    // Each process fails its own 41st send; the peer's writes then meet a QP in error, so
+    // its later work fails too (or its waits end at the probe). Every failure names the peer.
+    bool failed = false;
+    for (bt::Request* x : all) {
+      if (x->state != State::failed) continue;
+      failed = true;
+      EXPECT_EQ(x->failed_peer, 1 - r.rank) << x->error;
+      EXPECT_TRUE(has(x->error, "rank " + std::to_string(1 - r.rank))) << x->error;
+    }
+    EXPECT_TRUE(failed) << "rank " << r.rank << ": no request failed";
+  });
+}
+
+TEST(IbvTransport, ThePortGoingDownFailsEveryConnection) {
+  ScopedEnv env({{"FAKEVERBS_ASYNC_PORT_ERR_AFTER_MS", "300"}});
+  run_process_ranks(2, opts(2), ibverbs(), [](TransportRank& r) {
+    r.handshake(1 - r.rank);
+    std::uint64_t v = 0;
+    bt::Request q;
+    r.to(1 - r.rank)->recv(&v, sizeof v, 3, &q);
+    ASSERT_TRUE(r.drive({&q}, 10s));
+    ASSERT_EQ(q.state, State::failed);
+    EXPECT_TRUE(has(q.error, "port") && has(q.error, "fakeverbs0:1")) << q.error;
+  });
+}
+
+}  // namespace
+
+#else
+
+TEST(IbvTransport, NeedsTheVerbsHeadersAndTheTestProvider) {
+  GTEST_SKIP() << "built without the verbs headers (BRAID_WITH_IBVERBS; scripts/setup.sh installs libibverbs-dev)";
+}
+
+#endif
