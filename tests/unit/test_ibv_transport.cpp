@@ -8,6 +8,7 @@
 #include "transport_harness.hpp"
 
 #include "base/settings.hpp"
+#include "transport/ibverbs/ibv_discovery.hpp"
 #include "transport/registry.hpp"
 
 #include <braid/config.hpp>
@@ -208,6 +209,22 @@ TEST(IbvTransport, RendezvousAndEagerMessagesInterleaveInOrderWithAndWithoutTheR
                        for (int round = 0; round < 3; ++round) exchange(r, sizes);
                      });
   }
+}
+
+TEST(IbvTransport, DiscoveryListsTheProvidersDeviceAsBraidInfoShowsIt) {
+  namespace ib = braid::transport::ibverbs;
+  const ib::Discovery d = ib::discover(BRAID_FAKEVERBS_LIBRARY);
+  ASSERT_TRUE(d.loaded) << d.why;
+  ASSERT_EQ(d.devices.size(), 1u);
+  const ib::Device& dev = d.devices[0];
+  EXPECT_EQ(dev.name, "fakeverbs0");
+  ASSERT_EQ(dev.ports.size(), 1u);
+  EXPECT_EQ(dev.ports[0].state, "ACTIVE");
+  EXPECT_EQ(dev.ports[0].link_layer, "Ethernet");
+  EXPECT_EQ(dev.ports[0].active_mtu, 4096);
+  ASSERT_GE(dev.ports[0].gids.size(), 2u);
+  EXPECT_EQ(dev.ports[0].gids[1].text, "::ffff:127.0.0.1");
+  EXPECT_TRUE(has(ib::summary(d), "fakeverbs0 port 1 ACTIVE Ethernet MTU 4096")) << ib::summary(d);
 }
 
 TEST(IbvTransport, InfiniBandPortsAreAddressedByLid) {

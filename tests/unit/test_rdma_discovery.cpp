@@ -138,7 +138,7 @@ TEST(RdmaDiscovery, BraidIbverbsLibraryReachesTheLoader) {
   std::size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   EXPECT_EQ(::pclose(p), 0) << out;
-  EXPECT_TRUE(has(out, "RDMA device discovery (no verbs transport yet): unknown: cannot load "
+  EXPECT_TRUE(has(out, "the ibverbs transport, hardware-untested): unknown: cannot load "
                        "/nonexistent/libibverbs.so.1"))
       << out;
 }
