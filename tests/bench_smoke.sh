@@ -19,6 +19,26 @@ csv=/tmp/braid-smoke-$$.csv
 "$run" -n 2 -- "$bench" -b 1K -e 4K -n 2 -w 0 --csv "$csv" >/dev/null
 head -1 "$csv" | grep -q "^size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,"
 [ "$(wc -l <"$csv")" -eq 4 ]
+# Auto mode goes without a transport whose library is absent (UCX not installed); forcing
+# it fails with the loader's reason.
+BRAID_UCX_LIBRARY=/nonexistent/libucp.so.0 "$run" -n 2 --timeout 120 -- "$bench" -b 4K -e 64K -n 2 -w 0 -c 1 \
+  >/tmp/braid-smoke-$$.txt 2>&1 || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: auto mode without UCX"; exit 1; }
+grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+if "$b/tools/braid_info" | grep -qE "^ +ucx +yes"; then
+  if BRAID_TRANSPORT=ucx BRAID_UCX_LIBRARY=/nonexistent/libucp.so.0 "$run" -n 2 --timeout 120 -- "$bench" -b 4K -e 4K \
+    -n 1 -w 0 >/tmp/braid-smoke-$$.txt 2>&1; then
+    echo "FAILED: BRAID_TRANSPORT=ucx ran without UCX"; exit 1
+  fi
+  grep -q "cannot load /nonexistent/libucp.so.0" /tmp/braid-smoke-$$.txt ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: no loader reason"; exit 1; }
+fi
+# The ibverbs transport, forced, over the test provider (built with the verbs headers).
+if [ -f "$b/tests/libfakeverbs.so" ]; then
+  BRAID_TRANSPORT=ibverbs BRAID_IBVERBS_LIBRARY="$b/tests/libfakeverbs.so" "$run" -n 3 --timeout 120 -- "$bench" \
+    -b 1 -e 4M -f 16 -n 2 -w 1 -c 1 >/tmp/braid-smoke-$$.txt 2>&1 ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: allreduce_bench over ibverbs (fakeverbs)"; exit 1; }
+  grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+fi
 # torchrun-style environment, no braidrun: two processes, rank 0 serves the store.
 port=$((20000 + RANDOM % 20000))
 pids=()

@@ -282,7 +282,20 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.settings = opt_.settings;
     c.poller = poller_.get();
     c.directory = directory_.get();
-    for (const auto* e : router_->entries()) transports_.push_back(e->make(c));
+    // Auto mode goes without a transport whose library or device is absent here (UCX not
+    // installed): its pairs take the next best; a forced one that cannot be made fails.
+    for (std::size_t i = 0; i < router_->entries().size();) {
+      const auto* e = router_->entries()[i];
+      try {
+        transports_.push_back(e->make(c));
+        ++i;
+      } catch (const Error& err) {
+        if (router_->mode() != "auto" || err.code() != ErrorCode::Unsupported) throw;
+        BRAID_LOG(info, "rank " << opt_.rank << ": auto mode goes without the " << e->name
+                                << " transport: " << err.what());
+        router_->drop(i);
+      }
+    }
   }
   // Last: a rank's own number (send/recv to itself); see transport_for().
   transports_.push_back(std::make_unique<transport::LoopbackTransport>(opt_.rank));

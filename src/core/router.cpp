@@ -7,7 +7,8 @@ namespace braid::core {
 
 Router::Router(const std::string& mode) : mode_(mode) {
   if (mode_ == "auto") {
-    entries_ = transport::registry();
+    for (const auto* e : transport::registry())
+      if (e->in_auto_mode) entries_.push_back(e);
   } else if (const auto* e = transport::find_transport(mode_)) {
     entries_ = {e};
   } else {
@@ -41,6 +42,10 @@ std::string Router::explain(const transport::PairFacts& pair) const {
   if (!pair.same_host && pair.rdma) why += ", RDMA fabric at both ends";
   if (mode_ != "auto") why += ", BRAID_TRANSPORT=" + mode_;
   return why + ")";
+}
+
+void Router::drop(std::size_t i) {
+  if (i < entries_.size()) entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 }  // namespace braid::core

@@ -19,8 +19,12 @@ class Router {
   explicit Router(const std::string& mode);
 
   const std::string& mode() const noexcept { return mode_; }
-  /// The entries a communicator instantiates: the forced one, or every registered one.
+  /// The entries a communicator instantiates: the forced one, or every registered one that
+  /// auto mode may pick (TransportEntry::in_auto_mode).
   const std::vector<const transport::TransportEntry*>& entries() const noexcept { return entries_; }
+  /// Auto mode: leaves out entries()[i], which cannot be made here (its library or device is
+  /// absent); later choices never pick it.
+  void drop(std::size_t i);
   /// The index into entries() of the transport for `pair`. Throws Error(Unsupported)
   /// naming the pair when no entry serves it (or the forced one cannot).
   std::size_t choose(const transport::PairFacts& pair) const;

@@ -55,8 +55,13 @@ struct TransportEntry {
   /// How much it wants `pair`: < 0 it cannot serve it; 0 it serves it only when forced
   /// (BRAID_TRANSPORT=<name>); in auto mode the highest positive preference wins.
   int (*preference)(const PairFacts& pair);
-  /// Creates the instance of one communicator. Throws braid::Error when it cannot.
+  /// Creates the instance of one communicator. Throws braid::Error when it cannot;
+  /// Error(Unsupported) when what it needs is absent here (its library, a device), which
+  /// auto mode survives by going without it.
   std::unique_ptr<Transport> (*make)(const TransportContext& context);
+  /// False for a transport auto mode never picks (its preference is 0 for every pair): a
+  /// communicator then does not make it at all, so it opens no device and loads nothing.
+  bool in_auto_mode = true;
 };
 
 /// A transport's options (TcpOptions, ShmOptions...) with the communicator-wide part filled

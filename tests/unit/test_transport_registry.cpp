@@ -142,6 +142,20 @@ TEST(Router, PicksThePreferredTransportPerPairOrTheForcedOne) {
   EXPECT_EQ(with(automatic, true, true), "shm");
 #endif
 #endif
+#if BRAID_HAVE_IBVERBS
+  // ibverbs serves a pair only when forced, so auto mode does not even make it (no device
+  // is opened for a transport that would never be picked).
+  for (const auto* e : automatic.entries()) EXPECT_STRNE(e->name, "ibverbs");
+  const core::Router ibverbs("ibverbs");
+  EXPECT_EQ(name(ibverbs, false), "ibverbs");
+  EXPECT_EQ(name(ibverbs, true), "ibverbs");
+#endif
+  // A transport that cannot be made here (its library absent) is left out of auto mode.
+  core::Router dropped("auto");
+  const std::size_t n = dropped.entries().size();
+  dropped.drop(0);
+  ASSERT_EQ(dropped.entries().size(), n - 1);
+  for (const auto* e : dropped.entries()) EXPECT_STRNE(e->name, automatic.entries()[0]->name);
   const core::Router tcp("tcp");
   EXPECT_EQ(name(tcp, true), "tcp");
   EXPECT_EQ(name(tcp, false), "tcp");

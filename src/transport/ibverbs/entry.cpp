@@ -77,6 +77,7 @@ const TransportEntry& ibverbs_entry() {
       },
       &preference,
       &make,
+      false,  // never in auto mode: hardware-untested
   };
   return entry;
 }
