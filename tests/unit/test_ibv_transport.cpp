@@ -310,6 +310,34 @@ TEST(IbvTransport, AnErrorCompletionFailsTheConnectionNamingThePeer) {
   });
 }
 
+TEST(IbvTransport, AMismatchFailsBothSidesAtOnce) {
+  // The receiver finds the mismatch; it writes an abort slot before its queue pair goes to
+  // ERR, so the sender's next request fails within a moment instead of at its probes'
+  // retry limit.
+  run_process_ranks(2, opts(2), ibverbs(), [](TransportRank& r) {
+    r.handshake(1 - r.rank);
+    std::uint64_t v = 7, w = 0;
+    bt::Request a, b;
+    const auto t0 = Clock::now();
+    if (r.rank == 0) {
+      r.to(1)->send(&v, sizeof v, 1, &a);
+      r.to(1)->recv(&w, sizeof w, 5, &b);
+    } else {
+      r.to(0)->recv(&w, sizeof w, 2, &a);  // tag 2: not what rank 0 sends
+      r.to(0)->recv(&w, sizeof w, 5, &b);
+    }
+    ASSERT_TRUE(r.drive({&a, &b}, 10s));
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
+    ASSERT_EQ(b.state, State::failed);
+    EXPECT_EQ(b.failed_peer, 1 - r.rank) << b.error;
+    if (r.rank == 0) {
+      EXPECT_TRUE(has(b.error, "failed the connection on its side")) << b.error;
+    } else {
+      EXPECT_TRUE(has(b.error, "expected tag 2")) << b.error;
+    }
+  });
+}
+
 TEST(IbvTransport, ThePortGoingDownFailsEveryConnection) {
   ScopedEnv env({{"FAKEVERBS_ASYNC_PORT_ERR_AFTER_MS", "300"}});
   run_process_ranks(2, opts(2), ibverbs(), [](TransportRank& r) {

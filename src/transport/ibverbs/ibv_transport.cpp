@@ -111,7 +111,10 @@ class Registered {
   bool make(const Api& api, ibv_pd* pd, std::size_t bytes, int access, std::string* why) {
     api_ = &api;
     void* p = nullptr;
-    if (::posix_memalign(&p, 4096, std::max<std::size_t>(bytes, 64)) != 0) {
+    // Whole pages: registered memory must not share a page with other heap data, which a
+    // fork would make copy-on-write under the HCA (kernels before 5.13, ibv_fork_init).
+    const std::size_t whole = (std::max<std::size_t>(bytes, 1) + 4095) & ~std::size_t{4095};
+    if (::posix_memalign(&p, 4096, whole) != 0) {
       *why = "cannot allocate " + std::to_string(bytes) + " bytes";
       return false;
     }
@@ -220,6 +223,10 @@ class IbvConnection final : public Connection {
   /// peer's HCA acknowledges it, or the write fails (retries exceeded) naming the peer.
   Clock::time_point probe_at_ = Clock::time_point::max();
   std::uint64_t probe_wr_ = 0;
+  /// After a local failure: the abort slot's work request, and when the QP goes to ERR.
+  std::uint64_t abort_wr_ = 0;
+  Clock::time_point error_at_ = Clock::time_point::max();
+  bool in_error_ = false;
 };
 
 class IbvTransport final : public Transport {
@@ -230,7 +237,9 @@ class IbvTransport final : public Transport {
     rng_.seed((std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid()));
     slots_ = o.slots;
     sq_depth_ = static_cast<int>(slots_ + 2 * wire::kCtsEntries + 32);
-    rq_depth_ = static_cast<int>(slots_ + 2 * wire::kCtsEntries + 32);
+    // Every slot write and every credit write (at most one per freed slot) consumes a
+    // receive of ours; they are topped up on every progress step.
+    rq_depth_ = static_cast<int>(2 * slots_ + 2 * wire::kCtsEntries + 32);
     try {
       open();
     } catch (...) {
@@ -267,10 +276,23 @@ class IbvTransport final : public Transport {
  private:
   void open();
   void teardown() noexcept;
+  void to_error(IbvConnection& c);
+  /// Writes a control slot (bye, abort) when credits, staging and the send queue allow.
+  bool post_control_slot(IbvConnection& c, std::uint32_t kind, std::uint64_t total);
+  void unwatch() noexcept;
   IbvConnection& get(int peer);
   bool make_qp(IbvConnection& c, std::string* why);
   void connect_steps(IbvConnection& c, Clock::time_point now);
   bool to_rts(IbvConnection& c, std::string* why);
+  bool publish_ready(IbvConnection& c, std::string* why) {
+    try {
+      directory_.publish("ibv-ready-" + std::to_string(c.peer_), "1");
+      return true;
+    } catch (const std::exception& e) {
+      *why = std::string("cannot publish that its queue pair is ready: ") + e.what();
+      return false;
+    }
+  }
   bool poll_cq();
   void on_completion(const ibv_wc& wc);
   void on_async();
@@ -289,9 +311,12 @@ class IbvTransport final : public Transport {
   const ibverbs::Registration* register_user(const void* buf, std::size_t bytes, IbvConnection& c);
   void release_user(const ibverbs::Registration*& r) {
     if (r == nullptr) return;
+    // Read before the release: the entry may go with it (another user marked it stale).
+    const std::uintptr_t base = r->base;
+    const std::size_t bytes = r->bytes;
     cache_->release(r);
-    if (!o_.reg_cache) cache_->invalidate(reinterpret_cast<const void*>(r->base), r->bytes);
     r = nullptr;
+    if (!o_.reg_cache) cache_->invalidate(reinterpret_cast<const void*>(base), bytes);
   }
   void arm_timer();
 
@@ -316,6 +341,7 @@ class IbvTransport final : public Transport {
   std::array<std::uint8_t, 16> gid_{};
   ibv_mtu mtu_ = IBV_MTU_1024;
   std::string where_;  ///< "fakeverbs0:1 GID 1" for messages
+  std::size_t max_write_ = kMaxWrite;  ///< bytes per RDMA write: the port's max_msg_sz, at most 1 GiB
   std::unique_ptr<ibverbs::RegCache> cache_;
   std::unordered_map<std::uint32_t, IbvConnection*> by_qpn_;
   base::UniqueFd timer_fd_;
@@ -415,7 +441,11 @@ void IbvTransport::open() {
   if (pd_ == nullptr) throw Error(ErrorCode::System, self() + ": ibv_alloc_pd: " + errno_text(errno));
   channel_ = api_.create_comp_channel(ctx_);
   if (channel_ == nullptr) throw Error(ErrorCode::System, self() + ": ibv_create_comp_channel: " + errno_text(errno));
-  const int cqe = std::max(256, (o_.size - 1) * (sq_depth_ + rq_depth_));
+  ibv_device_attr da{};
+  if (api_.query_device(ctx_, &da) != 0) throw Error(ErrorCode::System, self() + ": ibv_query_device: " + errno_text(errno));
+  const long long want = std::max<long long>(256, static_cast<long long>(o_.size - 1) * (sq_depth_ + rq_depth_));
+  const int cqe = static_cast<int>(std::min<long long>(want, da.max_cqe > 0 ? da.max_cqe : want));
+  max_write_ = std::min<std::size_t>(kMaxWrite, pa.max_msg_sz > 0 ? pa.max_msg_sz : kMaxWrite);
   cq_ = api_.create_cq(ctx_, cqe, nullptr, channel_, 0);
   if (cq_ == nullptr) throw Error(ErrorCode::System, self() + ": ibv_create_cq of " + std::to_string(cqe) +
                                                          " entries: " + errno_text(errno));
@@ -456,13 +486,16 @@ void IbvTransport::open() {
   armed_ = true;
 }
 
+void IbvTransport::unwatch() noexcept {
+  if (!watching_) return;
+  poller_.unwatch(channel_->fd);
+  poller_.unwatch(ctx_->async_fd);
+  poller_.unwatch(timer_fd_.get());
+  watching_ = false;
+}
+
 void IbvTransport::teardown() noexcept {
-  if (watching_) {
-    poller_.unwatch(channel_->fd);
-    poller_.unwatch(ctx_->async_fd);
-    poller_.unwatch(timer_fd_.get());
-    watching_ = false;
-  }
+  unwatch();
   for (IbvConnection* c : conns_.all()) {
     if (c->qp_ != nullptr) api_.destroy_qp(c->qp_);
     c->qp_ = nullptr;
@@ -591,7 +624,12 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
   r.ctrl_rkey = c.control_.rkey();
   r.ctrl_bytes = static_cast<std::uint32_t>(wire::kControlBytes);
   const std::string rec = ibverbs::encode_record(r);
-  directory_.publish("ibv-record-" + std::to_string(c.peer_), base::hex_bytes(rec.data(), rec.size()));
+  try {
+    directory_.publish("ibv-record-" + std::to_string(c.peer_), base::hex_bytes(rec.data(), rec.size()));
+  } catch (const std::exception& e) {
+    *why = std::string("cannot publish its connection record: ") + e.what();
+    return false;
+  }
   return true;
 }
 
@@ -681,8 +719,7 @@ void IbvTransport::connect_steps(IbvConnection& c, Clock::time_point now) {
       error = "it uses " + std::to_string(c.remote_.slots) + " slots of " + std::to_string(c.remote_.slot_bytes) +
               " bytes and we " + std::to_string(slots_) + " of " + std::to_string(o_.slot_bytes) +
               ": set BRAID_IB_SLOTS and BRAID_IB_SLOT_BYTES alike on every rank";
-    } else if (to_rts(c, &error)) {
-      directory_.publish("ibv-ready-" + std::to_string(c.peer_), "1");
+    } else if (to_rts(c, &error) && publish_ready(c, &error)) {
       c.state_ = S::awaiting_ready;
       c.lookup_.retry_at = now;
       c.lookup_.backoff = std::chrono::milliseconds(1);
@@ -701,6 +738,11 @@ void IbvTransport::connect_steps(IbvConnection& c, Clock::time_point now) {
 
 void IbvTransport::fail(IbvConnection& c, const std::string& msg, bool closed, int blame) {
   if (!c.failure_.set(msg, closed, blame)) return;
+  // A failure found here that the peer caused while alive (a mismatch, a bad write):
+  // tell it with an abort slot, so that it fails at once instead of finding a dead queue
+  // pair by its probes; the QP goes to ERR once the slot is acknowledged (or after 1 s).
+  // Not when the failure is ours alone (blame -1: the port went down, close_all()).
+  const bool tell = c.state_ == IbvConnection::State::established && !closed && !closed_ && blame == c.peer_;
   c.state_ = IbvConnection::State::failed;
   changed_ = true;
   for (SendOp& op : c.sends_) {
@@ -714,13 +756,55 @@ void IbvTransport::fail(IbvConnection& c, const std::string& msg, bool closed, i
   c.sends_.clear();
   c.recvs_.clear();
   c.cursor_ = 0;
+  if (tell && post_control_slot(c, wire::kAbort, 0)) {
+    c.abort_wr_ = c.wr_posted_;
+    c.error_at_ = Clock::now() + std::chrono::seconds(1);
+    return;
+  }
+  to_error(c);
+}
+
+void IbvTransport::to_error(IbvConnection& c) {
   // The QP to ERR: its outstanding work requests are flushed (their completions ignored),
   // and nothing the peer writes lands any more.
-  if (c.qp_ != nullptr) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_ERR;
-    api_.modify_qp(c.qp_, &a, IBV_QP_STATE);
-  }
+  c.error_at_ = Clock::time_point::max();
+  if (c.qp_ == nullptr || c.in_error_) return;
+  c.in_error_ = true;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  api_.modify_qp(c.qp_, &a, IBV_QP_STATE);
+}
+
+bool IbvTransport::post_control_slot(IbvConnection& c, std::uint32_t kind, std::uint64_t total) {
+  const std::uint64_t freed =
+      __atomic_load_n(reinterpret_cast<const std::uint64_t*>(c.control_.data()), __ATOMIC_ACQUIRE);
+  const std::size_t idx = c.slots_written_ % slots_;
+  if (wire::credits(slots_, c.slots_written_, freed) <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.wr_completed_)
+    return false;
+  wire::SlotHeader h;
+  h.kind = kind;
+  h.total = total;
+  unsigned char* s = c.staging_.data() + idx * o_.slot_bytes;
+  wire::put_header(s, h);
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<std::uintptr_t>(s);
+  sge.length = static_cast<std::uint32_t>(wire::kHeaderBytes);
+  sge.lkey = c.staging_.lkey();
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = c.wr_posted_ + 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.imm_data = htonl(wire::imm(wire::kImmData, 0));
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = c.remote_.ring_addr + idx * o_.slot_bytes;
+  wr.wr.rdma.rkey = c.remote_.ring_rkey;
+  if (ibv_post_send(c.qp_, &wr, &bad) != 0) return false;
+  ++c.wr_posted_;
+  c.staging_wr_[idx] = c.wr_posted_;
+  ++c.slots_written_;
+  return true;
 }
 
 // --- The data path -----------------------------------------------------------------------
@@ -758,10 +842,22 @@ bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lke
 
 bool IbvTransport::receive_side(IbvConnection& c) {
   bool moved = false;
-  const std::uint64_t room = o_.slot_bytes - wire::kHeaderBytes;
   while (c.state_ == IbvConnection::State::established) {
     if (c.rndv_wait_) {
-      if (c.rndv_used_ == c.rndv_done_) break;
+      if (c.rndv_used_ == c.rndv_done_) {
+        // A bye behind the request to send: the peer closed before writing the message.
+        if (c.slots_done_ < c.slots_arrived_) {
+          wire::SlotHeader next;
+          std::string ignored;
+          const unsigned char* slot = c.ring_.data() + (c.slots_done_ % slots_) * o_.slot_bytes;
+          if (wire::get_header(slot, o_.slot_bytes, &next, &ignored) && next.kind == wire::kBye) {
+            fail(c, c.who() + " closed by peer before it wrote message #" + std::to_string(c.messages_received_), true,
+                 c.peer_);
+            return true;
+          }
+        }
+        break;
+      }
       ++c.rndv_used_;
       RecvOp& r = c.recvs_.front();
       release_user(r.reg);
@@ -778,6 +874,12 @@ bool IbvTransport::receive_side(IbvConnection& c) {
     std::string why;
     if (!wire::get_header(slot, o_.slot_bytes, &h, &why)) {
       fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " wrote " + why, false, c.peer_);
+      return true;
+    }
+    if (h.kind == wire::kAbort) {
+      fail(c, c.who() + " closed by peer: rank " + std::to_string(c.peer_) +
+                  " failed the connection on its side (its error says why)",
+           true, c.peer_);
       return true;
     }
     if (h.kind == wire::kBye) {
@@ -840,7 +942,6 @@ bool IbvTransport::receive_side(IbvConnection& c) {
       c.recvs_.pop_front();
       ++c.messages_received_;
     }
-    (void)room;
   }
   // Credits: the count of freed slots, written into the sender's credit word.
   if (c.state_ == IbvConnection::State::established && c.slots_done_ > c.credits_returned_ && sq_room(c) >= 2) {
@@ -879,13 +980,13 @@ bool IbvTransport::send_side(IbvConnection& c) {
            false, c.peer_);
       return true;
     }
-    const std::size_t writes = (op->bytes + kMaxWrite - 1) / kMaxWrite;
+    const std::size_t writes = (op->bytes + max_write_ - 1) / max_write_;
     if (sq_room(c) < static_cast<int>(writes) + 1) break;
     const ibverbs::Registration* reg = register_user(op->buf, op->bytes, c);
     if (reg == nullptr) return true;  // the connection failed (op is gone)
     op->reg = reg;
     for (std::size_t i = 0; i < writes; ++i) {
-      const std::size_t at = i * kMaxWrite, n = std::min(kMaxWrite, op->bytes - at);
+      const std::size_t at = i * max_write_, n = std::min(max_write_, op->bytes - at);
       const bool last = i + 1 == writes;
       if (!write(c, reinterpret_cast<std::uintptr_t>(op->buf) + at, op->reg->lkey, n, cts.addr + at, cts.rkey,
                  last ? wire::imm(wire::kImmRndvDone, cts.message) : 0, last)) {
@@ -970,7 +1071,7 @@ bool IbvTransport::send_side(IbvConnection& c) {
 bool IbvTransport::step(IbvConnection& c) {
   if (c.state_ != IbvConnection::State::established) return false;
   bool moved = false;
-  if (c.recvs_posted_ < rq_depth_ / 2 && !post_recvs(c)) {
+  if (c.recvs_posted_ < rq_depth_ && !post_recvs(c)) {
     fail(c, c.who() + ": ibv_post_recv failed", false, -1);
     return true;
   }
@@ -983,7 +1084,7 @@ bool IbvTransport::step(IbvConnection& c) {
 void IbvTransport::probe(IbvConnection& c, bool moved) {
   // Waiting on the peer: receives posted, or a rendezvous send waiting for its CTS. Nothing
   // else tells a receiver that its peer died: RC reports a dead peer only to a sender.
-  bool waiting = !c.recvs_.empty();
+  bool waiting = !c.recvs_.empty() || c.cursor_ < c.sends_.size();  // receives, or sends held by credits
   for (const SendOp& op : c.sends_) waiting |= op.state == SendOp::State::wait_cts;
   const auto now = Clock::now();
   if (!waiting || moved) {
@@ -991,7 +1092,11 @@ void IbvTransport::probe(IbvConnection& c, bool moved) {
     return;
   }
   if (c.probe_at_ == Clock::time_point::max()) c.probe_at_ = now + kProbeEvery;
-  if (now < c.probe_at_ || c.probe_wr_ > c.wr_completed_ || sq_room(c) < 2) return;
+  if (now < c.probe_at_) return;
+  if (c.probe_wr_ > c.wr_completed_ || sq_room(c) < 2) {  // the last probe is still out
+    c.probe_at_ = now + kProbeEvery;
+    return;
+  }
   // A zero-byte write into the spare bytes of the peer's control area.
   if (!write(c, 0, 0, 0, c.remote_.ctrl_addr + 8, c.remote_.ctrl_rkey, 0, true)) return;
   c.probe_wr_ = c.wr_posted_;
@@ -1002,7 +1107,8 @@ void IbvTransport::on_completion(const ibv_wc& wc) {
   auto it = by_qpn_.find(wc.qp_num);
   if (it == by_qpn_.end()) return;
   IbvConnection& c = *it->second;
-  const bool recv = (wc.opcode & IBV_WC_RECV) != 0;
+  // Our sends have wr_id >= 1, receives 0 (wc.opcode is undefined in an error completion).
+  const bool recv = wc.wr_id == 0;
   if (wc.status != IBV_WC_SUCCESS) {
     if (recv) --c.recvs_posted_;
     if (c.failure_.failed || wc.status == IBV_WC_WR_FLUSH_ERR) return;
@@ -1055,9 +1161,13 @@ void IbvTransport::on_async() {
     const char* what = api_.event_type_str(ev.event_type);
     switch (ev.event_type) {
       case IBV_EVENT_PORT_ERR:
+        if (ev.element.port_num != port_) break;
+        [[fallthrough]];
       case IBV_EVENT_DEVICE_FATAL:
+      case IBV_EVENT_CQ_ERR:
         for (IbvConnection* c : conns_.all())
-          fail(*c, self() + ": " + where_ + ": " + what + " (the port went down or the device failed)", false, -1);
+          fail(*c, self() + ": " + where_ + ": " + what + " (the port went down, the device failed or its completion queue overflowed)",
+               false, -1);
         break;
       case IBV_EVENT_QP_FATAL:
       case IBV_EVENT_QP_REQ_ERR:
@@ -1089,6 +1199,7 @@ bool IbvTransport::progress() {
   moved |= poll_cq();
   const auto now = Clock::now();
   moved |= conns_.step_all([&](IbvConnection& c) {
+    if (c.error_at_ != Clock::time_point::max() && (c.wr_completed_ >= c.abort_wr_ || now >= c.error_at_)) to_error(c);
     connect_steps(c, now);
     return step(c);
   });
@@ -1119,6 +1230,7 @@ void IbvTransport::arm_timer() {
     if (c->state_ == IbvConnection::State::looking_up || c->state_ == IbvConnection::State::awaiting_ready)
       next = std::min(next, c->lookup_.retry_at);
     if (c->state_ == IbvConnection::State::established) next = std::min(next, c->probe_at_);
+    next = std::min(next, c->error_at_);
   }
   if (next == armed_for_ || !timer_fd_) return;
   armed_for_ = next;
@@ -1131,22 +1243,8 @@ void IbvTransport::close_all(const std::string& reason) {
   // what we sent, then a second at most for the byes' completions (their acknowledgement by
   // the peer's HCA: the bye is in its memory).
   for (IbvConnection* c : conns_.all()) {
-    if (c->state_ != IbvConnection::State::established) continue;
-    const std::uint64_t freed =
-        __atomic_load_n(reinterpret_cast<const std::uint64_t*>(c->control_.data()), __ATOMIC_ACQUIRE);
-    const std::size_t idx = c->slots_written_ % slots_;
-    if (wire::credits(slots_, c->slots_written_, freed) <= 0 || sq_room(*c) < 2 || c->staging_wr_[idx] > c->wr_completed_)
-      continue;
-    wire::SlotHeader h;
-    h.kind = wire::kBye;
-    h.total = c->messages_sent_;
-    unsigned char* s = c->staging_.data() + idx * o_.slot_bytes;
-    wire::put_header(s, h);
-    if (write(*c, reinterpret_cast<std::uintptr_t>(s), c->staging_.lkey(), wire::kHeaderBytes,
-              c->remote_.ring_addr + idx * o_.slot_bytes, c->remote_.ring_rkey, wire::imm(wire::kImmData, 0), true)) {
-      ++c->slots_written_;
+    if (c->state_ == IbvConnection::State::established && post_control_slot(*c, wire::kBye, c->messages_sent_))
       c->bye_wr_ = c->wr_posted_;
-    }
   }
   const auto until = Clock::now() + std::chrono::seconds(1);
   auto waiting = [&] {
@@ -1158,6 +1256,9 @@ void IbvTransport::close_all(const std::string& reason) {
   closed_ = true;
   closed_reason_ = reason;
   for (IbvConnection* c : conns_.all()) fail(*c, reason, false, -1);  // keeps an earlier failure
+  // Nothing reads the fds any more (progress() returns at once): out of the poller, or a
+  // flushed receive's event or a due probe timer would wake the engine thread forever.
+  unwatch();
 }
 
 }  // namespace

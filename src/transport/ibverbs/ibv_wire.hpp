@@ -25,6 +25,7 @@ enum Kind : std::uint32_t {
   kData = 1,  ///< a chunk of an eager message: `chunk` bytes at `offset` of `total`
   kRts = 2,   ///< request to send: a message of `total` bytes waits for a CTS (rendezvous)
   kBye = 3,   ///< the peer closes after sending `total` messages
+  kAbort = 4, ///< the peer failed the connection on its side (a mismatch, a bad write) and closed it
 };
 
 constexpr std::size_t kHeaderBytes = 32;
@@ -59,7 +60,7 @@ inline void put_header(unsigned char* p, SlotHeader h) { le::put_fields(p, h.fie
 inline bool get_header(const unsigned char* p, std::size_t slot_bytes, SlotHeader* h, std::string* why) {
   le::get_fields(p, h->fields());
   const std::uint64_t room = slot_bytes - kHeaderBytes;
-  if (h->kind != kData && h->kind != kRts && h->kind != kBye) {
+  if (h->kind != kData && h->kind != kRts && h->kind != kBye && h->kind != kAbort) {
     *why = "a slot of unknown kind " + std::to_string(h->kind);
     return false;
   }
