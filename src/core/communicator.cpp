@@ -93,8 +93,10 @@ void check_config(const core::Config& cfg) {
 /// that help, inline size, transport, every row for the transports), the master address
 /// (else `address_hint`), and this communicator's identity, secret and topology.
 core::EngineOptions engine_options(const core::Config& cfg, const core::Membership& member, const std::string& name,
-                                   const core::JobSecret& secret, const std::string& address_hint) {
+                                   const core::JobSecret& secret, const std::string& address_hint,
+                                   const std::string& gpu_pci_bus_id) {
   core::EngineOptions eo;
+  eo.gpu_pci_bus_id = gpu_pci_bus_id;
   eo.rank = member.rank;
   eo.size = member.size;
   eo.comm_name = name;
@@ -178,9 +180,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   std::int64_t gen = 0;
   std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
   const core::JobSecret secret = core::share_secret(*store, rank, cfg.auth_token, timeout);
-  std::string gpu;
+  std::string gpu, pci;
   if (device >= 0) {
-    const std::string pci = rt.pci_bus_id(device);
+    pci = rt.pci_bus_id(device);
     gpu = "GPU " + std::to_string(device) + (pci.empty() ? " (" + std::string(gpu::to_string(rt.backend())) + ")"
                                                          : ", PCI " + pci);
   }
@@ -188,7 +190,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
       timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library), gpu);
   const core::Membership member{rank, size, timeout, store, topology};
-  engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint), store);
+  engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint, pci), store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   if (device >= 0)

@@ -279,6 +279,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.common.connect_timeout = opt_.connect_timeout;
     c.common.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     c.master_addr = opt_.master_addr;
+    c.gpu_pci_bus_id = opt_.gpu_pci_bus_id;
     c.settings = opt_.settings;
     c.poller = poller_.get();
     c.directory = directory_.get();

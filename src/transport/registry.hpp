@@ -39,6 +39,9 @@ struct TransportContext {
   CommonOptions common;
   /// Address of the bootstrap store; a hint for picking the interface that reaches peers.
   std::string master_addr;
+  /// The PCI bus id of the rank's GPU ("0000:3b:00.0"), "" for none: an RDMA transport
+  /// prefers the NIC nearest it.
+  std::string gpu_pci_bus_id;
   /// The parsed configuration; an entry reads its own rows from it.
   const base::Settings* settings = nullptr;
   Poller* poller = nullptr;

@@ -17,6 +17,7 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   // BRAID_IBVERBS_LIBRARY is core's row (discovery loads libibverbs too); a transport test's
   // own settings may not carry it.
   o.library = s.raw("BRAID_IBVERBS_LIBRARY");
+  o.gpu_pci_bus_id = c.gpu_pci_bus_id;
   o.hca = s.text("BRAID_IB_HCA");
   o.gid_index = static_cast<int>(s.integer("BRAID_IB_GID_INDEX").value_or(-1));
   const std::string& family = s.text("BRAID_IB_ADDR_FAMILY");  // a choice row: lowercase

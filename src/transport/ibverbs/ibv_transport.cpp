@@ -75,6 +75,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -400,7 +401,14 @@ void IbvTransport::open() {
     api_.close_device(c);
   }
   const ibverbs::HcaSpec spec = ibverbs::parse_hca(o_.hca);
-  const ibverbs::PortChoice pc = ibverbs::choose_port(ports, spec);
+  // The NIC nearest the rank's GPU: its PCI path, compared with each port's device's.
+  std::string gpu_path;
+  if (!o_.gpu_pci_bus_id.empty()) {
+    char resolved[PATH_MAX];
+    const std::string link = o_.sysfs_root + "/bus/pci/devices/" + o_.gpu_pci_bus_id;
+    if (::realpath(link.c_str(), resolved) != nullptr) gpu_path = resolved;
+  }
+  const ibverbs::PortChoice pc = ibverbs::choose_port(ports, spec, gpu_path);
   if (pc.index < 0) {
     api_.free_device_list(list);
     throw Error(ErrorCode::Unsupported, "ibverbs transport: " + pc.reason);

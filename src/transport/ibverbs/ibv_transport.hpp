@@ -16,7 +16,10 @@ namespace braid::transport {
 /// the registry entry (ibverbs/entry.cpp) fill them.
 struct IbvOptions : CommonOptions {
   std::string library;              ///< BRAID_IBVERBS_LIBRARY ("" = libibverbs.so.1)
-  std::string sysfs_root = "/sys";  ///< where GID types are read (tests use a fake tree)
+  std::string sysfs_root = "/sys";  ///< where GID types and PCI paths are read (tests use a fake tree)
+  /// The rank's GPU ("0000:3b:00.0", "" for none): among the allowed ACTIVE ports, the one
+  /// on the NIC nearest it (longest shared PCI path) is chosen.
+  std::string gpu_pci_bus_id;
   std::string hca;                  ///< BRAID_IB_HCA, NCCL's syntax
   int gid_index = -1;               ///< BRAID_IB_GID_INDEX (-1: chosen)
   std::string addr_family;          ///< BRAID_IB_ADDR_FAMILY: "AF_INET", "AF_INET6" or ""
