@@ -224,6 +224,7 @@ class IbvConnection final : public Connection {
   /// peer's HCA acknowledges it, or the write fails (retries exceeded) naming the peer.
   Clock::time_point probe_at_ = Clock::time_point::max();
   std::uint64_t probe_wr_ = 0;
+  std::uint32_t max_inline_ = 0;  ///< what the QP sends inline (its source is copied at post time)
   /// After a local failure: the abort slot's work request, and when the QP goes to ERR.
   std::uint64_t abort_wr_ = 0;
   Clock::time_point error_at_ = Clock::time_point::max();
@@ -596,11 +597,17 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
   ia.cap.max_recv_wr = static_cast<std::uint32_t>(rq_depth_);
   ia.cap.max_send_sge = 1;
   ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = 64;  // credits and CTS entries go inline where the HCA allows
   c.qp_ = api_.create_qp(pd_, &ia);
+  if (c.qp_ == nullptr) {  // an HCA without inline sends: again without
+    ia.cap.max_inline_data = 0;
+    c.qp_ = api_.create_qp(pd_, &ia);
+  }
   if (c.qp_ == nullptr) {
     *why = "ibv_create_qp: " + errno_text(errno);
     return false;
   }
+  c.max_inline_ = ia.cap.max_inline_data;
   by_qpn_[c.qp_->qp_num] = &c;
   ibv_qp_attr a{};
   const int mask = ibverbs::init_attr(&a, port_, static_cast<unsigned>(remote));
@@ -838,6 +845,9 @@ bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lke
   wr.opcode = imm != 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
   wr.imm_data = htonl(imm);
   wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  // Small control words (credits, CTS entries) inline: their source is read at the post, so
+  // the outbox may be rewritten at once (a credit word changes while its write is queued).
+  if (bytes > 0 && bytes <= c.max_inline_ && lkey == c.outbox_.lkey()) wr.send_flags |= IBV_SEND_INLINE;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   if (const int rc = ibv_post_send(c.qp_, &wr, &bad); rc != 0) {
