@@ -45,6 +45,21 @@ class StoreDirectory final : public transport::PeerDirectory {
     if (!store_->check({k})) return std::nullopt;
     return store_->get(k, std::chrono::seconds(10));
   }
+  // The records Engine::fail_current and the destructor leave: the peer's own report, a
+  // report of another rank that blames it, or its clean leave.
+  std::optional<std::string> peer_gone(int peer) override {
+    const std::string p = std::to_string(peer);
+    try {
+      for (const std::string& key : {"abort/" + p, "blamed/" + p, "left/" + p}) {
+        if (!store_->check({key})) continue;
+        std::string v = store_->get(key, std::chrono::milliseconds(1000));
+        if (key[0] == 'a') v = v.substr(v.find('\n') == std::string::npos ? 0 : v.find('\n') + 1);  // "blame\nreason"
+        return (key[0] == 'l' ? "" : "rank " + p + (key[0] == 'a' ? " failed: " : " was found dead by a peer: ")) + v;
+      }
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
+  }
 
  private:
   std::shared_ptr<Store> store_;
@@ -661,6 +676,9 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   // Leave the reason for neighbours before closing the connections they will see drop.
   try {
     store_->set("abort/" + std::to_string(opt_.rank), std::to_string(blame) + "\n" + reason);
+    // And under the rank it blames, for ranks that are still setting up a connection to it
+    // and would otherwise wait for it until their deadline (PeerDirectory::peer_gone).
+    if (blame >= 0 && blame != opt_.rank) store_->set("blamed/" + std::to_string(blame), reason);
   } catch (const std::exception&) {
   }
   for (auto& t : transports_) t->close_all(reason);

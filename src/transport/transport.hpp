@@ -91,6 +91,12 @@ class PeerDirectory {
   /// Same without waiting: empty when `peer` has not published `key` yet. Throws
   /// braid::Error when the directory itself fails.
   virtual std::optional<std::string> try_lookup(int peer, const std::string& key) = 0;
+  /// Why `peer` will never publish anything more, when the job knows: it failed (its own
+  /// report), another rank found it dead, or it closed its communicator; empty otherwise.
+  /// For a transport that waits for a peer's record (ibverbs) where a socket transport's
+  /// connect would be refused. Costs a few store round trips: ask at most a few times a
+  /// second. Never throws.
+  virtual std::optional<std::string> peer_gone(int /*peer*/) { return std::nullopt; }
 };
 
 /// A transport instance of one communicator.

@@ -190,6 +190,7 @@ class IbvConnection final : public Connection {
   Failure failure_;
   PeerLookup lookup_;
   std::string refused_;  ///< the last record refused as a stranger's (reported once)
+  Clock::time_point gone_check_at_{};  ///< next look at whether the peer is known to be gone
 
   ibv_qp* qp_ = nullptr;
   std::uint32_t psn_ = 0;
@@ -694,6 +695,16 @@ bool IbvTransport::to_rts(IbvConnection& c, std::string* why) {
 void IbvTransport::connect_steps(IbvConnection& c, Clock::time_point now) {
   using S = IbvConnection::State;
   if ((c.state_ != S::looking_up && c.state_ != S::awaiting_ready) || now < c.lookup_.retry_at) return;
+  // A peer that died before its side of the pair existed leaves nothing to find (a socket
+  // transport's connect would be refused): the job's records say so, if a rank noticed.
+  if (now >= c.gone_check_at_) {
+    c.gone_check_at_ = now + std::chrono::milliseconds(250);
+    if (const std::optional<std::string> gone = directory_.peer_gone(c.peer_)) {
+      fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": reset or closed by peer: " + *gone, true,
+           c.peer_);
+      return;
+    }
+  }
   const bool records = c.state_ == S::looking_up;
   std::string error;
   const std::optional<std::string> value =
