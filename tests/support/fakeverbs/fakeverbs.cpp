@@ -714,6 +714,7 @@ void mkdirs(const std::string& path) {
 
 struct Device {
   ibv_device ib{};
+  std::mutex mu;  // ranks that are threads list devices at once (libibverbs is thread-safe)
   __be64 guid = 0;
 };
 
@@ -757,7 +758,10 @@ FV_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
   std::uint32_t ip;
   std::memcpy(&ip, &cfg.ipv4, 4);
   g |= ntohl(ip);
-  d->guid = htobe64(g);
+  {
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->guid = htobe64(g);
+  }
   auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
   if (list == nullptr) {
     errno = ENOMEM;
@@ -773,7 +777,10 @@ FV_EXPORT void ibv_free_device_list(ibv_device** list) { std::free(list); }
 FV_EXPORT const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
 
 FV_EXPORT __be64 ibv_get_device_guid(ibv_device* device) {
-  return device ? reinterpret_cast<Device*>(device)->guid : 0;
+  if (device == nullptr) return 0;
+  Device* d = reinterpret_cast<Device*>(device);
+  std::lock_guard<std::mutex> lock(d->mu);
+  return d->guid;
 }
 
 FV_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
@@ -850,7 +857,7 @@ FV_EXPORT int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
   if (context == nullptr || a == nullptr) return EINVAL;
   std::memset(a, 0, sizeof *a);
   std::snprintf(a->fw_ver, sizeof a->fw_ver, "fakeverbs 1.0");
-  a->node_guid = reinterpret_cast<Device*>(context->device)->guid;
+  a->node_guid = ibv_get_device_guid(context->device);  // under the device lock
   a->sys_image_guid = a->node_guid;
   a->max_mr_size = ~0ull;
   a->page_size_cap = 0xfffff000;
