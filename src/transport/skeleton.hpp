@@ -116,6 +116,11 @@ struct Failure {
     return true;
   }
   void apply(Request* req) const { fail_request(req, error, blame, closed); }
+  /// Connection::broken(): whether it failed, and why into *why (when given).
+  bool report(std::string* why) const {
+    if (failed && why != nullptr) *why = error;
+    return failed;
+  }
   /// Fails every request of a queue of operations (each with a `req`) and empties it.
   template <class Queue>
   void apply_all(Queue& q) const {

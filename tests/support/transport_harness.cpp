@@ -2,6 +2,9 @@
 
 #include "test_support.hpp"
 
+#include "base/settings.hpp"
+#include "transport/registry.hpp"
+
 #include <braid/error.hpp>
 
 #include <dirent.h>
@@ -13,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -276,6 +280,30 @@ void expect_impostors_refused(const std::function<std::unique_ptr<TransportRank>
   EXPECT_FALSE(finished_early) << "an impostor disturbed the real connection: " << q.error;
   EXPECT_DONE(q);
   EXPECT_TRUE(in == data);
+}
+
+TransportFactory entry_factory(const std::string& name, std::map<std::string, std::string> rows) {
+  return [name, rows](const bt::CommonOptions& o, bt::Poller& poller, bt::PeerDirectory& dir) {
+    const bt::TransportEntry* e = bt::find_transport(name);
+    if (e == nullptr) throw std::runtime_error("no transport '" + name + "' in this build");
+    std::vector<base::Setting> all = e->settings;
+    for (const char* lib : {"BRAID_IBVERBS_LIBRARY", "BRAID_UCX_LIBRARY"})
+      all.push_back({lib, base::SettingType::text, "", "the library the transport loads"});
+    const auto settings = base::Settings::parse(all, [&](const char* row) -> std::optional<std::string> {
+      if (const auto it = rows.find(row); it != rows.end()) return it->second;
+      if (std::strstr(row, "_LIBRARY") != nullptr) {
+        if (const char* v = std::getenv(row)) return std::string(v);
+      }
+      return std::nullopt;
+    });
+    bt::TransportContext c;
+    c.common = o;
+    c.master_addr = "127.0.0.1";
+    c.settings = &settings;
+    c.poller = &poller;
+    c.directory = &dir;
+    return e->make(c);
+  };
 }
 
 }  // namespace braid::test

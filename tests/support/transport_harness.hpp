@@ -85,6 +85,12 @@ struct TempDir {
 using TransportFactory =
     std::function<std::unique_ptr<bt::Transport>(const bt::CommonOptions&, bt::Poller&, bt::PeerDirectory&)>;
 
+/// A registered transport made through its entry, as the engine makes it, with `rows` of its
+/// configuration set; the loaders' rows (core's BRAID_IBVERBS_LIBRARY and BRAID_UCX_LIBRARY)
+/// come from the environment, as for the engine (test_support.cpp points the first at the
+/// fakeverbs provider).
+TransportFactory entry_factory(const std::string& name, std::map<std::string, std::string> rows = {});
+
 /// What every test rank's transport starts from: a shared token, a communicator id
 /// unique to the calling test (so that tests running in parallel never share names), a
 /// 10 s connect timeout.

@@ -7,7 +7,6 @@
 #include "test_support.hpp"
 #include "transport_harness.hpp"
 
-#include "base/settings.hpp"
 #include "transport/ibverbs/ibv_discovery.hpp"
 #include "transport/registry.hpp"
 
@@ -144,26 +143,9 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-/// The ibverbs entry's factory with some of its rows set (as test_transport_conformance).
-TransportFactory ibverbs(std::map<std::string, std::string> rows = {}) {
-  return [rows](const bt::CommonOptions& o, bt::Poller& poller, bt::PeerDirectory& dir) {
-    const bt::TransportEntry* e = bt::find_transport("ibverbs");
-    std::vector<braid::base::Setting> all = e->settings;
-    all.push_back({"BRAID_IBVERBS_LIBRARY", braid::base::SettingType::text, "", "test"});
-    const auto settings = braid::base::Settings::parse(all, [&](const char* name) -> std::optional<std::string> {
-      if (auto it = rows.find(name); it != rows.end()) return it->second;
-      if (std::strcmp(name, "BRAID_IBVERBS_LIBRARY") == 0) return std::string(BRAID_FAKEVERBS_LIBRARY);
-      return std::nullopt;
-    });
-    bt::TransportContext c;
-    c.common = o;
-    c.master_addr = "127.0.0.1";
-    c.settings = &settings;
-    c.poller = &poller;
-    c.directory = &dir;
-    return e->make(c);
-  };
-}
+/// The ibverbs entry's factory with some of its rows set, over the test provider (the
+/// support library points BRAID_IBVERBS_LIBRARY at it).
+TransportFactory ibverbs(std::map<std::string, std::string> rows = {}) { return entry_factory("ibverbs", std::move(rows)); }
 
 std::function<bt::CommonOptions(int)> opts(int size) {
   const std::uint64_t comm = fresh_comm_id();

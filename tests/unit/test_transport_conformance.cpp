@@ -27,8 +27,6 @@
 #include <ostream>
 #include <set>
 #include <string>
-#include <cstring>
-#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -62,32 +60,7 @@ std::vector<Shape> shapes() {
 }
 
 /// Makes the shape's transport through its registry entry, as the engine does.
-TransportFactory factory(const Shape& shape) {
-  return [shape](const bt::CommonOptions& o, bt::Poller& poller, bt::PeerDirectory& dir) {
-    const bt::TransportEntry* e = bt::find_transport(shape.transport);
-    // The loaders' rows are core's (braid_info loads the libraries too); the environment
-    // names them here as it does for the engine: the verbs transport runs against the test
-    // provider (test_support.cpp sets BRAID_IBVERBS_LIBRARY to it).
-    std::vector<braid::base::Setting> rows = e->settings;
-    for (const char* lib : {"BRAID_IBVERBS_LIBRARY", "BRAID_UCX_LIBRARY"})
-      rows.push_back({lib, braid::base::SettingType::text, "", "the library the transport loads"});
-    const auto settings = braid::base::Settings::parse(rows, [&](const char* name) -> std::optional<std::string> {
-      const auto it = shape.settings.find(name);
-      if (it != shape.settings.end()) return it->second;
-      if (std::strncmp(name, "BRAID_", 6) == 0 && std::strstr(name, "_LIBRARY") != nullptr) {
-        if (const char* v = std::getenv(name)) return std::string(v);
-      }
-      return std::nullopt;
-    });
-    bt::TransportContext c;
-    c.common = o;
-    c.master_addr = "127.0.0.1";
-    c.settings = &settings;
-    c.poller = &poller;
-    c.directory = &dir;
-    return e->make(c);
-  };
-}
+TransportFactory factory(const Shape& shape) { return entry_factory(shape.transport, shape.settings); }
 
 enum class Ranks { threads, processes };
 

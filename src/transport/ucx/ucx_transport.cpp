@@ -202,10 +202,7 @@ class UcxConnection final : public Connection {
   int peer() const noexcept override { return peer_; }
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
-  bool broken(std::string* why) const override {
-    if (failure_.failed && why != nullptr) *why = failure_.error;
-    return failure_.failed;
-  }
+  bool broken(std::string* why) const override { return failure_.report(why); }
   std::string who() const { return "ucx connection to rank " + std::to_string(peer_); }
 
   UcxTransport& t_;
