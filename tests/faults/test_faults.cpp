@@ -337,13 +337,19 @@ struct StoreProcess {
 // Three of four ranks are in their first all-reduce, still looking for the fourth, which
 // never comes (a communicator is made without waiting for its peers; the first call finds
 // them through the store), when the store dies: each gets an error naming the store's
-// address long before its 20 s deadline.
+// address long before its 20 s deadline. The store dies once all three have reached it (a
+// fixed delay killed it before a rank slowed by a loaded machine had connected, and that
+// rank then retried its connection past the test's limit).
 TEST(StoreServer, KilledDuringBootstrapFailsEveryRankNamingTheStore) {
   StoreProcess server;
   ASSERT_NE(server.port, 0);
   const std::string where = "127.0.0.1:" + std::to_string(server.port);
   std::thread killer([&] {
-    std::this_thread::sleep_for(500ms);
+    std::this_thread::sleep_for(100ms);  // after run_processes has forked (no fork while this thread is in the store)
+    TcpStore watch("127.0.0.1", server.port);
+    const auto until = Clock::now() + 30s;
+    while (watch.add("test/connected", 0) < 3 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(300ms);  // into the bootstrap, waiting for rank 3
     server.kill();
   });
   const auto st = run_processes(3, [&](int r) {
@@ -351,7 +357,9 @@ TEST(StoreServer, KilledDuringBootstrapFailsEveryRankNamingTheStore) {
     opt.timeout = 20s;
     const auto t0 = Clock::now();
     try {
-      Communicator c(std::make_shared<TcpStore>("127.0.0.1", server.port), r, 4, opt);
+      auto store = std::make_shared<TcpStore>("127.0.0.1", server.port);
+      store->add("test/connected", 1);
+      Communicator c(store, r, 4, opt);
       float x = 1.f;
       c.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum).wait();
       ADD_FAILURE() << "rank " << r << " completed an all-reduce without rank 3 and without its store";
