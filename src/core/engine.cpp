@@ -31,6 +31,20 @@ using collectives::StepKind;
 using Clock = std::chrono::steady_clock;
 
 /// The transport's view of the store: "peer/<rank>/<key>".
+namespace {
+
+// What rank `peer` left in the store when it closed its communicator cleanly; "" if nothing.
+std::string left_record(Store& store, int peer) {
+  const std::string key = "left/" + std::to_string(peer);
+  try {
+    if (store.check({key})) return store.get(key, std::chrono::milliseconds(1000));
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
+}  // namespace
+
 class StoreDirectory final : public transport::PeerDirectory {
  public:
   StoreDirectory(std::shared_ptr<Store> store, int rank) : store_(std::move(store)), rank_(rank) {}
@@ -49,15 +63,17 @@ class StoreDirectory final : public transport::PeerDirectory {
   // report of another rank that blames it, or its clean leave.
   std::optional<std::string> peer_gone(int peer) override {
     const std::string p = std::to_string(peer);
+    const auto read = [&](const std::string& key) -> std::optional<std::string> {
+      if (!store_->check({key})) return std::nullopt;
+      return store_->get(key, std::chrono::milliseconds(1000));
+    };
     try {
-      for (const std::string& key : {"abort/" + p, "blamed/" + p, "left/" + p}) {
-        if (!store_->check({key})) continue;
-        std::string v = store_->get(key, std::chrono::milliseconds(1000));
-        if (key[0] == 'a') v = v.substr(v.find('\n') == std::string::npos ? 0 : v.find('\n') + 1);  // "blame\nreason"
-        return (key[0] == 'l' ? "" : "rank " + p + (key[0] == 'a' ? " failed: " : " was found dead by a peer: ")) + v;
-      }
+      if (const auto v = read("abort/" + p)) return "rank " + p + " failed: " + v->substr(v->find('\n') + 1);  // "blame\nreason"
+      if (const auto v = read("blamed/" + p)) return "rank " + p + " was found dead by a peer: " + *v;
     } catch (const std::exception&) {
     }
+    std::string left = left_record(*store_, peer);
+    if (!left.empty()) return left;
     return std::nullopt;
   }
 
@@ -355,19 +371,6 @@ void Engine::record_leaving() noexcept {
   }
 }
 
-namespace {
-
-// What rank `peer` left in the store when it closed its communicator cleanly; "" if nothing.
-std::string left_record(Store& store, int peer) {
-  const std::string key = "left/" + std::to_string(peer);
-  try {
-    if (store.check({key})) return store.get(key, std::chrono::milliseconds(1000));
-  } catch (const std::exception&) {
-  }
-  return "";
-}
-
-}  // namespace
 
 void Engine::submit(Operation op) {
   {

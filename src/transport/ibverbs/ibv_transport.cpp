@@ -305,6 +305,9 @@ class IbvTransport final : public Transport {
   /// `imm` unless it is 0; false with the connection failed when the post is refused.
   bool write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes, std::uint64_t raddr,
              std::uint32_t rkey, std::uint32_t imm, bool signaled);
+  /// The post itself: 0, or the errno of a refused post (nothing posted, nothing failed).
+  int post_write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes, std::uint64_t raddr,
+                 std::uint32_t rkey, std::uint32_t imm, bool signaled);
   int sq_room(const IbvConnection& c) const {
     return sq_depth_ - static_cast<int>(c.wr_posted_ - c.wr_completed_);
   }
@@ -809,22 +812,12 @@ bool IbvTransport::post_control_slot(IbvConnection& c, std::uint32_t kind, std::
   h.total = total;
   unsigned char* s = c.staging_.data() + idx * o_.slot_bytes;
   wire::put_header(s, h);
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<std::uintptr_t>(s);
-  sge.length = static_cast<std::uint32_t>(wire::kHeaderBytes);
-  sge.lkey = c.staging_.lkey();
-  ibv_send_wr wr{};
-  ibv_send_wr* bad = nullptr;
-  wr.wr_id = c.wr_posted_ + 1;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.imm_data = htonl(wire::imm(wire::kImmData, 0));
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = c.remote_.ring_addr + idx * o_.slot_bytes;
-  wr.wr.rdma.rkey = c.remote_.ring_rkey;
-  if (ibv_post_send(c.qp_, &wr, &bad) != 0) return false;
-  ++c.wr_posted_;
+  // Best effort (it runs from fail() and close_all()): a refused post just sends nothing.
+  if (post_write(c, reinterpret_cast<std::uintptr_t>(s), c.staging_.lkey(), wire::kHeaderBytes,
+                 c.remote_.ring_addr + idx * o_.slot_bytes, c.remote_.ring_rkey, wire::imm(wire::kImmData, 0),
+                 true) != 0) {
+    return false;
+  }
   c.staging_wr_[idx] = c.wr_posted_;
   ++c.slots_written_;
   return true;
@@ -841,6 +834,15 @@ const ibverbs::Registration* IbvTransport::register_user(const void* buf, std::s
 
 bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,
                          std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled) {
+  if (const int rc = post_write(c, addr, lkey, bytes, raddr, rkey, imm, signaled); rc != 0) {
+    fail(c, c.who() + ": ibv_post_send: " + errno_text(rc), false, -1);
+    return false;
+  }
+  return true;
+}
+
+int IbvTransport::post_write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,
+                             std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled) {
   ibv_sge sge{};
   sge.addr = addr;
   sge.length = static_cast<std::uint32_t>(bytes);
@@ -858,12 +860,9 @@ bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lke
   if (bytes > 0 && bytes <= c.max_inline_ && lkey == c.outbox_.lkey()) wr.send_flags |= IBV_SEND_INLINE;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
-  if (const int rc = ibv_post_send(c.qp_, &wr, &bad); rc != 0) {
-    --c.wr_posted_;
-    fail(c, c.who() + ": ibv_post_send: " + errno_text(rc), false, -1);
-    return false;
-  }
-  return true;
+  const int rc = ibv_post_send(c.qp_, &wr, &bad);
+  if (rc != 0) --c.wr_posted_;
+  return rc;
 }
 
 bool IbvTransport::receive_side(IbvConnection& c) {
