@@ -344,14 +344,23 @@ TEST(StoreServer, KilledDuringBootstrapFailsEveryRankNamingTheStore) {
   StoreProcess server;
   ASSERT_NE(server.port, 0);
   const std::string where = "127.0.0.1:" + std::to_string(server.port);
-  std::thread killer([&] {
-    std::this_thread::sleep_for(100ms);  // after run_processes has forked (no fork while this thread is in the store)
-    TcpStore watch("127.0.0.1", server.port);
-    const auto until = Clock::now() + 30s;
-    while (watch.add("test/connected", 0) < 3 && Clock::now() < until) std::this_thread::sleep_for(10ms);
-    std::this_thread::sleep_for(300ms);  // into the bootstrap, waiting for rank 3
-    server.kill();
-  });
+  // The watcher that kills the store is a process forked before the ranks, not a thread:
+  // run_processes forks while a thread in this process may hold a lock (the allocator's,
+  // the sanitizer's), and a child born then waits on that lock forever.
+  std::fflush(nullptr);
+  const pid_t killer = ::fork();
+  ASSERT_GE(killer, 0);
+  if (killer == 0) {
+    try {
+      TcpStore watch("127.0.0.1", server.port);
+      const auto until = Clock::now() + 30s * braid::test::kTimeScale;
+      while (watch.add("test/connected", 0) < 3 && Clock::now() < until) std::this_thread::sleep_for(10ms);
+      std::this_thread::sleep_for(300ms);  // into the bootstrap, waiting for rank 3
+    } catch (...) {
+    }
+    ::kill(server.pid, SIGKILL);  // the test's process reaps it
+    ::_exit(0);
+  }
   const auto st = run_processes(3, [&](int r) {
     CommOptions opt;
     opt.timeout = 20s;
@@ -371,7 +380,7 @@ TEST(StoreServer, KilledDuringBootstrapFailsEveryRankNamingTheStore) {
       EXPECT_LT(took, 5s * braid::test::kTimeScale) << e.what();
     }
   }, std::chrono::seconds(60 * braid::test::kTimeScale));
-  killer.join();
+  ::waitpid(killer, nullptr, 0);
   for (int s : st) EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0);
 }
 
