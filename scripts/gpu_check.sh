@@ -14,6 +14,7 @@
 #   arch_check             tests/check_cuda_arch.sh on libbraid.so (also without GTest)
 #   device_collectives     tests/multirank test_device_collectives, BRAID_GPU_BACKEND=cuda:
 #                          several ranks on the one GPU as threads, and process ranks
+#   device_collectives_direct  the same with BRAID_DEVICE_PATH=direct (plans on the device)
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
 #   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
 #   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
@@ -236,9 +237,11 @@ bg_step arch_check 60 "'$root/tests/check_cuda_arch.sh' \"\$(command -v cuobjdum
 if [ "$have_tests" = 1 ]; then
   bg_step ctest_gpu 200 "cd '$bd' && $require ctest -L gpu --output-on-failure -j 4 --timeout 190"
   bg_step device_collectives 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
+  bg_step device_collectives_direct 200 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
 else
   skip ctest_gpu "tests not built (no GoogleTest)"
   skip device_collectives "tests not built (no GoogleTest)"
+  skip device_collectives_direct "tests not built (no GoogleTest)"
 fi
 if [ "$gpu" = 1 ] && [ -n "$sanitizer" ]; then
   if [ "$have_tests" = 1 ]; then
@@ -271,6 +274,14 @@ if [ "$gpu" = 1 ]; then
       require_device "$name"
     done
   done
+  # The direct device path beside the staged rows above (same sizes, braid only).
+  for cfg in "2 shm" "4 tcp"; do
+    n=${cfg% *} tr=${cfg#* }
+    name=bench_${n}r_${tr}_direct
+    fg_step "$name" 60 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 55 -- '$ab' \
+      --device -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
+    require_device "$name"
+  done
   if [ -x "$bd/bench/bench_cuda_kernels" ]; then
     fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
       --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
@@ -282,7 +293,10 @@ else
   # The plumbing of the device bench on the emulated runtime; NCCL says why it cannot run.
   fg_step bench_device_emulated 90 "BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- '$ab' --device --backend nccl \
     -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated.csv'"
-  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_cuda_kernels; do skip $s "no GPU"; done
+  fg_step bench_device_emulated_direct 90 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
+    '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_direct.csv'"
+  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_direct bench_4r_tcp_direct \
+    bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 
 # --- summary --------------------------------------------------------------------------------

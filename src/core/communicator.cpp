@@ -228,6 +228,12 @@ PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::
   return req;
 }
 
+namespace {
+/// Set while a direct device call posts its operations (Impl::device_call): Impl::post
+/// marks them as running on the device. Per thread: calls on other threads are their own.
+thread_local bool t_posting_on_device = false;
+}  // namespace
+
 Work Communicator::Impl::post(core::Posting p) {
   const char* what = p.what;
   BRAID_CHECK(p.timeout.count() >= 0, InvalidUsage, what << ": negative timeout");
@@ -254,6 +260,10 @@ Work Communicator::Impl::post(core::Posting p) {
   o.feedback[0] = p.feedback[0];
   o.feedback[1] = p.feedback[1];
   o.codec_step = p.codec_step;
+  if (t_posting_on_device && !p.internal) {  // the library's own calls (tuner trials) use host memory
+    o.on_device = true;
+    o.device = staging->device();
+  }
   o.name.append(" x ").append(to_string(p.dtype)).append(", ").append(to_string(p.op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
@@ -456,7 +466,7 @@ void Communicator::Impl::refuse_device_memory(const char* what) const {
 }
 
 Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
-                                     const std::function<Work(const void*, void*)>& host) {
+                                     const std::function<Work(const void*, void*)>& host, bool direct) {
   auto post_gate = [&](std::shared_ptr<std::atomic<bool>> gate) {
     BRAID_CHECK(!engine->failed(), Aborted,
                 what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
@@ -468,23 +478,36 @@ Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& 
              std::to_string(rank) + "/" + std::to_string(size);
     engine->submit(std::move(o));
   };
-  return staging->post(what, b, options.stream, post_gate, host, engine->waker(),
+  // A call that reads no device memory (recv; broadcast off the root) is staged either
+  // way: then it needs no gate and starts at once, so that a send followed by a recv on
+  // one stream (a ring exchange, or to itself) cannot wait on each other; the slot-to-
+  // device copy the direct path would make is the staged path's copy anyway.
+  direct = direct && b.send != nullptr && b.send_bytes > 0;
+  auto post_host = [&](const void* s, void* r) {
+    if (!direct) return host(s, r);
+    struct Flag {
+      Flag() { t_posting_on_device = true; }
+      ~Flag() { t_posting_on_device = false; }
+    } flag;
+    return host(s, r);
+  };
+  return staging->post(what, b, options.stream, direct, post_gate, post_host, engine->waker(),
                        [this](const std::string& why) { engine->abort(why); });
 }
 
 Work Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
                              const AllreduceOptions& options) {
   const auto buffers = [&] { return impl_->buffers_of(Collective::allreduce, send, recv, count, dtype, 0); };
+  const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
+  const bool compressed = spec.kind != compression::CodecKind::none;
   return impl_->device_or_host("allreduce", options, send, recv, buffers, [&](const void* s, void* r) {
-    const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
-    if (spec.kind != compression::CodecKind::none)
-      return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options);
+    if (compressed) return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options);
     core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", s, r, count, dtype, options);
     call.op = op;
     call.algorithm = options.algorithm;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
-  });
+  }, compressed);  // compressed calls are staged: codecs do not run on the device yet
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,

@@ -100,19 +100,21 @@ struct Communicator::Impl final : core::Poster {
   /// test and a direct call: the host path pays nothing for the device path.
   template <class Buffers, class Host>
   Work device_or_host(const char* what, const CollectiveOptions& options, const void* send, void* recv,
-                      const Buffers& buffers, const Host& host) {
+                      const Buffers& buffers, const Host& host, bool staged_only = false) {
     if (!staging) {
       if (options.memory == MemoryKind::device) refuse_device_memory(what);
       return host(send, recv);
     }
     const core::CallBuffers b = buffers();
     if (!staging->on_device(what, b, options.memory, options.stream)) return host(send, recv);
-    return device_call(what, b, options, host);
+    return device_call(what, b, options, host, cfg.device_direct && !staged_only);
   }
   [[noreturn]] void refuse_device_memory(const char* what) const;
   /// The device path of device_or_host.
+  /// `direct`: the call's operations run on the device buffers (BRAID_DEVICE_PATH=direct);
+  /// else on pinned copies.
   Work device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
-                   const std::function<Work(const void*, void*)>& host);
+                   const std::function<Work(const void*, void*)>& host, bool direct);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);

@@ -107,6 +107,12 @@ std::vector<Setting> make_table() {
        "else none: every buffer is host memory), cuda, none, or emulated (tests only: device memory "
        "emulated in host memory, streams as threads; docs/gpu.md). Read once per process.",
        true, 0, 0, "auto|cuda|emulated|none"},
+      {"BRAID_DEVICE_PATH", SettingType::choice, "staged",
+       "How collectives on device buffers run: staged (the whole input copied to pinned host memory, "
+       "the host path, the result copied back) or direct (the plan runs on the device: reductions as "
+       "braid's kernels on the communicator's stream, each transfer through a pinned slot of its own; "
+       "compressed all-reduces stay staged). direct has not been measured on a GPU yet (docs/gpu.md).",
+       true, 0, 0, "staged|direct"},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -239,6 +245,7 @@ Config Config::parse(const Lookup& lookup) {
   c.pmix_library = s.text("BRAID_PMIX_LIBRARY");
   c.pmix_namespace = s.text("PMIX_NAMESPACE");
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
+  c.device_direct = base::lower(s.text("BRAID_DEVICE_PATH")) == "direct";
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.host_id = s.text("BRAID_HOST_ID");
   c.store_external = s.boolean("BRAID_STORE_EXTERNAL");

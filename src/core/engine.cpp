@@ -1,6 +1,10 @@
 // The progress engine (see engine.hpp for the model).
 #include "core/engine.hpp"
 
+#include "core/config.hpp"
+#include "core/device_exec.hpp"
+#include "base/check.hpp"
+
 #include <braid/config.hpp>
 
 #include "base/logging.hpp"
@@ -84,7 +88,7 @@ class StoreDirectory final : public transport::PeerDirectory {
 
 namespace {
 
-enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
+enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2, kOnDevice = 3 };
 
 const char* kind_name(StepKind k) {
   switch (k) {
@@ -222,12 +226,47 @@ struct Engine::Exec {
   std::byte* packed = nullptr;
   std::size_t frame = 1, frame_bytes = 0;  ///< compressed plans: Plan::packed_frame, its bytes
   bool routed = false;  ///< every peer has a connection
+  std::byte* scratch_base = nullptr;  ///< the scratch lease's, or device memory (direct device path)
+
+  // The direct device path (op.on_device): the engine's stream and buffers, each
+  // transfer's pinned slot, and the steps whose device work is enqueued (kOnDevice), in
+  // stream order, with what comes next for each.
+  DeviceExec* dev = nullptr;
+  std::byte* dev_scratch = nullptr;
+  std::vector<std::byte*> slot;  ///< per step: a transfer's pinned slot, or null
+  struct OnDevice {
+    std::uint32_t step;
+    std::shared_ptr<std::atomic<bool>> ran;
+    bool then_send;        ///< a send's slot is filled: post it (else the step is done)
+    std::size_t queue;     ///< then_send: index into plan->peers
+    std::uint64_t tag;     ///< then_send: the message's tag
+  };
+  std::vector<OnDevice> on_device;
+  std::size_t on_device_head = 0;
+
+  Exec() = default;
+  Exec(const Exec&) = delete;
+  Exec& operator=(const Exec&) = delete;
+  ~Exec() {
+    if (dev == nullptr) return;
+    // The stream may still copy into or out of these buffers: wait for it (bounded: no
+    // kernel waits on a peer) before they are reused.
+    try {
+      dev->synchronize();
+    } catch (const std::exception& e) {
+      BRAID_LOG(warn, op.name << ": waiting for the engine's stream failed (" << e.what()
+                              << "); its buffers are not reused");
+      return;
+    }
+    for (std::byte* p : slot) dev->give_pinned(p);
+    dev->give_device(dev_scratch);
+  }
 
   std::byte* ptr(const Region& r) const {
     switch (r.buf) {
       case Buffer::input: return static_cast<std::byte*>(const_cast<void*>(op.input)) + r.offset * elem;
       case Buffer::output: return static_cast<std::byte*>(op.output) + r.offset * elem;
-      case Buffer::scratch: return scratch.data() + r.offset * elem;
+      case Buffer::scratch: return scratch_base + r.offset * elem;
       case Buffer::packed: return packed + r.offset / frame * frame_bytes;
       case Buffer::feedback_worker: return reinterpret_cast<std::byte*>(op.feedback[0] + r.offset);
       case Buffer::feedback_owner: return reinterpret_cast<std::byte*>(op.feedback[1] + r.offset);
@@ -545,10 +584,25 @@ bool Engine::admit() {
     const StagingNeed staging = staging_need(p, ex->elem, ex->op.input, ex->op.output);
     ex->stage_stride = staging.slot_bytes;
     const std::size_t staging_at = staging.slots > 0 ? (scratch_bytes + packed_bytes + 63) / 64 * 64 : 0;
-    ex->scratch = scratch_pool_->take(staging.slots > 0 ? staging_at + staging.slots * staging.slot_bytes
-                                                        : scratch_bytes + packed_bytes);
-    ex->packed = ex->scratch.data() + scratch_bytes;
-    ex->staging = ex->scratch.data() + staging_at;
+    const std::size_t lease_bytes =
+        staging.slots > 0 ? staging_at + staging.slots * staging.slot_bytes : scratch_bytes + packed_bytes;
+    if (ex->op.on_device) {
+      BRAID_CHECK(p.packed_count == 0 && p.request.codec.kind == compression::CodecKind::none, Internal,
+                  ex->op.name << ": a compressed plan on the direct device path (compressed calls are staged)");
+      if (!device_exec_) device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), ex->op.device, waker());
+      BRAID_CHECK(device_exec_->device() == ex->op.device, Internal,
+                  ex->op.name << ": GPU " << ex->op.device << ", but the engine's stream is on GPU "
+                              << device_exec_->device());
+      ex->dev = device_exec_.get();
+      ex->slot.assign(p.steps.size(), nullptr);
+      if (lease_bytes > 0) ex->dev_scratch = ex->dev->take_device(lease_bytes);
+      ex->scratch_base = ex->dev_scratch;
+    } else {
+      ex->scratch = scratch_pool_->take(lease_bytes);
+      ex->scratch_base = ex->scratch.data();
+    }
+    ex->packed = ex->scratch_base + scratch_bytes;
+    ex->staging = ex->scratch_base + staging_at;
     for (std::size_t k = staging.slots; k > 0; --k) ex->free_staging.push_back(static_cast<int>(k - 1));
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
@@ -720,6 +774,17 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
 
 void Engine::finish_step(Exec& ex, std::uint32_t i) {
   const Step& s = ex.plan->steps[i];
+  if (ex.dev) {
+    // The device work (reduction, division) has run: give back the step's buffers.
+    if (ex.slot[i]) {
+      ex.dev->give_pinned(ex.slot[i]);
+      ex.slot[i] = nullptr;
+    }
+    if (ex.staging_of[i] >= 0) ex.free_staging.push_back(ex.staging_of[i]);
+    ex.state[i] = kDone;
+    ++ex.done;
+    return;
+  }
   if (s.kind == StepKind::recv_reduce) {
     std::byte* dst = ex.ptr(s.dst);
     const std::byte* src = ex.ptr(s.src);
@@ -734,6 +799,61 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
   ++ex.done;
 }
 
+void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
+  const Step& s = ex.plan->steps[i];
+  DeviceExec& d = *ex.dev;
+  switch (s.kind) {
+    case StepKind::recv:
+      d.copy(ex.ptr(s.dst), ex.slot[i], ex.bytes(s.dst));
+      break;
+    case StepKind::recv_reduce: {
+      // As the host path: the message goes to dst, or to a staging slot where dst overlaps src.
+      const int st = ex.staging_of[i];
+      std::byte* msg = st >= 0 ? ex.staging + static_cast<std::size_t>(st) * ex.stage_stride : ex.ptr(s.dst);
+      d.copy(msg, ex.slot[i], ex.bytes(s.dst));
+      d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), msg, ex.ptr(s.src), s.dst.count);
+      break;
+    }
+    case StepKind::reduce:
+      d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
+      break;
+    case StepKind::copy:
+      d.copy(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+      break;
+    default:
+      throw Error(ErrorCode::Internal, ex.where(i) + ": this step cannot run on the direct device path");
+  }
+  if (s.finalize) d.divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
+  ex.state[i] = kOnDevice;
+  ex.on_device.push_back({i, d.notify(), false, 0, 0});
+}
+
+bool Engine::reap_device(Exec& ex) {
+  bool any = false;
+  // One stream: its work runs in the order it was enqueued, so stop at the first that has
+  // not run (a later flag seen first must not post a send out of order).
+  while (ex.on_device_head < ex.on_device.size()) {
+    auto& w = ex.on_device[ex.on_device_head];
+    if (!w.ran->load(std::memory_order_acquire)) break;
+    if (w.then_send) {
+      const Step& s = ex.plan->steps[w.step];
+      ex.state[w.step] = kPosted;
+      ex.conns[w.queue]->send(ex.slot[w.step], ex.bytes(s.src), w.tag, &ex.req[w.step]);
+      ex.inflight.push_back(w.step);
+    } else {
+      finish_step(ex, w.step);
+    }
+    w.ran.reset();
+    ++ex.on_device_head;
+    any = true;
+  }
+  if (ex.on_device_head == ex.on_device.size()) {
+    ex.on_device.clear();
+    ex.on_device_head = 0;
+  }
+  return any;
+}
+
 // Starts every queue head whose dependencies are met; returns whether any started.
 bool Engine::post_ready(Exec& ex) {
   bool any = false;
@@ -744,6 +864,16 @@ bool Engine::post_ready(Exec& ex) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
+      if (ex.dev) {
+        // Device to the step's pinned slot first; reap_device() posts the send.
+        ex.slot[i] = ex.dev->take_pinned(ex.bytes(s.src));
+        ex.dev->copy(ex.slot[i], ex.ptr(s.src), ex.bytes(s.src));
+        ex.state[i] = kOnDevice;
+        ex.on_device.push_back({i, ex.dev->notify(), true, q, ex.tag(ex.send_head[q])});
+        ++ex.send_head[q];
+        any = true;
+        continue;
+      }
       ex.state[i] = kPosted;
       ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
@@ -763,6 +893,11 @@ bool Engine::post_ready(Exec& ex) {
         ex.staging_of[i] = slot;
         target = ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride;
       }
+      if (ex.dev) {
+        // Into the step's pinned slot; enqueue_device() moves it on once it is in.
+        ex.slot[i] = ex.dev->take_pinned(bytes);
+        target = ex.slot[i];
+      }
       ex.state[i] = kPosted;
       ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
@@ -774,6 +909,12 @@ bool Engine::post_ready(Exec& ex) {
     const std::uint32_t i = ex.localq[ex.local_head];
     if (!ex.deps_done(i)) break;
     const Step& s = p.steps[i];
+    if (ex.dev) {
+      enqueue_device(ex, i);
+      ++ex.local_head;
+      any = true;
+      continue;
+    }
     switch (s.kind) {
       case StepKind::reduce:
         kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
@@ -824,7 +965,10 @@ bool Engine::reap(Exec& ex) {
       continue;
     }
     if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
-    finish_step(ex, i);
+    if (ex.dev && ex.plan->steps[i].kind != StepKind::send)
+      enqueue_device(ex, i);  // slot to device (and reduce); done when the stream has run it
+    else
+      finish_step(ex, i);
     ex.inflight[k] = ex.inflight.back();
     ex.inflight.pop_back();
     any = true;
@@ -1031,6 +1175,7 @@ bool Engine::step(bool& unrouted) {
       }
       if (!ex.routed && !route(ex)) unrouted = true;
       if (ex.routed) {
+        if (ex.dev) progressed |= reap_device(ex);
         progressed |= reap(ex);
         progressed |= post_ready(ex);
       }

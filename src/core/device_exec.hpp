@@ -1,0 +1,78 @@
+// Device execution of plans (docs/gpu.md, "The direct path"): what the engine needs to run
+// a plan's steps on device buffers. Local steps (reduce, copy, the avg division) are
+// braid's kernels enqueued on one stream the engine owns; a transfer over a transport
+// that takes host memory moves through a pinned host slot of its own size (device to
+// slot, send; receive, slot to device). The engine learns that the work enqueued for a
+// step has run through a flag that a host callback on the stream sets (then it wakes
+// the engine), so the engine never blocks on the device while it has other work.
+//
+// Kernels: the CUDA backend launches src/kernels/cuda; the emulated backend runs the
+// host kernels (src/kernels/host) on its stream thread, in stream order. Results are the
+// host path's bit for bit either way (the kernels' contract).
+//
+// Engine thread only (and helpers that drive the engine under its lock): no method is
+// thread-safe. Buffers taken here stay allocated until the DeviceExec is destroyed and
+// are reused by later operations (alloc_pinned and cudaMalloc are slow; an operation's
+// pattern of sizes repeats from one training step to the next).
+#pragma once
+
+#include "gpu/runtime.hpp"
+
+#include <braid/types.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace braid::core {
+
+class DeviceExec {
+ public:
+  /// A stream of `device` on `runtime`; `wake` wakes the engine (any thread).
+  DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake);
+  /// Waits for the stream, then frees every buffer. Never throws.
+  ~DeviceExec();
+  DeviceExec(const DeviceExec&) = delete;
+  DeviceExec& operator=(const DeviceExec&) = delete;
+
+  int device() const noexcept { return device_; }
+
+  /// Pinned host memory of at least `bytes` (> 0), until give_pinned().
+  std::byte* take_pinned(std::size_t bytes);
+  void give_pinned(std::byte* p) noexcept;
+  /// Device memory of at least `bytes` (> 0), until give_device().
+  std::byte* take_device(std::size_t bytes);
+  void give_device(std::byte* p) noexcept;
+
+  /// Enqueue on the stream (any direction: pinned, device).
+  void copy(void* dst, const void* src, std::size_t bytes);
+  /// dst[i] = a[i] (op) b[i] (avg adds), as kernels::reduce; dst may equal a or b.
+  void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b, std::size_t n);
+  /// buf[i] /= divisor (finishes avg), as kernels::divide.
+  void divide(DataType dtype, void* buf, std::size_t n, int divisor);
+  /// A flag set (and the engine woken) once everything enqueued before this call has run.
+  std::shared_ptr<std::atomic<bool>> notify();
+  /// Blocks until everything enqueued has run (no kernel waits on a peer, so this is
+  /// bounded by the device's own work). Throws Error(Cuda) on a device failure.
+  void synchronize();
+
+ private:
+  /// Makes this DeviceExec's device current on the calling thread for its lifetime and
+  /// restores the thread's own afterwards (a helping user thread keeps its device).
+  class OnDevice;
+  struct Pool {
+    std::vector<std::pair<std::size_t, std::byte*>> all, free;
+  };
+  std::byte* take(Pool& pool, std::size_t bytes, bool pinned);
+  static void give(Pool& pool, std::byte* p) noexcept;
+
+  gpu::Runtime& rt_;
+  const int device_;
+  std::function<void()> wake_;
+  gpu::Stream stream_ = nullptr;
+  Pool pinned_, device_mem_;
+};
+
+}  // namespace braid::core
