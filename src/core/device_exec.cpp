@@ -49,6 +49,8 @@ struct Ticket {
 
 constexpr std::size_t kRound = 4096;
 
+std::atomic<int> g_made{0};
+
 }  // namespace
 
 class DeviceExec::OnDevice {
@@ -78,6 +80,7 @@ DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> 
     : rt_(runtime), device_(device), wake_(std::move(wake)) {
   OnDevice on(*this);
   stream_ = rt_.create_stream();
+  g_made.fetch_add(1, std::memory_order_relaxed);
   BRAID_LOG(info, "direct device path: plans run on a stream of GPU " << device_ << " (" << rt_.describe() << ")");
 }
 
@@ -95,6 +98,8 @@ DeviceExec::~DeviceExec() {
   for (auto& [bytes, p] : device_mem_.all) rt_.free_device(p);
   rt_.destroy_stream(stream_);
 }
+
+int DeviceExec::made() noexcept { return g_made.load(std::memory_order_relaxed); }
 
 std::byte* DeviceExec::take(Pool& pool, std::size_t bytes, bool pinned) {
   bytes = (std::max<std::size_t>(bytes, 1) + kRound - 1) / kRound * kRound;

@@ -38,6 +38,8 @@ class DeviceExec {
   DeviceExec& operator=(const DeviceExec&) = delete;
 
   int device() const noexcept { return device_; }
+  /// How many DeviceExecs this process has made (tests: that the direct path ran).
+  static int made() noexcept;
 
   /// Pinned host memory of at least `bytes` (> 0), until give_pinned().
   std::byte* take_pinned(std::size_t bytes);

@@ -18,6 +18,7 @@
 #include "test_support.hpp"
 
 #include "core/config.hpp"
+#include "core/device_exec.hpp"
 #include "gpu/runtime.hpp"
 #include "kernels/host/reduce.hpp"
 
@@ -365,6 +366,33 @@ TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
     w.wait();
     for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(back[i], 6.f) << "element " << i << " on rank " << r;
   });
+}
+
+// The path BRAID_DEVICE_PATH names is the one that runs the call: with direct, each
+// rank's engine makes its device stream (core::DeviceExec) for its first device call;
+// staged makes none. (CI runs this file under both: test_device_collectives and
+// test_device_collectives_direct.)
+TEST(DevicePath, TheConfiguredPathRunsTheCall) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const int n = 2;
+  const std::size_t count = 4096;
+  const bool direct = core::Config::global().device_direct;
+  test::Group g(n);
+  const int before = core::DeviceExec::made();
+  run_threads(n, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(count * 4);
+    PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
+    rt().copy_async(buf.data(), in.data(), count * 4, s.s);
+    AllreduceOptions o;
+    o.stream = s.s;
+    g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
+    rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+    rt().synchronize(s.s);
+    for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], 3.f) << "element " << i << " on rank " << r;
+  });
+  EXPECT_EQ(core::DeviceExec::made() - before, direct ? n : 0)
+      << "BRAID_DEVICE_PATH=" << (direct ? "direct" : "staged") << ", but the other path ran the call";
 }
 
 TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
