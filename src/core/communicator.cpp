@@ -190,7 +190,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
       timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library), gpu);
   const core::Membership member{rank, size, timeout, store, topology};
-  engine = std::make_unique<core::Engine>(engine_options(cfg, member, name, secret, address_hint, pci), store);
+  core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
+  eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;
+  engine = std::make_unique<core::Engine>(eo, store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   if (device >= 0)

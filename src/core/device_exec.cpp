@@ -50,6 +50,7 @@ struct Ticket {
 constexpr std::size_t kRound = 4096;
 
 std::atomic<int> g_made{0};
+std::atomic<long> g_slots{0};
 
 }  // namespace
 
@@ -100,6 +101,7 @@ DeviceExec::~DeviceExec() {
 }
 
 int DeviceExec::made() noexcept { return g_made.load(std::memory_order_relaxed); }
+long DeviceExec::slots_taken() noexcept { return g_slots.load(std::memory_order_relaxed); }
 
 std::byte* DeviceExec::take(Pool& pool, std::size_t bytes, bool pinned) {
   bytes = (std::max<std::size_t>(bytes, 1) + kRound - 1) / kRound * kRound;
@@ -126,7 +128,10 @@ void DeviceExec::give(Pool& pool, std::byte* p) noexcept {
     }
 }
 
-std::byte* DeviceExec::take_pinned(std::size_t bytes) { return take(pinned_, bytes, true); }
+std::byte* DeviceExec::take_pinned(std::size_t bytes) {
+  g_slots.fetch_add(1, std::memory_order_relaxed);
+  return take(pinned_, bytes, true);
+}
 void DeviceExec::give_pinned(std::byte* p) noexcept { give(pinned_, p); }
 std::byte* DeviceExec::take_device(std::size_t bytes) { return take(device_mem_, bytes, false); }
 void DeviceExec::give_device(std::byte* p) noexcept { give(device_mem_, p); }

@@ -40,6 +40,9 @@ class DeviceExec {
   int device() const noexcept { return device_; }
   /// How many DeviceExecs this process has made (tests: that the direct path ran).
   static int made() noexcept;
+  /// How many pinned slots this process's DeviceExecs have handed out (tests: that a
+  /// connection taking device memory moved the data without any).
+  static long slots_taken() noexcept;
 
   /// Pinned host memory of at least `bytes` (> 0), until give_pinned().
   std::byte* take_pinned(std::size_t bytes);

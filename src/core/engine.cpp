@@ -350,6 +350,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.common.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };
     c.master_addr = opt_.master_addr;
     c.gpu_pci_bus_id = opt_.gpu_pci_bus_id;
+    c.emulated_device_memory = opt_.emulated_device_memory;
     c.settings = opt_.settings;
     c.poller = poller_.get();
     c.directory = directory_.get();
@@ -804,13 +805,13 @@ void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
   DeviceExec& d = *ex.dev;
   switch (s.kind) {
     case StepKind::recv:
-      d.copy(ex.ptr(s.dst), ex.slot[i], ex.bytes(s.dst));
+      if (ex.slot[i]) d.copy(ex.ptr(s.dst), ex.slot[i], ex.bytes(s.dst));
       break;
     case StepKind::recv_reduce: {
       // As the host path: the message goes to dst, or to a staging slot where dst overlaps src.
       const int st = ex.staging_of[i];
       std::byte* msg = st >= 0 ? ex.staging + static_cast<std::size_t>(st) * ex.stage_stride : ex.ptr(s.dst);
-      d.copy(msg, ex.slot[i], ex.bytes(s.dst));
+      if (ex.slot[i]) d.copy(msg, ex.slot[i], ex.bytes(s.dst));  // else the connection wrote msg
       d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), msg, ex.ptr(s.src), s.dst.count);
       break;
     }
@@ -864,6 +865,14 @@ bool Engine::post_ready(Exec& ex) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
+      if (ex.dev && ex.conns[q]->takes_device_memory()) {
+        ex.state[i] = kPosted;  // the connection reads the device buffer itself
+        ex.conns[q]->send_device(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
+        ex.inflight.push_back(i);
+        ++ex.send_head[q];
+        any = true;
+        continue;
+      }
       if (ex.dev) {
         // Device to the step's pinned slot first; reap_device() posts the send.
         ex.slot[i] = ex.dev->take_pinned(ex.bytes(s.src));
@@ -893,13 +902,17 @@ bool Engine::post_ready(Exec& ex) {
         ex.staging_of[i] = slot;
         target = ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride;
       }
-      if (ex.dev) {
+      const bool device_conn = ex.dev && ex.conns[q]->takes_device_memory();
+      if (ex.dev && !device_conn) {
         // Into the step's pinned slot; enqueue_device() moves it on once it is in.
         ex.slot[i] = ex.dev->take_pinned(bytes);
         target = ex.slot[i];
       }
       ex.state[i] = kPosted;
-      ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
+      if (device_conn)
+        ex.conns[q]->recv_device(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
+      else
+        ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
       ++ex.recv_head[q];
       any = true;
@@ -965,10 +978,11 @@ bool Engine::reap(Exec& ex) {
       continue;
     }
     if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
-    if (ex.dev && ex.plan->steps[i].kind != StepKind::send)
-      enqueue_device(ex, i);  // slot to device (and reduce); done when the stream has run it
+    const Step& s = ex.plan->steps[i];
+    if (ex.dev && s.kind != StepKind::send && (ex.slot[i] || s.kind == StepKind::recv_reduce || s.finalize))
+      enqueue_device(ex, i);  // slot to device, reduce, divide; done when the stream has run it
     else
-      finish_step(ex, i);
+      finish_step(ex, i);  // a send, or a receive that landed in device memory as it is
     ex.inflight[k] = ex.inflight.back();
     ex.inflight.pop_back();
     any = true;

@@ -137,6 +137,7 @@ struct EngineOptions {
   // own rows from `settings`.
   std::string master_addr;  ///< bootstrap store address: a hint for the interface to bind
   std::string gpu_pci_bus_id;  ///< the rank's GPU ("" for none): RDMA transports prefer the NIC nearest it
+  bool emulated_device_memory = false;  ///< the GPU runtime is the emulation (TransportContext)
   std::string auth_token;
   std::uint64_t comm_id = 0;
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};

@@ -46,6 +46,10 @@ struct TransportContext {
   const base::Settings* settings = nullptr;
   Poller* poller = nullptr;
   PeerDirectory* directory = nullptr;
+  /// The process's device memory is host memory (the emulated GPU runtime, tests only): a
+  /// transport that moves device memory where its library supports it (ucx) then takes
+  /// it as host memory, so that CI runs the engine's no-slot device path.
+  bool emulated_device_memory = false;
 };
 
 struct TransportEntry {

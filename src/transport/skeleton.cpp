@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <utility>
 
 namespace braid::transport {
@@ -22,6 +23,16 @@ namespace {
 constexpr std::size_t kMaxPendingAccepts = 64;
 
 }  // namespace
+
+void Connection::send_device(const void*, std::size_t, std::uint64_t, Request*) {
+  throw Error(ErrorCode::Internal, "send_device on a connection to rank " + std::to_string(peer()) +
+                                       " that does not take device memory (takes_device_memory() is false)");
+}
+
+void Connection::recv_device(void*, std::size_t, std::uint64_t, Request*) {
+  throw Error(ErrorCode::Internal, "recv_device on a connection to rank " + std::to_string(peer()) +
+                                       " that does not take device memory (takes_device_memory() is false)");
+}
 
 Skeleton::Skeleton(const CommonOptions& common, Poller& poller, PeerDirectory& directory, const char* name,
                    HelloFormat hello)

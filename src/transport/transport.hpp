@@ -77,6 +77,16 @@ class Connection {
   /// True once the connection has failed or the peer has closed it, even with no
   /// request pending; `why` (if given) receives the reason naming the peer.
   virtual bool broken(std::string* why) const = 0;
+
+  /// Whether send_device/recv_device may be called: this connection moves device memory
+  /// itself (UCX built with CUDA: cuda_copy, cuda_ipc, GPUDirect RDMA). The engine's
+  /// direct device path then hands it device buffers; other connections get pinned host
+  /// slots (core::DeviceExec).
+  virtual bool takes_device_memory() const noexcept { return false; }
+  /// As send() and recv(), with `buf` in the communicator's GPU memory. Only where
+  /// takes_device_memory(); the default refuses.
+  virtual void send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req);
+  virtual void recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req);
 };
 
 /// Bootstrap services a transport needs, implemented by the engine over the store.

@@ -395,6 +395,49 @@ TEST(DevicePath, TheConfiguredPathRunsTheCall) {
       << "BRAID_DEVICE_PATH=" << (direct ? "direct" : "staged") << ", but the other path ran the call";
 }
 
+// On the direct path, a connection that takes device memory (ucx: a UCX built with CUDA,
+// or here the emulated runtime, whose device memory is host memory) gets the device
+// buffers themselves: no pinned slot. tcp takes host memory only: every transfer goes
+// through a slot.
+TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (!core::Config::global().device_direct)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged: test_device_collectives_direct runs this";
+  if (rt().backend() != gpu::Backend::emulated)
+    GTEST_SKIP() << "on the CUDA backend ucx takes device memory only where the loaded UCX has CUDA support "
+                    "(braid_info prints its memory types)";
+  const auto ts = test::grid_transports();
+  if (std::find(ts.begin(), ts.end(), "ucx") == ts.end()) GTEST_SKIP() << "this build has no ucx transport";
+  const std::size_t count = 1 << 16;
+  const auto slots_over = [&](const std::string& transport) {
+    test::Group g(2, {}, 0, transport);
+    const long before = core::DeviceExec::slots_taken();
+    run_threads(2, [&](int r) {
+      OwnStream s;
+      DeviceBuffer buf(count * 4);
+      PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
+      rt().copy_async(buf.data(), in.data(), count * 4, s.s);
+      AllreduceOptions o;
+      o.stream = s.s;
+      o.algorithm = Algorithm::ring;
+      g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
+      rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+      rt().synchronize(s.s);
+      for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], 3.f) << "element " << i << " on rank " << r;
+    });
+    return core::DeviceExec::slots_taken() - before;
+  };
+  long over_ucx = 0;
+  try {
+    over_ucx = slots_over("ucx");
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::Unsupported) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_EQ(over_ucx, 0) << "ucx takes the emulated device memory, yet transfers went through pinned slots";
+  EXPECT_GT(slots_over("tcp"), 0) << "tcp takes host memory only, yet no transfer went through a pinned slot";
+}
+
 TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   const int n = 2, calls = 20;

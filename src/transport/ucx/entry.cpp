@@ -15,6 +15,7 @@ int preference(const PairFacts& p) { return !p.same_host && p.rdma ? 15 : 0; }
 
 std::unique_ptr<Transport> make(const TransportContext& c) {
   auto u = options_for<UcxOptions>(c);
+  u.emulated_device_memory = c.emulated_device_memory;
   // BRAID_UCX_LIBRARY is core's row (braid_info loads UCX too); the engine's settings carry
   // it, a transport test's own settings do not (then the default library).
   u.library = c.settings->raw("BRAID_UCX_LIBRARY");

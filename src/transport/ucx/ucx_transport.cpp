@@ -162,10 +162,14 @@ void release_context(const Api& api, ucp_context_h context) noexcept {
 
 class UcxTransport;
 
+/// Which device buffers a ucx transport takes (UcxConnection::takes_device_memory).
+enum class Device { none, cuda, emulated };
+
 /// One UCX operation. Heap-allocated so its address stays put for the callback; outlives
 /// its braid request when the connection fails first (then it waits in the orphans).
 struct Op {
   bool recv = false;
+  bool device = false;  ///< buf is device memory (send_device / recv_device)
   Request* req = nullptr;  ///< null for control messages
   void* buf = nullptr;
   std::size_t bytes = 0;
@@ -203,6 +207,10 @@ class UcxConnection final : public Connection {
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   bool broken(std::string* why) const override { return failure_.report(why); }
+  bool takes_device_memory() const noexcept override;
+  void send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void post(bool recv, bool device, void* buf, std::size_t bytes, std::uint64_t tag, Request* req);
   std::string who() const { return "ucx connection to rank " + std::to_string(peer_); }
 
   UcxTransport& t_;
@@ -268,6 +276,16 @@ class UcxTransport final : public Transport {
  public:
   UcxTransport(const UcxOptions& o, const Api& api, ucp_context_h context, Poller& poller, PeerDirectory& dir)
       : common_(o), api_(api), context_(context), poller_(poller), directory_(dir), conns_(o.size) {
+    // Device buffers: CUDA memory where the loaded UCX was built with CUDA (the PyPI
+    // wheel's, HPC-X's); as host memory on the emulated GPU runtime; else none (the engine
+    // stages them through pinned host slots).
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (o.emulated_device_memory)
+      device_memory_ = Device::emulated;
+    else if (api_.context_query(context, &attr) == UCS_OK &&
+             (attr.memory_types & (std::uint64_t{1} << UCS_MEMORY_TYPE_CUDA)) != 0)
+      device_memory_ = Device::cuda;
     std::random_device rd;
     rng_.seed((std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid()));
     ucp_worker_params_t wp{};
@@ -351,6 +369,7 @@ class UcxTransport final : public Transport {
   bool closed() const noexcept { return closed_; }
   const std::string& closed_reason() const noexcept { return closed_reason_; }
   std::string self() const { return "ucx transport (rank " + std::to_string(common_.rank) + ")"; }
+  Device device_memory() const noexcept { return device_memory_; }
 
  private:
   UcxConnection& get(int peer) {
@@ -460,6 +479,7 @@ class UcxTransport final : public Transport {
   const CommonOptions common_;
   const Api& api_;
   ucp_context_h context_;
+  Device device_memory_ = Device::none;
   Poller& poller_;
   PeerDirectory& directory_;
   ConnectionTable<UcxConnection> conns_;
@@ -483,29 +503,38 @@ class UcxTransport final : public Transport {
 
 // --- Connections -------------------------------------------------------------------------
 
-void UcxConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("ucx", "send", buf, bytes, req, peer_);
+void UcxConnection::post(bool recv, bool device, void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  check_post("ucx", recv ? "recv" : "send", buf, bytes, req, peer_);
   start_request(req);
   if (failure_.failed) return failure_.apply(req);
   auto op = std::make_unique<Op>();
-  op->req = req;
-  op->buf = const_cast<void*>(buf);
-  op->bytes = bytes;
-  op->tag = tag;
-  t_.post(*this, std::move(op), false);
-}
-
-void UcxConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
-  check_post("ucx", "recv", buf, bytes, req, peer_);
-  start_request(req);
-  if (failure_.failed) return failure_.apply(req);
-  auto op = std::make_unique<Op>();
-  op->recv = true;
+  op->recv = recv;
+  op->device = device;
   op->req = req;
   op->buf = buf;
   op->bytes = bytes;
   op->tag = tag;
-  t_.post(*this, std::move(op), true);
+  t_.post(*this, std::move(op), recv);
+}
+
+void UcxConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post(false, false, const_cast<void*>(buf), bytes, tag, req);
+}
+
+void UcxConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post(true, false, buf, bytes, tag, req);
+}
+
+bool UcxConnection::takes_device_memory() const noexcept { return t_.device_memory() != Device::none; }
+
+void UcxConnection::send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::send_device(buf, bytes, tag, req);
+  post(false, true, const_cast<void*>(buf), bytes, tag, req);
+}
+
+void UcxConnection::recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::recv_device(buf, bytes, tag, req);
+  post(true, true, buf, bytes, tag, req);
 }
 
 void UcxTransport::issue(UcxConnection& c, Op& op) {
@@ -513,7 +542,9 @@ void UcxTransport::issue(UcxConnection& c, Op& op) {
   op.issued = true;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  // Set explicitly (UCX would otherwise look the pointer up on every call): host, or CUDA
+  // for device buffers where the loaded UCX supports it (emulated device memory is host).
+  p.memory_type = op.device && device_memory_ == Device::cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
   p.user_data = &op;
   void* r = nullptr;
   if (op.recv) {

@@ -17,6 +17,10 @@ struct UcxOptions : CommonOptions {
   /// Messages up to this size are sent eagerly (UCX's RNDV_THRESH; 0: UCX's choice). Set by
   /// the process's first ucx transport (one UCX context per process).
   std::size_t eager_limit = 65536;
+  /// The process's device memory is host memory (TransportContext::emulated_device_memory):
+  /// device buffers are taken, as host memory. Otherwise they are taken only where the
+  /// loaded UCX reports CUDA memory support, and sent as UCS_MEMORY_TYPE_CUDA.
+  bool emulated_device_memory = false;
 };
 
 /// Loads UCX (Error(Unsupported) with the loader's reason when it cannot), creates this
