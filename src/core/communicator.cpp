@@ -10,6 +10,7 @@
 #include "base/logging.hpp"
 #include "base/text.hpp"
 #include "collectives/tuner.hpp"
+#include "gpu/nvml.hpp"
 #include "gpu/runtime.hpp"
 #include "transport/registry.hpp"
 
@@ -731,6 +732,7 @@ std::string Communicator::describe_topology() const {
         os << " " << a << "<->" << b << "=" << (rt.can_access_peer(a, b) && rt.can_access_peer(b, a) ? "yes" : "no");
     os << "\n";
   }
+  if (im.device >= 0) os << gpu::describe_nvlink(gpu::query_nvlink(im.cfg.nvml_library), "    ");
   const core::Router router(im.cfg.transport);
   os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
   for (int a = 0; a < im.size; ++a) {

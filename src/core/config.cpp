@@ -98,6 +98,10 @@ std::vector<Setting> make_table() {
        "The libibverbs braid loads at run time to list the host's RDMA devices (a path to "
        "libibverbs.so.1, e.g. MOFED's); braid_info --topology prints what it finds. Ignored by builds "
        "without the verbs headers."},
+      {"BRAID_NVML_LIBRARY", SettingType::text, "libnvidia-ml.so.1",
+       "The NVML library braid loads at run time to find which GPUs of the host NVLink joins "
+       "(braid_info --topology, describe_topology()); a path to libnvidia-ml.so.1. It comes with the "
+       "NVIDIA driver; without it the report says NVLink is unknown."},
       {"BRAID_PMIX_LIBRARY", SettingType::text, "libpmix.so.2",
        "The PMIx client library braid loads at run time to find rank 0's store under mpirun or "
        "srun --mpi=pmix when no store address is set (a path to libpmix.so, e.g. the one Open MPI "
@@ -243,6 +247,7 @@ Config Config::parse(const Lookup& lookup) {
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");
   c.ibverbs_library = s.text("BRAID_IBVERBS_LIBRARY");
   c.pmix_library = s.text("BRAID_PMIX_LIBRARY");
+  c.nvml_library = s.text("BRAID_NVML_LIBRARY");
   c.pmix_namespace = s.text("PMIX_NAMESPACE");
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.device_direct = base::lower(s.text("BRAID_DEVICE_PATH")) == "direct";

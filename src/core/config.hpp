@@ -58,7 +58,8 @@ struct Config {
   std::string ibverbs_library;  ///< BRAID_IBVERBS_LIBRARY: what the libibverbs loader opens
   std::string pmix_library;  ///< BRAID_PMIX_LIBRARY: what the PMIx loader opens
   std::string gpu_backend;  ///< BRAID_GPU_BACKEND: auto, cuda, emulated or none
-  bool device_direct = false;  ///< BRAID_DEVICE_PATH=direct: device plans run on the device
+  bool device_direct = false;
+  std::string nvml_library;  ///< BRAID_NVML_LIBRARY  ///< BRAID_DEVICE_PATH=direct: device plans run on the device
   // --- identity and security ---
   std::string auth_token;
   std::string host_id;

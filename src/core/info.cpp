@@ -4,6 +4,7 @@
 #include <braid/info.hpp>
 
 #include "core/config.hpp"
+#include "gpu/nvml.hpp"
 #include "gpu/runtime.hpp"
 #include "core/pmix.hpp"
 #include "transport/ibverbs/ibv_discovery.hpp"
@@ -70,7 +71,11 @@ std::string build_features() {
   for (const auto* e : transport::registry()) line(e->name, 1, e->summary);  // the transports of this build
   line("cuda", BRAID_HAVE_CUDA,
        "CUDA device runtime and kernels; device buffers in every collective, staged through pinned host "
-       "memory (docs/gpu.md)");
+       "memory, or run on the device with BRAID_DEVICE_PATH=direct (docs/gpu.md)");
+  line("nvml", 1,
+       ("NVML, loaded at run time (which GPUs of this host NVLink joins): " +
+        gpu::summarize_nvlink(gpu::query_nvlink(core::Config::global().nvml_library)))
+           .c_str());
 #if BRAID_HAVE_UCX
   // What the UCX loader finds (the ucx transport's own line is the registry's, above).
   line("libucp", 1, ("UCX, loaded at run time: " +

@@ -519,6 +519,13 @@ TEST(DeviceTopology, EachRanksGpuAndThePeerAccessOfThisProcessesGpusAreDescribed
   if (rt().device_count() > 1) {
     EXPECT_NE(text.find("GPU peer access (this process's devices): 0<->1="), std::string::npos) << text;
   }
+  // NVLink as NVML reports it: the host's GPUs on a machine with the NVIDIA driver (the GPU
+  // check), else why NVML is unknown (CI: no driver). The rank's own GPU is among them.
+  if (rt().backend() == gpu::Backend::cuda) {
+    EXPECT_NE(text.find("GPU " + rt().pci_bus_id(0) + ": "), std::string::npos) << text;
+  } else {
+    EXPECT_NE(text.find("    NVLink: unknown (NVML: "), std::string::npos) << text;
+  }
 }
 
 TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
