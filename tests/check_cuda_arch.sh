@@ -23,7 +23,9 @@ echo "PTX in $lib:"
 echo "$ptx" | sed 's/^/  /'
 bad=0
 for arch in sm_80 sm_90; do
-  if ! echo "$elfs" | grep -q "\.$arch\.cubin"; then
+  # A here-string, not `echo | grep -q`: under pipefail, grep -q leaving at its first match
+  # can kill echo with SIGPIPE, and the pipeline then fails though the cubin is there.
+  if ! grep -q "\.$arch\.cubin" <<<"$elfs"; then
     echo "FAIL: no $arch cubin in $lib (CMAKE_CUDA_ARCHITECTURES lost ${arch#sm_}-real?)" >&2
     bad=1
   fi

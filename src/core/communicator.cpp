@@ -484,13 +484,15 @@ Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& 
   // A call that reads no device memory (recv; broadcast off the root) is staged either
   // way: then it needs no gate and starts at once, so that a send followed by a recv on
   // one stream (a ring exchange, or to itself) cannot wait on each other; the slot-to-
-  // device copy the direct path would make is the staged path's copy anyway.
+  // device copy the direct path would make is the staged path's copy anyway. (Sends are
+  // staged by their caller: staged_only.)
   direct = direct && b.send != nullptr && b.send_bytes > 0;
   auto post_host = [&](const void* s, void* r) {
     if (!direct) return host(s, r);
     struct Flag {
+      bool was = t_posting_on_device;
       Flag() { t_posting_on_device = true; }
-      ~Flag() { t_posting_on_device = false; }
+      ~Flag() { t_posting_on_device = was; }
     } flag;
     return host(s, r);
   };
@@ -630,9 +632,11 @@ std::size_t p2p_bytes(std::size_t count, DataType dtype) {
 
 Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
   const auto buffers = [&] { return core::CallBuffers{buf, p2p_bytes(count, dtype), nullptr, 0}; };
-  return impl_->device_or_host("send", options, buf, nullptr, buffers, [&](const void* s, void*) {
-    return impl_->p2p(true, s, count, dtype, peer, options);
-  });
+  // Staged on the direct path too: point-to-point operations run beside each other (a
+  // group), and the engine's one device stream orders the operations it runs alone.
+  return impl_->device_or_host(
+      "send", options, buf, nullptr, buffers,
+      [&](const void* s, void*) { return impl_->p2p(true, s, count, dtype, peer, options); }, true);
 }
 
 Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {

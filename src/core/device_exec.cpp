@@ -56,12 +56,14 @@ std::atomic<long> g_slots{0};
 
 class DeviceExec::OnDevice {
  public:
-  explicit OnDevice(DeviceExec& d) : rt_(d.rt_), want_(d.device_) {
+  // The engine's thread keeps the device once set: restoring "its" device would make it
+  // current, and on CUDA 12 setting a device creates its context (GPU 0's, for every rank).
+  explicit OnDevice(DeviceExec& d) : rt_(d.rt_), want_(d.device_), restore_(std::this_thread::get_id() != d.engine_) {
     had_ = rt_.current_device();
     if (had_ != want_) rt_.set_device(want_);
   }
   ~OnDevice() {
-    if (had_ != want_) {
+    if (restore_ && had_ != want_) {
       try {
         rt_.set_device(had_);
       } catch (...) {
@@ -74,11 +76,12 @@ class DeviceExec::OnDevice {
  private:
   gpu::Runtime& rt_;
   int want_;
+  bool restore_;
   int had_ = 0;
 };
 
-DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake)
-    : rt_(runtime), device_(device), wake_(std::move(wake)) {
+DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake, std::thread::id engine)
+    : rt_(runtime), device_(device), engine_(engine), wake_(std::move(wake)) {
   OnDevice on(*this);
   stream_ = rt_.create_stream();
   g_made.fetch_add(1, std::memory_order_relaxed);
@@ -198,6 +201,20 @@ std::shared_ptr<std::atomic<bool>> DeviceExec::notify() {
 void DeviceExec::synchronize() {
   OnDevice on(*this);
   rt_.synchronize(stream_);
+}
+
+bool DeviceExec::drain(std::chrono::milliseconds limit) noexcept {
+  try {
+    const auto ran = notify();
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!ran->load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 }  // namespace braid::core

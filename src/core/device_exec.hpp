@@ -21,6 +21,8 @@
 #include <braid/types.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -30,8 +32,10 @@ namespace braid::core {
 
 class DeviceExec {
  public:
-  /// A stream of `device` on `runtime`; `wake` wakes the engine (any thread).
-  DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake);
+  /// A stream of `device` on `runtime`; `wake` wakes the engine (any thread). `engine`
+  /// is the engine's thread, which keeps `device` current once set; other threads that
+  /// drive the engine (helping waiters) get their own device back after each call.
+  DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake, std::thread::id engine);
   /// Waits for the stream, then frees every buffer. Never throws.
   ~DeviceExec();
   DeviceExec(const DeviceExec&) = delete;
@@ -62,6 +66,9 @@ class DeviceExec {
   /// Blocks until everything enqueued has run (no kernel waits on a peer, so this is
   /// bounded by the device's own work). Throws Error(Cuda) on a device failure.
   void synchronize();
+  /// Waits up to `limit` for everything enqueued so far to run; false when it has not
+  /// (the stream is held up by other work of the device). Never throws.
+  bool drain(std::chrono::milliseconds limit) noexcept;
 
  private:
   /// Makes this DeviceExec's device current on the calling thread for its lifetime and
@@ -75,6 +82,7 @@ class DeviceExec {
 
   gpu::Runtime& rt_;
   const int device_;
+  const std::thread::id engine_;
   std::function<void()> wake_;
   gpu::Stream stream_ = nullptr;
   Pool pinned_, device_mem_;

@@ -587,36 +587,41 @@ bool Engine::admit() {
     const std::size_t staging_at = staging.slots > 0 ? (scratch_bytes + packed_bytes + 63) / 64 * 64 : 0;
     const std::size_t lease_bytes =
         staging.slots > 0 ? staging_at + staging.slots * staging.slot_bytes : scratch_bytes + packed_bytes;
-    if (ex->op.on_device) {
+    // In active_ before anything that can throw (a device allocation): a failure is then
+    // this operation's own, and its Work (and its caller's stream) completes with it.
+    Exec& e = *ex;
+    active_.push_back(std::move(ex));
+    any = true;
+    if (e.op.on_device) {
       BRAID_CHECK(p.packed_count == 0 && p.request.codec.kind == compression::CodecKind::none, Internal,
-                  ex->op.name << ": a compressed plan on the direct device path (compressed calls are staged)");
-      if (!device_exec_) device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), ex->op.device, waker());
-      BRAID_CHECK(device_exec_->device() == ex->op.device, Internal,
-                  ex->op.name << ": GPU " << ex->op.device << ", but the engine's stream is on GPU "
+                  e.op.name << ": a compressed plan on the direct device path (compressed calls are staged)");
+      BRAID_CHECK(!e.op.p2p, Internal, e.op.name << ": point-to-point on the direct device path (sends are staged)");
+      if (!device_exec_)
+        device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), e.op.device, waker(), thread_.get_id());
+      BRAID_CHECK(device_exec_->device() == e.op.device, Internal,
+                  e.op.name << ": GPU " << e.op.device << ", but the engine's stream is on GPU "
                               << device_exec_->device());
-      ex->dev = device_exec_.get();
-      ex->slot.assign(p.steps.size(), nullptr);
-      if (lease_bytes > 0) ex->dev_scratch = ex->dev->take_device(lease_bytes);
-      ex->scratch_base = ex->dev_scratch;
+      e.dev = device_exec_.get();
+      e.slot.assign(p.steps.size(), nullptr);
+      if (lease_bytes > 0) e.dev_scratch = e.dev->take_device(lease_bytes);
+      e.scratch_base = e.dev_scratch;
     } else {
-      ex->scratch = scratch_pool_->take(lease_bytes);
-      ex->scratch_base = ex->scratch.data();
+      e.scratch = scratch_pool_->take(lease_bytes);
+      e.scratch_base = e.scratch.data();
     }
-    ex->packed = ex->scratch_base + scratch_bytes;
-    ex->staging = ex->scratch_base + staging_at;
-    for (std::size_t k = staging.slots; k > 0; --k) ex->free_staging.push_back(static_cast<int>(k - 1));
+    e.packed = e.scratch_base + scratch_bytes;
+    e.staging = e.scratch_base + staging_at;
+    for (std::size_t k = staging.slots; k > 0; --k) e.free_staging.push_back(static_cast<int>(k - 1));
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
       if (collectives::is_local(s.kind)) {
-        ex->localq.push_back(i);
+        e.localq.push_back(i);
         continue;
       }
       const auto pos = static_cast<std::size_t>(std::lower_bound(p.peers.begin(), p.peers.end(), s.peer) - p.peers.begin());
-      (s.kind == StepKind::send ? ex->sendq : ex->recvq)[pos].push_back(i);
+      (s.kind == StepKind::send ? e.sendq : e.recvq)[pos].push_back(i);
     }
-    BRAID_LOG(trace, "start " << ex->op.name << " with " << p.steps.size() << " steps");
-    active_.push_back(std::move(ex));
-    any = true;
+    BRAID_LOG(trace, "start " << e.op.name << " with " << p.steps.size() << " steps");
   }
 }
 
@@ -752,6 +757,17 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   // catch block before calling here). Only this thread's own reference remains, dropped
   // in std::exception_ptr (tests/tsan.supp; docs/reliability.md, "ThreadSanitizer").
   const std::exception_ptr kind = same_kind(error, reason);
+  // Device work of the failing operations may still read or write the caller's buffers:
+  // let the engine's stream run it before their Works complete and release the callers'
+  // streams. Bounded (no kernel waits on a peer; but a stream can be held up by other work
+  // of the device), then the streams are released anyway.
+  if (device_exec_) {
+    bool on_device = false;
+    for (const auto& ex : active_) on_device = on_device || ex->dev != nullptr;
+    if (on_device && !device_exec_->drain(std::chrono::seconds(10)))
+      BRAID_LOG(warn, "rank " << opt_.rank << ": the engine's device stream did not finish within 10 s of the "
+                                              "failure; the callers' streams are released anyway");
+  }
   // The operation that failed gets the error itself; others running beside it
   // (point-to-point) are aborted with the reason.
   for (auto& ex : active_) {

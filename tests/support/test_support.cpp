@@ -8,6 +8,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -253,8 +254,14 @@ void run_processes_ok(int size, const std::function<void(int rank)>& fn, std::ch
 }
 
 std::string temp_path(const std::string& stem) {
+  // Skips paths that exist: a test process may get the pid of one from an earlier run whose
+  // FileStore files are still there (a store found full of another run's keys).
   static std::atomic<int> n{0};
-  return "/tmp/braid-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+  for (;;) {
+    std::string p = "/tmp/braid-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 && errno == ENOENT) return p;
+  }
 }
 
 }  // namespace braid::test

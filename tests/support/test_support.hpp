@@ -110,7 +110,8 @@ class GridTest : public ::testing::TestWithParam<GridPoint> {
   int hosts() const { return transport() == "auto" && world() >= 2 ? 2 : 0; }
 };
 
-/// A fresh path under $TMPDIR (or /tmp) that does not exist yet: "<dir>/braid-<stem>-<pid>-<n>".
+/// A fresh path under /tmp that does not exist yet: "/tmp/braid-<stem>-<pid>-<n>" (short, for
+/// Unix socket paths), skipping any an earlier process of the same pid left behind.
 std::string temp_path(const std::string& stem);
 
 /// What a test multiplies its wall-clock bounds by, and the delays they are measured

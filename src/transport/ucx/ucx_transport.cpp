@@ -542,9 +542,12 @@ void UcxTransport::issue(UcxConnection& c, Op& op) {
   op.issued = true;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-  // Set explicitly (UCX would otherwise look the pointer up on every call): host, or CUDA
-  // for device buffers where the loaded UCX supports it (emulated device memory is host).
-  p.memory_type = op.device && device_memory_ == Device::cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+  // Host memory is declared (UCX would otherwise look the pointer up on every call).
+  // Device buffers are left to UCX's detection where UCX has CUDA: device memory and
+  // managed memory are different UCX types (cuda, cuda_managed). The emulation's device
+  // memory is host memory.
+  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  if (op.device && device_memory_ == Device::cuda) p.op_attr_mask &= ~UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   p.user_data = &op;
   void* r = nullptr;
   if (op.recv) {
