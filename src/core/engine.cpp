@@ -834,9 +834,16 @@ void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
     case StepKind::reduce:
       d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
       break;
-    case StepKind::copy:
-      d.copy(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);
+    case StepKind::copy: {
+      // memmove on the host; a device copy must not overlap partially (no plan does).
+      const std::byte* from = ex.ptr(s.src);
+      std::byte* to = ex.ptr(s.dst);
+      const std::size_t n = s.dst.count * ex.elem;
+      BRAID_CHECK(to == from || to + n <= from || from + n <= to, Internal,
+                  ex.where(i) << ": a copy between partly overlapping regions on the device");
+      d.copy(to, from, n);
       break;
+    }
     default:
       throw Error(ErrorCode::Internal, ex.where(i) + ": this step cannot run on the direct device path");
   }
@@ -1036,9 +1043,12 @@ std::string Engine::deadline_error(Exec& ex) {
     os << " ranks that have not joined yet:";
     for (std::size_t q = 0; q < ex.conns.size(); ++q)
       if (!ex.conns[q]) os << " " << ex.plan->peers[q];
-  } else if (ex.inflight.empty()) {
+  } else if (ex.inflight.empty() && ex.on_device_head == ex.on_device.size()) {
     os << " nothing posted (dependencies)";
   }
+  if (ex.on_device_head < ex.on_device.size())
+    os << "; " << (ex.on_device.size() - ex.on_device_head) << " step(s) wait for the engine's device stream (step "
+       << ex.on_device[ex.on_device_head].step << " first: other work of the GPU may hold it up)";
   os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
         "raise BRAID_TIMEOUT if the job is just slow.";
   // Blame the peer of the oldest transfer still in flight: the one this rank was
