@@ -737,7 +737,8 @@ std::string Communicator::describe_topology() const {
     os << "\n";
   }
   if (im.device >= 0) os << gpu::describe_nvlink(gpu::query_nvlink(im.cfg.nvml_library), "    ");
-  const core::Router router(im.cfg.transport);
+  // The engine's router: in auto mode it knows which transports could not be made here.
+  const core::Router& router = im.engine->router();
   os << "transport per pair (BRAID_TRANSPORT=" << im.cfg.transport << "):\n";
   for (int a = 0; a < im.size; ++a) {
     os << "  rank " << a << ":";

@@ -154,6 +154,9 @@ class Engine {
   /// Starts the transport (publishing this rank's address in `store`) and the
   /// progress thread. `store` is the communicator's (prefixed) store.
   Engine(const EngineOptions& options, std::shared_ptr<Store> store);
+  /// The router the engine chooses transports with: in auto mode without the transports
+  /// that could not be made here (their library absent). Fixed once constructed.
+  const Router& router() const noexcept { return *router_; }
   /// Drains (see drain()), stops the thread and closes connections.
   ~Engine();
   Engine(const Engine&) = delete;

@@ -1,6 +1,8 @@
 // A host's NICs and PCI distances from sysfs (see host_hardware.hpp).
 #include "core/host_hardware.hpp"
 
+#include "gpu/runtime.hpp"
+
 #include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -81,13 +83,7 @@ const char* to_string(PciDistance d) noexcept {
   return "unknown";
 }
 
-std::string normalize_pci_address(const std::string& address) {
-  std::string s;
-  for (char c : address) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const auto colon = s.find(':');
-  if (colon != std::string::npos && colon > 4) s.erase(0, colon - 4);  // 8-digit domain -> 4
-  return s;
-}
+std::string normalize_pci_address(const std::string& address) { return gpu::sysfs_pci_address(address); }
 
 int pci_numa_node(const std::string& address, const std::string& sysfs) {
   const std::string v = read_line(sysfs + "/bus/pci/devices/" + address + "/numa_node");

@@ -81,12 +81,7 @@ class Cuda final : public Runtime {
       cudaGetLastError();
       return "";
     }
-    // Lower case with a 4-digit domain, as sysfs names the device.
-    std::string s;
-    for (const char* c = id; *c; ++c) s += static_cast<char>(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
-    const auto colon = s.find(':');
-    if (colon != std::string::npos && colon > 4) s.erase(0, colon - 4);
-    return s;
+    return sysfs_pci_address(id);  // as sysfs names the device
   }
   bool can_access_peer(int device, int peer) override {
     int ok = 0;

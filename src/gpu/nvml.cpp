@@ -1,6 +1,8 @@
 // NVLink as NVML reports it (see nvml.hpp).
 #include "gpu/nvml.hpp"
 
+#include "gpu/runtime.hpp"
+
 #include "base/dynlib.hpp"
 
 #include <algorithm>
@@ -53,18 +55,6 @@ std::string text(const Api& a, const char* call, nvmlReturn_t r) {
 }
 
 }  // namespace
-
-std::string sysfs_bus_id(const std::string& nvml_bus_id) {
-  std::string s;
-  s.reserve(nvml_bus_id.size());
-  for (char c : nvml_bus_id) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  // "00000000:1b:00.0": NVML writes 8 domain digits; sysfs at least 4 ("%04x").
-  const auto colon = s.find(':');
-  std::size_t zeros = 0;
-  while (colon != std::string::npos && colon - zeros > 4 && s[zeros] == '0') ++zeros;
-  s.erase(0, zeros);
-  return s;
-}
 
 bool NvlinkReport::nvlink_between(const std::string& a, const std::string& b) const {
   const auto index = [&](const std::string& id) {
@@ -130,7 +120,7 @@ NvlinkReport query_nvlink(const std::string& library) {
     }
     pci.busId[sizeof pci.busId - 1] = '\0';
     NvlinkGpu g;
-    g.pci_bus_id = sysfs_bus_id(pci.busId);
+    g.pci_bus_id = sysfs_pci_address(pci.busId);
     for (unsigned int l = 0; l < kMaxLinks; ++l) {
       nvmlEnableState_t on = 0;
       // Links past the GPU's last answer NVML_ERROR_INVALID_ARGUMENT or NOT_SUPPORTED.

@@ -46,8 +46,4 @@ std::string summarize_nvlink(const NvlinkReport& report);
 /// Lines for braid_info --topology and describe_topology(), each starting with `indent`.
 std::string describe_nvlink(const NvlinkReport& report, const std::string& indent);
 
-/// NVML's bus id ("00000000:1B:00.0") as sysfs writes it ("0000:1b:00.0"); other text
-/// comes back lower-cased.
-std::string sysfs_bus_id(const std::string& nvml_bus_id);
-
 }  // namespace braid::gpu

@@ -5,6 +5,7 @@
 
 #include <braid/config.hpp>
 
+#include <cctype>
 #include <mutex>
 
 namespace braid::gpu {
@@ -16,6 +17,18 @@ const char* to_string(Backend b) noexcept {
     case Backend::emulated: return "emulated";
   }
   return "invalid";
+}
+
+std::string sysfs_pci_address(const std::string& address) {
+  std::string s;
+  s.reserve(address.size());
+  for (char c : address) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // "00000000:1b:00.0": CUDA and NVML write 8 domain digits; sysfs at least 4 ("%04x").
+  const auto colon = s.find(':');
+  std::size_t zeros = 0;
+  while (colon != std::string::npos && colon - zeros > 4 && s[zeros] == '0') ++zeros;
+  s.erase(0, zeros);
+  return s;
 }
 
 namespace {

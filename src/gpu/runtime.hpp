@@ -112,6 +112,11 @@ class Runtime {
 /// InvalidUsage for "cuda" without a usable CUDA device, naming the reason.
 Runtime& runtime(const std::string& choice);
 
+/// A PCI address as sysfs names the device ("0000:1b:00.0"): lower case, the domain with
+/// at least 4 digits (CUDA and NVML write 8: "00000000:1B:00.0"; a domain beyond 16 bits,
+/// as VMD makes, keeps its digits: "10000:01:00.0").
+std::string sysfs_pci_address(const std::string& address);
+
 /// The emulated backend (tests call it through runtime("emulated")).
 std::unique_ptr<Runtime> make_emulated();
 /// The CUDA backend, or null with *why set (not built with CUDA, no driver, no device).

@@ -3,6 +3,7 @@
 // nvmlInit_v2): a DGX-like host with NVSwitch, GPUs joined in pairs by bridges, a PCIe-only
 // host, a GPU NVML may not open, NVML failing to start, and no NVML at all.
 #include "gpu/nvml.hpp"
+#include "gpu/runtime.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +12,7 @@
 
 using braid::gpu::describe_nvlink;
 using braid::gpu::query_nvlink;
-using braid::gpu::sysfs_bus_id;
+using braid::gpu::sysfs_pci_address;
 
 namespace {
 
@@ -30,10 +31,10 @@ constexpr const char* kFour = "00000000:1B:00.0,00000000:43:00.0,00000000:52:00.
 }  // namespace
 
 TEST(Nvml, BusIdsAreWrittenAsSysfsWritesThem) {
-  EXPECT_EQ(sysfs_bus_id("00000000:1B:00.0"), "0000:1b:00.0");
-  EXPECT_EQ(sysfs_bus_id("0000:1B:00.0"), "0000:1b:00.0");
-  EXPECT_EQ(sysfs_bus_id("00000001:1B:00.0"), "0001:1b:00.0");
-  EXPECT_EQ(sysfs_bus_id("00010000:1B:00.0"), "10000:1b:00.0") << "a domain beyond 16 bits (VMD), as sysfs's %04x";
+  EXPECT_EQ(sysfs_pci_address("00000000:1B:00.0"), "0000:1b:00.0");
+  EXPECT_EQ(sysfs_pci_address("0000:1B:00.0"), "0000:1b:00.0");
+  EXPECT_EQ(sysfs_pci_address("00000001:1B:00.0"), "0001:1b:00.0");
+  EXPECT_EQ(sysfs_pci_address("00010000:1B:00.0"), "10000:1b:00.0") << "a domain beyond 16 bits (VMD), as sysfs's %04x";
 }
 
 TEST(Nvml, EveryPairThroughNvswitch) {
