@@ -368,6 +368,23 @@ TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
   });
 }
 
+/// An in-place ring all-reduce (sum) of `count` floats on device memory, each rank adding
+/// rank + 1, on a stream of its own; checks the result on the host.
+void ring_sum_of_ranks(Communicator& c, int r, int n, std::size_t count) {
+  OwnStream s;
+  DeviceBuffer buf(count * 4);
+  PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
+  rt().copy_async(buf.data(), in.data(), count * 4, s.s);
+  AllreduceOptions o;
+  o.stream = s.s;
+  o.algorithm = Algorithm::ring;
+  c.allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
+  rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+  rt().synchronize(s.s);
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], want) << "element " << i << " on rank " << r;
+}
+
 // The path BRAID_DEVICE_PATH names is the one that runs the call: with direct, each
 // rank's engine makes its device stream (core::DeviceExec) for its first device call;
 // staged makes none. (CI runs this file under both: test_device_collectives and
@@ -379,18 +396,7 @@ TEST(DevicePath, TheConfiguredPathRunsTheCall) {
   const bool direct = core::Config::global().device_direct;
   test::Group g(n);
   const int before = core::DeviceExec::made();
-  run_threads(n, [&](int r) {
-    OwnStream s;
-    DeviceBuffer buf(count * 4);
-    PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
-    rt().copy_async(buf.data(), in.data(), count * 4, s.s);
-    AllreduceOptions o;
-    o.stream = s.s;
-    g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
-    rt().copy_async(back.data(), buf.data(), count * 4, s.s);
-    rt().synchronize(s.s);
-    for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], 3.f) << "element " << i << " on rank " << r;
-  });
+  run_threads(n, [&](int r) { ring_sum_of_ranks(g[r], r, n, count); });
   EXPECT_EQ(core::DeviceExec::made() - before, direct ? n : 0)
       << "BRAID_DEVICE_PATH=" << (direct ? "direct" : "staged") << ", but the other path ran the call";
 }
@@ -412,19 +418,7 @@ TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
   const auto slots_over = [&](const std::string& transport) {
     test::Group g(2, {}, 0, transport);
     const long before = core::DeviceExec::slots_taken();
-    run_threads(2, [&](int r) {
-      OwnStream s;
-      DeviceBuffer buf(count * 4);
-      PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
-      rt().copy_async(buf.data(), in.data(), count * 4, s.s);
-      AllreduceOptions o;
-      o.stream = s.s;
-      o.algorithm = Algorithm::ring;
-      g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
-      rt().copy_async(back.data(), buf.data(), count * 4, s.s);
-      rt().synchronize(s.s);
-      for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], 3.f) << "element " << i << " on rank " << r;
-    });
+    run_threads(2, [&](int r) { ring_sum_of_ranks(g[r], r, 2, count); });
     return core::DeviceExec::slots_taken() - before;
   };
   long over_ucx = 0;
