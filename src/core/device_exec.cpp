@@ -17,7 +17,9 @@ namespace braid::core {
 
 namespace {
 
-/// A host function run on an emulated stream (it owns itself: the callback deletes it).
+/// A host function run on a stream, in stream order (it owns itself: the callback deletes
+/// it): the host kernels on the emulated runtime, and notify()'s flag on every backend. It
+/// must not call the runtime (CUDA forbids it in a host callback).
 struct HostFn {
   std::function<void()> fn;
   static void run(void* p) noexcept {
@@ -35,17 +37,6 @@ void enqueue_host(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
     throw;
   }
 }
-
-/// What a notify() callback needs; it deletes itself.
-struct Ticket {
-  std::shared_ptr<std::atomic<bool>> flag;
-  std::function<void()> wake;
-  static void fire(void* p) noexcept {
-    std::unique_ptr<Ticket> t(static_cast<Ticket*>(p));
-    t->flag->store(true, std::memory_order_release);
-    t->wake();
-  }
-};
 
 constexpr std::size_t kRound = 4096;
 
@@ -187,14 +178,11 @@ void DeviceExec::divide(DataType dtype, void* buf, std::size_t n, int divisor) {
 
 std::shared_ptr<std::atomic<bool>> DeviceExec::notify() {
   auto flag = std::make_shared<std::atomic<bool>>(false);
-  auto* t = new Ticket{flag, wake_};
-  try {
-    OnDevice on(*this);
-    rt_.launch_host(stream_, &Ticket::fire, t);
-  } catch (...) {
-    delete t;
-    throw;
-  }
+  OnDevice on(*this);
+  enqueue_host(rt_, stream_, [flag, wake = wake_] {
+    flag->store(true, std::memory_order_release);
+    wake();
+  });
   return flag;
 }
 

@@ -888,15 +888,8 @@ bool Engine::post_ready(Exec& ex) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
       if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
-      if (ex.dev && ex.conns[q]->takes_device_memory()) {
-        ex.state[i] = kPosted;  // the connection reads the device buffer itself
-        ex.conns[q]->send_device(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
-        ex.inflight.push_back(i);
-        ++ex.send_head[q];
-        any = true;
-        continue;
-      }
-      if (ex.dev) {
+      const bool device_conn = ex.dev && ex.conns[q]->takes_device_memory();
+      if (ex.dev && !device_conn) {
         // Device to the step's pinned slot first; reap_device() posts the send.
         ex.slot[i] = ex.dev->take_pinned(ex.bytes(s.src));
         ex.dev->copy(ex.slot[i], ex.ptr(s.src), ex.bytes(s.src));
@@ -907,7 +900,10 @@ bool Engine::post_ready(Exec& ex) {
         continue;
       }
       ex.state[i] = kPosted;
-      ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
+      if (device_conn)  // the connection reads the device buffer itself
+        ex.conns[q]->send_device(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
+      else
+        ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
       ++ex.send_head[q];
       any = true;
