@@ -145,6 +145,8 @@ void ibv_record() {
   const unsigned char gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
   for (int i = 0; i < 16; ++i) r.gid[static_cast<std::size_t>(i)] = gid[i];
   seed("ibv_record", "roce", ib::encode_record(r));
+  r.data_qpns = {0x1a2b3d, 0x1a2b3e, 0x1a2b3f};  // BRAID_IB_QPS_PER_PEER=4
+  seed("ibv_record", "roce_4qps", ib::encode_record(r));
 }
 
 void store() {

@@ -454,6 +454,7 @@ ib::ConnRecord sample_record() {
   r.ctrl_addr = 0x7f0000800000ull;
   r.ctrl_rkey = 0xcafef00d;
   r.ctrl_bytes = 4096;
+  r.data_qpns = {0x000001, 0xfffffe, 0x123456};
   return r;
 }
 
@@ -462,7 +463,7 @@ bool same(const ib::ConnRecord& a, const ib::ConnRecord& b) {
          a.gid == b.gid && a.ethernet == b.ethernet && a.mtu == b.mtu && a.qpn == b.qpn && a.psn == b.psn &&
          a.ring_addr == b.ring_addr && a.ring_rkey == b.ring_rkey && a.slots == b.slots &&
          a.slot_bytes == b.slot_bytes && a.ctrl_addr == b.ctrl_addr && a.ctrl_rkey == b.ctrl_rkey &&
-         a.ctrl_bytes == b.ctrl_bytes;
+         a.ctrl_bytes == b.ctrl_bytes && a.data_qpns == b.data_qpns;
 }
 
 /// The reason a record with one field changed is refused ("" when accepted).
@@ -480,16 +481,19 @@ std::string refusal(Change change) {
 TEST(IbvRecord, RoundTrips) {
   for (const std::string& token : {std::string(), std::string("job-token"), std::string(256, '\xff')}) {
     for (bool eth : {false, true}) {
+      for (std::size_t data_qps : {std::size_t{0}, std::size_t{3}, ib::kRecordMaxDataQps}) {
       ib::ConnRecord r = sample_record();
       r.token = token;
       r.ethernet = eth;
+      r.data_qpns.resize(data_qps, 0xabc);
       const std::string bytes = ib::encode_record(r);
-      EXPECT_EQ(bytes.size(), ib::kRecordFixedBytes + token.size());
+      EXPECT_EQ(bytes.size(), ib::kRecordFixedBytes + 4 * data_qps + token.size());
       EXPECT_EQ(bytes.compare(0, 4, "BIBV"), 0);
       ib::ConnRecord out;
       std::string why;
       ASSERT_TRUE(ib::decode_record(bytes, &out, &why)) << why;
       EXPECT_TRUE(same(r, out));
+      }
     }
   }
 }
@@ -521,9 +525,9 @@ TEST(IbvRecord, WrongMagicOrVersionIsNamed) {
   EXPECT_FALSE(ib::decode_record(b, &out, &why));
   EXPECT_TRUE(has(why, "not a braid verbs connection record")) << why;
   b = bytes;
-  b[4] = 2;
+  b[4] = 1;  // a braid from before BRAID_IB_QPS_PER_PEER
   EXPECT_FALSE(ib::decode_record(b, &out, &why));
-  EXPECT_TRUE(has(why, "record version 2")) << why;
+  EXPECT_TRUE(has(why, "record version 1; this build reads version 2")) << why;
   // Judged before the length: a 6-byte stranger is named as one.
   EXPECT_FALSE(ib::decode_record(std::string_view("ABCDEF", 6), &out, &why));
   EXPECT_TRUE(has(why, "magic")) << why;
@@ -533,6 +537,25 @@ TEST(IbvRecord, OutOfRangeFieldsAreRefused) {
   EXPECT_EQ(refusal([](ib::ConnRecord&) {}), "");
   EXPECT_EQ(refusal([](ib::ConnRecord& r) { r.qpn = 0x1000000; }), "qpn 0x1000000 is not 24-bit");
   EXPECT_EQ(refusal([](ib::ConnRecord& r) { r.psn = 0xffffffff; }), "psn 0xffffffff is not 24-bit");
+  EXPECT_EQ(refusal([](ib::ConnRecord& r) { r.data_qpns[1] = 0x1000000; }), "data qpn 0x1000000 is not 24-bit");
+  {
+    // More data QPs than any rank makes: the encoder refuses to write it, the decoder to read it.
+    ib::ConnRecord r = sample_record();
+    r.data_qpns.resize(ib::kRecordMaxDataQps + 1);
+    EXPECT_THROW(ib::encode_record(r), braid::Error);
+    r.data_qpns.resize(ib::kRecordMaxDataQps);
+    std::string bytes = ib::encode_record(r);
+    bytes[72] = static_cast<char>(ib::kRecordMaxDataQps + 1);  // data_qps, after ctrl_bytes
+    bytes.append(4, '\0');
+    ib::ConnRecord out;
+    std::string why;
+    EXPECT_FALSE(ib::decode_record(bytes, &out, &why));
+    EXPECT_EQ(why, "16 data queue pairs, more than 15");
+    bytes = ib::encode_record(sample_record());
+    bytes[74] = 1;  // the reserved half-word
+    EXPECT_FALSE(ib::decode_record(bytes, &out, &why));
+    EXPECT_EQ(why, "reserved field 0x1 is not 0");
+  }
   EXPECT_TRUE(has(refusal([](ib::ConnRecord& r) { r.mtu = 0; }), "mtu 0"));
   EXPECT_TRUE(has(refusal([](ib::ConnRecord& r) { r.mtu = 6; }), "mtu 6"));
   EXPECT_TRUE(has(refusal([](ib::ConnRecord& r) { r.from = -1; }), "negative rank"));

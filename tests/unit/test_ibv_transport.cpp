@@ -104,6 +104,30 @@ TEST(IbvWire, CreditsNeverLetTheSenderPastTheRingAndRefuseImpossibleCounts) {
   EXPECT_EQ(wire::slots_for(225, 256), 2u);
 }
 
+TEST(IbvWire, StripesCoverTheMessageOnceAndUseEveryLaneOnlyForLargeMessages) {
+  for (std::size_t lanes : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{16}}) {
+    for (std::uint64_t bytes : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4096}, wire::kMinStripe - 1,
+                                wire::kMinStripe, 2 * wire::kMinStripe - 1, 2 * wire::kMinStripe,
+                                3 * wire::kMinStripe + 5, std::uint64_t{1} << 20, (std::uint64_t{1} << 28) + 12345}) {
+      std::uint64_t per = 0;
+      const std::uint64_t n = wire::stripes(bytes, lanes, &per);
+      SCOPED_TRACE(std::to_string(bytes) + " bytes over " + std::to_string(lanes) + " lanes");
+      ASSERT_GE(n, 1u);
+      EXPECT_LE(n, lanes);
+      if (bytes < 2 * wire::kMinStripe) {
+        EXPECT_EQ(n, 1u);  // small messages stay on the first QP
+      }
+      if (bytes >= lanes * wire::kMinStripe) {
+        EXPECT_EQ(n, lanes);  // large ones use every QP
+      }
+      EXPECT_EQ(per % 4096, 0u);
+      // Every stripe has bytes, and together they cover the message exactly once.
+      EXPECT_LT((n - 1) * per, std::max<std::uint64_t>(bytes, 1));
+      EXPECT_GE(n * per, bytes);
+    }
+  }
+}
+
 TEST(IbvWire, ImmediatesCarryTheirKindAndTwentyEightBits) {
   for (const wire::Imm k : {wire::kImmData, wire::kImmCredit, wire::kImmCts, wire::kImmRndvDone}) {
     const std::uint32_t v = wire::imm(k, 0x1234567);
@@ -193,6 +217,22 @@ TEST(IbvTransport, RendezvousAndEagerMessagesInterleaveInOrderWithAndWithoutTheR
   }
 }
 
+TEST(IbvTransport, LargeMessagesAreStripedOverSeveralQueuePairsAndArriveWhole) {
+  // 4 QPs per peer: messages from 128 KiB on are split into 2 to 4 stripes of unequal
+  // last size, each completing on its own QP; small and eager ones stay on the first. The
+  // receiver completes a message only once every stripe's immediate is in, so a stripe
+  // that went astray or a count that disagreed would hang or corrupt this exchange.
+  const std::vector<std::size_t> sizes = {1,       70000,   2 * 65536, 200000, 1 << 20,
+                                          100,     (3 << 20) + 7, 4096,   0,      (1 << 20) - 1};
+  run_thread_ranks(2, opts(2), ibverbs({{"BRAID_IB_QPS_PER_PEER", "4"}, {"BRAID_IB_RNDV_THRESHOLD", "64K"}}),
+                   [&](TransportRank& r) {
+                     for (int round = 0; round < 3; ++round) exchange(r, sizes);
+                   });
+  // Across processes, with the QP count at its bound.
+  run_process_ranks(2, opts(2), ibverbs({{"BRAID_IB_QPS_PER_PEER", "16"}}),
+                    [](TransportRank& r) { exchange(r, {5, 16 << 20, 300000, 0}); });
+}
+
 TEST(IbvTransport, DiscoveryListsTheProvidersDeviceAsBraidInfoShowsIt) {
   namespace ib = braid::transport::ibverbs;
   const ib::Discovery d = ib::discover(BRAID_FAKEVERBS_LIBRARY);
@@ -226,6 +266,8 @@ TEST(IbvTransport, CreationRefusesWhatCannotWorkNamingTheSetting) {
       {{{"BRAID_IB_HCA", "mlx5_0"}}, "BRAID_IB_HCA"},
       {{{"BRAID_IB_GID_INDEX", "9"}}, "9"},
       {{{"BRAID_IB_SLOTS", "6"}}, "BRAID_IB_SLOTS=6"},
+      {{{"BRAID_IB_QPS_PER_PEER", "17"}}, "BRAID_IB_QPS_PER_PEER"},
+      {{{"BRAID_IB_QPS_PER_PEER", "0"}}, "BRAID_IB_QPS_PER_PEER"},
       {{{"BRAID_IB_ADDR_RANGE", "10.0.0.0/8"}}, "10.0.0.0/8"},
   };
   for (const Case& c : cases) {
@@ -246,24 +288,29 @@ TEST(IbvTransport, CreationRefusesWhatCannotWorkNamingTheSetting) {
   }
 }
 
-TEST(IbvTransport, RanksWithOtherSlotSettingsAreToldToSetThemAlike) {
-  MemDirectory dir;
-  RankDirectory d0(dir, 0), d1(dir, 1);
-  const std::uint64_t comm = fresh_comm_id();
-  TransportRank a(d0, common_options(0, 2, comm), ibverbs({{"BRAID_IB_SLOTS", "8"}}));
-  TransportRank b(d1, common_options(1, 2, comm), ibverbs());
-  std::uint64_t v = 1, w = 0;
-  bt::Request s, q;
-  a.to(1)->send(&v, sizeof v, 1, &s);
-  b.to(0)->recv(&w, sizeof w, 1, &q);
-  const auto until = Clock::now() + 20s;
-  while ((s.state == State::pending || q.state == State::pending) && Clock::now() < until) {
-    a.step();
-    b.step();
+TEST(IbvTransport, RanksWithOtherSlotOrQueuePairSettingsAreToldToSetThemAlike) {
+  for (const auto& [row, value] : {std::pair<std::string, std::string>{"BRAID_IB_SLOTS", "8"},
+                                   std::pair<std::string, std::string>{"BRAID_IB_QPS_PER_PEER", "3"}}) {
+    MemDirectory dir;
+    RankDirectory d0(dir, 0), d1(dir, 1);
+    const std::uint64_t comm = fresh_comm_id();
+    TransportRank a(d0, common_options(0, 2, comm), ibverbs({{row, value}}));
+    TransportRank b(d1, common_options(1, 2, comm), ibverbs());
+    std::uint64_t v = 1, w = 0;
+    bt::Request s, q;
+    a.to(1)->send(&v, sizeof v, 1, &s);
+    b.to(0)->recv(&w, sizeof w, 1, &q);
+    const auto until = Clock::now() + 20s;
+    while ((s.state == State::pending || q.state == State::pending) && Clock::now() < until) {
+      a.step();
+      b.step();
+    }
+    ASSERT_EQ(s.state, State::failed) << row;
+    EXPECT_TRUE(has(s.error, row)) << s.error;
+    EXPECT_EQ(s.failed_peer, 1);
+    ASSERT_EQ(q.state, State::failed) << row;
+    EXPECT_TRUE(has(q.error, row)) << q.error;
   }
-  ASSERT_EQ(s.state, State::failed);
-  EXPECT_TRUE(has(s.error, "BRAID_IB_SLOTS")) << s.error;
-  EXPECT_EQ(s.failed_peer, 1);
 }
 
 TEST(IbvTransport, AnErrorCompletionFailsTheConnectionNamingThePeer) {

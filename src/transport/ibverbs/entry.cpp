@@ -29,6 +29,7 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   o.timeout = static_cast<int>(s.integer("BRAID_IB_TIMEOUT").value_or(18));
   o.retry_cnt = static_cast<int>(s.integer("BRAID_IB_RETRY_CNT").value_or(7));
   o.slots = static_cast<std::size_t>(s.integer("BRAID_IB_SLOTS").value_or(16));
+  o.qps_per_peer = static_cast<std::size_t>(s.integer("BRAID_IB_QPS_PER_PEER").value_or(1));
   o.slot_bytes = s.bytes("BRAID_IB_SLOT_BYTES");
   o.rndv_threshold = s.bytes("BRAID_IB_RNDV_THRESHOLD");
   o.reg_cache = s.boolean("BRAID_IB_REG_CACHE");
@@ -62,6 +63,11 @@ const TransportEntry& ibverbs_entry() {
            "Local ACK timeout exponent: 4.096 us * 2^value per retry (18: about 1 s).", true, 1, 31},
           {"BRAID_IB_RETRY_CNT", SettingType::integer, "7",
            "Transport retries before a peer is declared unreachable.", true, 0, 7},
+          {"BRAID_IB_QPS_PER_PEER", SettingType::integer, "1",
+           "Reliable-connected queue pairs per peer (1 to 16, the same on every rank): rendezvous messages of at "
+           "least 128 KiB are striped over them (NCCL_IB_QPS_PER_CONNECTION); more spread a link's traffic over "
+           "more NIC engines and fabric paths (ECMP on RoCE).",
+           true, 1, 16},
           {"BRAID_IB_SLOTS", SettingType::integer, "16",
            "Receive slots per peer (a power of two, 4 to 4096): how many eager chunks may be in flight.", true, 4,
            4096},

@@ -29,13 +29,14 @@ struct Fixed {
   std::uint32_t ring_rkey = 0, slots = 0, slot_bytes = 0;
   std::uint64_t ctrl_addr = 0;
   std::uint32_t ctrl_rkey = 0, ctrl_bytes = 0;
+  std::uint16_t data_qps = 0, reserved = 0;
   auto fields() {
     return std::tie(magic, version, flags, mtu, comm_id, from, to, lid, token_bytes, qpn, psn, ring_addr, ring_rkey,
-                    slots, slot_bytes, ctrl_addr, ctrl_rkey, ctrl_bytes);
+                    slots, slot_bytes, ctrl_addr, ctrl_rkey, ctrl_bytes, data_qps, reserved);
   }
 };
 constexpr std::size_t kIntBytes = le::Packed<decltype(std::declval<Fixed&>().fields())>::bytes;
-static_assert(kIntBytes + 16 == kRecordFixedBytes, "the wire format's fixed part is 72 bytes of integers + the GID");
+static_assert(kIntBytes + 16 == kRecordFixedBytes, "the wire format's fixed part is 76 bytes of integers + the GID");
 
 constexpr std::uint8_t kFlagEthernet = 1;
 
@@ -75,11 +76,17 @@ std::string encode_record(const ConnRecord& r) {
   f.ctrl_addr = r.ctrl_addr;
   f.ctrl_rkey = r.ctrl_rkey;
   f.ctrl_bytes = r.ctrl_bytes;
-  std::string out(kRecordFixedBytes + r.token.size(), '\0');
+  if (r.data_qpns.size() > kRecordMaxDataQps)
+    throw Error(ErrorCode::InvalidUsage, "verbs connection record: " + std::to_string(r.data_qpns.size()) +
+                                             " data queue pairs, more than " + std::to_string(kRecordMaxDataQps));
+  f.data_qps = static_cast<std::uint16_t>(r.data_qpns.size());
+  const std::size_t qp_bytes = 4 * r.data_qpns.size();
+  std::string out(kRecordFixedBytes + qp_bytes + r.token.size(), '\0');
   auto* p = reinterpret_cast<unsigned char*>(out.data());
   le::put_fields(p, f.fields());
   std::memcpy(p + kIntBytes, r.gid.data(), 16);
-  if (!r.token.empty()) std::memcpy(p + kRecordFixedBytes, r.token.data(), r.token.size());
+  for (std::size_t i = 0; i < r.data_qpns.size(); ++i) le::put(p + kRecordFixedBytes + 4 * i, r.data_qpns[i], 4);
+  if (!r.token.empty()) std::memcpy(p + kRecordFixedBytes + qp_bytes, r.token.data(), r.token.size());
   return out;
 }
 
@@ -105,16 +112,25 @@ bool decode_record(std::string_view bytes, ConnRecord* out, std::string* why) {
   if (f.token_bytes > kRecordMaxToken)
     return fail(why, "token of " + std::to_string(f.token_bytes) + " bytes, more than " +
                          std::to_string(kRecordMaxToken));
-  const std::size_t total = kRecordFixedBytes + f.token_bytes;
+  if (f.data_qps > kRecordMaxDataQps)
+    return fail(why, std::to_string(f.data_qps) + " data queue pairs, more than " + std::to_string(kRecordMaxDataQps));
+  const std::size_t qp_bytes = 4 * std::size_t{f.data_qps};
+  const std::size_t total = kRecordFixedBytes + qp_bytes + f.token_bytes;
   if (n < total) return truncated(total);
   if (n > total)
     return fail(why, std::to_string(n - total) + " trailing bytes after the " + std::to_string(total) + "-byte record");
   if ((f.flags & ~kFlagEthernet) != 0) return fail(why, "unknown flags " + hex(f.flags));
+  if (f.reserved != 0) return fail(why, "reserved field " + hex(f.reserved) + " is not 0");
   if (f.mtu < 1 || f.mtu > 5) return fail(why, "mtu " + std::to_string(f.mtu) + " is not an ibv_mtu (1..5)");
   if (f.from < 0 || f.to < 0)
     return fail(why, "negative rank (from " + std::to_string(f.from) + ", to " + std::to_string(f.to) + ")");
   if (f.qpn > 0xffffffu) return fail(why, "qpn " + hex(f.qpn) + " is not 24-bit");
   if (f.psn > 0xffffffu) return fail(why, "psn " + hex(f.psn) + " is not 24-bit");
+  std::vector<std::uint32_t> data_qpns(f.data_qps);
+  for (std::size_t i = 0; i < data_qpns.size(); ++i) {
+    data_qpns[i] = static_cast<std::uint32_t>(le::get(p + kRecordFixedBytes + 4 * i, 4));
+    if (data_qpns[i] > 0xffffffu) return fail(why, "data qpn " + hex(data_qpns[i]) + " is not 24-bit");
+  }
   if (f.slots < 1 || f.slots > kRecordMaxSlots)
     return fail(why, "slots " + std::to_string(f.slots) + " is not in 1.." + std::to_string(kRecordMaxSlots));
   if (f.slot_bytes < kRecordMinSlotBytes || f.slot_bytes > kRecordMaxSlotBytes || !power_of_two(f.slot_bytes))
@@ -133,7 +149,8 @@ bool decode_record(std::string_view bytes, ConnRecord* out, std::string* why) {
   r.comm_id = f.comm_id;
   r.from = f.from;
   r.to = f.to;
-  r.token.assign(bytes.data() + kRecordFixedBytes, f.token_bytes);
+  r.token.assign(bytes.data() + kRecordFixedBytes + qp_bytes, f.token_bytes);
+  r.data_qpns = std::move(data_qpns);
   r.lid = f.lid;
   std::memcpy(r.gid.data(), p + kIntBytes, 16);
   r.ethernet = (f.flags & kFlagEthernet) != 0;

@@ -5,7 +5,8 @@
 // Resources. Per communicator: the chosen device and port (BRAID_IB_HCA, else the first
 // ACTIVE port), a protection domain, one completion queue shared by every QP, its completion
 // channel and the device's async-event fd in the engine's poller, a timerfd for set-up
-// retries. Per peer: an RC QP and four registered buffers: the receive ring (slots the peer
+// retries. Per peer: BRAID_IB_QPS_PER_PEER RC QPs ("lanes": the first carries everything,
+// the others only stripes of rendezvous messages) and four registered buffers: the receive ring (slots the peer
 // writes into), the send staging (what we copy outgoing chunks into), the control area (the
 // credit word and CTS ring the peer writes into) and an outbox (what we write into the
 // peer's control area from).
@@ -31,8 +32,11 @@
 // - rendezvous, for messages of at least BRAID_IB_RNDV_THRESHOLD: the sender writes a
 //   request-to-send slot; the receiver, at its matching receive, registers the receive
 //   buffer and writes a CTS (address, rkey, size) into the sender's CTS ring; the sender
-//   registers its buffer and writes it straight into the receiver's, the last write carrying
-//   the immediate that completes the receive. The receiver processes no later slot until
+//   registers its buffer and writes it straight into the receiver's. A message of at least
+//   two stripes (wire::stripes, 64 KiB each at least) is split over the lanes, stripe s on
+//   lane s, so that several QPs (and on hardware, several NIC engines and paths) carry it;
+//   each stripe's last write carries an immediate, and the receive completes when every
+//   stripe's has arrived (RC places a QP's data before its immediate's completion). The receiver processes no later slot until
 //   then, so requests complete in the order posted.
 // Registrations of user buffers last one message unless BRAID_IB_REG_CACHE=1 (a freed and
 // reused address would otherwise keep stale pages registered: docs/transport-ibverbs.md).
@@ -91,6 +95,10 @@ namespace wire = ibverbs::wire;
 constexpr int kPollBatch = 32;
 constexpr auto kProbeEvery = std::chrono::milliseconds(250);
 constexpr std::size_t kMaxWrite = std::size_t{1} << 30;  // bytes per RDMA write work request
+// A data lane (a QP beyond the first) carries only rendezvous stripes, one message at a time
+// per connection: a few writes and one immediate each.
+constexpr int kDataSqDepth = 16;
+constexpr int kDataRqDepth = 16;
 
 /// "RLIMIT_MEMLOCK is 8 MiB: raise it ..." when registration failed for lack of locked memory.
 std::string memlock_hint(int err) {
@@ -148,6 +156,16 @@ class Registered {
   ibv_mr* mr_ = nullptr;
 };
 
+/// One queue pair of a connection, with its own send-queue accounting: wr_id is the work
+/// request's number in this QP's sequence (RC completes a QP's requests in order).
+struct Lane {
+  ibv_qp* qp = nullptr;
+  std::uint64_t wr_posted = 0, wr_completed = 0;
+  int recvs_posted = 0;
+};
+
+constexpr std::size_t kMaxLanes = 16;  ///< BRAID_IB_QPS_PER_PEER's bound (the record carries 15 data QPs)
+
 struct SendOp {
   Request* req = nullptr;
   const unsigned char* buf = nullptr;
@@ -156,7 +174,8 @@ struct SendOp {
   enum class State : std::uint8_t { queued, copied, wait_cts, writing } state = State::queued;
   bool rndv = false;
   std::size_t sent = 0;           ///< eager: bytes written into slots
-  std::uint64_t done_wr = 0;      ///< rendezvous: the work request whose completion ends it
+  /// Rendezvous: per lane, the work request whose completion ends this message's stripe (0: none).
+  std::array<std::uint64_t, kMaxLanes> done_wr{};
   const ibverbs::Registration* reg = nullptr;
 };
 
@@ -189,8 +208,10 @@ class IbvConnection final : public Connection {
   std::string refused_;  ///< the last record refused as a stranger's (reported once)
   Clock::time_point gone_check_at_{};  ///< next look at whether the peer is known to be gone
 
-  ibv_qp* qp_ = nullptr;
-  std::uint32_t psn_ = 0;
+  /// The queue pairs to the peer: [0] carries the slots, credits, CTS entries, probes and
+  /// byes; each carries a stripe of every large rendezvous message (BRAID_IB_QPS_PER_PEER).
+  std::vector<Lane> lanes_;
+  std::uint32_t psn_ = 0;  ///< every lane's initial PSN
   ibverbs::ConnRecord remote_;
   Registered ring_, staging_, control_, outbox_;
 
@@ -213,10 +234,7 @@ class IbvConnection final : public Connection {
   std::uint64_t messages_received_ = 0;
   bool bye_ = false;
   std::uint64_t bye_count_ = 0;
-  // Work requests (one sequence for the QP's send queue; wr_id = its number).
-  std::uint64_t wr_posted_ = 0, wr_completed_ = 0, data_writes_ = 0;
-  std::uint64_t control_writes_ = 0;
-  int recvs_posted_ = 0;
+  std::uint64_t data_writes_ = 0, control_writes_ = 0;
   std::uint64_t bye_wr_ = 0;
   /// Liveness: while this side waits for the peer, a zero-byte write every kProbeEvery (250 ms); the
   /// peer's HCA acknowledges it, or the write fails (retries exceeded) naming the peer.
@@ -301,15 +319,17 @@ class IbvTransport final : public Transport {
   bool send_side(IbvConnection& c);
   bool post_recvs(IbvConnection& c);
   void probe(IbvConnection& c, bool moved);
-  /// Posts an RDMA write of `bytes` from (addr, lkey) to (raddr, rkey), with immediate
-  /// `imm` unless it is 0; false with the connection failed when the post is refused.
+  /// Posts an RDMA write of `bytes` from (addr, lkey) to (raddr, rkey) on lane `lane`, with
+  /// immediate `imm` unless it is 0; false with the connection failed when the post is refused.
   bool write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes, std::uint64_t raddr,
-             std::uint32_t rkey, std::uint32_t imm, bool signaled);
+             std::uint32_t rkey, std::uint32_t imm, bool signaled, std::size_t lane = 0);
   /// The post itself: 0, or the errno of a refused post (nothing posted, nothing failed).
   int post_write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes, std::uint64_t raddr,
-                 std::uint32_t rkey, std::uint32_t imm, bool signaled);
-  int sq_room(const IbvConnection& c) const {
-    return sq_depth_ - static_cast<int>(c.wr_posted_ - c.wr_completed_);
+                 std::uint32_t rkey, std::uint32_t imm, bool signaled, std::size_t lane = 0);
+  /// Free send-queue entries of lane `l` of `c`.
+  int sq_room(const IbvConnection& c, std::size_t l = 0) const {
+    const Lane& lane = c.lanes_[l];
+    return (l == 0 ? sq_depth_ : kDataSqDepth) - static_cast<int>(lane.wr_posted - lane.wr_completed);
   }
   const ibverbs::Registration* register_user(const void* buf, std::size_t bytes, IbvConnection& c);
   void release_user(const ibverbs::Registration*& r) {
@@ -346,7 +366,8 @@ class IbvTransport final : public Transport {
   std::string where_;  ///< "fakeverbs0:1 GID 1" for messages
   std::size_t max_write_ = kMaxWrite;  ///< bytes per RDMA write: the port's max_msg_sz, at most 1 GiB
   std::unique_ptr<ibverbs::RegCache> cache_;
-  std::unordered_map<std::uint32_t, IbvConnection*> by_qpn_;
+  /// Every QP's number: its connection and lane.
+  std::unordered_map<std::uint32_t, std::pair<IbvConnection*, std::size_t>> by_qpn_;
   base::UniqueFd timer_fd_;
   Clock::time_point armed_for_ = Clock::time_point::max();
   bool watching_ = false;
@@ -453,7 +474,9 @@ void IbvTransport::open() {
   if (channel_ == nullptr) throw Error(ErrorCode::System, self() + ": ibv_create_comp_channel: " + errno_text(errno));
   ibv_device_attr da{};
   if (api_.query_device(ctx_, &da) != 0) throw Error(ErrorCode::System, self() + ": ibv_query_device: " + errno_text(errno));
-  const long long want = std::max<long long>(256, static_cast<long long>(o_.size - 1) * (sq_depth_ + rq_depth_));
+  const long long per_peer = sq_depth_ + rq_depth_ +
+                             static_cast<long long>(o_.qps_per_peer - 1) * (kDataSqDepth + kDataRqDepth);
+  const long long want = std::max<long long>(256, static_cast<long long>(o_.size - 1) * per_peer);
   const int cqe = static_cast<int>(std::min<long long>(want, da.max_cqe > 0 ? da.max_cqe : want));
   max_write_ = std::min<std::size_t>(kMaxWrite, pa.max_msg_sz > 0 ? pa.max_msg_sz : kMaxWrite);
   cq_ = api_.create_cq(ctx_, cqe, nullptr, channel_, 0);
@@ -507,8 +530,10 @@ void IbvTransport::unwatch() noexcept {
 void IbvTransport::teardown() noexcept {
   unwatch();
   for (IbvConnection* c : conns_.all()) {
-    if (c->qp_ != nullptr) api_.destroy_qp(c->qp_);
-    c->qp_ = nullptr;
+    for (Lane& l : c->lanes_) {
+      if (l.qp != nullptr) api_.destroy_qp(l.qp);
+      l.qp = nullptr;
+    }
     c->ring_.reset();
     c->staging_.reset();
     c->control_.reset();
@@ -589,32 +614,37 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
     return false;
   }
   c.staging_wr_.assign(slots_, 0);
-  ibv_qp_init_attr ia{};
-  ia.send_cq = cq_;
-  ia.recv_cq = cq_;
-  ia.qp_type = IBV_QPT_RC;
-  ia.sq_sig_all = 0;
-  ia.cap.max_send_wr = static_cast<std::uint32_t>(sq_depth_);
-  ia.cap.max_recv_wr = static_cast<std::uint32_t>(rq_depth_);
-  ia.cap.max_send_sge = 1;
-  ia.cap.max_recv_sge = 1;
-  ia.cap.max_inline_data = 64;  // credits and CTS entries go inline where the HCA allows
-  c.qp_ = api_.create_qp(pd_, &ia);
-  if (c.qp_ == nullptr) {  // an HCA without inline sends: again without
-    ia.cap.max_inline_data = 0;
-    c.qp_ = api_.create_qp(pd_, &ia);
-  }
-  if (c.qp_ == nullptr) {
-    *why = "ibv_create_qp: " + errno_text(errno);
-    return false;
-  }
-  c.max_inline_ = ia.cap.max_inline_data;
-  by_qpn_[c.qp_->qp_num] = &c;
-  ibv_qp_attr a{};
-  const int mask = ibverbs::init_attr(&a, port_, static_cast<unsigned>(remote));
-  if (const int rc = api_.modify_qp(c.qp_, &a, mask); rc != 0) {
-    *why = "ibv_modify_qp to INIT: " + errno_text(rc);
-    return false;
+  c.lanes_.resize(o_.qps_per_peer);
+  for (std::size_t l = 0; l < c.lanes_.size(); ++l) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq_;
+    ia.recv_cq = cq_;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = 0;
+    ia.cap.max_send_wr = static_cast<std::uint32_t>(l == 0 ? sq_depth_ : kDataSqDepth);
+    ia.cap.max_recv_wr = static_cast<std::uint32_t>(l == 0 ? rq_depth_ : kDataRqDepth);
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = l == 0 ? 64 : 0;  // credits and CTS entries go inline where the HCA allows
+    ibv_qp*& qp = c.lanes_[l].qp;
+    qp = api_.create_qp(pd_, &ia);
+    if (qp == nullptr && ia.cap.max_inline_data > 0) {  // an HCA without inline sends: again without
+      ia.cap.max_inline_data = 0;
+      qp = api_.create_qp(pd_, &ia);
+    }
+    if (qp == nullptr) {
+      *why = "ibv_create_qp (queue pair " + std::to_string(l + 1) + " of " + std::to_string(c.lanes_.size()) +
+             "): " + errno_text(errno);
+      return false;
+    }
+    if (l == 0) c.max_inline_ = ia.cap.max_inline_data;
+    by_qpn_[qp->qp_num] = {&c, l};
+    ibv_qp_attr a{};
+    const int mask = ibverbs::init_attr(&a, port_, static_cast<unsigned>(remote));
+    if (const int rc = api_.modify_qp(qp, &a, mask); rc != 0) {
+      *why = "ibv_modify_qp to INIT: " + errno_text(rc);
+      return false;
+    }
   }
   if (!post_recvs(c)) {
     *why = "ibv_post_recv failed";
@@ -630,8 +660,9 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
   r.gid = gid_;
   r.ethernet = ethernet_;
   r.mtu = static_cast<std::uint8_t>(mtu_);
-  r.qpn = c.qp_->qp_num;
+  r.qpn = c.lanes_[0].qp->qp_num;
   r.psn = c.psn_;
+  for (std::size_t l = 1; l < c.lanes_.size(); ++l) r.data_qpns.push_back(c.lanes_[l].qp->qp_num);
   r.ring_addr = c.ring_.addr();
   r.ring_rkey = c.ring_.rkey();
   r.slots = static_cast<std::uint32_t>(slots_);
@@ -651,13 +682,16 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
 
 bool IbvTransport::post_recvs(IbvConnection& c) {
   // Zero-length receives: every write the peer makes with an immediate consumes one.
-  while (c.recvs_posted_ < rq_depth_) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = 0;
-    wr.num_sge = 0;
-    if (ibv_post_recv(c.qp_, &wr, &bad) != 0) return false;
-    ++c.recvs_posted_;
+  for (std::size_t l = 0; l < c.lanes_.size(); ++l) {
+    Lane& lane = c.lanes_[l];
+    while (lane.recvs_posted < (l == 0 ? rq_depth_ : kDataRqDepth)) {
+      ibv_recv_wr wr{};
+      ibv_recv_wr* bad = nullptr;
+      wr.wr_id = 0;
+      wr.num_sge = 0;
+      if (ibv_post_recv(lane.qp, &wr, &bad) != 0) return false;
+      ++lane.recvs_posted;
+    }
   }
   return true;
 }
@@ -670,7 +704,6 @@ bool IbvTransport::to_rts(IbvConnection& c, std::string* why) {
   p.sgid_index = gid_index_;
   p.remote_lid = r.lid;
   p.remote_gid = r.gid;
-  p.remote_qpn = r.qpn;
   p.remote_psn = r.psn;
   p.local_psn = c.psn_;
   p.mtu = std::min(mtu_, static_cast<ibv_mtu>(r.mtu));
@@ -678,16 +711,21 @@ bool IbvTransport::to_rts(IbvConnection& c, std::string* why) {
   p.service_level = static_cast<std::uint8_t>(o_.service_level);
   p.timeout = static_cast<std::uint8_t>(o_.timeout);
   p.retry_cnt = static_cast<std::uint8_t>(o_.retry_cnt);
-  ibv_qp_attr a{};
-  int mask = ibverbs::rtr_attr(&a, p);
-  if (const int rc = api_.modify_qp(c.qp_, &a, mask); rc != 0) {
-    *why = "ibv_modify_qp to RTR: " + errno_text(rc) + "; " + ibverbs::rtr_failure_hint(p, rc);
-    return false;
-  }
-  mask = ibverbs::rts_attr(&a, p);
-  if (const int rc = api_.modify_qp(c.qp_, &a, mask); rc != 0) {
-    *why = "ibv_modify_qp to RTS: " + errno_text(rc);
-    return false;
+  // Lane l connects to the peer's lane l (the peer's record lists its data QPs in order).
+  for (std::size_t l = 0; l < c.lanes_.size(); ++l) {
+    p.remote_qpn = l == 0 ? r.qpn : r.data_qpns[l - 1];
+    ibv_qp_attr a{};
+    int mask = ibverbs::rtr_attr(&a, p);
+    if (const int rc = api_.modify_qp(c.lanes_[l].qp, &a, mask); rc != 0) {
+      *why = "ibv_modify_qp to RTR: " + errno_text(rc) + "; " + ibverbs::rtr_failure_hint(p, rc);
+      return false;
+    }
+    a = ibv_qp_attr{};
+    mask = ibverbs::rts_attr(&a, p);
+    if (const int rc = api_.modify_qp(c.lanes_[l].qp, &a, mask); rc != 0) {
+      *why = "ibv_modify_qp to RTS: " + errno_text(rc);
+      return false;
+    }
   }
   return true;
 }
@@ -740,6 +778,9 @@ void IbvTransport::connect_steps(IbvConnection& c, Clock::time_point now) {
     } else if (c.remote_.ethernet != ethernet_) {
       error = std::string("its port is ") + (c.remote_.ethernet ? "RoCE" : "InfiniBand") + " and ours (" + where_ +
               ") is " + (ethernet_ ? "RoCE" : "InfiniBand") + ": choose ports on one fabric (BRAID_IB_HCA)";
+    } else if (c.remote_.data_qpns.size() + 1 != o_.qps_per_peer) {
+      error = "it uses " + std::to_string(c.remote_.data_qpns.size() + 1) + " queue pairs per peer and we " +
+              std::to_string(o_.qps_per_peer) + ": set BRAID_IB_QPS_PER_PEER alike on every rank";
     } else if (c.remote_.slots != slots_ || c.remote_.slot_bytes != o_.slot_bytes ||
                c.remote_.ctrl_bytes != wire::kControlBytes) {
       error = "it uses " + std::to_string(c.remote_.slots) + " slots of " + std::to_string(c.remote_.slot_bytes) +
@@ -754,7 +795,7 @@ void IbvTransport::connect_steps(IbvConnection& c, Clock::time_point now) {
     }
   } else if (error.empty()) {
     c.state_ = S::established;
-    BRAID_LOG(trace, self() << ": connected to rank " << c.peer_ << " (QPN " << c.qp_->qp_num << " -> "
+    BRAID_LOG(trace, self() << ": connected to rank " << c.peer_ << " (QPN " << c.lanes_[0].qp->qp_num << " -> "
                             << c.remote_.qpn << ", " << where_ << ")");
     changed_ = true;
     return;
@@ -783,7 +824,7 @@ void IbvTransport::fail(IbvConnection& c, const std::string& msg, bool closed, i
   c.recvs_.clear();
   c.cursor_ = 0;
   if (tell && post_control_slot(c, wire::kAbort, 0)) {
-    c.abort_wr_ = c.wr_posted_;
+    c.abort_wr_ = c.lanes_[0].wr_posted;
     c.error_at_ = Clock::now() + std::chrono::seconds(1);
     return;
   }
@@ -794,18 +835,21 @@ void IbvTransport::to_error(IbvConnection& c) {
   // The QP to ERR: its outstanding work requests are flushed (their completions ignored),
   // and nothing the peer writes lands any more.
   c.error_at_ = Clock::time_point::max();
-  if (c.qp_ == nullptr || c.in_error_) return;
+  if (c.lanes_.empty() || c.lanes_[0].qp == nullptr || c.in_error_) return;
   c.in_error_ = true;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  api_.modify_qp(c.qp_, &a, IBV_QP_STATE);
+  for (Lane& l : c.lanes_) {
+    if (l.qp == nullptr) continue;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    api_.modify_qp(l.qp, &a, IBV_QP_STATE);
+  }
 }
 
 bool IbvTransport::post_control_slot(IbvConnection& c, std::uint32_t kind, std::uint64_t total) {
   const std::uint64_t freed =
       __atomic_load_n(reinterpret_cast<const std::uint64_t*>(c.control_.data()), __ATOMIC_ACQUIRE);
   const std::size_t idx = c.slots_written_ % slots_;
-  if (wire::credits(slots_, c.slots_written_, freed) <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.wr_completed_)
+  if (wire::credits(slots_, c.slots_written_, freed) <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.lanes_[0].wr_completed)
     return false;
   wire::SlotHeader h;
   h.kind = kind;
@@ -818,7 +862,7 @@ bool IbvTransport::post_control_slot(IbvConnection& c, std::uint32_t kind, std::
                  true) != 0) {
     return false;
   }
-  c.staging_wr_[idx] = c.wr_posted_;
+  c.staging_wr_[idx] = c.lanes_[0].wr_posted;
   ++c.slots_written_;
   return true;
 }
@@ -833,8 +877,8 @@ const ibverbs::Registration* IbvTransport::register_user(const void* buf, std::s
 }
 
 bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,
-                         std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled) {
-  if (const int rc = post_write(c, addr, lkey, bytes, raddr, rkey, imm, signaled); rc != 0) {
+                         std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled, std::size_t lane) {
+  if (const int rc = post_write(c, addr, lkey, bytes, raddr, rkey, imm, signaled, lane); rc != 0) {
     fail(c, c.who() + ": ibv_post_send: " + errno_text(rc), false, -1);
     return false;
   }
@@ -842,14 +886,16 @@ bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lke
 }
 
 int IbvTransport::post_write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,
-                             std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled) {
+                             std::uint64_t raddr, std::uint32_t rkey, std::uint32_t imm, bool signaled,
+                             std::size_t lane) {
+  Lane& l = c.lanes_[lane];
   ibv_sge sge{};
   sge.addr = addr;
   sge.length = static_cast<std::uint32_t>(bytes);
   sge.lkey = lkey;
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
-  wr.wr_id = ++c.wr_posted_;
+  wr.wr_id = ++l.wr_posted;
   wr.sg_list = bytes > 0 ? &sge : nullptr;
   wr.num_sge = bytes > 0 ? 1 : 0;
   wr.opcode = imm != 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
@@ -860,8 +906,8 @@ int IbvTransport::post_write(IbvConnection& c, std::uint64_t addr, std::uint32_t
   if (bytes > 0 && bytes <= c.max_inline_ && lkey == c.outbox_.lkey()) wr.send_flags |= IBV_SEND_INLINE;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
-  const int rc = ibv_post_send(c.qp_, &wr, &bad);
-  if (rc != 0) --c.wr_posted_;
+  const int rc = ibv_post_send(l.qp, &wr, &bad);
+  if (rc != 0) --l.wr_posted;
   return rc;
 }
 
@@ -869,7 +915,9 @@ bool IbvTransport::receive_side(IbvConnection& c) {
   bool moved = false;
   while (c.state_ == IbvConnection::State::established) {
     if (c.rndv_wait_) {
-      if (c.rndv_used_ == c.rndv_done_) {
+      std::uint64_t per = 0;
+      const std::uint64_t parts = wire::stripes(c.recvs_.front().bytes, c.lanes_.size(), &per);
+      if (c.rndv_done_ - c.rndv_used_ < parts) {
         // A bye behind the request to send: the peer closed before writing the message.
         if (c.slots_done_ < c.slots_arrived_) {
           wire::SlotHeader next;
@@ -883,7 +931,7 @@ bool IbvTransport::receive_side(IbvConnection& c) {
         }
         break;
       }
-      ++c.rndv_used_;
+      c.rndv_used_ += parts;
       RecvOp& r = c.recvs_.front();
       release_user(r.reg);
       r.req->state = Request::State::done;
@@ -1005,20 +1053,34 @@ bool IbvTransport::send_side(IbvConnection& c) {
            false, c.peer_);
       return true;
     }
-    const std::size_t writes = (op->bytes + max_write_ - 1) / max_write_;
-    if (sq_room(c) < static_cast<int>(writes) + 1) break;
+    // Stripe s of the message on lane s, each in writes of at most max_write_ bytes, the last
+    // of a stripe carrying the immediate: the receiver counts one per stripe.
+    std::uint64_t per = 0;
+    const std::uint64_t parts = wire::stripes(op->bytes, c.lanes_.size(), &per);
+    const auto writes_of = [&](std::uint64_t s) {
+      const std::uint64_t n = std::min<std::uint64_t>(per, op->bytes - s * per);
+      return std::max<std::uint64_t>(1, (n + max_write_ - 1) / max_write_);
+    };
+    bool room = true;
+    for (std::uint64_t s = 0; s < parts; ++s) room &= sq_room(c, s) >= static_cast<int>(writes_of(s)) + (s == 0 ? 1 : 0);
+    if (!room) break;
     const ibverbs::Registration* reg = register_user(op->buf, op->bytes, c);
     if (reg == nullptr) return true;  // the connection failed (op is gone)
     op->reg = reg;
-    for (std::size_t i = 0; i < writes; ++i) {
-      const std::size_t at = i * max_write_, n = std::min(max_write_, op->bytes - at);
-      const bool last = i + 1 == writes;
-      if (!write(c, reinterpret_cast<std::uintptr_t>(op->buf) + at, op->reg->lkey, n, cts.addr + at, cts.rkey,
-                 last ? wire::imm(wire::kImmRndvDone, cts.message) : 0, last)) {
-        return true;
+    for (std::uint64_t s = 0; s < parts; ++s) {
+      const std::uint64_t begin = s * per, end = std::min<std::uint64_t>(begin + per, op->bytes);
+      const std::uint64_t writes = writes_of(s);
+      for (std::uint64_t i = 0; i < writes; ++i) {
+        const std::uint64_t at = begin + i * max_write_;
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(max_write_, end - at));
+        const bool last = i + 1 == writes;
+        if (!write(c, reinterpret_cast<std::uintptr_t>(op->buf) + at, op->reg->lkey, n, cts.addr + at, cts.rkey,
+                   last ? wire::imm(wire::kImmRndvDone, cts.message) : 0, last, s)) {
+          return true;
+        }
       }
+      op->done_wr[s] = c.lanes_[s].wr_posted;
     }
-    op->done_wr = c.wr_posted_;
     op->state = SendOp::State::writing;
     ++c.cts_used_;
     moved = true;
@@ -1039,7 +1101,7 @@ bool IbvTransport::send_side(IbvConnection& c) {
     SendOp& op = c.sends_[c.cursor_];
     if (op.state == SendOp::State::queued && op.sent == 0) op.rndv = op.bytes >= o_.rndv_threshold && op.bytes > 0;
     const std::size_t idx = c.slots_written_ % slots_;
-    if (credit <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.wr_completed_) break;
+    if (credit <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.lanes_[0].wr_completed) break;
     wire::SlotHeader h;
     h.tag = op.tag;
     h.total = op.bytes;
@@ -1059,12 +1121,12 @@ bool IbvTransport::send_side(IbvConnection& c) {
     const bool burst_end = op_done && c.cursor_ + 1 == c.sends_.size();
     const std::uint64_t n = ++c.data_writes_;
     const std::size_t next = (c.slots_written_ + 1) % slots_;
-    const bool sig = n % every == 0 || burst_end || credit == 1 || c.staging_wr_[next] > c.wr_completed_;
+    const bool sig = n % every == 0 || burst_end || credit == 1 || c.staging_wr_[next] > c.lanes_[0].wr_completed;
     if (!write(c, reinterpret_cast<std::uintptr_t>(s), c.staging_.lkey(), wire::kHeaderBytes + chunk,
                c.remote_.ring_addr + idx * o_.slot_bytes, c.remote_.ring_rkey, wire::imm(wire::kImmData, 0), sig)) {
       return true;
     }
-    c.staging_wr_[idx] = c.wr_posted_;
+    c.staging_wr_[idx] = c.lanes_[0].wr_posted;
     ++c.slots_written_;
     --credit;
     moved = true;
@@ -1079,8 +1141,9 @@ bool IbvTransport::send_side(IbvConnection& c) {
   // buffer, a rendezvous one once its last write has completed.
   while (!c.sends_.empty()) {
     SendOp& op = c.sends_.front();
-    if (op.state == SendOp::State::copied ||
-        (op.state == SendOp::State::writing && c.wr_completed_ >= op.done_wr)) {
+    bool written = op.state == SendOp::State::writing;
+    for (std::size_t l = 0; written && l < c.lanes_.size(); ++l) written = c.lanes_[l].wr_completed >= op.done_wr[l];
+    if (op.state == SendOp::State::copied || written) {
       release_user(op.reg);
       op.req->state = Request::State::done;
       c.sends_.pop_front();
@@ -1096,7 +1159,7 @@ bool IbvTransport::send_side(IbvConnection& c) {
 bool IbvTransport::step(IbvConnection& c) {
   if (c.state_ != IbvConnection::State::established) return false;
   bool moved = false;
-  if (c.recvs_posted_ < rq_depth_ && !post_recvs(c)) {
+  if (!post_recvs(c)) {
     fail(c, c.who() + ": ibv_post_recv failed", false, -1);
     return true;
   }
@@ -1118,24 +1181,25 @@ void IbvTransport::probe(IbvConnection& c, bool moved) {
   }
   if (c.probe_at_ == Clock::time_point::max()) c.probe_at_ = now + kProbeEvery;
   if (now < c.probe_at_) return;
-  if (c.probe_wr_ > c.wr_completed_ || sq_room(c) < 2) {  // the last probe is still out
+  if (c.probe_wr_ > c.lanes_[0].wr_completed || sq_room(c) < 2) {  // the last probe is still out
     c.probe_at_ = now + kProbeEvery;
     return;
   }
   // A zero-byte write into the spare bytes of the peer's control area.
   if (!write(c, 0, 0, 0, c.remote_.ctrl_addr + 8, c.remote_.ctrl_rkey, 0, true)) return;
-  c.probe_wr_ = c.wr_posted_;
+  c.probe_wr_ = c.lanes_[0].wr_posted;
   c.probe_at_ = now + kProbeEvery;
 }
 
 void IbvTransport::on_completion(const ibv_wc& wc) {
   auto it = by_qpn_.find(wc.qp_num);
   if (it == by_qpn_.end()) return;
-  IbvConnection& c = *it->second;
+  IbvConnection& c = *it->second.first;
+  Lane& lane = c.lanes_[it->second.second];
   // Our sends have wr_id >= 1, receives 0 (wc.opcode is undefined in an error completion).
   const bool recv = wc.wr_id == 0;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (recv) --c.recvs_posted_;
+    if (recv) --lane.recvs_posted;
     if (c.failure_.failed || wc.status == IBV_WC_WR_FLUSH_ERR) return;
     const char* what = api_.wc_status_str(wc.status);
     if (wc.status == IBV_WC_RETRY_EXC_ERR) {
@@ -1149,11 +1213,17 @@ void IbvTransport::on_completion(const ibv_wc& wc) {
     return;
   }
   if (!recv) {
-    c.wr_completed_ = std::max<std::uint64_t>(c.wr_completed_, wc.wr_id);
+    lane.wr_completed = std::max<std::uint64_t>(lane.wr_completed, wc.wr_id);
     return;
   }
-  --c.recvs_posted_;
+  --lane.recvs_posted;
   const std::uint32_t imm = ntohl(wc.imm_data);
+  if (it->second.second != 0 && wire::imm_kind(imm) != wire::kImmRndvDone) {
+    fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " sent immediate " + std::to_string(imm) +
+                " on data queue pair " + std::to_string(it->second.second) + ", which carries rendezvous stripes only",
+         false, c.peer_);
+    return;
+  }
   switch (wire::imm_kind(imm)) {
     case wire::kImmData: ++c.slots_arrived_; break;
     case wire::kImmCredit: break;  // the credit word is read where it is used
@@ -1198,7 +1268,8 @@ void IbvTransport::on_async() {
       case IBV_EVENT_QP_REQ_ERR:
       case IBV_EVENT_QP_ACCESS_ERR:
         for (IbvConnection* c : conns_.all())
-          if (c->qp_ == ev.element.qp) fail(*c, c->who() + " failed: " + what, false, c->peer_);
+          for (const Lane& l : c->lanes_)
+            if (l.qp == ev.element.qp) fail(*c, c->who() + " failed: " + what, false, c->peer_);
         break;
       default:
         BRAID_LOG(info, self() << ": " << where_ << ": " << what);
@@ -1224,7 +1295,7 @@ bool IbvTransport::progress() {
   moved |= poll_cq();
   const auto now = Clock::now();
   moved |= conns_.step_all([&](IbvConnection& c) {
-    if (c.error_at_ != Clock::time_point::max() && (c.wr_completed_ >= c.abort_wr_ || now >= c.error_at_)) to_error(c);
+    if (c.error_at_ != Clock::time_point::max() && (c.lanes_[0].wr_completed >= c.abort_wr_ || now >= c.error_at_)) to_error(c);
     connect_steps(c, now);
     return step(c);
   });
@@ -1269,12 +1340,12 @@ void IbvTransport::close_all(const std::string& reason) {
   // the peer's HCA: the bye is in its memory).
   for (IbvConnection* c : conns_.all()) {
     if (c->state_ == IbvConnection::State::established && post_control_slot(*c, wire::kBye, c->messages_sent_))
-      c->bye_wr_ = c->wr_posted_;
+      c->bye_wr_ = c->lanes_[0].wr_posted;
   }
   const auto until = Clock::now() + std::chrono::seconds(1);
   auto waiting = [&] {
     for (IbvConnection* c : conns_.all())
-      if (c->bye_wr_ != 0 && c->wr_completed_ < c->bye_wr_ && !c->failure_.failed) return true;
+      if (c->bye_wr_ != 0 && c->lanes_[0].wr_completed < c->bye_wr_ && !c->failure_.failed) return true;
     return false;
   };
   while (waiting() && Clock::now() < until) poll_cq();
@@ -1296,6 +1367,10 @@ std::unique_ptr<Transport> make_ibverbs_transport(const IbvOptions& options, Pol
   if (options.slots < 4 || options.slots > 4096 || !pow2(options.slots)) {
     throw Error(ErrorCode::InvalidUsage, "BRAID_IB_SLOTS=" + std::to_string(options.slots) +
                                              ": give a power of two from 4 to 4096");
+  }
+  if (options.qps_per_peer < 1 || options.qps_per_peer > kMaxLanes) {
+    throw Error(ErrorCode::InvalidUsage, "BRAID_IB_QPS_PER_PEER=" + std::to_string(options.qps_per_peer) +
+                                             ": give 1 to " + std::to_string(kMaxLanes));
   }
   if (options.slot_bytes < 256 || options.slot_bytes > (16u << 20) || !pow2(options.slot_bytes)) {
     throw Error(ErrorCode::InvalidUsage, "BRAID_IB_SLOT_BYTES=" + std::to_string(options.slot_bytes) +

@@ -29,6 +29,7 @@ struct IbvOptions : CommonOptions {
   int service_level = 0;            ///< BRAID_IB_SL
   int timeout = 18;                 ///< BRAID_IB_TIMEOUT: 4.096 µs * 2^timeout per retry
   int retry_cnt = 7;                ///< BRAID_IB_RETRY_CNT
+  std::size_t qps_per_peer = 1;     ///< BRAID_IB_QPS_PER_PEER: RC QPs per peer (1..16), the same on every rank
   std::size_t slots = 16;           ///< BRAID_IB_SLOTS: receive slots per peer (>= 4, power of two)
   std::size_t slot_bytes = 65536;   ///< BRAID_IB_SLOT_BYTES: bytes per slot (power of two)
   /// BRAID_IB_RNDV_THRESHOLD: messages of at least this many bytes are written straight

@@ -14,6 +14,7 @@
 
 #include "transport/common.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -113,6 +114,22 @@ inline long long credits(std::uint64_t slots, std::uint64_t written, std::uint64
 inline std::uint64_t slots_for(std::uint64_t bytes, std::size_t slot_bytes) {
   const std::uint64_t room = slot_bytes - kHeaderBytes;
   return bytes == 0 ? 1 : (bytes + room - 1) / room;
+}
+
+/// Bytes of the smallest rendezvous stripe: a message shorter than two of them goes whole on
+/// the first queue pair.
+constexpr std::uint64_t kMinStripe = 64 * 1024;
+
+/// How a rendezvous message of `bytes` is striped over `lanes` queue pairs: the number of
+/// stripes (1..lanes; 1 for a 0-byte message) and, in *per, the bytes of every stripe but the
+/// last (a multiple of 4 KiB); stripe i covers [i * per, min((i + 1) * per, bytes)). Sender and
+/// receiver compute it alike: the receiver completes the message after that many immediates.
+inline std::uint64_t stripes(std::uint64_t bytes, std::size_t lanes, std::uint64_t* per) {
+  const std::uint64_t want = std::max<std::uint64_t>(1, std::min<std::uint64_t>(lanes, bytes / kMinStripe));
+  std::uint64_t p = (bytes + want - 1) / want;
+  p = (p + 4095) & ~std::uint64_t{4095};
+  *per = p;
+  return bytes == 0 ? 1 : (bytes + p - 1) / p;
 }
 
 }  // namespace braid::transport::ibverbs::wire
