@@ -4,6 +4,10 @@
 // entry point obtained at run time through the runtime (as NCCL's cudawrap); where the
 // driver refuses stream memory operations, a one-thread kernel waits on the word instead
 // (UCC's fallback): it sleeps between reads and waits on the host, never on a peer GPU.
+// GPUDirect RDMA takes four more driver entry points, obtained the same way: the dma-buf
+// export of an allocation (cuMemGetAddressRange, cuMemGetHandleForAddressRange; CUDA 11.7+
+// drivers), whether the device can export one (cuDeviceGetAttribute) and the flush of NIC
+// writes (cuFlushGPUDirectRDMAWrites; CUDA 11.3+). Missing ones only make those refused.
 //
 // Not yet run on a GPU in this project's CI (no GPU there): scripts/gpu_check.sh runs
 // the device tests against this backend on a machine with one (docs/gpu.md).
@@ -12,7 +16,10 @@
 #include "base/check.hpp"
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+
+#include <unistd.h>
 
 #include <atomic>
 #include <map>
@@ -37,6 +44,27 @@ __global__ void wait_word_kernel(const volatile std::uint32_t* word, std::uint32
 
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
+/// A driver entry point as of CUDA 12.0's ABI (the version the runtime's own calls use),
+/// or null where this driver lacks it. Never throws.
+template <typename Fn>
+Fn driver_entry_point(const char* name) {
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  void* fn = nullptr;
+  const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                  q == cudaDriverEntryPointSuccess;
+  cudaGetLastError();
+  return ok ? reinterpret_cast<Fn>(fn) : nullptr;
+}
+
+/// The driver entry points of GPUDirect RDMA (null: absent from this driver).
+struct RdmaEntryPoints {
+  PFN_cuMemGetAddressRange_v3020 get_address_range = nullptr;
+  PFN_cuMemGetHandleForAddressRange_v11070 get_handle_for_address_range = nullptr;
+  PFN_cuFlushGPUDirectRDMAWrites_v11030 flush_rdma_writes = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
+};
+
 class Cuda final : public Runtime {
  public:
   explicit Cuda(int devices) : devices_(devices) {
@@ -46,6 +74,13 @@ class Cuda final : public Runtime {
         q == cudaDriverEntryPointSuccess)
       wait_value_.store(reinterpret_cast<WaitValue32>(fn));
     cudaGetLastError();
+    // At 12.0's ABI "cuMemGetAddressRange" is cuMemGetAddressRange_v2 (64-bit sizes).
+    rdma_.get_address_range = driver_entry_point<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange");
+    rdma_.get_handle_for_address_range =
+        driver_entry_point<PFN_cuMemGetHandleForAddressRange_v11070>("cuMemGetHandleForAddressRange");
+    rdma_.flush_rdma_writes = driver_entry_point<PFN_cuFlushGPUDirectRDMAWrites_v11030>("cuFlushGPUDirectRDMAWrites");
+    rdma_.device_get_attribute = driver_entry_point<PFN_cuDeviceGetAttribute_v2000>("cuDeviceGetAttribute");
+    rdma_.get_error_name = driver_entry_point<PFN_cuGetErrorName_v6000>("cuGetErrorName");
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) name_ = prop.name;
     cudaGetLastError();
@@ -174,7 +209,100 @@ class Cuda final : public Runtime {
     if (g) cudaGraphDestroy(g);
   }
 
+  std::string dmabuf_support(int device) override {
+    if (device < 0 || device >= devices_)
+      return "GPU " + std::to_string(device) + " does not exist (this process sees " + std::to_string(devices_) + ")";
+    if (!rdma_.get_address_range)
+      return "the driver does not export cuMemGetAddressRange at CUDA 12.0's ABI (CUDA 12.0+ driver needed)";
+    if (!rdma_.get_handle_for_address_range)
+      return "the driver does not export cuMemGetHandleForAddressRange (CUDA 11.7+ driver needed)";
+    if (!rdma_.device_get_attribute) return "the driver does not export cuDeviceGetAttribute";
+    int supported = 0;
+    // The runtime's device ordinal is the driver's CUdevice (both count the devices
+    // CUDA_VISIBLE_DEVICES leaves, in the same order); the runtime initialized the driver.
+    const CUresult r = rdma_.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+                                                  static_cast<CUdevice>(device));
+    if (r != CUDA_SUCCESS)
+      return "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) of GPU " + std::to_string(device) +
+             " failed: " + driver_text(r);
+    if (supported != 1)
+      return "GPU " + std::to_string(device) +
+             " does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0: an open kernel module and "
+             "Linux 5.12+ are needed)";
+    return "";
+  }
+  int export_dmabuf(const void* p, std::size_t bytes, std::uintptr_t* base, std::size_t* size) override {
+    const PointerInfo info = classify(p);
+    BRAID_CHECK(info.kind == MemoryKind::device, InvalidUsage,
+                "export_dmabuf: " << p << " is not device memory (host memory registers with ibv_reg_mr)");
+    const std::string why = dmabuf_support(info.device);
+    BRAID_CHECK(why.empty(), Unsupported,
+                "export_dmabuf: no dma-buf for device memory of GPU " << info.device << ": " << why
+                    << " (GPUDirect RDMA then needs nvidia-peermem, or staging through host memory)");
+    // The driver calls act on the current context: the allocation's device's, as alloc_device.
+    const int old = current_device();
+    if (old != info.device) set_device(info.device);
+    CUdeviceptr alloc_base = 0;
+    std::size_t alloc_size = 0;
+    const char* failed = nullptr;
+    bool inside = false;
+    int fd = -1;
+    std::uintptr_t lo = 0, hi = 0;
+    CUresult r = rdma_.get_address_range(&alloc_base, &alloc_size, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS) {
+      failed = "cuMemGetAddressRange";
+    } else {
+      // The driver takes a range aligned to the host page, and an RDMA registration is
+      // page-aligned too: [p, p+bytes) may reach to the end of the allocation's last page. A
+      // small cudaMalloc allocation may share its pages with others: the fd then covers some
+      // of theirs too, which the caller's registration of [p, p+bytes) never hands to a peer.
+      const auto page = static_cast<std::uintptr_t>(::getpagesize());
+      lo = static_cast<std::uintptr_t>(alloc_base) / page * page;
+      hi = (static_cast<std::uintptr_t>(alloc_base) + alloc_size + page - 1) / page * page;
+      inside = reinterpret_cast<std::uintptr_t>(p) >= lo && bytes <= hi - reinterpret_cast<std::uintptr_t>(p);
+    }
+    if (failed == nullptr && inside) {
+      r = rdma_.get_handle_for_address_range(&fd, static_cast<CUdeviceptr>(lo), hi - lo,
+                                             CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+      if (r != CUDA_SUCCESS) failed = "cuMemGetHandleForAddressRange";
+    }
+    if (old != info.device) cudaSetDevice(old);
+    BRAID_CHECK(failed == nullptr, Cuda,
+                "export_dmabuf: " << failed << " of " << p << " (GPU " << info.device
+                                  << ") failed: " << driver_text(r));
+    BRAID_CHECK(inside, InvalidUsage,
+                "export_dmabuf: [" << p << ", +" << bytes << ") runs past the end of its device allocation ("
+                                   << reinterpret_cast<void*>(alloc_base) << ", " << alloc_size
+                                   << " bytes); a dma-buf covers one allocation, so register a range inside one");
+    if (base) *base = lo;
+    if (size) *size = hi - lo;
+    return fd;
+  }
+  void flush_rdma_writes() override {
+    const auto flush = rdma_.flush_rdma_writes;
+    BRAID_CHECK(flush != nullptr, Unsupported,
+                "the CUDA driver does not export cuFlushGPUDirectRDMAWrites (CUDA 11.3+ driver needed), so NIC "
+                "writes into device memory cannot be made visible to the GPU: use a newer driver or stage "
+                "through host memory");
+    // The flush acts on the calling thread's current context, which a thread that never
+    // made a CUDA runtime call may not have: bind the current device's primary context.
+    set_device(current_device());
+    const CUresult r =
+        flush(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX, CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+    if (r != CUDA_SUCCESS) throw Error(ErrorCode::Cuda, "cuFlushGPUDirectRDMAWrites failed: " + driver_text(r));
+    flushes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t rdma_flushes() const noexcept override { return flushes_.load(std::memory_order_relaxed); }
+
  private:
+  /// A driver result as "CUDA_ERROR_NOT_SUPPORTED (801)" (the number alone where the driver
+  /// cannot name it).
+  std::string driver_text(CUresult r) const {
+    const char* name = nullptr;
+    if (rdma_.get_error_name && rdma_.get_error_name(r, &name) == CUDA_SUCCESS && name)
+      return std::string(name) + " (" + std::to_string(static_cast<int>(r)) + ")";
+    return "CUresult " + std::to_string(static_cast<int>(r));
+  }
   /// The calling thread's current device's stream for copy(), created on first use and
   /// kept for the life of the process.
   cudaStream_t copy_stream() {
@@ -191,6 +319,8 @@ class Cuda final : public Runtime {
   int driver_ = 0;
   std::string name_ = "unknown";
   std::atomic<WaitValue32> wait_value_{nullptr};
+  RdmaEntryPoints rdma_;  ///< set once by the constructor
+  std::atomic<std::uint64_t> flushes_{0};
 };
 
 }  // namespace

@@ -1,9 +1,16 @@
 // The host-emulation device backend (tests only; BRAID_GPU_BACKEND=emulated).
 //
 // What it emulates, and how:
-// * device memory: host memory from aligned_alloc, recorded in a range table with its
-//   device (2 emulated devices, so that "a buffer of another device" can be tested);
-//   classify() looks pointers up in the table.
+// * device memory: host memory, recorded in a range table with its device (2 emulated
+//   devices, so that "a buffer of another device" can be tested); classify() looks
+//   pointers up in the table. Each allocation is a shared mapping of its own memfd, which
+//   stands in for the dma-buf of a GPU allocation: export_dmabuf() hands out a duplicate,
+//   and a NIC emulation (tests/support/fakeverbs) that maps it writes the very pages the
+//   device pointer reads. One file descriptor per allocation, closed by free_device().
+//   The mapping is shared, so a forked child writes its parent's device memory rather
+//   than a copy of it; CUDA does not work in a forked child at all, so nothing may rely
+//   on either.
+// * GPUDirect RDMA flush: a fence (the emulated NIC writes through host memory already).
 // * pinned memory: plain host memory (classified as host, as CUDA's pinned memory is).
 // * streams: one FIFO worker thread per stream; the default stream (nullptr) is one
 //   per process (re-created in a forked child, which has none of its parent's threads).
@@ -16,13 +23,18 @@
 
 #include "base/check.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -125,18 +137,25 @@ class Emulated final : public Runtime {
   void* alloc_device(std::size_t bytes, int device) override {
     BRAID_CHECK(device >= 0 && device < kDevices, InvalidUsage,
                 "device " << device << " does not exist (the emulated runtime has " << kDevices << ")");
-    void* p = allocate(bytes);
+    Range r = map_device(bytes);
+    r.device = device;
+    void* p = reinterpret_cast<void*>(r.start);
     std::lock_guard<std::mutex> lock(mu_);
-    ranges_[reinterpret_cast<std::uintptr_t>(p)] = {bytes == 0 ? 1 : bytes, device};
+    ranges_[r.start] = r;
     return p;
   }
   void free_device(void* p) noexcept override {
     if (!p) return;
+    Range r;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      ranges_.erase(reinterpret_cast<std::uintptr_t>(p));
+      auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == ranges_.end()) return;  // not an allocation of this runtime: nothing to free
+      r = it->second;
+      ranges_.erase(it);
     }
-    std::free(p);
+    ::munmap(p, r.mapped);
+    ::close(r.fd);
   }
   void* alloc_pinned(std::size_t bytes) override { return allocate(bytes); }
   void free_pinned(void* p) noexcept override { std::free(p); }
@@ -173,11 +192,85 @@ class Emulated final : public Runtime {
   void begin_capture(Stream s) override { stream(s).capturing = true; }
   void end_capture(Stream s) override { stream(s).capturing = false; }
 
+  std::string dmabuf_support(int device) override {
+    if (device >= 0 && device < kDevices) return "";
+    return "device " + std::to_string(device) + " does not exist (the emulated runtime has " +
+           std::to_string(kDevices) + ")";
+  }
+  int export_dmabuf(const void* p, std::size_t bytes, std::uintptr_t* base, std::size_t* size) override {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(a);
+    BRAID_CHECK(it != ranges_.begin() && a < std::prev(it)->first + std::prev(it)->second.bytes, InvalidUsage,
+                "export_dmabuf: " << p << " is not device memory (no emulated device allocation holds it; "
+                                   << "host memory registers with ibv_reg_mr)");
+    const Range& r = std::prev(it)->second;
+    // Within the allocation's pages (what the fd covers): an RDMA registration is page-aligned,
+    // so the page-rounded range of a buffer at the end of an allocation must be exportable.
+    BRAID_CHECK(bytes <= r.start + r.mapped - a, InvalidUsage,
+                "export_dmabuf: [" << p << ", +" << bytes << ") runs past the pages of its device allocation ("
+                                   << reinterpret_cast<void*>(r.start) << ", " << r.bytes << " bytes, " << r.mapped
+                                   << " mapped); a dma-buf covers one allocation, so register a range inside one");
+    const int fd = ::fcntl(r.fd, F_DUPFD_CLOEXEC, 0);
+    const int e = errno;
+    BRAID_CHECK(fd >= 0, System,
+                "export_dmabuf: duplicating the emulated dma-buf of " << reinterpret_cast<void*>(r.start) << " ("
+                    << r.bytes << " bytes) failed: " << std::strerror(e) << " (errno " << e
+                    << (e == EMFILE ? "; this process has too many open files: close some or raise ulimit -n)" : ")"));
+    if (base) *base = r.start;
+    if (size) *size = r.mapped;
+    return fd;
+  }
+  void flush_rdma_writes() override {
+    // The emulated NIC writes this process's memory with the CPU: a fence orders those
+    // writes, seen complete by this thread, before the stream work it enqueues next.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    flushes_.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t rdma_flushes() const noexcept override { return flushes_.load(std::memory_order_relaxed); }
+
  private:
   struct Range {
-    std::size_t bytes = 0;
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0;   ///< as requested (1 for 0): classify() checks this
     int device = 0;
+    int fd = -1;             ///< the memfd behind the mapping (the allocation's "dma-buf")
+    std::size_t mapped = 0;  ///< the mapping's length: `bytes` rounded up to the page
   };
+  /// A fresh memfd of `bytes` rounded up to the page (one page for 0), mapped shared.
+  static Range map_device(std::size_t bytes) {
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    Range r;
+    r.bytes = bytes == 0 ? 1 : bytes;
+    r.mapped = (r.bytes + page - 1) / page * page;
+    const auto fail = [&](const char* call) {
+      const int e = errno;
+      throw Error(ErrorCode::System,
+                  "emulated device runtime: allocating " + std::to_string(bytes) + " bytes of device memory failed: " +
+                      call + ": " + std::strerror(e) + " (errno " + std::to_string(e) +
+                      (e == EMFILE || e == ENFILE
+                           ? "; each emulated device allocation holds a file descriptor: free device memory or "
+                             "raise ulimit -n)"
+                           : ")"));
+    };
+    r.fd = ::memfd_create("braid-emulated-device", MFD_CLOEXEC);
+    if (r.fd < 0) fail("memfd_create");
+    if (::ftruncate(r.fd, static_cast<off_t>(r.mapped)) != 0) {
+      const int e = errno;
+      ::close(r.fd);
+      errno = e;
+      fail("ftruncate");
+    }
+    void* p = ::mmap(nullptr, r.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(r.fd);
+      errno = e;
+      fail("mmap");
+    }
+    r.start = reinterpret_cast<std::uintptr_t>(p);
+    return r;
+  }
   static void* allocate(std::size_t bytes) {
     const std::size_t rounded = (bytes + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
@@ -203,6 +296,7 @@ class Emulated final : public Runtime {
   std::unique_ptr<EmuStream> default_;
   std::vector<std::unique_ptr<EmuStream>> orphans_;  ///< never destroyed (no thread to join)
   pid_t default_pid_ = 0;
+  std::atomic<std::uint64_t> flushes_{0};
 };
 
 thread_local int Emulated::current_ = 0;

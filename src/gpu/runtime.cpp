@@ -62,6 +62,12 @@ class NoDevice final : public Runtime {
   void copy(void*, const void*, std::size_t) override { refuse("copies"); }
   void begin_capture(Stream) override { refuse("stream capture"); }
   void end_capture(Stream) override { refuse("stream capture"); }
+  std::string dmabuf_support(int) override { return "no device runtime: " + why_; }
+  int export_dmabuf(const void*, std::size_t, std::uintptr_t*, std::size_t*) override { refuse("dma-buf exports"); }
+  // Refused like the other device operations rather than a silent no-op: with no device
+  // memory there is nothing a NIC could have written, so a caller here is a bug to name.
+  void flush_rdma_writes() override { refuse("GPUDirect RDMA flushes"); }
+  std::uint64_t rdma_flushes() const noexcept override { return 0; }  // none ever runs
 
  private:
   [[noreturn]] void refuse(const char* what) const {

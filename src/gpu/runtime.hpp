@@ -11,7 +11,13 @@
 //   recorded as device memory of device 0 or 1, a stream is a FIFO worker thread, a
 //   wait on a host word is a condition-variable wait. It runs the whole device data path
 //   of the library (memory-kind dispatch, staging, stream join, release on failure) on a
-//   machine without a GPU, which is what CI has.
+//   machine without a GPU, which is what CI has. Each device allocation is its own memfd
+//   mapping, so that export_dmabuf() has a file descriptor to hand out whose mmap aliases
+//   the allocation, as a NIC's registration of a real dma-buf does.
+//
+// GPUDirect RDMA (a NIC reading and writing device memory) takes two primitives here:
+// export_dmabuf() for the registration (ibv_reg_dmabuf_mr, no nvidia-peermem needed) and
+// flush_rdma_writes() before the device reads what the NIC wrote.
 //
 // The backend is chosen once per process (core::gpu_runtime() reads BRAID_GPU_BACKEND);
 // `none` (no CUDA in this build, or no GPU) classifies every pointer as host memory and
@@ -104,6 +110,26 @@ class Runtime {
   /// Stream capture, for tests of the refusal (cudaStreamBeginCapture / EndCapture).
   virtual void begin_capture(Stream s) = 0;
   virtual void end_capture(Stream s) = 0;
+
+  /// "" when export_dmabuf() can work for memory of `device`, else why not (the driver, the
+  /// device or the kernel lacks dma-buf; no device at all). Never throws.
+  virtual std::string dmabuf_support(int device) = 0;
+  /// A dma-buf file descriptor for the device allocation that holds [p, p+bytes), for an RDMA
+  /// NIC to register (ibv_reg_dmabuf_mr: GPUDirect RDMA without nvidia-peermem). The fd
+  /// covers [*base, *base + *size): the allocation's range, page-aligned (CUDA:
+  /// cuMemGetAddressRange, then cuMemGetHandleForAddressRange with
+  /// CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD); offset 0 of the fd is *base. The caller owns
+  /// the fd (close it after registering). Throws Error(Unsupported) naming why (see
+  /// dmabuf_support), Error(InvalidUsage) when the range is not device memory of one allocation.
+  virtual int export_dmabuf(const void* p, std::size_t bytes, std::uintptr_t* base, std::size_t* size) = 0;
+  /// Makes the NIC writes into device memory whose completions the host has seen visible to
+  /// device work enqueued after this call (CUDA: cuFlushGPUDirectRDMAWrites on the current
+  /// context, to owner; NCCL's flush has the same role). Throws Error(Cuda) on failure, and
+  /// Error(Unsupported) where nothing can flush (no device; a driver without the entry point).
+  virtual void flush_rdma_writes() = 0;
+  /// How many times flush_rdma_writes() has run in this process (tests check that a
+  /// transport flushes before the device reads).
+  virtual std::uint64_t rdma_flushes() const noexcept = 0;
 };
 
 /// The process's runtime. The first call picks the backend from `choice` ("auto": cuda

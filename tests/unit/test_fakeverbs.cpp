@@ -14,13 +14,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -710,6 +713,200 @@ TEST(Fakeverbs, BadLkeyIsLocalProtectionError) {
   auto wcs = l.a.wait(1);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, IBV_WC_LOC_PROT_ERR);
+}
+
+// GPUDirect RDMA through dma-buf, as braid's emulated GPU runtime will use it: device memory
+// is a memfd mapped MAP_SHARED at the device pointer; the transport registers part of it with
+// ibv_reg_dmabuf_mr(offset into the allocation, iova = the device pointer) and addresses it by
+// iova on both sides.
+struct Memfd {
+  int fd = -1;
+  std::uint8_t* at = nullptr;
+  std::size_t bytes = 0;
+  Memfd(const char* name, std::size_t n) : bytes(n) {
+    fd = ::memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(n)) != 0) return;
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) at = static_cast<std::uint8_t*>(p);
+  }
+  ~Memfd() {
+    if (at) ::munmap(at, bytes);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// How many mappings of the memfd named `name` this process has.
+int mappings_of(const char* name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line, needle = std::string("/memfd:") + name;
+  int n = 0;
+  while (std::getline(maps, line))
+    if (line.find(needle) != std::string::npos) ++n;
+  return n;
+}
+
+int post_write(ibv_qp* qp, std::uint64_t id, const ibv_sge& sge, std::uint64_t remote_addr, std::uint32_t rkey) {
+  ibv_sge s = sge;
+  ibv_send_wr wr{};
+  wr.wr_id = id;
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+TEST(Fakeverbs, BraidsLoaderFindsRegDmabufMr) {
+  ASSERT_NE(fv().api, nullptr);
+  EXPECT_NE(fv().api->reg_dmabuf_mr, nullptr);
+}
+
+TEST(Fakeverbs, DmabufMrIsAddressedByIovaAndReachesTheMemoryBehindTheFd) {
+  const iv::Api* api = fv().api;
+  ASSERT_NE(api, nullptr);
+  ASSERT_NE(api->reg_dmabuf_mr, nullptr);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  Memfd gpu("fvtest-dmabuf", 3 * page);  // the "device allocation", mapped at A
+  ASSERT_NE(gpu.at, nullptr) << std::strerror(errno);
+  std::uint8_t* A = gpu.at;
+  for (std::size_t i = 0; i < 3 * page; ++i) A[i] = static_cast<std::uint8_t>(i * 5 + 3);
+  const int before = mappings_of("fvtest-dmabuf");
+  Loop l;
+  ASSERT_TRUE(l.open(4 * page));
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  // The middle two pages, addressed at their own address (the device pointer), on b (the
+  // target) and on a (a source); then on b again at a decoy iova: the address of other memory
+  // (a's ordinary buffer), so a fake that used the iova as a pointer would write there.
+  const std::uint64_t iova = reinterpret_cast<std::uint64_t>(A) + page;
+  std::vector<std::uint8_t> decoy_mem(2 * page + page);
+  const std::uint64_t decoy = (reinterpret_cast<std::uint64_t>(decoy_mem.data()) + page - 1) & ~(page - 1);
+  ibv_mr* dm_b = api->reg_dmabuf_mr(l.b.pd, page, 2 * page, iova, gpu.fd, access);
+  const int dup_fd = ::dup(gpu.fd);  // a dup, as the GPU runtime hands out, closed at once
+  ibv_mr* dm_a = api->reg_dmabuf_mr(l.a.pd, page, 2 * page, iova, dup_fd, access);
+  ::close(dup_fd);
+  ibv_mr* dm_d = api->reg_dmabuf_mr(l.b.pd, page, 2 * page, decoy, gpu.fd, access);
+  ASSERT_NE(dm_b, nullptr) << std::strerror(errno);
+  ASSERT_NE(dm_a, nullptr) << std::strerror(errno);
+  ASSERT_NE(dm_d, nullptr) << std::strerror(errno);
+  ::close(gpu.fd);  // the registrations outlive the fd
+  gpu.fd = -1;
+  EXPECT_EQ(dm_b->length, 2 * page);
+  EXPECT_EQ(reinterpret_cast<std::uint64_t>(dm_b->addr), page);  // libibverbs sets addr = offset
+  EXPECT_EQ(dm_b->pd, l.b.pd);
+  EXPECT_EQ(mappings_of("fvtest-dmabuf"), before + 3);
+  const Info b = l.b.info();
+
+  // A write from a's ordinary MR to iova + 100 lands at A + page + 100.
+  for (int i = 0; i < 64; ++i) l.a.buf[i] = static_cast<std::uint8_t>(0xa0 + i);
+  ASSERT_EQ(post_write(l.a.qp, 1, {reinterpret_cast<std::uint64_t>(l.a.buf.data()), 64, l.a.mr->lkey}, iova + 100,
+                       dm_b->rkey), 0);
+  // Through the decoy iova: lands in A too, and the decoy memory stays untouched.
+  ASSERT_EQ(post_write(l.a.qp, 2, {reinterpret_cast<std::uint64_t>(l.a.buf.data()), 64, l.a.mr->lkey},
+                       decoy + page + 7, dm_d->rkey), 0);
+  auto wcs = l.a.wait(2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc.wr_id;
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(A[page + 100 + i], 0xa0 + i) << i;
+    EXPECT_EQ(A[2 * page + 7 + i], 0xa0 + i) << i;
+  }
+  EXPECT_EQ(A[page + 99], static_cast<std::uint8_t>((page + 99) * 5 + 3));  // only those bytes
+  EXPECT_EQ(A[page + 164], static_cast<std::uint8_t>((page + 164) * 5 + 3));
+  for (std::size_t i = 0; i < 2 * page; ++i)
+    ASSERT_EQ(decoy_mem[decoy - reinterpret_cast<std::uint64_t>(decoy_mem.data()) + i], 0) << i;
+
+  // A write whose source is the dma-buf MR (sge.addr = iova + k) sends A + page + k.
+  const std::size_t k = page - 40;  // across the page boundary inside the MR
+  ASSERT_EQ(post_write(l.a.qp, 3, {iova + k, 200, dm_a->lkey}, b.addr + 16, b.rkey), 0);
+  // A SEND received into the dma-buf MR scatters there too.
+  ibv_sge rs{iova + 1000, 32, dm_b->lkey};
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 77;
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad = nullptr;
+  ASSERT_EQ(ibv_post_recv(l.b.qp, &rwr, &rbad), 0);
+  ASSERT_EQ(l.a.write(4, IBV_WR_SEND, 0, 32, b, 0), 0);
+  wcs = l.a.wait(2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc.wr_id;
+  auto got = l.b.wait(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(got[0].wr_id, 77u);
+  for (std::size_t i = 0; i < 200; ++i) EXPECT_EQ(l.b.buf[16 + i], A[page + k + i]) << i;
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(A[page + 1000 + i], 0xa0 + i) << i;
+
+  // Past iova + length: refused as for any MR, nothing lands.
+  const std::uint8_t last = A[3 * page - 1];
+  ASSERT_EQ(post_write(l.a.qp, 5, {reinterpret_cast<std::uint64_t>(l.a.buf.data()), 32, l.a.mr->lkey},
+                       iova + 2 * page - 16, dm_b->rkey), 0);
+  wcs = l.a.wait(1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(A[3 * page - 1], last);
+
+  EXPECT_EQ(api->dereg_mr(dm_a), 0);
+  EXPECT_EQ(api->dereg_mr(dm_b), 0);
+  EXPECT_EQ(api->dereg_mr(dm_d), 0);
+  EXPECT_EQ(mappings_of("fvtest-dmabuf"), before);  // dereg unmaps
+}
+
+TEST(Fakeverbs, DmabufMrRefusalsAndTheNoDmabufSwitch) {
+  const iv::Api* api = fv().api;
+  ASSERT_NE(api, nullptr);
+  ASSERT_NE(api->reg_dmabuf_mr, nullptr);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  Memfd gpu("fvtest-dmabuf-refusals", 2 * page);
+  ASSERT_NE(gpu.at, nullptr);
+  const std::uint64_t iova = reinterpret_cast<std::uint64_t>(gpu.at);
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ibv_context* ctx = open_ctx();
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = fv().alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  auto refused = [&](std::uint64_t off, std::size_t len, std::uint64_t va, int fd, int acc) {
+    errno = 0;
+    ibv_mr* mr = api->reg_dmabuf_mr(pd, off, len, va, fd, acc);
+    if (mr != nullptr) {
+      api->dereg_mr(mr);
+      return -1;
+    }
+    return errno;
+  };
+  EXPECT_EQ(refused(0, page, iova, -1, access), EBADF);
+  EXPECT_EQ(refused(0, page, iova + 8, gpu.fd, access), EINVAL);  // iova and offset elsewhere in a page
+  EXPECT_EQ(refused(page, 2 * page, iova + page, gpu.fd, access), EINVAL);  // past the buffer's end
+  EXPECT_EQ(refused(0, page, iova, gpu.fd, IBV_ACCESS_REMOTE_WRITE), EINVAL);  // remote without local write
+  EXPECT_EQ(refused(0, page, iova, gpu.fd, access | IBV_ACCESS_ON_DEMAND), EINVAL);
+  EXPECT_EQ(refused(0, 0, iova, gpu.fd, access), EINVAL);  // mmap of nothing
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  EXPECT_EQ(refused(0, page, iova, sv[0], access), ENODEV);  // not mappable
+  ::close(sv[0]);
+  ::close(sv[1]);
+  const int ro = ::open(("/proc/self/fd/" + std::to_string(gpu.fd)).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(ro, 0);
+  EXPECT_EQ(refused(0, page, iova, ro, access), EACCES);  // not open for writing
+  ::close(ro);
+  EXPECT_EQ(refused(8, page, iova + 8, gpu.fd, access), -1);  // unaligned but in the same place: fine
+  fv().dealloc_pd(pd);
+  api->close_device(ctx);
+
+  // FAKEVERBS_NO_DMABUF=1, read by ibv_open_device as the other switches: that context refuses.
+  ::setenv("FAKEVERBS_NO_DMABUF", "1", 1);
+  ctx = open_ctx();
+  ::unsetenv("FAKEVERBS_NO_DMABUF");
+  ASSERT_NE(ctx, nullptr);
+  pd = fv().alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  EXPECT_EQ(refused(0, page, iova, gpu.fd, access), EOPNOTSUPP);
+  EXPECT_EQ(mappings_of("fvtest-dmabuf-refusals"), 1);  // no mapping left behind by any refusal
+  fv().dealloc_pd(pd);
+  api->close_device(ctx);
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ Loaded load_path(const std::string& library) {
   base::resolve(h, "ibv_fork_init", &a.fork_init, &missing, "IBVERBS_1.1");
   std::string optional;
   base::resolve(h, "ibv_is_fork_initialized", &a.is_fork_initialized, &optional, "IBVERBS_1.13");
+  base::resolve(h, "ibv_reg_dmabuf_mr", &a.reg_dmabuf_mr, &optional, "IBVERBS_1.12");
   if (!missing.empty()) {
     l.why = l.api.path + " has no " + missing + " (not libibverbs, or older than rdma-core's IBVERBS_1.1)";
     ::dlclose(h);

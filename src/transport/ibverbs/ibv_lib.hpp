@@ -62,6 +62,14 @@ struct Api {
   int (*fork_init)() = nullptr;
   /// Optional (rdma-core 35+): IBV_FORK_UNNEEDED when the kernel makes fork safe by itself.
   ibv_fork_status (*is_fork_initialized)() = nullptr;
+  /// Optional (rdma-core 34+, ibv_reg_dmabuf_mr@IBVERBS_1.12): registers `length` bytes at
+  /// `offset` into the dma-buf `fd` (GPU memory exported by its driver), addressed in work
+  /// requests as `iova` onwards. Null when the library lacks it: GPUDirect RDMA through
+  /// dma-buf is then unavailable. A library that has it may still refuse at run time
+  /// (EOPNOTSUPP: a kernel or HCA without dma-buf support). Note that libibverbs sets the
+  /// returned MR's addr to `offset`, not `iova`: use the iova you passed, not mr->addr.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd* pd, std::uint64_t offset, std::size_t length, std::uint64_t iova, int fd,
+                           int access) = nullptr;
 
   /// ibv_query_port as verbs.h's inline does it: the context's extended query_port op when
   /// the provider has one, else the exported symbol on zeroed attributes.

@@ -21,6 +21,31 @@
 // IBV_WC_REM_INV_REQ_ERR at the sender). RDMA_READ and atomics are not supported
 // (post_send returns EINVAL). No SRQ, UD or UC. RLIMIT_MEMLOCK is not emulated.
 //
+// Memory regions: keyed by lkey == rkey, per context. Every address the HCA turns into memory
+// (the SGEs it gathers for a send or write, the SGEs a SEND scatters into, the target of a
+// write) is looked up in its MR when the bytes move, per fragment, under the context's lock:
+// a key that no longer names an MR of that PD covering the range is LOC_PROT_ERR (local) or
+// REM_ACCESS_ERR (remote), as on hardware that processes a WR after its MR was deregistered.
+// IBV_SEND_INLINE copies from the SGE addresses with the CPU at post time, lkey unused.
+//
+// dma-buf MRs (ibv_reg_dmabuf_mr, rdma-core 34+): the fd is mmapped (MAP_SHARED, read/write)
+// from the page holding `offset`, and work requests address the region as iova..iova+length;
+// the HCA turns an address into host memory as mapping + (addr - iova). The fd is not kept (the
+// caller may close it at once); ibv_dereg_mr unmaps. As libibverbs does, the MR's addr is
+// `offset` (not the iova) and its length `length`. Refused as the kernel refuses: offset and
+// iova in different places of their pages, or access bits beyond local/remote write, remote
+// read/atomic and relaxed ordering (EINVAL); remote write without local write (EINVAL, as
+// ibv_reg_mr); offset + length past the end of a regular file (EINVAL, the dma-buf's size);
+// otherwise what fstat or mmap say (EBADF, ENODEV, EACCES...). What this proves: the verbs
+// calls, the iova addressing of both sides (sge.addr and remote_addr), keys, bounds and access
+// checks, registering only part of an allocation, closing the fd after registration, and that
+// the bytes land in the memory behind the fd (any other mapping of it sees them). What it does
+// not: the memory is host memory (a memfd), so there is no GPU BAR, no PCIe peer-to-peer path
+// or ordering (a real NIC's writes to GPU memory are not ordered with the GPU's own accesses
+// without a flush or fence; here they are plain stores), no dma-buf move_notify/invalidation,
+// no pinning limits, and the CPU can read memory that on hardware it cannot (an inline send
+// from a GPU address works here; on hardware the provider's memcpy would fault).
+//
 // fork: the progress thread is not inherited; a child must open its own device after fork
 // (braid's tests fork before creating communicators). Contexts opened before fork must not
 // be used in the child.
@@ -45,6 +70,8 @@
 //   FAKEVERBS_ASYNC_PORT_ERR_AFTER_MS=n
 //                                 n ms after the context's first QP is created, the port
 //                                 goes DOWN and IBV_EVENT_PORT_ERR is posted on async_fd.
+//   FAKEVERBS_NO_DMABUF=1         ibv_reg_dmabuf_mr on this context fails with EOPNOTSUPP (a
+//                                 kernel or HCA without dma-buf support), for fallback paths.
 
 #include <infiniband/verbs.h>
 
@@ -57,6 +84,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -116,6 +144,7 @@ struct Config {
   long drop_after = -1;
   bool rnr_always = false;
   long port_err_after_ms = -1;
+  bool no_dmabuf = false;
   ibv_gid gid[kGidCount]{};
 };
 
@@ -140,6 +169,7 @@ Config read_config() {
   c.drop_after = env_long("FAKEVERBS_DROP_AFTER", -1);
   c.rnr_always = env_long("FAKEVERBS_RNR_ALWAYS", 0) != 0;
   c.port_err_after_ms = env_long("FAKEVERBS_ASYNC_PORT_ERR_AFTER_MS", -1);
+  c.no_dmabuf = env_long("FAKEVERBS_NO_DMABUF", 0) != 0;
   // GID 0: link-local with the IPv4 address as the low 32 bits, so hosts differ.
   std::uint8_t* g0 = c.gid[0].raw;
   g0[0] = 0xfe;
@@ -203,6 +233,10 @@ struct Pd {
 struct Mr {
   ibv_mr ib{};
   int access = 0;
+  std::uint64_t iova = 0;         // work requests address the region as iova..iova+length
+  std::uint8_t* host = nullptr;   // where iova is in this process (== iova but for dma-buf MRs)
+  void* map = nullptr;            // dma-buf MR: the mapping of its fd, unmapped by dereg
+  std::size_t map_len = 0;
 };
 
 struct CompChannel {
@@ -403,10 +437,13 @@ Mr* find_mr(Ctx* c, std::uint32_t key, ibv_pd* pd, std::uint64_t addr, std::uint
   Mr* m = it->second;
   if (m->ib.pd != pd) return nullptr;
   if ((m->access & need_access) != need_access) return nullptr;
-  auto base = reinterpret_cast<std::uint64_t>(m->ib.addr);
+  const std::uint64_t base = m->iova;
   if (addr < base || len > m->ib.length || addr - base > m->ib.length - len) return nullptr;
   return m;
 }
+
+// The memory behind `addr` of an MR find_mr returned for it: the HCA's address translation.
+std::uint8_t* host_of(const Mr* m, std::uint64_t addr) { return m->host + (addr - m->iova); }
 
 // Target side of one data packet (ctx->mu held). `from` is the sender QP's socket path.
 // What the "HCA" writes into a process's registered memory: its DMA. The program may read
@@ -454,7 +491,7 @@ void on_data(Ctx* c, Qp* qp, const Packet& h, const std::uint8_t* data, const st
     }
   }
   if (is_send) {
-    // Scatter this fragment into the receive's SGEs.
+    // Scatter this fragment into the receive's SGEs, each through its MR as it is now.
     const Wr& r = qp->rq.front();
     std::uint64_t off = h.offset, left = h.frag_len;
     const std::uint8_t* src = data;
@@ -465,19 +502,32 @@ void on_data(Ctx* c, Qp* qp, const Packet& h, const std::uint8_t* data, const st
         continue;
       }
       std::uint64_t n = std::min<std::uint64_t>(left, s.length - off);
-      fakeverbs_dma_write(reinterpret_cast<void*>(s.addr + off), src, n);
+      const Mr* m = find_mr(c, s.lkey, qp->ib.pd, s.addr + off, n, IBV_ACCESS_LOCAL_WRITE);
+      if (m == nullptr) {  // deregistered since the receive was posted
+        Wr w = r;
+        qp->rq.pop_front();
+        complete(qp, false, w, IBV_WC_LOC_PROT_ERR, h.src_qpn);
+        nak(kNakOp);
+        to_error(qp);
+        return;
+      }
+      fakeverbs_dma_write(host_of(m, s.addr + off), src, n);
       src += n;
       left -= n;
       off = 0;
     }
   } else if (h.total_len > 0) {
+    // The whole message is checked on its first fragment (nothing lands of a refused one);
+    // each fragment is translated through the MR as it is when it lands.
     std::uint64_t addr = h.remote_addr + h.offset;
-    if (h.offset == 0 && find_mr(c, h.rkey, qp->ib.pd, h.remote_addr, h.total_len, IBV_ACCESS_REMOTE_WRITE) == nullptr) {
+    const Mr* m = find_mr(c, h.rkey, qp->ib.pd, h.offset == 0 ? h.remote_addr : addr,
+                          h.offset == 0 ? h.total_len : h.frag_len, IBV_ACCESS_REMOTE_WRITE);
+    if (m == nullptr) {
       nak(kNakAccess);
       to_error(qp);
       return;
     }
-    fakeverbs_dma_write(reinterpret_cast<void*>(addr), data, h.frag_len);
+    fakeverbs_dma_write(host_of(m, addr), data, h.frag_len);
   }
   if (h.offset + h.frag_len < h.total_len) return;
   // Last fragment: the message is applied.
@@ -593,7 +643,12 @@ bool progress_send(Ctx* c, Qp* qp, Clock::time_point now) {
           continue;
         }
         std::uint64_t k = std::min<std::uint64_t>(left, s.length - off);
-        iov[niov++] = {reinterpret_cast<void*>(s.addr + off), k};
+        const Mr* m = find_mr(c, s.lkey, qp->ib.pd, s.addr + off, k, 0);
+        if (m == nullptr) {  // deregistered since the post
+          fail_head(qp, IBV_WC_LOC_PROT_ERR);
+          return false;
+        }
+        iov[niov++] = {host_of(m, s.addr + off), k};
         left -= k;
         off = 0;
       }
@@ -947,6 +1002,21 @@ FV_EXPORT int ibv_dealloc_pd(ibv_pd* pd) {
   return 0;
 }
 
+namespace {
+
+// Gives a new MR its keys and makes it visible to the HCA.
+ibv_mr* add_mr(Ctx* c, Mr* m) {
+  std::lock_guard<std::mutex> lock(c->mu);
+  // Keys are per context, never reused while the context lives: a stale rkey stays invalid.
+  std::uint32_t key = (c->next_key++ << 8) | (c->rng() & 0xff);
+  m->ib.lkey = m->ib.rkey = key;
+  m->ib.handle = key;
+  c->mrs[key] = m;
+  return &m->ib;
+}
+
+}  // namespace
+
 FV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length, std::uint64_t iova, unsigned int access) {
   if (pd == nullptr || (addr == nullptr && length > 0) || iova != reinterpret_cast<std::uint64_t>(addr)) {
     errno = EINVAL;  // an iova other than the address is not emulated
@@ -968,13 +1038,9 @@ FV_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length, s
   m->ib.addr = addr;
   m->ib.length = length;
   m->access = static_cast<int>(access);
-  std::lock_guard<std::mutex> lock(c->mu);
-  // Keys are per context, never reused while the context lives: a stale rkey stays invalid.
-  std::uint32_t key = (c->next_key++ << 8) | (c->rng() & 0xff);
-  m->ib.lkey = m->ib.rkey = key;
-  m->ib.handle = key;
-  c->mrs[key] = m;
-  return &m->ib;
+  m->iova = iova;
+  m->host = static_cast<std::uint8_t*>(addr);
+  return add_mr(c, m);
 }
 
 FV_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, std::size_t length, int access) {
@@ -985,13 +1051,71 @@ FV_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, std::size_t length, st
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
+// dma-buf: see the top comment. The memory behind the fd is mapped here and the HCA reaches
+// it through that mapping, whatever the caller does with the fd afterwards.
+FV_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, std::uint64_t offset, std::size_t length, std::uint64_t iova, int fd,
+                                    int access) {
+  if (pd == nullptr) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Ctx* c = ctx_of(pd->context);
+  if (c->cfg.no_dmabuf) {  // FAKEVERBS_NO_DMABUF: as a kernel or driver without the verb
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  // The kernel's checks (uverbs REG_DMABUF_MR): the same place in a page, known access bits.
+  constexpr unsigned kAllowed = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+  if ((offset & (page - 1)) != (iova & (page - 1)) || (static_cast<unsigned>(access) & ~kAllowed) != 0 ||
+      offset + length < offset || iova + length < iova) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
+    errno = EINVAL;  // as ibv_reg_mr
+    return nullptr;
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return nullptr;  // EBADF
+  if (S_ISREG(st.st_mode) && offset + length > static_cast<std::uint64_t>(st.st_size)) {
+    errno = EINVAL;  // past the end of the buffer (a memfd's size stands for the dma-buf's)
+    return nullptr;
+  }
+  const std::uint64_t start = offset & ~(page - 1);
+  const std::size_t map_len = static_cast<std::size_t>(offset - start) + length;
+  void* map = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (map == MAP_FAILED) return nullptr;  // mmap's errno: EINVAL (length 0), ENODEV, EACCES...
+  auto* m = new (std::nothrow) Mr();
+  if (m == nullptr) {
+    ::munmap(map, map_len);
+    errno = ENOMEM;
+    return nullptr;
+  }
+  m->ib.context = pd->context;
+  m->ib.pd = pd;
+  m->ib.addr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(offset));  // as libibverbs sets it
+  m->ib.length = length;
+  m->access = access;
+  m->iova = iova;
+  m->host = static_cast<std::uint8_t*>(map) + (offset - start);
+  m->map = map;
+  m->map_len = map_len;
+  return add_mr(c, m);
+}
+
 FV_EXPORT int ibv_dereg_mr(ibv_mr* mr) {
   Ctx* c = ctx_of(mr->context);
   {
+    // Once out of the table under the lock, the HCA thread no longer reaches the memory
+    // (it looks every MR up when the bytes move): a dma-buf mapping can go.
     std::lock_guard<std::mutex> lock(c->mu);
     c->mrs.erase(mr->lkey);
   }
-  delete reinterpret_cast<Mr*>(mr);
+  auto* m = reinterpret_cast<Mr*>(mr);
+  if (m->map != nullptr) ::munmap(m->map, m->map_len);
+  delete m;
   return 0;
 }
 
