@@ -193,6 +193,10 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   const core::Membership member{rank, size, timeout, store, topology};
   core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
   eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;
+  if (device >= 0) {
+    eo.gpu = &rt;
+    eo.gpu_device = device;
+  }
   engine = std::make_unique<core::Engine>(eo, store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);

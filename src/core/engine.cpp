@@ -351,6 +351,8 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.master_addr = opt_.master_addr;
     c.gpu_pci_bus_id = opt_.gpu_pci_bus_id;
     c.emulated_device_memory = opt_.emulated_device_memory;
+    c.gpu = opt_.gpu;
+    c.gpu_device = opt_.gpu_device;
     c.settings = opt_.settings;
     c.poller = poller_.get();
     c.directory = directory_.get();

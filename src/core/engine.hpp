@@ -54,6 +54,10 @@ namespace braid::transport {
 class Transport;
 }  // namespace braid::transport
 
+namespace braid::gpu {
+class Runtime;
+}  // namespace braid::gpu
+
 namespace braid::core {
 
 /// One collective queued on the engine.
@@ -138,6 +142,8 @@ struct EngineOptions {
   std::string master_addr;  ///< bootstrap store address: a hint for the interface to bind
   std::string gpu_pci_bus_id;  ///< the rank's GPU ("" for none): RDMA transports prefer the NIC nearest it
   bool emulated_device_memory = false;  ///< the GPU runtime is the emulation (TransportContext)
+  gpu::Runtime* gpu = nullptr;  ///< the communicator's device runtime (null without a device; TransportContext)
+  int gpu_device = -1;          ///< its GPU (-1 for none)
   std::string auth_token;
   std::uint64_t comm_id = 0;
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};

@@ -18,6 +18,10 @@
 #include <string_view>
 #include <vector>
 
+namespace braid::gpu {
+class Runtime;
+}
+
 namespace braid::transport {
 
 /// What the router knows about a pair of ranks when it picks a transport. Later issues add
@@ -50,6 +54,10 @@ struct TransportContext {
   /// transport that moves device memory where its library supports it (ucx) then takes
   /// it as host memory, so that CI runs the engine's no-slot device path.
   bool emulated_device_memory = false;
+  /// The communicator's device runtime and GPU (null and -1 without one): a transport that
+  /// registers device memory with its NIC itself (ibverbs, GPUDirect RDMA) goes through it.
+  gpu::Runtime* gpu = nullptr;
+  int gpu_device = -1;
 };
 
 struct TransportEntry {

@@ -430,6 +430,13 @@ TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
   }
   EXPECT_EQ(over_ucx, 0) << "ucx takes the emulated device memory, yet transfers went through pinned slots";
   EXPECT_GT(slots_over("tcp"), 0) << "tcp takes host memory only, yet no transfer went through a pinned slot";
+  // ibverbs on the test provider: GPUDirect RDMA through dma-buf of the emulated device
+  // memory (BRAID_GDR=auto), so no slot either.
+  if (std::find(ts.begin(), ts.end(), "ibverbs") != ts.end()) {
+    const std::uint64_t flushes = rt().rdma_flushes();
+    EXPECT_EQ(slots_over("ibverbs"), 0) << "ibverbs with GPUDirect RDMA went through pinned slots";
+    EXPECT_GT(rt().rdma_flushes(), flushes) << "the NIC wrote device memory and nothing flushed it";
+  }
 }
 
 TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {

@@ -7,14 +7,18 @@
 #include "test_support.hpp"
 #include "transport_harness.hpp"
 
+#include "gpu/runtime.hpp"
 #include "transport/ibverbs/ibv_discovery.hpp"
 #include "transport/registry.hpp"
 
 #include <braid/config.hpp>
 
 #if BRAID_HAVE_IBVERBS
+#include "transport/ibverbs/ibv_transport.hpp"
 #include "transport/ibverbs/ibv_wire.hpp"
 #endif
+
+#include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
@@ -378,6 +382,144 @@ TEST(IbvTransport, ThePortGoingDownFailsEveryConnection) {
     ASSERT_EQ(q.state, State::failed);
     EXPECT_TRUE(has(q.error, "port") && has(q.error, "fakeverbs0:1")) << q.error;
   });
+}
+
+// --- GPU memory (GPUDirect RDMA) on the emulated GPU runtime ------------------------------
+
+/// One emulated GPU runtime for these tests: its device memory is memfd-backed, so that a
+/// dma-buf of it (a dup of the memfd) mapped by the provider aliases the device pointer.
+braid::gpu::Runtime& emulated_gpu() {
+  static const std::unique_ptr<braid::gpu::Runtime> rt = braid::gpu::make_emulated();
+  return *rt;
+}
+
+/// The transport made directly (not through the entry, which takes the GPU from the
+/// communicator), with GPU 0 of the emulated runtime and BRAID_GDR = `gdr`, sysfs at `sysfs`.
+TransportFactory gpu_ibverbs(int gdr, std::string sysfs = "/nonexistent") {
+  return [=](const bt::CommonOptions& c, bt::Poller& p, bt::PeerDirectory& d) {
+    bt::IbvOptions o;
+    static_cast<bt::CommonOptions&>(o) = c;
+    o.library = BRAID_FAKEVERBS_LIBRARY;
+    o.sysfs_root = sysfs;
+    o.gpu = &emulated_gpu();
+    o.gpu_device = 0;
+    o.gdr = gdr;
+    o.rndv_threshold = 1 << 20;  // so that small host messages go eagerly
+    return bt::make_ibverbs_transport(o, p, d);
+  };
+}
+
+/// A device buffer of `n` bytes holding `fill(k)` at byte k.
+struct DeviceBytes {
+  explicit DeviceBytes(std::size_t n) : bytes(n), p(static_cast<unsigned char*>(emulated_gpu().alloc_device(n, 0))) {}
+  ~DeviceBytes() { emulated_gpu().free_device(p); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  std::size_t bytes;
+  unsigned char* p;
+};
+
+/// Each way between two ranks: device-to-device messages of `sizes`, then rank 0 sends from
+/// host memory into rank 1's device memory (eager and rendezvous), all checked; returns
+/// the number of GPU receives the NIC wrote (those that need a flush).
+std::size_t device_exchange(TransportRank& r, const std::vector<std::size_t>& sizes) {
+  bt::Connection* c = r.to(1 - r.rank);
+  EXPECT_TRUE(c->takes_device_memory());
+  std::vector<std::unique_ptr<DeviceBytes>> out, in;
+  std::vector<bt::Request> s(sizes.size()), q(sizes.size());
+  std::vector<bt::Request*> all;
+  std::size_t written = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(std::make_unique<DeviceBytes>(sizes[i]));
+    in.push_back(std::make_unique<DeviceBytes>(sizes[i]));
+    std::vector<unsigned char> h(sizes[i]);
+    for (std::size_t k = 0; k < sizes[i]; ++k) h[k] = static_cast<unsigned char>(k * 13 + i + r.rank);
+    emulated_gpu().copy(out[i]->p, h.data(), sizes[i]);
+    std::memset(in[i]->p, 0xee, sizes[i]);
+    c->recv_device(in[i]->p, sizes[i], 200 + i, &q[i]);
+    written += sizes[i] > 0 ? 1 : 0;
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) c->send_device(out[i]->p, sizes[i], 200 + i, &s[i]);
+  // Host to device: one eager, one by rendezvous.
+  const std::vector<std::size_t> mixed = {3000, (1 << 20) + 100};
+  std::vector<std::vector<unsigned char>> host(mixed.size());
+  std::vector<std::unique_ptr<DeviceBytes>> landing;
+  std::vector<bt::Request> m(mixed.size());
+  for (std::size_t i = 0; i < mixed.size(); ++i) {
+    host[i].resize(mixed[i]);
+    for (std::size_t k = 0; k < mixed[i]; ++k) host[i][k] = static_cast<unsigned char>(k * 5 + i);
+    if (r.rank == 0) {
+      c->send(host[i].data(), mixed[i], 300 + i, &m[i]);
+    } else {
+      landing.push_back(std::make_unique<DeviceBytes>(mixed[i]));
+      c->recv_device(landing.back()->p, mixed[i], 300 + i, &m[i]);
+    }
+  }
+  if (r.rank == 1) written += 1;  // the rendezvous one; the eager chunk is copied by the runtime
+  for (std::size_t i = 0; i < sizes.size(); ++i) all.push_back(&s[i]), all.push_back(&q[i]);
+  for (bt::Request& x : m) all.push_back(&x);
+  EXPECT_TRUE(r.drive(all, 60s));
+  for (bt::Request* x : all) EXPECT_EQ(x->state, State::done) << x->error;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    for (std::size_t k = 0; k < sizes[i]; ++k) {
+      if (in[i]->p[k] != static_cast<unsigned char>(k * 13 + i + 1 - r.rank)) {
+        ADD_FAILURE() << "device message " << i << " byte " << k;
+        break;
+      }
+    }
+  }
+  if (r.rank == 1) {
+    for (std::size_t i = 0; i < mixed.size(); ++i)
+      EXPECT_EQ(std::memcmp(landing[i]->p, host[i].data(), mixed[i]), 0) << "host-to-device message " << i;
+  }
+  return written;
+}
+
+TEST(IbvTransport, GpuBuffersGoStraightToTheNicThroughDmaBufAndAreFlushedBeforeTheDeviceReads) {
+  // dma-buf: the provider maps the exported memfd itself, so a wrong offset or iova would
+  // land the bytes elsewhere. Striped over 3 queue pairs too.
+  const std::vector<std::size_t> sizes = {0, 1, 4096, 300000, (2 << 20) + 12345};
+  const std::uint64_t before = emulated_gpu().rdma_flushes();
+  std::atomic<std::size_t> written{0};
+  run_thread_ranks(2, opts(2), gpu_ibverbs(-1), [&](TransportRank& r) {
+    for (int round = 0; round < 2; ++round) written += device_exchange(r, sizes);
+  });
+  // One flush per GPU receive the NIC wrote, before it completed (thread ranks share the runtime).
+  EXPECT_EQ(emulated_gpu().rdma_flushes() - before, written.load());
+}
+
+TEST(IbvTransport, WithoutDmaBufGpuBuffersGoThroughNvidiaPeermemOrAreLeftToTheEngine) {
+  ScopedEnv env({{"FAKEVERBS_NO_DMABUF", "1"}});  // a kernel or HCA without dma-buf
+  const std::string sysfs = temp_path("ibv-sysfs");
+  ASSERT_EQ(::mkdir(sysfs.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((sysfs + "/module").c_str(), 0700), 0);
+  // No nvidia-peermem: auto leaves GPU buffers to the engine's staging; BRAID_GDR=1 refuses.
+  MemDirectory dir;
+  RankDirectory d(dir, 0);
+  {
+    TransportRank r(d, common_options(0, 2, fresh_comm_id()), gpu_ibverbs(-1, sysfs));
+    EXPECT_FALSE(r.to(1)->takes_device_memory());
+  }
+  {
+    TransportRank r(d, common_options(0, 2, fresh_comm_id()), gpu_ibverbs(0));
+    EXPECT_FALSE(r.to(1)->takes_device_memory()) << "BRAID_GDR=0";
+  }
+  try {
+    TransportRank r(d, common_options(0, 2, fresh_comm_id()), gpu_ibverbs(1, sysfs));
+    ADD_FAILURE() << "BRAID_GDR=1 made a transport without dma-buf or nvidia-peermem";
+  } catch (const braid::Error& e) {
+    EXPECT_EQ(e.code(), braid::ErrorCode::Unsupported);
+    EXPECT_TRUE(has(e.what(), "BRAID_GDR=1") && has(e.what(), "nvidia-peermem") &&
+                has(e.what(), "does not register dma-buf memory"))
+        << e.what();
+  }
+  // nvidia-peermem loaded: device pointers registered with ibv_reg_mr.
+  ASSERT_EQ(::mkdir((sysfs + "/module/nvidia_peermem").c_str(), 0700), 0);
+  run_thread_ranks(2, opts(2), gpu_ibverbs(1, sysfs),
+                   [&](TransportRank& r) { device_exchange(r, {0, 100, 500000}); });
+  ::rmdir((sysfs + "/module/nvidia_peermem").c_str());
+  ::rmdir((sysfs + "/module").c_str());
+  ::rmdir(sysfs.c_str());
 }
 
 }  // namespace

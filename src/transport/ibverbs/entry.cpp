@@ -33,6 +33,10 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   o.slot_bytes = s.bytes("BRAID_IB_SLOT_BYTES");
   o.rndv_threshold = s.bytes("BRAID_IB_RNDV_THRESHOLD");
   o.reg_cache = s.boolean("BRAID_IB_REG_CACHE");
+  const std::string& gdr = s.text("BRAID_GDR");  // a choice row: auto, 0 or 1
+  o.gdr = gdr == "1" ? 1 : gdr == "0" ? 0 : -1;
+  o.gpu = c.gpu;
+  o.gpu_device = c.gpu_device;
   return make_ibverbs_transport(o, *c.poller, *c.directory);
 }
 
@@ -81,6 +85,11 @@ const TransportEntry& ibverbs_entry() {
           {"BRAID_IB_REG_CACHE", SettingType::boolean, "0",
            "Keep registrations of user buffers for reuse (faster rendezvous). Unsafe when the program frees "
            "memory and gets the same addresses back for other pages before braid is done with them."},
+          {"BRAID_GDR", SettingType::choice, "auto",
+           "GPUDirect RDMA for the ibverbs transport: the NIC reads and writes GPU buffers itself (registered "
+           "through dma-buf, else nvidia-peermem). auto: where available; 0: device buffers are staged through "
+           "pinned host memory; 1: required (a communicator with a GPU fails to start without it).",
+           true, 0, 0, "auto|0|1"},
       },
       &preference,
       &make,

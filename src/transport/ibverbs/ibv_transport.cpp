@@ -58,6 +58,7 @@
 #include "base/fd.hpp"
 #include "base/logging.hpp"
 #include "base/text.hpp"
+#include "gpu/runtime.hpp"
 #include "transport/common.hpp"
 #include "transport/ibverbs/ibv_config.hpp"
 #include "transport/ibverbs/ibv_discovery.hpp"
@@ -173,6 +174,7 @@ struct SendOp {
   std::uint64_t tag = 0;
   enum class State : std::uint8_t { queued, copied, wait_cts, writing } state = State::queued;
   bool rndv = false;
+  bool device = false;            ///< buf is GPU memory (send_device): always by rendezvous
   std::size_t sent = 0;           ///< eager: bytes written into slots
   /// Rendezvous: per lane, the work request whose completion ends this message's stripe (0: none).
   std::array<std::uint64_t, kMaxLanes> done_wr{};
@@ -186,6 +188,7 @@ struct RecvOp {
   std::uint64_t tag = 0;
   std::size_t got = 0;
   const ibverbs::Registration* reg = nullptr;
+  bool device = false;  ///< buf is GPU memory (recv_device)
 };
 
 class IbvTransport;
@@ -198,6 +201,11 @@ class IbvConnection final : public Connection {
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   bool broken(std::string* why) const override { return failure_.report(why); }
+  bool takes_device_memory() const noexcept override;
+  void send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void post_send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device);
+  void post_recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device);
   std::string who() const { return "ibverbs connection to rank " + std::to_string(peer_); }
 
   IbvTransport& t_;
@@ -284,6 +292,11 @@ class IbvTransport final : public Transport {
   bool needs_rearm() const override { return cq_ != nullptr && !armed_; }
 
   // --- for the connections ---
+  /// How device buffers reach the NIC (BRAID_GDR): not at all (the engine stages them through
+  /// pinned host memory), or registered through a dma-buf of the GPU allocation, or through
+  /// nvidia-peermem (ibv_reg_mr on the device pointer).
+  enum class Gdr { off, dmabuf, peermem };
+  Gdr gdr() const noexcept { return gdr_; }
   void posted(IbvConnection& c) {
     changed_ = true;
     if (c.state_ == IbvConnection::State::established) step(c);
@@ -331,15 +344,21 @@ class IbvTransport final : public Transport {
     const Lane& lane = c.lanes_[l];
     return (l == 0 ? sq_depth_ : kDataSqDepth) - static_cast<int>(lane.wr_posted - lane.wr_completed);
   }
-  const ibverbs::Registration* register_user(const void* buf, std::size_t bytes, IbvConnection& c);
-  void release_user(const ibverbs::Registration*& r) {
+  /// Chooses gdr_ (open(), once the protection domain exists); throws for BRAID_GDR=1 when
+  /// neither way is available.
+  void choose_gdr();
+  /// Registers [base, base+bytes) of GPU memory as gdr_ says (the device cache's callback).
+  bool register_device(std::uintptr_t base, std::size_t bytes, ibverbs::Registration* out, std::string* why);
+  const ibverbs::Registration* register_user(const void* buf, std::size_t bytes, IbvConnection& c, bool device);
+  void release_user(const ibverbs::Registration*& r, bool device) {
     if (r == nullptr) return;
+    ibverbs::RegCache& cache = device ? *dev_cache_ : *cache_;
     // Read before the release: the entry may go with it (another user marked it stale).
     const std::uintptr_t base = r->base;
     const std::size_t bytes = r->bytes;
-    cache_->release(r);
+    cache.release(r);
     r = nullptr;
-    if (!o_.reg_cache) cache_->invalidate(reinterpret_cast<const void*>(base), bytes);
+    if (!o_.reg_cache) cache.invalidate(reinterpret_cast<const void*>(base), bytes);
   }
   void arm_timer();
 
@@ -366,6 +385,8 @@ class IbvTransport final : public Transport {
   std::string where_;  ///< "fakeverbs0:1 GID 1" for messages
   std::size_t max_write_ = kMaxWrite;  ///< bytes per RDMA write: the port's max_msg_sz, at most 1 GiB
   std::unique_ptr<ibverbs::RegCache> cache_;
+  std::unique_ptr<ibverbs::RegCache> dev_cache_;  ///< registrations of GPU memory (gdr_ != off)
+  Gdr gdr_ = Gdr::off;
   /// Every QP's number: its connection and lane.
   std::unordered_map<std::uint32_t, std::pair<IbvConnection*, std::size_t>> by_qpn_;
   base::UniqueFd timer_fd_;
@@ -506,6 +527,7 @@ void IbvTransport::open() {
         return true;
       },
       [this](const ibverbs::Registration& r) { api_.dereg_mr(static_cast<ibv_mr*>(r.handle)); }, 64);
+  choose_gdr();
   poller_.watch(channel_->fd, EPOLLIN, [](std::uint32_t) {});
   poller_.watch(ctx_->async_fd, EPOLLIN, [this](std::uint32_t) { on_async(); });
   poller_.watch(timer_fd_.get(), EPOLLIN, [this](std::uint32_t) {
@@ -540,6 +562,7 @@ void IbvTransport::teardown() noexcept {
     c->outbox_.reset();
   }
   by_qpn_.clear();
+  dev_cache_.reset();
   cache_.reset();
   if (cq_ != nullptr) {
     if (unacked_events_ > 0) api_.ack_cq_events(cq_, unacked_events_);
@@ -559,6 +582,26 @@ void IbvTransport::teardown() noexcept {
 // --- Connections -------------------------------------------------------------------------
 
 void IbvConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post_send(buf, bytes, tag, req, false);
+}
+
+void IbvConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post_recv(buf, bytes, tag, req, false);
+}
+
+bool IbvConnection::takes_device_memory() const noexcept { return t_.gdr() != IbvTransport::Gdr::off; }
+
+void IbvConnection::send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::send_device(buf, bytes, tag, req);
+  post_send(buf, bytes, tag, req, true);
+}
+
+void IbvConnection::recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::recv_device(buf, bytes, tag, req);
+  post_recv(buf, bytes, tag, req, true);
+}
+
+void IbvConnection::post_send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device) {
   check_post("ibverbs", "send", buf, bytes, req, peer_);
   start_request(req);
   if (failure_.failed) return failure_.apply(req);
@@ -567,11 +610,12 @@ void IbvConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, 
   op.buf = static_cast<const unsigned char*>(buf);
   op.bytes = bytes;
   op.tag = tag;
+  op.device = device;
   sends_.push_back(op);
   t_.posted(*this);
 }
 
-void IbvConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+void IbvConnection::post_recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device) {
   check_post("ibverbs", "recv", buf, bytes, req, peer_);
   start_request(req);
   if (failure_.failed) return failure_.apply(req);
@@ -580,6 +624,7 @@ void IbvConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
   op.buf = static_cast<unsigned char*>(buf);
   op.bytes = bytes;
   op.tag = tag;
+  op.device = device;
   recvs_.push_back(op);
   t_.posted(*this);
 }
@@ -814,11 +859,11 @@ void IbvTransport::fail(IbvConnection& c, const std::string& msg, bool closed, i
   changed_ = true;
   for (SendOp& op : c.sends_) {
     if (op.req->state == Request::State::pending) c.failure_.apply(op.req);
-    release_user(op.reg);
+    release_user(op.reg, op.device);
   }
   for (RecvOp& op : c.recvs_) {
     if (op.req->state == Request::State::pending) c.failure_.apply(op.req);
-    release_user(op.reg);
+    release_user(op.reg, op.device);
   }
   c.sends_.clear();
   c.recvs_.clear();
@@ -869,11 +914,106 @@ bool IbvTransport::post_control_slot(IbvConnection& c, std::uint32_t kind, std::
 
 // --- The data path -----------------------------------------------------------------------
 
-const ibverbs::Registration* IbvTransport::register_user(const void* buf, std::size_t bytes, IbvConnection& c) {
+const ibverbs::Registration* IbvTransport::register_user(const void* buf, std::size_t bytes, IbvConnection& c,
+                                                         bool device) {
   std::string why;
-  const ibverbs::Registration* r = cache_->acquire(buf, std::max<std::size_t>(bytes, 1), &why);
-  if (r == nullptr) fail(c, c.who() + ": cannot register a " + std::to_string(bytes) + "-byte buffer: " + why, false, -1);
+  const ibverbs::Registration* r = (device ? *dev_cache_ : *cache_).acquire(buf, std::max<std::size_t>(bytes, 1), &why);
+  if (r == nullptr) {
+    fail(c, c.who() + ": cannot register a " + std::to_string(bytes) + "-byte " + (device ? "GPU " : "") +
+                "buffer: " + why,
+         false, -1);
+  }
   return r;
+}
+
+void IbvTransport::choose_gdr() {
+  gdr_ = Gdr::off;
+  if (o_.gdr == 0 || o_.gpu == nullptr || o_.gpu_device < 0) return;  // off, or no GPU to read
+  // dma-buf (Linux 5.12+, rdma-core 34+, a CUDA driver and GPU that export one): probed as
+  // NCCL does, with an invalid fd: a kernel or HCA without dma-buf support says
+  // EOPNOTSUPP/EPROTONOSUPPORT, one with it fails on the fd itself.
+  std::string no_dmabuf;
+  if (api_.reg_dmabuf_mr == nullptr) {
+    no_dmabuf = api_.file + " has no ibv_reg_dmabuf_mr (rdma-core 34+ needed)";
+  } else if (std::string why = o_.gpu->dmabuf_support(o_.gpu_device); !why.empty()) {
+    no_dmabuf = why;
+  } else {
+    errno = 0;
+    ibv_mr* probe = api_.reg_dmabuf_mr(pd_, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+    const int err = errno;
+    if (probe != nullptr) {
+      api_.dereg_mr(probe);  // a provider that took fd -1: it will take real ones too
+    } else if (err == EOPNOTSUPP || err == EPROTONOSUPPORT) {
+      no_dmabuf = "the kernel or HCA does not register dma-buf memory (ibv_reg_dmabuf_mr: " + errno_text(err) + ")";
+    }
+  }
+  // nvidia-peermem (or the older nv_peer_mem): the NIC pins device pointers through ibv_reg_mr.
+  const bool peermem = ::access((o_.sysfs_root + "/kernel/mm/memory_peers/nv_mem/version").c_str(), F_OK) == 0 ||
+                       ::access((o_.sysfs_root + "/module/nvidia_peermem").c_str(), F_OK) == 0;
+  if (no_dmabuf.empty()) {
+    gdr_ = Gdr::dmabuf;
+  } else if (peermem) {
+    gdr_ = Gdr::peermem;
+  } else if (o_.gdr == 1) {
+    throw Error(ErrorCode::Unsupported,
+                self() + ": BRAID_GDR=1, but GPUDirect RDMA is not available here: no dma-buf (" + no_dmabuf +
+                    ") and no nvidia-peermem (neither " + o_.sysfs_root + "/kernel/mm/memory_peers/nv_mem nor " +
+                    o_.sysfs_root +
+                    "/module/nvidia_peermem exists). Load nvidia-peermem (modprobe nvidia-peermem), or use a dma-buf "
+                    "capable kernel and driver, or set BRAID_GDR=auto to stage GPU buffers through host memory");
+  }
+  if (gdr_ != Gdr::off) {
+    dev_cache_ = std::make_unique<ibverbs::RegCache>(
+        [this](std::uintptr_t base, std::size_t bytes, ibverbs::Registration* out, std::string* why) {
+          return register_device(base, bytes, out, why);
+        },
+        [this](const ibverbs::Registration& r) { api_.dereg_mr(static_cast<ibv_mr*>(r.handle)); }, 64);
+  }
+  BRAID_LOG(info, self() << ": GPU " << o_.gpu_device << ": "
+                         << (gdr_ == Gdr::dmabuf    ? "GPUDirect RDMA through dma-buf"
+                             : gdr_ == Gdr::peermem ? "GPUDirect RDMA through nvidia-peermem (no dma-buf: " + no_dmabuf + ")"
+                                                    : "no GPUDirect RDMA (" + no_dmabuf +
+                                                          "; no nvidia-peermem): GPU buffers are staged through host memory"));
+}
+
+bool IbvTransport::register_device(std::uintptr_t base, std::size_t bytes, ibverbs::Registration* out,
+                                   std::string* why) {
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  ibv_mr* mr = nullptr;
+  if (gdr_ == Gdr::dmabuf) {
+    std::uintptr_t alloc_base = 0;
+    std::size_t alloc_bytes = 0;
+    int fd = -1;
+    try {
+      fd = o_.gpu->export_dmabuf(reinterpret_cast<const void*>(base), bytes, &alloc_base, &alloc_bytes);
+    } catch (const std::exception& e) {
+      *why = std::string("cannot export it as a dma-buf: ") + e.what();
+      return false;
+    }
+    // The registration's addresses (iova) are the device pointers themselves, as for host
+    // memory: a peer writes to the address it was told, the NIC translates.
+    mr = api_.reg_dmabuf_mr(pd_, base - alloc_base, bytes, base, fd, access);
+    const int err = errno;
+    ::close(fd);  // the registration keeps what it needs
+    if (mr == nullptr) {
+      *why = "ibv_reg_dmabuf_mr of " + std::to_string(bytes) + " bytes: " + errno_text(err) + memlock_hint(err);
+      return false;
+    }
+  } else {
+    mr = api_.reg_mr(pd_, reinterpret_cast<void*>(base), bytes, access);
+    if (mr == nullptr) {
+      const int err = errno;
+      *why = "ibv_reg_mr of " + std::to_string(bytes) + " bytes of GPU memory (nvidia-peermem): " + errno_text(err) +
+             memlock_hint(err);
+      return false;
+    }
+  }
+  out->handle = mr;
+  out->lkey = mr->lkey;
+  out->rkey = mr->rkey;
+  out->base = base;
+  out->bytes = bytes;
+  return true;
 }
 
 bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,
@@ -933,7 +1073,16 @@ bool IbvTransport::receive_side(IbvConnection& c) {
       }
       c.rndv_used_ += parts;
       RecvOp& r = c.recvs_.front();
-      release_user(r.reg);
+      if (r.device) {
+        // The NIC wrote GPU memory: make that visible to the kernels that read it next.
+        try {
+          o_.gpu->flush_rdma_writes();
+        } catch (const std::exception& e) {
+          fail(c, c.who() + ": cannot flush the NIC's writes into GPU memory: " + e.what(), false, -1);
+          return true;
+        }
+      }
+      release_user(r.reg, r.device);
       r.req->state = Request::State::done;
       c.recvs_.pop_front();
       ++c.messages_received_;
@@ -977,7 +1126,7 @@ bool IbvTransport::receive_side(IbvConnection& c) {
     if (h.kind == wire::kRts) {
       // Rendezvous: tell the sender where to write.
       if (sq_room(c) < 2) break;
-      const ibverbs::Registration* reg = register_user(r.buf, r.bytes, c);
+      const ibverbs::Registration* reg = register_user(r.buf, r.bytes, c, r.device);
       if (reg == nullptr) return true;  // the connection failed (r is gone)
       r.reg = reg;
       const std::size_t e = c.cts_sent_ % wire::kCtsEntries;
@@ -1006,7 +1155,18 @@ bool IbvTransport::receive_side(IbvConnection& c) {
            false, c.peer_);
       return true;
     }
-    if (h.chunk > 0) std::memcpy(r.buf + h.offset, slot + wire::kHeaderBytes, h.chunk);
+    if (h.chunk > 0 && r.device) {
+      // A peer that sends from host memory sends small messages eagerly: into GPU memory
+      // through the runtime (the CPU cannot store there).
+      try {
+        o_.gpu->copy(r.buf + h.offset, slot + wire::kHeaderBytes, h.chunk);
+      } catch (const std::exception& e) {
+        fail(c, c.who() + ": cannot copy a received chunk into GPU memory: " + e.what(), false, -1);
+        return true;
+      }
+    } else if (h.chunk > 0) {
+      std::memcpy(r.buf + h.offset, slot + wire::kHeaderBytes, h.chunk);
+    }
     r.got += h.chunk;
     ++c.slots_done_;
     moved = true;
@@ -1064,7 +1224,7 @@ bool IbvTransport::send_side(IbvConnection& c) {
     bool room = true;
     for (std::uint64_t s = 0; s < parts; ++s) room &= sq_room(c, s) >= static_cast<int>(writes_of(s)) + (s == 0 ? 1 : 0);
     if (!room) break;
-    const ibverbs::Registration* reg = register_user(op->buf, op->bytes, c);
+    const ibverbs::Registration* reg = register_user(op->buf, op->bytes, c, op->device);
     if (reg == nullptr) return true;  // the connection failed (op is gone)
     op->reg = reg;
     for (std::uint64_t s = 0; s < parts; ++s) {
@@ -1099,7 +1259,9 @@ bool IbvTransport::send_side(IbvConnection& c) {
   const std::uint64_t every = std::max<std::uint64_t>(1, slots_ / 4);
   while (c.state_ == IbvConnection::State::established && c.cursor_ < c.sends_.size()) {
     SendOp& op = c.sends_[c.cursor_];
-    if (op.state == SendOp::State::queued && op.sent == 0) op.rndv = op.bytes >= o_.rndv_threshold && op.bytes > 0;
+    // GPU memory always by rendezvous: the CPU cannot copy it into a slot.
+    if (op.state == SendOp::State::queued && op.sent == 0)
+      op.rndv = op.bytes > 0 && (op.device || op.bytes >= o_.rndv_threshold);
     const std::size_t idx = c.slots_written_ % slots_;
     if (credit <= 0 || sq_room(c) < 2 || c.staging_wr_[idx] > c.lanes_[0].wr_completed) break;
     wire::SlotHeader h;
@@ -1144,7 +1306,7 @@ bool IbvTransport::send_side(IbvConnection& c) {
     bool written = op.state == SendOp::State::writing;
     for (std::size_t l = 0; written && l < c.lanes_.size(); ++l) written = c.lanes_[l].wr_completed >= op.done_wr[l];
     if (op.state == SendOp::State::copied || written) {
-      release_user(op.reg);
+      release_user(op.reg, op.device);
       op.req->state = Request::State::done;
       c.sends_.pop_front();
       --c.cursor_;

@@ -10,6 +10,10 @@
 #include <memory>
 #include <string>
 
+namespace braid::gpu {
+class Runtime;
+}
+
 namespace braid::transport {
 
 /// Settings of one verbs transport instance (one per communicator); the BRAID_IB_* rows of
@@ -38,6 +42,14 @@ struct IbvOptions : CommonOptions {
   /// BRAID_IB_REG_CACHE: keep the registrations of user buffers for reuse (faster; wrong if
   /// the program frees memory and gets the same addresses back for other pages).
   bool reg_cache = false;
+  /// The communicator's device runtime and GPU (null and -1 without one): device buffers are
+  /// registered with the NIC through it (GPUDirect RDMA).
+  gpu::Runtime* gpu = nullptr;
+  int gpu_device = -1;
+  /// BRAID_GDR: -1 auto (GPUDirect RDMA when dma-buf or nvidia-peermem allows it), 0 off
+  /// (device buffers staged through host memory by the engine), 1 required (creation fails
+  /// naming what is missing).
+  int gdr = -1;
 };
 
 /// Loads libibverbs (Error(Unsupported) with the loader's reason when it cannot), opens the
