@@ -19,6 +19,11 @@
 // export_dmabuf() for the registration (ibv_reg_dmabuf_mr, no nvidia-peermem needed) and
 // flush_rdma_writes() before the device reads what the NIC wrote.
 //
+// Device memory shared between processes of one host (the cuda_ipc transport) takes three:
+// ipc_export() in the owner, ipc_open()/ipc_close() in the peer (legacy CUDA IPC,
+// cudaIpcGetMemHandle / cudaIpcOpenMemHandle, as NCCL's p2p transport; the emulated
+// backend hands out a duplicate of the allocation's memfd, which the peer maps).
+//
 // The backend is chosen once per process (core::gpu_runtime() reads BRAID_GPU_BACKEND);
 // `none` (no CUDA in this build, or no GPU) classifies every pointer as host memory and
 // refuses everything else with the reason.
@@ -53,6 +58,14 @@ const char* to_string(Backend b) noexcept;
 struct PointerInfo {
   MemoryKind kind = MemoryKind::host;  ///< host (pageable or pinned) or device (device, managed)
   int device = -1;                     ///< its device (device memory only)
+};
+
+/// What another process needs to map a device allocation (Runtime::ipc_export): opaque
+/// bytes (CUDA: the cudaIpcMemHandle_t) and, for the emulated backend, a file descriptor
+/// to pass over a Unix socket (SCM_RIGHTS); -1 when there is none. The holder owns `fd`.
+struct IpcHandle {
+  std::string bytes;
+  int fd = -1;
 };
 
 /// The device runtime. Every method is thread-safe. Methods that enqueue return at once;
@@ -130,6 +143,20 @@ class Runtime {
   /// How many times flush_rdma_writes() has run in this process (tests check that a
   /// transport flushes before the device reads).
   virtual std::uint64_t rdma_flushes() const noexcept = 0;
+
+  /// A handle for the whole device allocation that starts at `p` (a pointer alloc_device
+  /// returned; InvalidUsage otherwise, naming it), for ipc_open in another process of this
+  /// host. Throws Error(Unsupported) where the backend cannot (no device).
+  virtual IpcHandle ipc_export(const void* p) = 0;
+  /// Maps, in this process, the allocation of `bytes` bytes that another process exported;
+  /// returns its device pointer here (on the exporter's device; peer access enabled where
+  /// the devices differ, as cudaIpcMemLazyEnablePeerAccess). Takes over h.fd (closes it,
+  /// mapped or not). Refuses a handle this process exported itself (CUDA cannot open those:
+  /// ranks that are threads of one process use the pointer) with InvalidUsage, and a handle
+  /// that is malformed or maps fewer than `bytes` bytes with InvalidUsage naming why.
+  virtual void* ipc_open(IpcHandle h, std::size_t bytes) = 0;
+  /// Unmaps what ipc_open returned. Never throws.
+  virtual void ipc_close(void* p) noexcept = 0;
 };
 
 /// The process's runtime. The first call picks the backend from `choice` ("auto": cuda
