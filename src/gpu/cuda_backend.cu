@@ -8,6 +8,10 @@
 // export of an allocation (cuMemGetAddressRange, cuMemGetHandleForAddressRange; CUDA 11.7+
 // drivers), whether the device can export one (cuDeviceGetAttribute) and the flush of NIC
 // writes (cuFlushGPUDirectRDMAWrites; CUDA 11.3+). Missing ones only make those refused.
+// Device memory shared with another process of the host is legacy CUDA IPC, as NCCL's p2p
+// transport: cudaIpcGetMemHandle / cudaIpcOpenMemHandle / cudaIpcCloseMemHandle (runtime
+// API), with cuMemGetAddressRange to check that a pointer is an allocation's start and that
+// an opened allocation holds what the peer asked for.
 //
 // Not yet run on a GPU in this project's CI (no GPU there): scripts/gpu_check.sh runs
 // the device tests against this backend on a machine with one (docs/gpu.md).
@@ -22,6 +26,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -239,60 +244,140 @@ class Cuda final : public Runtime {
     BRAID_CHECK(why.empty(), Unsupported,
                 "export_dmabuf: no dma-buf for device memory of GPU " << info.device << ": " << why
                     << " (GPUDirect RDMA then needs nvidia-peermem, or staging through host memory)");
-    // The driver calls act on the current context: the allocation's device's, as alloc_device.
+    // Exactly the range asked for, rounded out to the host page as the driver requires (as
+    // NCCL's registration does): not the whole allocation, which for a caching allocator's
+    // or an expandable segment's range would pin far more BAR space than needed, and whose
+    // base a page-rounded start may not even lie in (small cudaMalloc allocations share
+    // pages). The driver refuses a range that is not device memory it can export.
+    const auto page = static_cast<std::uintptr_t>(::getpagesize());
+    const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(p) / page * page;
+    const std::uintptr_t hi = (reinterpret_cast<std::uintptr_t>(p) + std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+    // The driver calls act on the current context: the memory's device's, as alloc_device.
     const int old = current_device();
     if (old != info.device) set_device(info.device);
-    CUdeviceptr alloc_base = 0;
-    std::size_t alloc_size = 0;
-    const char* failed = nullptr;
-    bool inside = false;
     int fd = -1;
-    std::uintptr_t lo = 0, hi = 0;
-    CUresult r = rdma_.get_address_range(&alloc_base, &alloc_size, reinterpret_cast<CUdeviceptr>(p));
-    if (r != CUDA_SUCCESS) {
-      failed = "cuMemGetAddressRange";
-    } else {
-      // The driver takes a range aligned to the host page, and an RDMA registration is
-      // page-aligned too: [p, p+bytes) may reach to the end of the allocation's last page. A
-      // small cudaMalloc allocation may share its pages with others: the fd then covers some
-      // of theirs too, which the caller's registration of [p, p+bytes) never hands to a peer.
-      const auto page = static_cast<std::uintptr_t>(::getpagesize());
-      lo = static_cast<std::uintptr_t>(alloc_base) / page * page;
-      hi = (static_cast<std::uintptr_t>(alloc_base) + alloc_size + page - 1) / page * page;
-      inside = reinterpret_cast<std::uintptr_t>(p) >= lo && bytes <= hi - reinterpret_cast<std::uintptr_t>(p);
-    }
-    if (failed == nullptr && inside) {
-      r = rdma_.get_handle_for_address_range(&fd, static_cast<CUdeviceptr>(lo), hi - lo,
-                                             CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-      if (r != CUDA_SUCCESS) failed = "cuMemGetHandleForAddressRange";
-    }
+    const CUresult r = rdma_.get_handle_for_address_range(&fd, static_cast<CUdeviceptr>(lo), hi - lo,
+                                                          CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     if (old != info.device) cudaSetDevice(old);
-    BRAID_CHECK(failed == nullptr, Cuda,
-                "export_dmabuf: " << failed << " of " << p << " (GPU " << info.device
-                                  << ") failed: " << driver_text(r));
-    BRAID_CHECK(inside, InvalidUsage,
-                "export_dmabuf: [" << p << ", +" << bytes << ") runs past the end of its device allocation ("
-                                   << reinterpret_cast<void*>(alloc_base) << ", " << alloc_size
-                                   << " bytes); a dma-buf covers one allocation, so register a range inside one");
+    BRAID_CHECK(r == CUDA_SUCCESS, Cuda,
+                "export_dmabuf: cuMemGetHandleForAddressRange of [" << reinterpret_cast<void*>(lo) << ", +" << (hi - lo)
+                                                                    << ") (GPU " << info.device << ") failed: "
+                                                                    << driver_text(r));
     if (base) *base = lo;
     if (size) *size = hi - lo;
     return fd;
   }
-  void flush_rdma_writes() override {
+  void flush_rdma_writes(int device) override {
     const auto flush = rdma_.flush_rdma_writes;
     BRAID_CHECK(flush != nullptr, Unsupported,
                 "the CUDA driver does not export cuFlushGPUDirectRDMAWrites (CUDA 11.3+ driver needed), so NIC "
                 "writes into device memory cannot be made visible to the GPU: use a newer driver or stage "
                 "through host memory");
-    // The flush acts on the calling thread's current context, which a thread that never
-    // made a CUDA runtime call may not have: bind the current device's primary context.
-    set_device(current_device());
+    // The flush acts on the calling thread's current context: the device the NIC wrote
+    // (the thread may be a user thread helping the engine, current on another GPU).
+    const int old = current_device();
+    if (old != device) set_device(device);
     const CUresult r =
         flush(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX, CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+    if (old != device) cudaSetDevice(old);
     if (r != CUDA_SUCCESS) throw Error(ErrorCode::Cuda, "cuFlushGPUDirectRDMAWrites failed: " + driver_text(r));
     flushes_.fetch_add(1, std::memory_order_relaxed);
   }
   std::uint64_t rdma_flushes() const noexcept override { return flushes_.load(std::memory_order_relaxed); }
+
+  // The handle's bytes: the 64 bytes of cudaIpcMemHandle_t, then the exporter's pid
+  // (int64, little-endian), so that ipc_open can refuse this process's own handles (the
+  // driver fails those with an unhelpful error).
+  IpcHandle ipc_export(const void* p) override {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      a.type = cudaMemoryTypeUnregistered;
+    }
+    BRAID_CHECK(a.type == cudaMemoryTypeDevice, InvalidUsage,
+                "ipc_export: " << p << " is not device memory of cudaMalloc ("
+                               << (a.type == cudaMemoryTypeManaged ? "managed memory has no CUDA IPC handle"
+                                                                   : "host memory is not shared this way")
+                               << "): only what alloc_device returned can be mapped by another process");
+    BRAID_CHECK(rdma_.get_address_range != nullptr, Unsupported,
+                "ipc_export: the driver does not export cuMemGetAddressRange at CUDA 12.0's ABI (CUDA 12.0+ "
+                "driver needed), so the allocation that holds "
+                    << p << " cannot be checked");
+    const int old = current_device();
+    if (old != a.device) set_device(a.device);
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    const CUresult r = rdma_.get_address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+    cudaIpcMemHandle_t handle{};
+    cudaError_t e = cudaSuccess;
+    const bool at_start = r == CUDA_SUCCESS && static_cast<std::uintptr_t>(base) == reinterpret_cast<std::uintptr_t>(p);
+    if (at_start) e = cudaIpcGetMemHandle(&handle, const_cast<void*>(p));
+    if (old != a.device) cudaSetDevice(old);
+    BRAID_CHECK(r == CUDA_SUCCESS, Cuda,
+                "ipc_export: cuMemGetAddressRange of " << p << " (GPU " << a.device << ") failed: " << driver_text(r));
+    BRAID_CHECK(at_start, InvalidUsage,
+                "ipc_export: " << p << " lies inside the device allocation at " << reinterpret_cast<void*>(base) << " ("
+                               << size << " bytes), not at its start; a handle covers a whole allocation: export "
+                               << "the pointer alloc_device returned and add the offset in the peer");
+    check(e, "ipc_export: cudaIpcGetMemHandle");
+    IpcHandle h;
+    h.bytes.assign(sizeof handle + 8, '\0');
+    std::memcpy(&h.bytes[0], &handle, sizeof handle);
+    const auto pid = static_cast<std::uint64_t>(static_cast<std::int64_t>(::getpid()));
+    for (int i = 0; i < 8; ++i) h.bytes[sizeof handle + i] = static_cast<char>((pid >> (8 * i)) & 0xff);
+    return h;
+  }
+  void* ipc_open(IpcHandle h, std::size_t bytes) override {
+    if (h.fd >= 0) ::close(h.fd);  // taken over; a CUDA handle carries none
+    cudaIpcMemHandle_t handle{};
+    BRAID_CHECK(h.bytes.size() == sizeof handle + 8, InvalidUsage,
+                "ipc_open: malformed handle (" << h.bytes.size() << " bytes; a CUDA handle is " << sizeof handle + 8
+                                               << ": cudaIpcMemHandle_t and the exporter's pid)");
+    std::memcpy(&handle, h.bytes.data(), sizeof handle);
+    std::uint64_t pid = 0;
+    for (int i = 0; i < 8; ++i)
+      pid |= static_cast<std::uint64_t>(static_cast<unsigned char>(h.bytes[sizeof handle + i])) << (8 * i);
+    BRAID_CHECK(static_cast<std::int64_t>(pid) != static_cast<std::int64_t>(::getpid()), InvalidUsage,
+                "ipc_open: the handle was exported by this process (pid "
+                    << static_cast<std::int64_t>(pid)
+                    << "), which cannot open its own handles (CUDA refuses them): ranks that are threads of one "
+                       "process use the pointer itself");
+    const int device = current_device();
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess),
+          ("ipc_open: cudaIpcOpenMemHandle on GPU " + std::to_string(device)).c_str());
+    if (rdma_.get_address_range) {
+      CUdeviceptr base = 0;
+      std::size_t size = 0;
+      const CUresult r = rdma_.get_address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
+      if (r == CUDA_SUCCESS && size < bytes) {
+        cudaIpcCloseMemHandle(p);
+        cudaGetLastError();
+        throw Error(ErrorCode::InvalidUsage, "ipc_open: the exported allocation holds " + std::to_string(size) +
+                                                 " bytes, fewer than the " + std::to_string(bytes) + " asked for");
+      }
+    }
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    ipc_opened_[p] = device;
+    return p;
+  }
+  void ipc_close(void* p) noexcept override {
+    int device = -1;
+    {
+      std::lock_guard<std::mutex> lock(ipc_mu_);
+      auto it = ipc_opened_.find(p);
+      if (it == ipc_opened_.end()) return;  // not what ipc_open returned: nothing to unmap
+      device = it->second;
+      ipc_opened_.erase(it);
+    }
+    // Closed in the context that opened it: the device current at ipc_open.
+    int old = -1;
+    if (cudaGetDevice(&old) != cudaSuccess) old = -1;
+    if (old != device) cudaSetDevice(device);
+    cudaIpcCloseMemHandle(p);
+    if (old >= 0 && old != device) cudaSetDevice(old);
+    cudaGetLastError();
+  }
 
  private:
   /// A driver result as "CUDA_ERROR_NOT_SUPPORTED (801)" (the number alone where the driver
@@ -313,6 +398,8 @@ class Cuda final : public Runtime {
     return s;
   }
 
+  std::mutex ipc_mu_;
+  std::map<void*, int> ipc_opened_;  ///< what ipc_open mapped, and the device current then
   std::mutex copy_mu_;
   std::map<int, cudaStream_t> copy_streams_;
   int devices_ = 0;

@@ -10,6 +10,11 @@
 //   The mapping is shared, so a forked child writes its parent's device memory rather
 //   than a copy of it; CUDA does not work in a forked child at all, so nothing may rely
 //   on either.
+// * IPC (ipc_export/ipc_open): the handle is a duplicate of the allocation's memfd (to pass
+//   over a Unix socket) and a 32-byte record of it (kIpcBytes); the peer maps the fd
+//   shared, so both processes' pointers reach the same pages, and records the mapping as
+//   device memory of the exporter's device, marked opened: it owns no fd, free_device
+//   ignores it, ipc_close unmaps it.
 // * GPUDirect RDMA flush: a fence (the emulated NIC writes through host memory already).
 // * pinned memory: plain host memory (classified as host, as CUDA's pinned memory is).
 // * streams: one FIFO worker thread per stream; the default stream (nullptr) is one
@@ -25,6 +30,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,6 +51,27 @@ namespace braid::gpu {
 namespace {
 
 constexpr int kDevices = 2;
+
+/// The bytes of an emulated IPC handle, all integers little-endian:
+///   [0, 6)   "BEIPC1" (magic and version)
+///   [6, 8)   the device (uint16)
+///   [8, 16)  the exporter's pid (int64)
+///   [16, 24) the allocation's size as requested (uint64; 1 for a 0-byte allocation)
+///   [24, 32) the mapping's length, a whole number of pages (uint64): what the fd holds
+///   [32, 40) the exporter's memfd number (int64): a peer given no fd opens
+///            /proc/<pid>/fd/<number> (a handle that travels as bytes only, e.g. in a
+///            shared-memory segment, as a CUDA IPC handle does)
+constexpr std::size_t kIpcBytes = 40;
+constexpr char kIpcMagic[6] = {'B', 'E', 'I', 'P', 'C', '1'};
+
+void put_le(std::string& out, std::size_t at, std::uint64_t v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+std::uint64_t get_le(const std::string& in, std::size_t at, std::size_t n) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
 
 /// The waits of every stream sleep here; signal() wakes them all (tests: few waiters).
 struct Signals {
@@ -151,6 +178,7 @@ class Emulated final : public Runtime {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
       if (it == ranges_.end()) return;  // not an allocation of this runtime: nothing to free
+      if (it->second.opened) return;     // another process's allocation: ipc_close unmaps it
       r = it->second;
       ranges_.erase(it);
     }
@@ -205,6 +233,9 @@ class Emulated final : public Runtime {
                 "export_dmabuf: " << p << " is not device memory (no emulated device allocation holds it; "
                                    << "host memory registers with ibv_reg_mr)");
     const Range& r = std::prev(it)->second;
+    BRAID_CHECK(!r.opened, InvalidUsage,
+                "export_dmabuf: " << p << " is another process's device memory, mapped here by ipc_open; "
+                                  << "export it as a dma-buf in the process that allocated it");
     // Within the allocation's pages (what the fd covers): an RDMA registration is page-aligned,
     // so the page-rounded range of a buffer at the end of an allocation must be exportable.
     BRAID_CHECK(bytes <= r.start + r.mapped - a, InvalidUsage,
@@ -221,13 +252,133 @@ class Emulated final : public Runtime {
     if (size) *size = r.mapped;
     return fd;
   }
-  void flush_rdma_writes() override {
+  void flush_rdma_writes(int) override {
     // The emulated NIC writes this process's memory with the CPU: a fence orders those
     // writes, seen complete by this thread, before the stream work it enqueues next.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     flushes_.fetch_add(1, std::memory_order_relaxed);
   }
   std::uint64_t rdma_flushes() const noexcept override { return flushes_.load(std::memory_order_relaxed); }
+
+  IpcHandle ipc_export(const void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = ranges_.find(a);
+    if (it == ranges_.end()) {
+      // Name what p is: inside an allocation (a handle covers whole allocations), or none.
+      auto holder = ranges_.upper_bound(a);
+      BRAID_CHECK(holder == ranges_.begin() || a >= std::prev(holder)->first + std::prev(holder)->second.bytes,
+                  InvalidUsage,
+                  "ipc_export: " << p << " lies inside the device allocation at "
+                                 << reinterpret_cast<void*>(std::prev(holder)->first) << " ("
+                                 << std::prev(holder)->second.bytes
+                                 << " bytes), not at its start; a handle covers a whole allocation: export the "
+                                    "pointer alloc_device returned and add the offset in the peer");
+    }
+    BRAID_CHECK(it != ranges_.end(), InvalidUsage,
+                "ipc_export: " << p << " is not device memory (no emulated device allocation starts there): only "
+                               << "what alloc_device returned can be mapped by another process");
+    const Range& r = it->second;
+    BRAID_CHECK(!r.opened, InvalidUsage,
+                "ipc_export: " << p << " is another process's device memory, mapped here by ipc_open; "
+                               << "hand on the handle its owner exported instead");
+    IpcHandle h;
+    h.bytes.assign(kIpcBytes, '\0');
+    std::memcpy(&h.bytes[0], kIpcMagic, sizeof kIpcMagic);
+    put_le(h.bytes, 6, static_cast<std::uint64_t>(r.device), 2);
+    put_le(h.bytes, 8, static_cast<std::uint64_t>(static_cast<std::int64_t>(::getpid())), 8);
+    put_le(h.bytes, 16, r.bytes, 8);
+    put_le(h.bytes, 24, r.mapped, 8);
+    put_le(h.bytes, 32, static_cast<std::uint64_t>(static_cast<std::int64_t>(r.fd)), 8);
+    h.fd = ::fcntl(r.fd, F_DUPFD_CLOEXEC, 0);
+    const int e = errno;
+    BRAID_CHECK(h.fd >= 0, System,
+                "ipc_export: duplicating the memfd of the emulated device allocation " << p << " (" << r.bytes
+                    << " bytes) failed: " << std::strerror(e) << " (errno " << e
+                    << (e == EMFILE ? "; this process has too many open files: close some or raise ulimit -n)" : ")"));
+    return h;
+  }
+  void* ipc_open(IpcHandle h, std::size_t bytes) override {
+    // h.fd is ours from here on, whatever happens: closed on every way out (a mapping
+    // holds the file on its own).
+    struct CloseFd {
+      int fd;
+      ~CloseFd() {
+        if (fd >= 0) ::close(fd);
+      }
+    } close_fd{h.fd};
+    BRAID_CHECK(h.bytes.size() == kIpcBytes && std::memcmp(h.bytes.data(), kIpcMagic, sizeof kIpcMagic) == 0,
+                InvalidUsage,
+                "ipc_open: malformed handle (" << h.bytes.size() << " bytes; an emulated handle is " << kIpcBytes
+                                               << " bytes starting \"BEIPC1\"): not one that ipc_export of the "
+                                                  "emulated runtime made");
+    const auto device = static_cast<int>(get_le(h.bytes, 6, 2));
+    const auto pid = static_cast<std::int64_t>(get_le(h.bytes, 8, 8));
+    const std::uint64_t alloc_bytes = get_le(h.bytes, 16, 8);
+    const std::uint64_t mapped = get_le(h.bytes, 24, 8);
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    BRAID_CHECK(device < kDevices && alloc_bytes > 0 && mapped >= alloc_bytes && mapped % page == 0 &&
+                    mapped - alloc_bytes < page,
+                InvalidUsage,
+                "ipc_open: malformed handle (device " << device << ", " << alloc_bytes << " bytes, " << mapped
+                                                      << " mapped): not one that ipc_export made");
+    BRAID_CHECK(pid != static_cast<std::int64_t>(::getpid()), InvalidUsage,
+                "ipc_open: the handle was exported by this process (pid "
+                    << pid << "), which cannot open its own handles (CUDA refuses them): ranks that are threads "
+                              "of one process use the pointer itself");
+    if (h.fd < 0) {
+      // Bytes only: the exporter's memfd through /proc (same host, and this process may
+      // read the exporter's descriptors: the same user, as for CUDA IPC).
+      const auto number = static_cast<std::int64_t>(get_le(h.bytes, 32, 8));
+      const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(number);
+      h.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      const int e = errno;
+      close_fd.fd = h.fd;
+      BRAID_CHECK(h.fd >= 0, InvalidUsage,
+                  "ipc_open: the handle carries no file descriptor and " << path << " cannot be opened ("
+                      << std::strerror(e) << "): the exporting process (pid " << pid
+                      << ") has exited or freed the allocation, or is another user's");
+    }
+    BRAID_CHECK(bytes <= alloc_bytes, InvalidUsage,
+                "ipc_open: the exported allocation holds " << alloc_bytes << " bytes, fewer than the " << bytes
+                                                           << " asked for");
+    struct stat st {};
+    if (::fstat(h.fd, &st) != 0) {
+      const int e = errno;
+      throw Error(ErrorCode::InvalidUsage, "ipc_open: the handle's file descriptor " + std::to_string(h.fd) +
+                                               " is not usable: fstat: " + std::strerror(e));
+    }
+    BRAID_CHECK(S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) >= mapped, InvalidUsage,
+                "ipc_open: the handle's file holds " << st.st_size << " bytes, fewer than the " << mapped
+                                                     << " its allocation maps (not the exporter's memfd)");
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, h.fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      throw Error(ErrorCode::System, "ipc_open: mapping " + std::to_string(mapped) +
+                                         " bytes of another process's emulated device memory failed: mmap: " +
+                                         std::strerror(e) + " (errno " + std::to_string(e) + ")");
+    }
+    Range r;
+    r.start = reinterpret_cast<std::uintptr_t>(p);
+    r.bytes = alloc_bytes;
+    r.device = device;
+    r.mapped = mapped;
+    r.opened = true;  // fd stays -1: the mapping holds the file
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_[r.start] = r;
+    return p;
+  }
+  void ipc_close(void* p) noexcept override {
+    Range r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == ranges_.end() || !it->second.opened) return;  // not what ipc_open returned: nothing to unmap
+      r = it->second;
+      ranges_.erase(it);
+    }
+    ::munmap(p, r.mapped);
+  }
 
  private:
   struct Range {
@@ -236,6 +387,7 @@ class Emulated final : public Runtime {
     int device = 0;
     int fd = -1;             ///< the memfd behind the mapping (the allocation's "dma-buf")
     std::size_t mapped = 0;  ///< the mapping's length: `bytes` rounded up to the page
+    bool opened = false;     ///< another process's allocation mapped by ipc_open (fd -1)
   };
   /// A fresh memfd of `bytes` rounded up to the page (one page for 0), mapped shared.
   static Range map_device(std::size_t bytes) {

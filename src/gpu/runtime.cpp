@@ -5,6 +5,8 @@
 
 #include <braid/config.hpp>
 
+#include <unistd.h>
+
 #include <cctype>
 #include <mutex>
 
@@ -66,8 +68,14 @@ class NoDevice final : public Runtime {
   int export_dmabuf(const void*, std::size_t, std::uintptr_t*, std::size_t*) override { refuse("dma-buf exports"); }
   // Refused like the other device operations rather than a silent no-op: with no device
   // memory there is nothing a NIC could have written, so a caller here is a bug to name.
-  void flush_rdma_writes() override { refuse("GPUDirect RDMA flushes"); }
+  void flush_rdma_writes(int) override { refuse("GPUDirect RDMA flushes"); }
   std::uint64_t rdma_flushes() const noexcept override { return 0; }  // none ever runs
+  IpcHandle ipc_export(const void*) override { refuse("CUDA IPC handles"); }
+  void* ipc_open(IpcHandle h, std::size_t) override {
+    if (h.fd >= 0) ::close(h.fd);  // taken over, mapped or not
+    refuse("CUDA IPC handles");
+  }
+  void ipc_close(void*) noexcept override {}  // nothing was ever opened
 
  private:
   [[noreturn]] void refuse(const char* what) const {

@@ -127,19 +127,21 @@ class Runtime {
   /// "" when export_dmabuf() can work for memory of `device`, else why not (the driver, the
   /// device or the kernel lacks dma-buf; no device at all). Never throws.
   virtual std::string dmabuf_support(int device) = 0;
-  /// A dma-buf file descriptor for the device allocation that holds [p, p+bytes), for an RDMA
+  /// A dma-buf file descriptor for device memory holding [p, p+bytes), for an RDMA
   /// NIC to register (ibv_reg_dmabuf_mr: GPUDirect RDMA without nvidia-peermem). The fd
-  /// covers [*base, *base + *size): the allocation's range, page-aligned (CUDA:
-  /// cuMemGetAddressRange, then cuMemGetHandleForAddressRange with
-  /// CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD); offset 0 of the fd is *base. The caller owns
+  /// covers [*base, *base + *size), a page-aligned range holding [p, p+bytes) (CUDA: that
+  /// range rounded out to the host page, cuMemGetHandleForAddressRange with
+  /// CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD; emulated: the whole allocation); offset 0 of the
+  /// fd is *base. The caller owns
   /// the fd (close it after registering). Throws Error(Unsupported) naming why (see
   /// dmabuf_support), Error(InvalidUsage) when the range is not device memory of one allocation.
   virtual int export_dmabuf(const void* p, std::size_t bytes, std::uintptr_t* base, std::size_t* size) = 0;
-  /// Makes the NIC writes into device memory whose completions the host has seen visible to
-  /// device work enqueued after this call (CUDA: cuFlushGPUDirectRDMAWrites on the current
-  /// context, to owner; NCCL's flush has the same role). Throws Error(Cuda) on failure, and
+  /// Makes the NIC writes into memory of `device` whose completions the host has seen
+  /// visible to device work enqueued after this call (CUDA: cuFlushGPUDirectRDMAWrites on
+  /// that device's primary context, to owner; NCCL's flush has the same role); the calling
+  /// thread's current device is left as it was. Throws Error(Cuda) on failure, and
   /// Error(Unsupported) where nothing can flush (no device; a driver without the entry point).
-  virtual void flush_rdma_writes() = 0;
+  virtual void flush_rdma_writes(int device) = 0;
   /// How many times flush_rdma_writes() has run in this process (tests check that a
   /// transport flushes before the device reads).
   virtual std::uint64_t rdma_flushes() const noexcept = 0;

@@ -11,6 +11,13 @@
 //   backing leaves classify() as it was;
 // * flush_rdma_writes() counts; dmabuf_support() says "" for a device that has it, why
 //   not otherwise; the backend without a device refuses with its reason.
+// * IPC (ipc_export/ipc_open/ipc_close): a forked child, with its own emulated runtime, maps
+//   its parent's allocation from the handle (bytes and fd, inherited), sees it as device
+//   memory of the parent's device, and its writes are what the parent's pointer reads; a
+//   handle of this process, a malformed one, one whose fd is missing or too short, and an
+//   export of a pointer that is not an allocation's start are refused with InvalidUsage;
+//   the fd of the handle is closed whatever ipc_open does, and 200 rounds leak none. On a
+//   GPU: the same across a re-executed child process with CUDA IPC.
 #include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
@@ -19,12 +26,16 @@
 #include <cstdlib>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -53,6 +64,74 @@ ErrorCode code_of(Fn&& fn) {
   }
   ADD_FAILURE() << "no braid::Error thrown";
   return ErrorCode::Internal;
+}
+
+/// The message of the braid::Error fn throws ("" and a failure when none).
+template <typename Fn>
+std::string message_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no braid::Error thrown";
+  return "";
+}
+
+bool fd_is_open(int fd) { return ::fcntl(fd, F_GETFD) != -1 || errno != EBADF; }
+
+/// Runs body in a forked child; returns what it returned ("" for success), or why the
+/// child failed otherwise. The child has no GoogleTest of its own: it reports by string.
+std::string in_child(const std::function<std::string()>& body) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return std::string("pipe2: ") + std::strerror(errno);
+  const pid_t pid = ::fork();
+  if (pid < 0) return std::string("fork: ") + std::strerror(errno);
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    std::string out;
+    try {
+      out = body();
+    } catch (const std::exception& e) {
+      out = std::string("child threw: ") + e.what();
+    }
+    const char* at = out.data();
+    std::size_t left = out.size();
+    while (left > 0) {
+      const ssize_t n = ::write(pipe_fds[1], at, left);
+      if (n <= 0) break;
+      at += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    ::_exit(out.empty() ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+    if (n > 0) out.append(buf, static_cast<std::size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status)) return "the child did not exit (status " + std::to_string(status) + ") " + out;
+  if (WEXITSTATUS(status) != 0 && out.empty()) return "the child exited " + std::to_string(WEXITSTATUS(status));
+  return out;
+}
+
+/// "" when fn throws braid::Error(want) whose message holds `says`, else what happened.
+template <typename Fn>
+std::string refused(const char* what, ErrorCode want, const char* says, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (e.code() != want) return std::string(what) + ": wrong error code: " + e.what() + "\n";
+    if (std::string(e.what()).find(says) == std::string::npos)
+      return std::string(what) + ": message lacks \"" + says + "\": " + e.what() + "\n";
+    return "";
+  }
+  return std::string(what) + ": not refused\n";
 }
 
 }  // namespace
@@ -166,8 +245,8 @@ TEST(EmulatedDmabuf, FreeingDeviceMemoryClosesItsFile) {
 TEST(EmulatedDmabuf, FlushesCount) {
   auto rt = gpu::make_emulated();
   EXPECT_EQ(rt->rdma_flushes(), 0u);
-  rt->flush_rdma_writes();
-  rt->flush_rdma_writes();
+  rt->flush_rdma_writes(0);
+  rt->flush_rdma_writes(0);
   EXPECT_EQ(rt->rdma_flushes(), 2u);
 }
 
@@ -189,7 +268,7 @@ TEST(NoDeviceDmabuf, RefusedWithTheReason) {
   std::size_t size = 0;
   EXPECT_EQ(code_of([&] { rt->export_dmabuf(&x, sizeof x, &base, &size); }), ErrorCode::Unsupported);
   try {
-    rt->flush_rdma_writes();
+    rt->flush_rdma_writes(0);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported);
@@ -220,21 +299,311 @@ TEST(CudaDmabuf, ExportOrItsReason) {
     const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     EXPECT_EQ(base % page, 0u);
     EXPECT_EQ(size % page, 0u);
-    EXPECT_LE(base, reinterpret_cast<std::uintptr_t>(dev));
-    EXPECT_GE(base + size, reinterpret_cast<std::uintptr_t>(dev) + 10000);
+    // The range asked for, rounded out to the page (not the whole allocation).
+    EXPECT_LE(base, reinterpret_cast<std::uintptr_t>(dev) + 64);
+    EXPECT_GE(base + size, reinterpret_cast<std::uintptr_t>(dev) + 192);
+    EXPECT_LE(size, 2 * page);
     if (fd >= 0) ::close(fd);
-    EXPECT_EQ(code_of([&] { rt->export_dmabuf(dev, 20000000, &base, &size); }), ErrorCode::InvalidUsage);
   } else {
     EXPECT_EQ(code_of([&] { rt->export_dmabuf(dev, 128, &base, &size); }), ErrorCode::Unsupported);
   }
   int host = 0;
   EXPECT_EQ(code_of([&] { rt->export_dmabuf(&host, sizeof host, &base, &size); }), ErrorCode::InvalidUsage);
   try {
-    rt->flush_rdma_writes();
+    rt->flush_rdma_writes(0);
     EXPECT_EQ(rt->rdma_flushes(), 1u);
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
     std::cout << "flush_rdma_writes: " << e.what() << "\n";
   }
   rt->free_device(dev);
+}
+
+// (a) A forked child, with a fresh emulated runtime of its own, maps the parent's allocation
+// from the handle (its bytes and its fd, inherited across fork: CLOEXEC only acts on exec):
+// device memory of the parent's device, whole allocation, and what it writes there, with
+// plain stores and with a copy on its stream, is what the parent's pointer reads.
+TEST(EmulatedIpc, AnotherProcessMapsTheAllocation) {
+  auto rt = gpu::make_emulated();
+  const std::size_t bytes = 10000;  // not a whole number of pages
+  auto* dev = static_cast<unsigned char*>(rt->alloc_device(bytes, 1));
+  std::memset(dev, 0, bytes);
+  const gpu::IpcHandle h = rt->ipc_export(dev);
+  ASSERT_GE(h.fd, 0);
+  EXPECT_EQ(h.bytes.size(), 40u);
+  EXPECT_EQ(h.bytes.compare(0, 6, "BEIPC1"), 0);
+  EXPECT_NE(::fcntl(h.fd, F_GETFD) & FD_CLOEXEC, 0) << "the handle's fd is close-on-exec";
+
+  const std::string child = in_child([&]() -> std::string {
+    auto crt = gpu::make_emulated();  // a runtime of this process, which exported nothing
+    const int fds = open_fds();
+    auto* m = static_cast<unsigned char*>(crt->ipc_open(h, bytes));
+    std::string why;
+    if (fd_is_open(h.fd)) why += "ipc_open left the handle's fd open\n";
+    if (open_fds() != fds - 1) why += "ipc_open holds a descriptor (the mapping holds the file)\n";
+    if (m == dev) why += "the child's mapping is the inherited one, not a new one\n";
+    const gpu::PointerInfo info = crt->classify(m);
+    if (info.kind != MemoryKind::device || info.device != 1)
+      why += "classify(mapping) is not device memory of device 1 (the exporter's)\n";
+    if (crt->classify(m + bytes - 1).kind != MemoryKind::device) why += "the last byte is not device memory\n";
+    if (crt->classify(m + bytes).kind != MemoryKind::host) why += "one past the allocation is device memory\n";
+    for (std::size_t i = 0; i < bytes / 2; ++i) m[i] = static_cast<unsigned char>(i * 7 + 1);
+    std::vector<unsigned char> tail(bytes - bytes / 2);
+    for (std::size_t i = 0; i < tail.size(); ++i) tail[i] = static_cast<unsigned char>((bytes / 2 + i) * 7 + 1);
+    crt->copy_async(m + bytes / 2, tail.data(), tail.size(), nullptr);  // a device copy, on a stream
+    crt->synchronize(nullptr);
+    crt->free_device(m);  // not its allocation: ignored
+    if (crt->classify(m).kind != MemoryKind::device) why += "free_device dropped an opened mapping\n";
+    m[0] = 1;             // still mapped
+    crt->ipc_close(m);
+    if (crt->classify(m).kind != MemoryKind::host) why += "after ipc_close the range is still device memory\n";
+    if (open_fds() != fds - 1) why += "ipc_close changed the descriptor count\n";
+    crt->ipc_close(m);  // again: unknown now, ignored
+    return why;
+  });
+  EXPECT_EQ(child, "");
+  ::close(h.fd);  // the parent's copy: the holder owns it
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (dev[i] != static_cast<unsigned char>(i * 7 + 1)) {
+      ADD_FAILURE() << "byte " << i << " is " << int(dev[i]) << ": the child's write did not reach the parent";
+      break;
+    }
+  }
+  EXPECT_EQ(rt->classify(dev).kind, MemoryKind::device);
+  rt->free_device(dev);
+}
+
+// (b) This process's own handle: refused (CUDA cannot open them), the fd closed all the same.
+TEST(EmulatedIpc, ThisProcesssOwnHandleIsRefused) {
+  auto rt = gpu::make_emulated();
+  void* dev = rt->alloc_device(4096, 0);
+  const int before = open_fds();
+  gpu::IpcHandle h = rt->ipc_export(dev);
+  EXPECT_EQ(open_fds(), before + 1);
+  auto other = gpu::make_emulated();  // another runtime of this process: the same process
+  try {
+    other->ipc_open(h, 4096);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("use the pointer itself"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fd_is_open(h.fd)) << "ipc_open takes over the fd, mapped or not";
+  EXPECT_EQ(open_fds(), before);
+  h = rt->ipc_export(dev);
+  EXPECT_EQ(code_of([&] { rt->ipc_open(h, 1); }), ErrorCode::InvalidUsage) << "nor through the exporter's runtime";
+  EXPECT_EQ(open_fds(), before);
+  rt->ipc_close(dev);  // an own allocation is no ipc_open mapping: ignored
+  EXPECT_EQ(rt->classify(dev).kind, MemoryKind::device);
+  rt->free_device(dev);
+}
+
+// (c) Malformed handles, a missing or short fd, too many bytes asked for (in a child, so
+// that the handle is another process's); exports of what is no allocation's start.
+TEST(EmulatedIpc, MalformedHandlesAndExportsAreRefused) {
+  auto rt = gpu::make_emulated();
+  const std::size_t bytes = 3 * 4096 + 5;
+  auto* dev = static_cast<unsigned char*>(rt->alloc_device(bytes, 0));
+  const int before = open_fds();
+
+  // Exports: only an allocation's start.
+  EXPECT_NE(message_of([&] { rt->ipc_export(dev + 1); }).find("not at its start"), std::string::npos);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(dev + 1); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(dev + bytes - 1); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(dev + bytes); }), ErrorCode::InvalidUsage) << "one past the end";
+  std::vector<unsigned char> host(64);
+  EXPECT_NE(message_of([&] { rt->ipc_export(host.data()); }).find("not device memory"), std::string::npos);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(nullptr); }), ErrorCode::InvalidUsage);
+  void* freed = rt->alloc_device(100, 1);
+  rt->free_device(freed);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(freed); }), ErrorCode::InvalidUsage) << "freed memory";
+  EXPECT_EQ(open_fds(), before) << "a refused export holds no descriptor";
+
+  const gpu::IpcHandle h = rt->ipc_export(dev);
+  const std::string child = in_child([&]() -> std::string {
+    auto crt = gpu::make_emulated();
+    std::string why;
+    const auto with = [&](std::string b, int fd) { return gpu::IpcHandle{std::move(b), fd}; };
+    const auto dup = [&] { return ::fcntl(h.fd, F_DUPFD_CLOEXEC, 0); };
+    // Each refusal must close the fd it was given.
+    const auto check = [&](const char* what, const char* says, gpu::IpcHandle bad, std::size_t n) {
+      const int fd = bad.fd;
+      why += refused(what, ErrorCode::InvalidUsage, says, [&] { crt->ipc_open(bad, n); });
+      if (fd >= 0 && fd_is_open(fd)) why += std::string(what) + ": the fd was left open\n";
+    };
+    check("short bytes", "malformed", with(h.bytes.substr(0, 39), dup()), 1);
+    check("long bytes", "malformed", with(h.bytes + "x", dup()), 1);
+    check("empty bytes", "malformed", with("", dup()), 1);
+    std::string magic = h.bytes;
+    magic[5] = '2';
+    check("wrong magic", "malformed", with(magic, dup()), 1);
+    std::string device = h.bytes;
+    device[6] = 7;
+    check("no such device", "malformed", with(device, dup()), 1);
+    std::string mapped = h.bytes;
+    mapped[25] = static_cast<char>(mapped[25] + 1);  // +256 bytes: not a whole number of pages
+    check("unaligned mapping", "malformed", with(mapped, dup()), 1);
+    // No fd and a descriptor number the exporter does not hold: /proc has nothing to open.
+    std::string gone = h.bytes;
+    gone[32] = static_cast<char>(0x3f);
+    gone[33] = static_cast<char>(0x42);
+    gone[34] = static_cast<char>(0x0f);  // fd 999999
+    check("no fd", "cannot be opened", with(gone, -1), 1);
+    // No fd, the exporter's own number: opened through /proc/<pid>/fd (bytes-only handles).
+    try {
+      void* q = crt->ipc_open(with(h.bytes, -1), 1);
+      if (crt->classify(q).kind != MemoryKind::device) return why + "bytes-only open: not device memory";
+      crt->ipc_close(q);
+    } catch (const std::exception& e) {
+      return why + "bytes-only open refused: " + e.what();
+    }
+    check("too many bytes", "fewer than", with(h.bytes, dup()), bytes + 1);
+    // A file shorter than the mapping the handle names: not the exporter's memfd.
+    const int small = ::memfd_create("short", MFD_CLOEXEC);
+    if (small < 0 || ::ftruncate(small, 4096) != 0) return why + "memfd_create: " + std::strerror(errno);
+    check("short fd", "fewer than", with(h.bytes, small), bytes);
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return why + "pipe2: " + std::strerror(errno);
+    ::close(pipe_fds[1]);
+    check("a pipe", "fewer than", with(h.bytes, pipe_fds[0]), 1);
+    // The handle itself still opens, for what it holds; the mapping is not exportable here.
+    void* m = crt->ipc_open(h, bytes);
+    why += refused("export of a mapping", ErrorCode::InvalidUsage, "ipc_open", [&] { crt->ipc_export(m); });
+    why += refused("dma-buf of a mapping", ErrorCode::InvalidUsage, "ipc_open",
+                   [&] { crt->export_dmabuf(m, 1, nullptr, nullptr); });
+    crt->ipc_close(m);
+    return why;
+  });
+  EXPECT_EQ(child, "");
+  ::close(h.fd);
+  EXPECT_EQ(open_fds(), before);
+  rt->free_device(dev);
+}
+
+// (d) 200 rounds of export, open and close in a child, write, close: the parent's
+// descriptors are as before, and the child's open and close left it none either.
+TEST(EmulatedIpc, RoundsLeakNoDescriptor) {
+  auto rt = gpu::make_emulated();
+  const int before = open_fds();
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t bytes = 64 + static_cast<std::size_t>(i) * 97;
+    auto* dev = static_cast<unsigned char*>(rt->alloc_device(bytes, i % 2));
+    const gpu::IpcHandle h = rt->ipc_export(dev);
+    const std::string child = in_child([&]() -> std::string {
+      auto crt = gpu::make_emulated();
+      const int fds = open_fds();
+      auto* m = static_cast<unsigned char*>(crt->ipc_open(h, bytes));
+      m[bytes - 1] = static_cast<unsigned char>(i);
+      crt->ipc_close(m);
+      return open_fds() == fds - 1 ? "" : "the child holds " + std::to_string(open_fds() - fds + 1) + " descriptors";
+    });
+    ::close(h.fd);
+    if (!child.empty() || dev[bytes - 1] != static_cast<unsigned char>(i)) {
+      ADD_FAILURE() << "round " << i << ": " << child << " (last byte " << int(dev[bytes - 1]) << ")";
+      rt->free_device(dev);
+      break;
+    }
+    rt->free_device(dev);
+  }
+  EXPECT_EQ(open_fds(), before);
+}
+
+TEST(NoDeviceIpc, RefusedWithTheReason) {
+  auto rt = gpu::make_none("no GPU in this test");
+  int x = 0;
+  const std::string why = message_of([&] { rt->ipc_export(&x); });
+  EXPECT_NE(why.find("no GPU in this test"), std::string::npos) << why;
+  EXPECT_EQ(code_of([&] { rt->ipc_export(&x); }), ErrorCode::Unsupported);
+  const int fd = ::memfd_create("handle", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(code_of([&] { rt->ipc_open(gpu::IpcHandle{"anything", fd}, 1); }), ErrorCode::Unsupported);
+  EXPECT_FALSE(fd_is_open(fd)) << "ipc_open takes over the fd even when it refuses";
+  rt->ipc_close(&x);  // nothing to do
+  rt->ipc_close(nullptr);
+}
+
+// On a host with a GPU: the export of a cudaMalloc allocation is 72 bytes and no fd, refused
+// in this process and for a pointer inside the allocation; a child process (this test
+// binary again, with CudaIpc.ChildSide only) opens it, checks it and writes through it, and
+// this process reads what it wrote. Elsewhere: skipped with make_cuda()'s reason.
+namespace {
+constexpr const char* kIpcChildEnv = "BRAID_TEST_CUDA_IPC_CHILD";  // hex of the handle's bytes
+constexpr std::size_t kCudaIpcBytes = std::size_t{2} << 20;
+unsigned char cuda_pattern(std::size_t i) { return static_cast<unsigned char>(i * 13 + 5); }
+}  // namespace
+
+TEST(CudaIpc, AnotherProcessMapsTheAllocation) {
+  std::string why;
+  auto rt = gpu::make_cuda(&why);
+  const char* require = std::getenv("BRAID_TEST_REQUIRE_GPU");
+  if (!rt && require != nullptr && std::string(require) == "1") FAIL() << "BRAID_TEST_REQUIRE_GPU=1: " << why;
+  if (!rt) GTEST_SKIP() << why;
+  if (std::getenv(kIpcChildEnv) != nullptr) GTEST_SKIP() << "the child side runs CudaIpc.ChildSide only";
+  auto* dev = static_cast<unsigned char*>(rt->alloc_device(kCudaIpcBytes, 0));
+  std::vector<unsigned char> host(kCudaIpcBytes, 0);
+  rt->copy(dev, host.data(), host.size());
+
+  const gpu::IpcHandle h = rt->ipc_export(dev);
+  EXPECT_EQ(h.bytes.size(), 72u) << "cudaIpcMemHandle_t and the pid";
+  EXPECT_EQ(h.fd, -1);
+  EXPECT_EQ(code_of([&] { rt->ipc_open(h, kCudaIpcBytes); }), ErrorCode::InvalidUsage) << "this process's own";
+  EXPECT_EQ(code_of([&] { rt->ipc_open(gpu::IpcHandle{"short", -1}, 1); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { rt->ipc_export(dev + 256); }), ErrorCode::InvalidUsage) << "inside the allocation";
+  int x = 0;
+  EXPECT_EQ(code_of([&] { rt->ipc_export(&x); }), ErrorCode::InvalidUsage) << "host memory";
+
+  static const char* hex = "0123456789abcdef";
+  std::string env = std::string(kIpcChildEnv) + "=";
+  for (unsigned char c : h.bytes) {
+    env += hex[c >> 4];
+    env += hex[c & 15];
+  }
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e) envs.emplace_back(*e);
+  envs.push_back(env);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
+  std::string arg0 = "test_gpu_runtime", arg1 = "--gtest_filter=CudaIpc.ChildSide";
+  char* argv[] = {&arg0[0], &arg1[0], nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child process failed (status " << status
+                                                              << "); its output is above";
+  rt->copy(host.data(), dev, host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    if (host[i] != cuda_pattern(i)) {
+      ADD_FAILURE() << "byte " << i << " is " << int(host[i]) << ": the child's write did not reach this process";
+      break;
+    }
+  }
+  rt->free_device(dev);
+}
+
+// The child side of CudaIpc.AnotherProcessMapsTheAllocation (skipped when run on its own).
+TEST(CudaIpc, ChildSide) {
+  const char* handle_hex = std::getenv(kIpcChildEnv);
+  if (handle_hex == nullptr) GTEST_SKIP() << "runs as the child of CudaIpc.AnotherProcessMapsTheAllocation";
+  std::string why;
+  auto rt = gpu::make_cuda(&why);
+  ASSERT_TRUE(rt) << why;
+  gpu::IpcHandle h;
+  const std::string text = handle_hex;
+  ASSERT_EQ(text.size() % 2, 0u);
+  for (std::size_t i = 0; i < text.size(); i += 2) h.bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
+  // More than the allocation holds: refused (and unmapped again, so the next open works).
+  EXPECT_EQ(code_of([&] { rt->ipc_open(h, std::size_t{64} << 20); }), ErrorCode::InvalidUsage);
+  void* p = rt->ipc_open(h, kCudaIpcBytes);
+  ASSERT_NE(p, nullptr);
+  const gpu::PointerInfo info = rt->classify(p);
+  EXPECT_EQ(info.kind, MemoryKind::device);
+  EXPECT_EQ(info.device, 0);
+  std::vector<unsigned char> host(kCudaIpcBytes);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = cuda_pattern(i);
+  rt->copy(p, host.data(), host.size());
+  rt->ipc_close(p);
+  rt->ipc_close(p);  // unknown now: ignored
 }
