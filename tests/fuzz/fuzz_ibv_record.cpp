@@ -23,9 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(r.qpn == 0x5a5a5a);  // untouched on refusal
     return 0;
   }
-  FUZZ_CHECK(r.token.size() <= ib::kRecordMaxToken && size == ib::kRecordFixedBytes + r.token.size());
+  FUZZ_CHECK(r.token.size() <= ib::kRecordMaxToken && r.data_qpns.size() <= ib::kRecordMaxDataQps &&
+             size == ib::kRecordFixedBytes + 4 * r.data_qpns.size() + r.token.size());
   FUZZ_CHECK(r.from >= 0 && r.to >= 0 && r.mtu >= 1 && r.mtu <= 5);
   FUZZ_CHECK(r.qpn <= 0xffffffu && r.psn <= 0xffffffu);
+  for (const std::uint32_t q : r.data_qpns) FUZZ_CHECK(q <= 0xffffffu);
   FUZZ_CHECK(r.slots >= 1 && r.slots <= ib::kRecordMaxSlots);
   FUZZ_CHECK(r.slot_bytes >= ib::kRecordMinSlotBytes && r.slot_bytes <= ib::kRecordMaxSlotBytes &&
              (r.slot_bytes & (r.slot_bytes - 1)) == 0);

@@ -24,6 +24,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <string>
@@ -515,8 +516,10 @@ TEST(IbvTransport, WithoutDmaBufGpuBuffersGoThroughNvidiaPeermemOrAreLeftToTheEn
   }
   // nvidia-peermem loaded: device pointers registered with ibv_reg_mr.
   ASSERT_EQ(::mkdir((sysfs + "/module/nvidia_peermem").c_str(), 0700), 0);
+  { std::ofstream((sysfs + "/module/nvidia_peermem/version").c_str()) << "1.0\n"; }
   run_thread_ranks(2, opts(2), gpu_ibverbs(1, sysfs),
                    [&](TransportRank& r) { device_exchange(r, {0, 100, 500000}); });
+  ::unlink((sysfs + "/module/nvidia_peermem/version").c_str());
   ::rmdir((sysfs + "/module/nvidia_peermem").c_str());
   ::rmdir((sysfs + "/module").c_str());
   ::rmdir(sysfs.c_str());

@@ -98,7 +98,7 @@ constexpr auto kProbeEvery = std::chrono::milliseconds(250);
 constexpr std::size_t kMaxWrite = std::size_t{1} << 30;  // bytes per RDMA write work request
 // A data lane (a QP beyond the first) carries only rendezvous stripes, one message at a time
 // per connection: a few writes and one immediate each.
-constexpr int kDataSqDepth = 16;
+constexpr int kDataSqDepth = 64;  // a stripe of up to 63 GiB (writes of at most 1 GiB)
 constexpr int kDataRqDepth = 16;
 
 /// "RLIMIT_MEMLOCK is 8 MiB: raise it ..." when registration failed for lack of locked memory.
@@ -947,9 +947,12 @@ void IbvTransport::choose_gdr() {
       no_dmabuf = "the kernel or HCA does not register dma-buf memory (ibv_reg_dmabuf_mr: " + errno_text(err) + ")";
     }
   }
-  // nvidia-peermem (or the older nv_peer_mem): the NIC pins device pointers through ibv_reg_mr.
-  const bool peermem = ::access((o_.sysfs_root + "/kernel/mm/memory_peers/nv_mem/version").c_str(), F_OK) == 0 ||
-                       ::access((o_.sysfs_root + "/module/nvidia_peermem").c_str(), F_OK) == 0;
+  // nvidia-peermem (or the older nv_peer_mem, nv_mem_nc): the NIC pins device pointers
+  // through ibv_reg_mr. The files NCCL looks for.
+  bool peermem = false;
+  for (const char* f : {"/kernel/mm/memory_peers/nv_mem/version", "/kernel/mm/memory_peers/nv_mem_nc/version",
+                        "/module/nvidia_peermem/version"})
+    peermem |= ::access((o_.sysfs_root + f).c_str(), F_OK) == 0;
   if (no_dmabuf.empty()) {
     gdr_ = Gdr::dmabuf;
   } else if (peermem) {
@@ -957,9 +960,9 @@ void IbvTransport::choose_gdr() {
   } else if (o_.gdr == 1) {
     throw Error(ErrorCode::Unsupported,
                 self() + ": BRAID_GDR=1, but GPUDirect RDMA is not available here: no dma-buf (" + no_dmabuf +
-                    ") and no nvidia-peermem (neither " + o_.sysfs_root + "/kernel/mm/memory_peers/nv_mem nor " +
+                    ") and no nvidia-peermem (none of " + o_.sysfs_root + "/kernel/mm/memory_peers/nv_mem{,_nc}/version, " +
                     o_.sysfs_root +
-                    "/module/nvidia_peermem exists). Load nvidia-peermem (modprobe nvidia-peermem), or use a dma-buf "
+                    "/module/nvidia_peermem/version exists). Load nvidia-peermem (modprobe nvidia-peermem), or use a dma-buf "
                     "capable kernel and driver, or set BRAID_GDR=auto to stage GPU buffers through host memory");
   }
   if (gdr_ != Gdr::off) {
@@ -1076,7 +1079,7 @@ bool IbvTransport::receive_side(IbvConnection& c) {
       if (r.device) {
         // The NIC wrote GPU memory: make that visible to the kernels that read it next.
         try {
-          o_.gpu->flush_rdma_writes();
+          o_.gpu->flush_rdma_writes(o_.gpu_device);
         } catch (const std::exception& e) {
           fail(c, c.who() + ": cannot flush the NIC's writes into GPU memory: " + e.what(), false, -1);
           return true;
@@ -1222,7 +1225,18 @@ bool IbvTransport::send_side(IbvConnection& c) {
       return std::max<std::uint64_t>(1, (n + max_write_ - 1) / max_write_);
     };
     bool room = true;
-    for (std::uint64_t s = 0; s < parts; ++s) room &= sq_room(c, s) >= static_cast<int>(writes_of(s)) + (s == 0 ? 1 : 0);
+    for (std::uint64_t s = 0; s < parts; ++s) {
+      const std::uint64_t need = writes_of(s) + (s == 0 ? 1 : 0);
+      if (need > static_cast<std::uint64_t>(s == 0 ? sq_depth_ : kDataSqDepth)) {
+        // Would wait for room that never comes: say so instead of hanging.
+        fail(c, c.who() + ": a " + std::to_string(op->bytes) + "-byte message needs " + std::to_string(need) +
+                    " RDMA writes on one queue pair, more than its send queue holds; raise BRAID_IB_QPS_PER_PEER "
+                    "or send it in parts",
+             false, -1);
+        return true;
+      }
+      room &= sq_room(c, s) >= static_cast<int>(need);
+    }
     if (!room) break;
     const ibverbs::Registration* reg = register_user(op->buf, op->bytes, c, op->device);
     if (reg == nullptr) return true;  // the connection failed (op is gone)
@@ -1390,7 +1404,23 @@ void IbvTransport::on_completion(const ibv_wc& wc) {
     case wire::kImmData: ++c.slots_arrived_; break;
     case wire::kImmCredit: break;  // the credit word is read where it is used
     case wire::kImmCts: ++c.cts_arrived_; break;
-    case wire::kImmRndvDone: ++c.rndv_done_; break;
+    case wire::kImmRndvDone: {
+      // A stripe of the rendezvous message this side cleared to send, and only that: the
+      // front receive, its message number, a queue pair within its stripe count.
+      std::uint64_t per = 0;
+      const bool expected = c.rndv_wait_ && !c.recvs_.empty() &&
+                            wire::imm_low(imm) == (c.messages_received_ & 0x0fffffffu) &&
+                            it->second.second < wire::stripes(c.recvs_.front().bytes, c.lanes_.size(), &per);
+      if (!expected) {
+        fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " completed a rendezvous write (message " +
+                    std::to_string(wire::imm_low(imm)) + ", queue pair " + std::to_string(it->second.second) +
+                    ") that this side did not clear to send",
+             false, c.peer_);
+        return;
+      }
+      ++c.rndv_done_;
+      break;
+    }
     default:
       fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " sent an unknown immediate " + std::to_string(imm), false,
            c.peer_);
@@ -1500,11 +1530,21 @@ void IbvTransport::close_all(const std::string& reason) {
   // A bye to every connected peer, so that it sees "closed by peer" once it has received
   // what we sent, then a second at most for the byes' completions (their acknowledgement by
   // the peer's HCA: the bye is in its memory).
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  // First the stripes still in flight on the data queue pairs, which a bye on the first could
+  // overtake (the peer would then see it before the message it ends). Their last writes
+  // are signalled, so completions catch up with what was posted.
+  auto striping = [&] {
+    for (IbvConnection* c : conns_.all())
+      for (std::size_t l = 1; l < c->lanes_.size() && !c->failure_.failed; ++l)
+        if (c->lanes_[l].wr_completed < c->lanes_[l].wr_posted) return true;
+    return false;
+  };
+  while (striping() && Clock::now() < until) poll_cq();
   for (IbvConnection* c : conns_.all()) {
     if (c->state_ == IbvConnection::State::established && post_control_slot(*c, wire::kBye, c->messages_sent_))
       c->bye_wr_ = c->lanes_[0].wr_posted;
   }
-  const auto until = Clock::now() + std::chrono::seconds(1);
   auto waiting = [&] {
     for (IbvConnection* c : conns_.all())
       if (c->bye_wr_ != 0 && c->lanes_[0].wr_completed < c->bye_wr_ && !c->failure_.failed) return true;
