@@ -430,6 +430,8 @@ TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
   }
   EXPECT_EQ(over_ucx, 0) << "ucx takes the emulated device memory, yet transfers went through pinned slots";
   EXPECT_GT(slots_over("tcp"), 0) << "tcp takes host memory only, yet no transfer went through a pinned slot";
+  // shm between ranks with GPUs: GPU to GPU through the pair's device ring (CUDA IPC).
+  EXPECT_EQ(slots_over("shm"), 0) << "shm with GPUs at both ends went through pinned slots";
   // ibverbs on the test provider: GPUDirect RDMA through dma-buf of the emulated device
   // memory (BRAID_GDR=auto), so no slot either.
   if (std::find(ts.begin(), ts.end(), "ibverbs") != ts.end()) {

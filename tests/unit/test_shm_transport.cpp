@@ -8,6 +8,7 @@
 #include "transport_harness.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/shm/shm_wire.hpp"
+#include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
 
@@ -30,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -534,3 +536,139 @@ TEST(ShmTransport, SegmentSizeAndNameAreAsDocumented) {
 }
 
 }  // namespace
+
+// --- GPU buffers (the emulated GPU runtime) ------------------------------------------------
+
+namespace {
+
+/// One emulated GPU runtime for these tests: its device memory is memfd-backed, and
+/// ipc_open in another process maps the exporter's memfd, so that a device ring at the wrong
+/// address or offset would carry the wrong bytes.
+braid::gpu::Runtime& emulated_gpu() {
+  static const std::unique_ptr<braid::gpu::Runtime> rt = braid::gpu::make_emulated();
+  return *rt;
+}
+
+/// Fills a buffer of kind `device` (through the runtime) with pattern `seed`.
+struct Buf {
+  Buf(std::size_t n, bool on_device) : bytes(n), device(on_device) {
+    p = static_cast<unsigned char*>(device ? emulated_gpu().alloc_device(n, 0) : std::malloc(std::max<std::size_t>(n, 1)));
+  }
+  ~Buf() {
+    if (device) {
+      emulated_gpu().free_device(p);
+    } else {
+      std::free(p);
+    }
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void fill(unsigned seed) {
+    std::vector<unsigned char> h(bytes);
+    for (std::size_t k = 0; k < bytes; ++k) h[k] = static_cast<unsigned char>(k * 31 + seed);
+    emulated_gpu().copy(p, h.data(), bytes);
+  }
+  bool holds(unsigned seed) const {
+    std::vector<unsigned char> h(bytes);
+    emulated_gpu().copy(h.data(), p, bytes);
+    for (std::size_t k = 0; k < bytes; ++k)
+      if (h[k] != static_cast<unsigned char>(k * 31 + seed)) return false;
+    return true;
+  }
+  std::size_t bytes;
+  bool device;
+  unsigned char* p;
+};
+
+/// Both ways between two ranks: messages of several sizes in every combination of host and
+/// device buffers at the two ends, in one FIFO, checked.
+void mixed_exchange(TransportRank& r) {
+  bt::Connection* c = r.to(1 - r.rank);
+  EXPECT_TRUE(c->takes_device_memory());
+  const std::vector<std::size_t> sizes = {0, 1, 4096, kSlot, 3 * kSlot + 17, 10 * kSlot};
+  std::vector<std::unique_ptr<Buf>> out, in;
+  std::vector<bt::Request> s, q;
+  s.resize(sizes.size() * 4);
+  q.resize(sizes.size() * 4);
+  std::vector<bt::Request*> all;
+  std::size_t i = 0;
+  for (const bool send_dev : {true, false}) {
+    for (const bool recv_dev : {true, false}) {
+      for (const std::size_t n : sizes) {
+        // This rank sends with send_dev and receives with recv_dev; the peer mirrors, so
+        // rank 0's (send_dev, recv_dev) meets rank 1's (recv_dev, send_dev) message.
+        const bool my_send_dev = r.rank == 0 ? send_dev : recv_dev;
+        const bool my_recv_dev = r.rank == 0 ? recv_dev : send_dev;
+        out.push_back(std::make_unique<Buf>(n, my_send_dev));
+        out.back()->fill(static_cast<unsigned>(i * 2 + r.rank));
+        in.push_back(std::make_unique<Buf>(n, my_recv_dev));
+        if (my_recv_dev) {
+          c->recv_device(in.back()->p, n, 50 + i, &q[i]);
+        } else {
+          c->recv(in.back()->p, n, 50 + i, &q[i]);
+        }
+        if (my_send_dev) {
+          c->send_device(out.back()->p, n, 50 + i, &s[i]);
+        } else {
+          c->send(out.back()->p, n, 50 + i, &s[i]);
+        }
+        all.push_back(&s[i]);
+        all.push_back(&q[i]);
+        ++i;
+      }
+    }
+  }
+  ASSERT_TRUE(r.drive(all, kDeadline));
+  for (bt::Request* x : all) ASSERT_EQ(x->state, State::done) << x->error;
+  for (std::size_t k = 0; k < in.size(); ++k)
+    EXPECT_TRUE(in[k]->holds(static_cast<unsigned>(k * 2 + 1 - r.rank))) << "message " << k;
+}
+
+bt::ShmOptions gpu_options(std::uint64_t comm, int rank, bool ring) {
+  bt::ShmOptions o = options(comm, rank, 2);
+  o.gpu = &emulated_gpu();
+  o.gpu_device = 0;
+  o.device_ring = ring;
+  return o;
+}
+
+}  // namespace
+
+TEST(ShmTransport, GpuBuffersMoveThroughTheDeviceRingWithHostOnesInOneFifo) {
+  // Threads of one process (hi uses lo's pointer), with and without the device ring.
+  for (const bool ring : {true, false}) {
+    SCOPED_TRACE(ring ? "device ring" : "host ring only");
+    const std::uint64_t comm = fresh_comm_id();
+    run_ranks(2, [&](int r) { return gpu_options(comm, r, ring); }, [](TransportRank& r) { mixed_exchange(r); });
+    EXPECT_TRUE(leftovers(comm).empty()) << joined(leftovers(comm));
+  }
+}
+
+TEST(ShmTransport, GpuBuffersCrossProcessesThroughTheMappedDeviceRing) {
+  // Processes: hi maps lo's device ring (the emulated IPC handle names lo's memfd).
+  const std::uint64_t comm = fresh_comm_id();
+  run_process_ranks(
+      2, [&](int r) -> bt::CommonOptions { return gpu_options(comm, r, true); },
+      [&](const bt::CommonOptions& c, bt::Poller& p, bt::PeerDirectory& d) {
+        return bt::make_shm_transport(gpu_options(comm, c.rank, true), p, d);
+      },
+      [](TransportRank& r) {
+        mixed_exchange(r);
+        // Every test buffer is freed: what is left of the emulated GPU memory in this process
+        // is the pair's device ring, lo's own allocation and hi's mapping of it (a silent
+        // fallback to the host ring would leave hi without one).
+        std::ifstream maps("/proc/self/maps");
+        int rings = 0;
+        for (std::string line; std::getline(maps, line);) rings += line.find("braid-emulated-device") != std::string::npos ? 1 : 0;
+        EXPECT_EQ(rings, 1) << "rank " << r.rank << ": the device ring is not mapped here";
+      });
+  EXPECT_TRUE(leftovers(comm).empty()) << joined(leftovers(comm));
+}
+
+TEST(ShmTransport, WithoutAGpuConnectionsTakeHostMemoryOnly) {
+  const std::uint64_t comm = fresh_comm_id();
+  run_ranks(2, [&](int r) { return options(comm, r, 2); }, [](TransportRank& r) {
+    EXPECT_FALSE(r.to(1 - r.rank)->takes_device_memory());
+    EXPECT_THROW(r.to(1 - r.rank)->send_device(nullptr, 0, 1, nullptr), braid::Error);
+  });
+}

@@ -11,6 +11,9 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   auto so = options_for<ShmOptions>(c);
   so.slot_bytes = c.settings->bytes("BRAID_SHM_SLOT_BYTES");
   so.slots = static_cast<int>(c.settings->integer("BRAID_SHM_SLOTS").value_or(8));
+  so.gpu = c.gpu;
+  so.gpu_device = c.gpu_device;
+  so.device_ring = c.settings->boolean("BRAID_SHM_DEVICE_RING");
   return make_shm_transport(so, *c.poller, *c.directory);
 }
 
@@ -33,6 +36,10 @@ const TransportEntry& shm_entry() {
           {"BRAID_SHM_SLOTS", SettingType::integer, "8",
            "Shared memory: slots per ring; each pair of ranks uses about 2 x slots x slot bytes of /dev/shm.", true,
            1, 4096},
+          {"BRAID_SHM_DEVICE_RING", SettingType::boolean, "1",
+           "Shared memory between ranks with GPUs: device buffers move GPU to GPU through a device ring (CUDA IPC: "
+           "NVLink or PCIe peer to peer; 2 x slots x slot bytes of the lower rank's GPU memory per pair). 0: "
+           "through the host ring."},
       },
       &preference,
       &make,

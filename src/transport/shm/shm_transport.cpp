@@ -31,13 +31,29 @@
 //   Messages already in the ring can still be received; anything else pending fails
 //   with "shm connection to rank N ... closed by peer" (peer_closed = true).
 //
+// - GPU buffers (ShmOptions::gpu: the communicator has a GPU; the engine's direct device
+//   path calls send_device/recv_device). Where both ranks of a pair have a GPU, lo also
+//   allocates a device ring (2 x slots x slot_bytes of its GPU's memory), exports it with
+//   gpu::Runtime::ipc_export into the segment header, and hi maps it (ipc_open: CUDA IPC;
+//   threads of one process use lo's pointer) and sets kAckDeviceRing in its Ack. A part of
+//   a device message is then copied GPU to GPU into the device slot of its index (NVLink
+//   or PCIe peer to peer), its header published in the host ring as for any part (kind
+//   kKindDevice), and the receiver copies it out of the device slot into its buffer. The
+//   copies are the runtime's synchronous copies on the progress thread (a first version:
+//   NCCL's proxy keeps several in flight on streams). Without a device ring, a device
+//   message goes through the host ring, copied by the runtime. The device ring lives until
+//   the transport is destroyed (lo frees it, hi unmaps it), so that a peer that failed
+//   never leaves the other reading freed memory.
+//
 // The listener, accepted sockets waiting for their hello, the hello's authentication,
 // the peer-address lookup and the set-up deadlines are the Skeleton's
 // (transport/skeleton.hpp), shared with the other socket-set-up transport.
 #include "transport/shm/shm_transport.hpp"
 
 #include "base/fd.hpp"
+#include "base/logging.hpp"
 #include "base/text.hpp"
+#include "gpu/runtime.hpp"
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
 #include "transport/shm/shm_wire.hpp"
@@ -137,6 +153,7 @@ struct SendOp {
   std::uint64_t seq = 0;
   std::size_t posted = 0;  // payload bytes put into slots
   bool all_posted = false;
+  bool device = false;  // data is GPU memory (send_device)
 };
 
 struct RecvOp {
@@ -147,6 +164,7 @@ struct RecvOp {
   std::uint64_t seq = 0;
   std::size_t got = 0;
   bool started = false;  // a part matched
+  bool device = false;   // data is GPU memory (recv_device)
 };
 
 class ShmTransport;
@@ -160,6 +178,11 @@ class ShmConnection final : public Connection {
   int peer() const noexcept override { return peer_; }
   void send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
   void recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  bool takes_device_memory() const noexcept override;
+  void send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) override;
+  void post_send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device);
+  void post_recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device);
   bool broken(std::string* why) const override {
     if (failure_.failed) {
       if (why) *why = failure_.error;
@@ -190,6 +213,12 @@ class ShmConnection final : public Connection {
   pid_t peer_pid_ = 0;
   Mapping map_;
   RingView out_, in_;
+  // The device ring (both ranks with a GPU): this direction's device slots and the other's;
+  // lo owns the allocation, hi maps it (null: device messages go through the host ring).
+  unsigned char* dev_out_ = nullptr;
+  unsigned char* dev_in_ = nullptr;
+  void* dev_owned_ = nullptr;   // lo: gpu::Runtime::alloc_device, freed with the transport
+  void* dev_opened_ = nullptr;  // hi, another process: gpu::Runtime::ipc_open, closed with the transport
 
   std::vector<unsigned char> hs_;  // handshake bytes being read
   std::size_t hs_got_ = 0;
@@ -270,6 +299,7 @@ class ShmTransport final : public Skeleton {
 
   const char* name() const noexcept override { return "shm"; }
   Connection* connection(int peer) override;
+  gpu::Runtime* gpu() const noexcept { return opts_.gpu; }
   bool prepare_sleep() override;
 
   /// Fails every pending request of `c` with `msg`, closes its socket and unmaps its
@@ -295,6 +325,14 @@ class ShmTransport final : public Skeleton {
   void start_connect(ShmConnection& c);
   bool create_segment(ShmConnection& c, UniqueFd* fd, std::string* error);
   void attach(ShmConnection& c, Mapping map);
+  /// lo: allocates and exports the pair's device ring into *sh (nothing when this rank or
+  /// the settings have no GPU, or the runtime cannot; said at INFO).
+  void make_device_ring(ShmConnection& c, wire::SegmentHeader* sh);
+  /// hi: maps the device ring lo described; true when it did.
+  bool open_device_ring(ShmConnection& c, const wire::SegmentHeader& sh);
+  /// Copies a part with the runtime (device memory at either end); false with the
+  /// connection failed when the runtime refuses.
+  bool device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n);
   void on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason);
 
   // Skeleton.
@@ -316,6 +354,26 @@ class ShmTransport final : public Skeleton {
 // Posting.
 
 void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post_send(buf, bytes, tag, req, false);
+}
+
+void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  post_recv(buf, bytes, tag, req, false);
+}
+
+bool ShmConnection::takes_device_memory() const noexcept { return t_.gpu() != nullptr; }
+
+void ShmConnection::send_device(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::send_device(buf, bytes, tag, req);
+  post_send(buf, bytes, tag, req, true);
+}
+
+void ShmConnection::recv_device(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+  if (!takes_device_memory()) return Connection::recv_device(buf, bytes, tag, req);
+  post_recv(buf, bytes, tag, req, true);
+}
+
+void ShmConnection::post_send(const void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device) {
   check_post("shm", "send", buf, bytes, req, peer_);
   start_request(req);
   if (!failure_.failed && eof_) t_.fail(*this, who() + " closed by peer", true, peer_);
@@ -329,10 +387,11 @@ void ShmConnection::send(const void* buf, std::size_t bytes, std::uint64_t tag, 
   op.bytes = bytes;
   op.tag = tag;
   op.seq = send_seq_++;
+  op.device = device;
   sends_.push_back(op);
 }
 
-void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req) {
+void ShmConnection::post_recv(void* buf, std::size_t bytes, std::uint64_t tag, Request* req, bool device) {
   check_post("shm", "recv", buf, bytes, req, peer_);
   start_request(req);
   if (failure_.failed) {
@@ -347,6 +406,7 @@ void ShmConnection::recv(void* buf, std::size_t bytes, std::uint64_t tag, Reques
   op.bytes = bytes;
   op.tag = tag;
   op.seq = recv_seq_++;
+  op.device = device;
   recvs_.push_back(op);
 }
 
@@ -378,6 +438,9 @@ ShmTransport::~ShmTransport() {
   for (ShmConnection* c : conns_.all()) {
     close_socket(*c);
     c->map_.reset();
+    if (c->dev_opened_ != nullptr) opts_.gpu->ipc_close(c->dev_opened_);
+    if (c->dev_owned_ != nullptr) opts_.gpu->free_device(c->dev_owned_);
+    c->dev_opened_ = c->dev_owned_ = nullptr;
   }
   cleanup_names();
 }
@@ -436,6 +499,7 @@ void ShmTransport::fail(ShmConnection& c, const std::string& msg, bool closed, i
   close_socket(c);
   c.map_.reset();
   c.out_ = c.in_ = RingView{};
+  c.dev_out_ = c.dev_in_ = nullptr;  // the ring itself stays until the transport goes (see the top)
   c.failure_.apply_all(c.sends_);
   c.failure_.apply_all(c.recvs_);
   c.post_idx_ = 0;
@@ -545,14 +609,22 @@ bool ShmTransport::progress_send(ShmConnection& c) {
     }
     const std::size_t idx = static_cast<std::size_t>(c.out_head_ % slots);
     const std::size_t part = std::min(slot_bytes, op.bytes - op.posted);
-    if (part > 0) std::memcpy(c.out_.payload + idx * slot_bytes, op.data + op.posted, part);
+    // A device message goes GPU to GPU where there is a device ring, else through the host
+    // ring; either way the runtime copies it (the CPU cannot read GPU memory).
+    const bool in_device_slot = op.device && c.dev_out_ != nullptr;
+    if (part > 0 && op.device) {
+      unsigned char* slot = in_device_slot ? c.dev_out_ + idx * slot_bytes : c.out_.payload + idx * slot_bytes;
+      if (!device_copy(c, slot, op.data + op.posted, part)) return true;
+    } else if (part > 0) {
+      std::memcpy(c.out_.payload + idx * slot_bytes, op.data + op.posted, part);
+    }
     wire::SlotHeader h{};
     h.seq = op.seq;
     h.tag = op.tag;
     h.msg_bytes = op.bytes;
     h.offset = op.posted;
     h.part_bytes = part;
-    h.kind = wire::kKindInline;
+    h.kind = in_device_slot ? wire::kKindDevice : wire::kKindInline;
     std::memcpy(&c.out_.headers[idx], &h, sizeof h);
     c.out_.ctl->head.store(++c.out_head_, std::memory_order_release);
     op.posted += part;
@@ -636,7 +708,17 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
     wire::SlotHeader h;
     std::memcpy(&h, &c.in_.headers[idx], sizeof h);  // one snapshot, validated before use
     if (!check_slot(c, op, h)) return true;
-    if (h.part_bytes > 0) std::memcpy(op.data + op.got, c.in_.payload + idx * slot_bytes, h.part_bytes);
+    if (h.kind == wire::kKindDevice && c.dev_in_ == nullptr) {
+      protocol_error(c, "a part of message #" + std::to_string(op.seq) + " in a device slot, but this pair has no device ring");
+      return true;
+    }
+    if (h.part_bytes > 0 && (h.kind == wire::kKindDevice || op.device)) {
+      const unsigned char* slot =
+          h.kind == wire::kKindDevice ? c.dev_in_ + idx * slot_bytes : c.in_.payload + idx * slot_bytes;
+      if (!device_copy(c, op.data + op.got, slot, h.part_bytes)) return true;
+    } else if (h.part_bytes > 0) {
+      std::memcpy(op.data + op.got, c.in_.payload + idx * slot_bytes, h.part_bytes);
+    }
     op.got += h.part_bytes;
     op.started = true;
     c.in_.ctl->tail.store(++c.in_tail_, std::memory_order_release);
@@ -874,6 +956,7 @@ bool ShmTransport::create_segment(ShmConnection& c, UniqueFd* out, std::string* 
   sh->rank_hi = c.peer_;
   sh->total_bytes = need;
   for (int ring = 0; ring < 2; ++ring) new (map.get() + layout_.ring_offset(ring)) wire::RingControl();
+  make_device_ring(c, sh);
   attach(c, std::move(map));
   *out = std::move(fd);
   return true;
@@ -887,12 +970,79 @@ void ShmTransport::attach(ShmConnection& c, Mapping map) {
   c.in_ = ring_view(c.map_.get(), layout_, 1 - out_ring);
 }
 
+void ShmTransport::make_device_ring(ShmConnection& c, wire::SegmentHeader* sh) {
+  sh->device_ring_bytes = 0;
+  if (opts_.gpu == nullptr || opts_.gpu_device < 0 || !opts_.device_ring) return;
+  const std::uint64_t bytes = 2 * layout_.slots * layout_.slot_bytes;
+  try {
+    if (c.dev_owned_ == nullptr) c.dev_owned_ = opts_.gpu->alloc_device(bytes, opts_.gpu_device);
+    gpu::IpcHandle h = opts_.gpu->ipc_export(c.dev_owned_);
+    if (h.fd >= 0) ::close(h.fd);  // what hi needs is in the bytes (ipc_open without a passed fd)
+    if (h.bytes.size() > wire::kMaxIpcBytes) throw Error(ErrorCode::Internal, "an IPC handle of " + std::to_string(h.bytes.size()) + " bytes");
+    std::memcpy(sh->ipc, h.bytes.data(), h.bytes.size());
+    sh->ipc_bytes = static_cast<std::uint32_t>(h.bytes.size());
+  } catch (const std::exception& e) {
+    BRAID_LOG(info, self() << ": no device ring with rank " << c.peer_ << " (" << e.what()
+                           << "): its device messages go through the host ring");
+    return;
+  }
+  sh->device_ring_bytes = bytes;
+  sh->device_ring_ptr = reinterpret_cast<std::uintptr_t>(c.dev_owned_);
+  sh->lo_pid = ::getpid();
+  sh->device = opts_.gpu_device;
+}
+
+bool ShmTransport::open_device_ring(ShmConnection& c, const wire::SegmentHeader& sh) {
+  const std::uint64_t bytes = 2 * layout_.slots * layout_.slot_bytes;
+  if (opts_.gpu == nullptr || opts_.gpu_device < 0 || !opts_.device_ring || sh.device_ring_bytes != bytes ||
+      sh.ipc_bytes > wire::kMaxIpcBytes)
+    return false;
+  if (sh.lo_pid == ::getpid()) {
+    // Ranks that are threads of one process: lo's pointer is ours too (CUDA cannot open a
+    // handle of its own process).
+    if (opts_.gpu->classify(reinterpret_cast<const void*>(sh.device_ring_ptr)).kind != MemoryKind::device) return false;
+    c.dev_in_ = reinterpret_cast<unsigned char*>(sh.device_ring_ptr);
+  } else {
+    try {
+      gpu::IpcHandle h;
+      h.bytes.assign(reinterpret_cast<const char*>(sh.ipc), sh.ipc_bytes);
+      c.dev_opened_ = opts_.gpu->ipc_open(std::move(h), bytes);
+    } catch (const std::exception& e) {
+      BRAID_LOG(info, self() << ": cannot map the device ring of rank " << c.peer_ << " (" << e.what()
+                             << "): device messages with it go through the host ring");
+      return false;
+    }
+    c.dev_in_ = static_cast<unsigned char*>(c.dev_opened_);
+  }
+  // hi writes ring 1, reads ring 0 (the host rings' directions).
+  unsigned char* base = c.dev_in_;
+  c.dev_in_ = base;
+  c.dev_out_ = base + layout_.slots * layout_.slot_bytes;
+  return true;
+}
+
+bool ShmTransport::device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n) {
+  try {
+    opts_.gpu->copy(dst, src, n);
+    return true;
+  } catch (const std::exception& e) {
+    fail(c, c.who() + ": copying " + std::to_string(n) + " bytes of a device message failed: " + e.what(), false, -1);
+    return false;
+  }
+}
+
 void ShmTransport::on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason) {
   if (a.status != wire::kStatusOk) {
     fail(c, "rank " + std::to_string(c.peer_) + " refused the shared-memory connection from rank " +
                 std::to_string(opts_.rank) + ": " + reason,
          false, c.peer_);
     return;
+  }
+  if ((a.flags & wire::kAckDeviceRing) != 0 && c.dev_owned_ != nullptr) {
+    // lo writes ring 0, reads ring 1.
+    auto* base = static_cast<unsigned char*>(c.dev_owned_);
+    c.dev_out_ = base;
+    c.dev_in_ = base + layout_.slots * layout_.slot_bytes;
   }
   c.setup_ = ShmConnection::Setup::up;
   c.hs_.clear();
@@ -971,8 +1121,10 @@ bool ShmTransport::adopt(PendingAccept& pa) {
                   " passed has a header that does not match its hello");
   }
   attach(c, std::move(map));
+  wire::Ack ack;
+  if (open_device_ring(c, sh)) ack.flags = wire::kAckDeviceRing;
   int err = 0;
-  if (!send_handshake(c.fd_, wire::ack_bytes(wire::Ack{}, ""), -1, &err)) {
+  if (!send_handshake(c.fd_, wire::ack_bytes(ack, ""), -1, &err)) {
     fail(c, c.who() + ": sending the answer to its hello failed: " + errno_text(err), true, c.peer_);
     return true;
   }

@@ -13,6 +13,10 @@
 #include <memory>
 #include <string>
 
+namespace braid::gpu {
+class Runtime;
+}
+
 namespace braid::transport {
 
 /// Settings of one shared-memory transport instance (one per communicator). Every
@@ -28,6 +32,14 @@ struct ShmOptions : CommonOptions {
   int slots = 8;
   /// Directory in which segments are created (a tmpfs). Tests point it elsewhere.
   std::string segment_dir = "/dev/shm";
+  /// The communicator's device runtime and GPU (null and -1 without one). With one, the
+  /// connections take device buffers (send_device/recv_device: the engine's direct device
+  /// path); where both ranks of a pair have one (and device_ring), device messages move
+  /// GPU to GPU through a device ring that the lower rank allocates and the other maps
+  /// (CUDA IPC; NVLink or PCIe peer to peer), else through the host ring.
+  gpu::Runtime* gpu = nullptr;
+  int gpu_device = -1;
+  bool device_ring = true;  ///< BRAID_SHM_DEVICE_RING
 };
 
 /// Creates the transport: binds this rank's doorbell socket (abstract Unix

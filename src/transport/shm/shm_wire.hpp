@@ -8,6 +8,12 @@
 // Ring: RingControl (4 lines of 128 bytes), `slots` SlotHeaders of 64 bytes, padding
 // to a page, then `slots` payload areas of `slot_bytes` (a multiple of a page).
 //
+// With GPUs (ShmOptions::gpu at both ends), lo also allocates a device ring: one device
+// allocation of 2 x slots x slot_bytes, direction r's slot i at (r * slots + i) *
+// slot_bytes, which it exports (gpu::Runtime::ipc_export) into the SegmentHeader; hi maps
+// it and says so in its Ack (kAckDeviceRing). A part of a device message then travels in
+// the device slot of its index (kind kKindDevice; its header still in the host ring).
+//
 // Handshake integers are little-endian; the segment uses host order (same host).
 #pragma once
 
@@ -24,7 +30,7 @@ namespace braid::transport::shm_wire {
 
 constexpr std::uint32_t kHelloMagic = 0x48535242u;  // "BRSH"
 constexpr std::uint32_t kAckMagic = 0x41535242u;    // "BRSA"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;  ///< 2: the device ring (SegmentHeader, Ack flags, kKindDevice)
 constexpr std::uint64_t kSegmentMagic = 0x4745534449415242ull;  // "BRAIDSEG"
 /// After the handshake the socket carries only this byte: "look at the rings".
 constexpr unsigned char kBell = 0xB1;
@@ -42,9 +48,14 @@ constexpr int kMaxSlots = 4096;
 constexpr std::uint16_t kStatusOk = 0;
 constexpr std::uint16_t kStatusFailed = 1;
 
-/// Slot kind: the payload is in the slot. (The only kind; the field leaves room for
-/// others, e.g. descriptors of a single-copy path, and is checked by the receiver.)
+/// Slot kind: the payload is in the slot.
 constexpr std::uint32_t kKindInline = 1;
+/// Slot kind: the payload is in the device slot of the same index (a device ring exists).
+constexpr std::uint32_t kKindDevice = 2;
+/// Ack flag: hi mapped lo's device ring; device messages may use it both ways.
+constexpr std::uint16_t kAckDeviceRing = 1;
+/// Bytes of an IPC handle the SegmentHeader can carry.
+constexpr std::size_t kMaxIpcBytes = 256;
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared-memory rings need lock-free atomics");
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free, "shared-memory rings need lock-free atomics");
@@ -58,7 +69,15 @@ struct SegmentHeader {
   std::int32_t rank_lo;
   std::int32_t rank_hi;
   std::uint64_t total_bytes;
+  // The device ring (all zero without one).
+  std::uint64_t device_ring_bytes;   ///< 2 * slots * slot_bytes, or 0: no device ring
+  std::uint64_t device_ring_ptr;     ///< its address in lo's process (ranks that are threads of one process use it)
+  std::int64_t lo_pid;               ///< lo's process
+  std::int32_t device;               ///< lo's GPU
+  std::uint32_t ipc_bytes;           ///< bytes of ipc (<= kMaxIpcBytes)
+  unsigned char ipc[kMaxIpcBytes];   ///< gpu::IpcHandle::bytes of the allocation
 };
+static_assert(sizeof(SegmentHeader) <= kPage, "the segment header fits its page");
 
 /// Shared control block of one ring. head and the sleeping flag are written by one
 /// side, tail and the waiting flag by the other; each sits on its own line.
@@ -133,6 +152,7 @@ struct Ack {
   std::uint16_t version = kVersion;
   std::uint16_t status = kStatusOk;
   std::uint16_t reason_bytes = 0;
+  std::uint16_t flags = 0;  ///< kAckDeviceRing
 };
 constexpr std::size_t kAckBytes = 12;
 
@@ -144,12 +164,12 @@ auto hello_fields(H& h) {
 }
 static_assert(le::Packed<decltype(hello_fields(std::declval<Hello&>()))>::bytes == kHelloBytes, "Hello layout");
 
-/// Ack's fields in wire order; two zero bytes of padding follow them.
+/// Ack's fields in wire order.
 template <class A>
 auto ack_fields(A& a) {
-  return std::tie(a.magic, a.version, a.status, a.reason_bytes);
+  return std::tie(a.magic, a.version, a.status, a.reason_bytes, a.flags);
 }
-static_assert(le::Packed<decltype(ack_fields(std::declval<Ack&>()))>::bytes + 2 == kAckBytes, "Ack layout");
+static_assert(le::Packed<decltype(ack_fields(std::declval<Ack&>()))>::bytes == kAckBytes, "Ack layout");
 
 inline void encode(const Hello& h, unsigned char* out) { le::put_fields(out, hello_fields(h)); }
 
@@ -214,7 +234,7 @@ inline SlotMatch match_slot(const SlotHeader& h, std::uint64_t seq, std::uint64_
                             std::uint64_t got, std::size_t slot_bytes) {
   if (h.seq != seq) return SlotMatch::wrong_message;
   if (h.tag != tag || h.msg_bytes != msg_bytes) return SlotMatch::mismatch;
-  if (h.kind != kKindInline) return SlotMatch::unknown_kind;
+  if (h.kind != kKindInline && h.kind != kKindDevice) return SlotMatch::unknown_kind;
   const std::uint64_t rest = msg_bytes - got;
   const std::uint64_t want = rest < slot_bytes ? rest : slot_bytes;
   if (h.offset != got || h.part_bytes != want) return SlotMatch::wrong_range;
