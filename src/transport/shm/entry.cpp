@@ -1,5 +1,6 @@
 // The shared-memory transport's registry entry: its configuration rows and how the engine
 // makes it.
+#include "base/text.hpp"
 #include "transport/registry.hpp"
 #include "transport/shm/shm_transport.hpp"
 
@@ -11,8 +12,13 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   auto so = options_for<ShmOptions>(c);
   so.slot_bytes = c.settings->bytes("BRAID_SHM_SLOT_BYTES");
   so.slots = static_cast<int>(c.settings->integer("BRAID_SHM_SLOTS").value_or(8));
-  so.gpu = c.gpu;
-  so.gpu_device = c.gpu_device;
+  // GPU buffers reach a connection only on the direct device path (the staged one hands
+  // every transport pinned host memory): elsewhere no ring is made, so that a host-only
+  // communicator on a GPU host allocates no GPU memory and opens no IPC handle.
+  if (base::lower(c.settings->text("BRAID_DEVICE_PATH")) == "direct") {
+    so.gpu = c.gpu;
+    so.gpu_device = c.gpu_device;
+  }
   so.device_ring = c.settings->boolean("BRAID_SHM_DEVICE_RING");
   return make_shm_transport(so, *c.poller, *c.directory);
 }

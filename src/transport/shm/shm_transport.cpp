@@ -41,9 +41,12 @@
 //   kKindDevice), and the receiver copies it out of the device slot into its buffer. The
 //   copies are the runtime's synchronous copies on the progress thread (a first version:
 //   NCCL's proxy keeps several in flight on streams). Without a device ring, a device
-//   message goes through the host ring, copied by the runtime. The device ring lives until
-//   the transport is destroyed (lo frees it, hi unmaps it), so that a peer that failed
-//   never leaves the other reading freed memory.
+//   message goes through the host ring, copied by the runtime. A failed connection keeps
+//   its ring until the transport is destroyed; then hi unmaps it, and lo's is freed once
+//   no thread of its process uses it (threads share it by pointer, counted in
+//   local_rings()). Across processes lo frees it at its own teardown: on the emulated
+//   runtime hi's mapping keeps the pages; on CUDA a message lo sent just before it was
+//   destroyed must have been received by then (docs/transport-shm.md).
 //
 // The listener, accepted sockets waiting for their hello, the hello's authentication,
 // the peer-address lookup and the set-up deadlines are the Skeleton's
@@ -78,8 +81,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -135,6 +140,37 @@ struct RingView {
   wire::SlotHeader* headers = nullptr;
   unsigned char* payload = nullptr;
 };
+
+/// The device rings this process allocated, with how many transports use each: ranks that
+/// are threads of one process share lo's ring by pointer (CUDA cannot open a handle in the
+/// process that made it), and it is freed when the last of them lets go, so that a lo
+/// destroyed first never leaves hi copying out of freed memory. hi takes a pointer only if
+/// it is listed here.
+struct LocalRings {
+  std::mutex mu;
+  std::unordered_map<const void*, int> users;
+};
+LocalRings& local_rings() {
+  static LocalRings* r = new LocalRings;  // never destroyed: transports may outlive statics
+  return *r;
+}
+bool share_local_ring(const void* p) {
+  LocalRings& r = local_rings();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.users.find(p);
+  if (it == r.users.end()) return false;
+  ++it->second;
+  return true;
+}
+/// One user fewer; true when it was the last (the caller frees the ring).
+bool release_local_ring(const void* p) {
+  LocalRings& r = local_rings();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.users.find(p);
+  if (it == r.users.end() || --it->second > 0) return false;
+  r.users.erase(it);
+  return true;
+}
 
 RingView ring_view(unsigned char* base, const wire::Layout& l, int ring) {
   unsigned char* r = base + l.ring_offset(ring);
@@ -217,7 +253,8 @@ class ShmConnection final : public Connection {
   // lo owns the allocation, hi maps it (null: device messages go through the host ring).
   unsigned char* dev_out_ = nullptr;
   unsigned char* dev_in_ = nullptr;
-  void* dev_owned_ = nullptr;   // lo: gpu::Runtime::alloc_device, freed with the transport
+  void* dev_owned_ = nullptr;   // lo: gpu::Runtime::alloc_device (in local_rings())
+  void* dev_shared_ = nullptr;  // hi, a thread of lo's process: lo's ring (in local_rings())
   void* dev_opened_ = nullptr;  // hi, another process: gpu::Runtime::ipc_open, closed with the transport
 
   std::vector<unsigned char> hs_;  // handshake bytes being read
@@ -330,6 +367,8 @@ class ShmTransport final : public Skeleton {
   void make_device_ring(ShmConnection& c, wire::SegmentHeader* sh);
   /// hi: maps the device ring lo described; true when it did.
   bool open_device_ring(ShmConnection& c, const wire::SegmentHeader& sh);
+  /// Lets go of the pair's device ring (frees lo's when no thread of this process uses it).
+  void release_device_ring(ShmConnection& c) noexcept;
   /// Copies a part with the runtime (device memory at either end); false with the
   /// connection failed when the runtime refuses.
   bool device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n);
@@ -438,9 +477,7 @@ ShmTransport::~ShmTransport() {
   for (ShmConnection* c : conns_.all()) {
     close_socket(*c);
     c->map_.reset();
-    if (c->dev_opened_ != nullptr) opts_.gpu->ipc_close(c->dev_opened_);
-    if (c->dev_owned_ != nullptr) opts_.gpu->free_device(c->dev_owned_);
-    c->dev_opened_ = c->dev_owned_ = nullptr;
+    release_device_ring(*c);
   }
   cleanup_names();
 }
@@ -975,7 +1012,11 @@ void ShmTransport::make_device_ring(ShmConnection& c, wire::SegmentHeader* sh) {
   if (opts_.gpu == nullptr || opts_.gpu_device < 0 || !opts_.device_ring) return;
   const std::uint64_t bytes = 2 * layout_.slots * layout_.slot_bytes;
   try {
-    if (c.dev_owned_ == nullptr) c.dev_owned_ = opts_.gpu->alloc_device(bytes, opts_.gpu_device);
+    if (c.dev_owned_ == nullptr) {
+      c.dev_owned_ = opts_.gpu->alloc_device(bytes, opts_.gpu_device);
+      std::lock_guard<std::mutex> g(local_rings().mu);
+      local_rings().users[c.dev_owned_] = 1;
+    }
     gpu::IpcHandle h = opts_.gpu->ipc_export(c.dev_owned_);
     if (h.fd >= 0) ::close(h.fd);  // what hi needs is in the bytes (ipc_open without a passed fd)
     if (h.bytes.size() > wire::kMaxIpcBytes) throw Error(ErrorCode::Internal, "an IPC handle of " + std::to_string(h.bytes.size()) + " bytes");
@@ -997,11 +1038,15 @@ bool ShmTransport::open_device_ring(ShmConnection& c, const wire::SegmentHeader&
   if (opts_.gpu == nullptr || opts_.gpu_device < 0 || !opts_.device_ring || sh.device_ring_bytes != bytes ||
       sh.ipc_bytes > wire::kMaxIpcBytes)
     return false;
-  if (sh.lo_pid == ::getpid()) {
+  // The same process by the kernel's word (SO_PEERCRED), not by the pid number lo wrote: a
+  // process in another PID namespace may carry ours.
+  if (c.peer_pid_ == ::getpid()) {
     // Ranks that are threads of one process: lo's pointer is ours too (CUDA cannot open a
-    // handle of its own process).
-    if (opts_.gpu->classify(reinterpret_cast<const void*>(sh.device_ring_ptr)).kind != MemoryKind::device) return false;
-    c.dev_in_ = reinterpret_cast<unsigned char*>(sh.device_ring_ptr);
+    // handle of its own process), if it is a ring this process made.
+    const void* p = reinterpret_cast<const void*>(sh.device_ring_ptr);
+    if (!share_local_ring(p)) return false;
+    c.dev_shared_ = const_cast<void*>(p);
+    c.dev_in_ = static_cast<unsigned char*>(c.dev_shared_);
   } else {
     try {
       gpu::IpcHandle h;
@@ -1019,6 +1064,14 @@ bool ShmTransport::open_device_ring(ShmConnection& c, const wire::SegmentHeader&
   c.dev_in_ = base;
   c.dev_out_ = base + layout_.slots * layout_.slot_bytes;
   return true;
+}
+
+void ShmTransport::release_device_ring(ShmConnection& c) noexcept {
+  if (c.dev_opened_ != nullptr) opts_.gpu->ipc_close(c.dev_opened_);
+  for (void* p : {c.dev_owned_, c.dev_shared_})
+    if (p != nullptr && release_local_ring(p)) opts_.gpu->free_device(p);
+  c.dev_opened_ = c.dev_owned_ = c.dev_shared_ = nullptr;
+  c.dev_in_ = c.dev_out_ = nullptr;
 }
 
 bool ShmTransport::device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n) {
@@ -1043,6 +1096,8 @@ void ShmTransport::on_ack(ShmConnection& c, const wire::Ack& a, const std::strin
     auto* base = static_cast<unsigned char*>(c.dev_owned_);
     c.dev_out_ = base;
     c.dev_in_ = base + layout_.slots * layout_.slot_bytes;
+  } else if (c.dev_owned_ != nullptr) {
+    release_device_ring(c);  // hi did not map it: no use keeping 2 x slots x slot_bytes of GPU memory
   }
   c.setup_ = ShmConnection::Setup::up;
   c.hs_.clear();
