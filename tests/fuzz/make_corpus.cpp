@@ -95,6 +95,15 @@ void shm() {
     s.append(reinterpret_cast<const char*>(&sh), sizeof sh);
   }
   seed("shm_wire", "ack_two_slots", s);
+  // hi mapped the device ring: an ack with the flag, then a part in a device slot.
+  w::Ack ring;
+  ring.flags = w::kAckDeviceRing;
+  std::string d = u8(1) + w::ack_bytes(ring, "");
+  w::SlotHeader dh{};
+  dh.tag = 1;
+  dh.kind = w::kKindDevice;
+  d.append(reinterpret_cast<const char*>(&dh), sizeof dh);
+  seed("shm_wire", "ack_device_ring", d);
   w::Ack refused;
   refused.status = w::kStatusFailed;
   refused.reason_bytes = 7;
