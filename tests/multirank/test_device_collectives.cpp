@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -439,6 +440,35 @@ TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
     EXPECT_EQ(slots_over("ibverbs"), 0) << "ibverbs with GPUDirect RDMA went through pinned slots";
     EXPECT_GT(rt().rdma_flushes(), flushes) << "the NIC wrote device memory and nothing flushed it";
   }
+}
+
+// 100 communicators made, used on device buffers over shm (a device ring per pair) and
+// destroyed: no device memory is left (the emulated runtime's allocations are memfd
+// mappings named braid-emulated-device, counted in /proc/self/maps).
+TEST(DevicePath, CommunicatorsMadeAndDestroyedLeaveNoDeviceMemory) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (!core::Config::global().device_direct)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged: test_device_collectives_direct runs this";
+  if (rt().backend() != gpu::Backend::emulated)
+    GTEST_SKIP() << "counts the emulated runtime's mappings (on a GPU: compute-sanitizer's leak check)";
+  const auto mapped = [] {
+    std::FILE* f = std::fopen("/proc/self/maps", "r");
+    int n = 0;
+    char line[512];
+    while (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) n += std::strstr(line, "braid-emulated-device") ? 1 : 0;
+    if (f != nullptr) std::fclose(f);
+    return n;
+  };
+  const int before = mapped();
+  for (int i = 0; i < 100; ++i) {
+    test::Group g(2, {}, 0, "shm");
+    run_threads(2, [&](int r) { ring_sum_of_ranks(g[r], r, 2, 4096); });
+    // While it lives: the pair's device ring (and the engines' pools), so the count sees them.
+    if (i == 0) {
+      EXPECT_GT(mapped(), before) << "no device ring while the communicators live";
+    }
+  }
+  EXPECT_EQ(mapped(), before) << "device memory left behind by 100 communicators";
 }
 
 TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
