@@ -16,7 +16,8 @@
 #                          several ranks on the one GPU as threads, and process ranks
 #   device_collectives_direct  the same with BRAID_DEVICE_PATH=direct (plans on the device)
 #   gpu_runtime            tests/unit test_gpu_runtime: the dma-buf export of a cudaMalloc
-#                          allocation and the GPUDirect RDMA flush (or the driver's reason)
+#                          allocation, the GPUDirect RDMA flush (or the driver's reason), and
+#                          legacy CUDA IPC of an allocation into a child process
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
 #   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
 #   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
