@@ -141,6 +141,28 @@ struct RingView {
   unsigned char* payload = nullptr;
 };
 
+// ThreadSanitizer and the device ring of ranks that are threads of one process: both use
+// lo's ring at one address, but the counters that order their accesses (head, tail) sit in
+// the segment, which each rank maps at an address of its own, so TSan sees the slot's
+// accesses and not what orders them. Each side tells it, on the slot: acquire before its
+// access, release after (the counters' release/acquire do the real work).
+#if defined(__SANITIZE_THREAD__)
+#define BRAID_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BRAID_TSAN 1
+#endif
+#endif
+#ifdef BRAID_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void slot_acquired(const void* slot) { __tsan_acquire(const_cast<void*>(slot)); }
+void slot_released(const void* slot) { __tsan_release(const_cast<void*>(slot)); }
+#else
+void slot_acquired(const void*) {}
+void slot_released(const void*) {}
+#endif
+
 /// The device rings this process allocated, with how many transports use each: ranks that
 /// are threads of one process share lo's ring by pointer (CUDA cannot open a handle in the
 /// process that made it), and it is freed when the last of them lets go, so that a lo
@@ -651,7 +673,9 @@ bool ShmTransport::progress_send(ShmConnection& c) {
     const bool in_device_slot = op.device && c.dev_out_ != nullptr;
     if (part > 0 && op.device) {
       unsigned char* slot = in_device_slot ? c.dev_out_ + idx * slot_bytes : c.out_.payload + idx * slot_bytes;
+      slot_acquired(slot);
       if (!device_copy(c, slot, op.data + op.posted, part)) return true;
+      slot_released(slot);
     } else if (part > 0) {
       std::memcpy(c.out_.payload + idx * slot_bytes, op.data + op.posted, part);
     }
@@ -752,7 +776,9 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
     if (h.part_bytes > 0 && (h.kind == wire::kKindDevice || op.device)) {
       const unsigned char* slot =
           h.kind == wire::kKindDevice ? c.dev_in_ + idx * slot_bytes : c.in_.payload + idx * slot_bytes;
+      slot_acquired(slot);
       if (!device_copy(c, op.data + op.got, slot, h.part_bytes)) return true;
+      slot_released(slot);
     } else if (h.part_bytes > 0) {
       std::memcpy(op.data + op.got, c.in_.payload + idx * slot_bytes, h.part_bytes);
     }
