@@ -110,6 +110,16 @@ std::string memlock_hint(int err) {
          ": raise it (ulimit -l unlimited; LimitMEMLOCK=infinity under systemd; --ulimit memlock=-1 in docker)";
 }
 
+/// *out describes `mr`, the registration of [base, base+bytes); true.
+bool registered(ibv_mr* mr, std::uintptr_t base, std::size_t bytes, ibverbs::Registration* out) {
+  out->handle = mr;
+  out->lkey = mr->lkey;
+  out->rkey = mr->rkey;
+  out->base = base;
+  out->bytes = bytes;
+  return true;
+}
+
 /// A page-aligned buffer registered with the protection domain.
 class Registered {
  public:
@@ -519,12 +529,7 @@ void IbvTransport::open() {
           *why = "ibv_reg_mr of " + std::to_string(bytes) + " bytes: " + errno_text(err) + memlock_hint(err);
           return false;
         }
-        out->handle = mr;
-        out->lkey = mr->lkey;
-        out->rkey = mr->rkey;
-        out->base = base;
-        out->bytes = bytes;
-        return true;
+        return registered(mr, base, bytes, out);
       },
       [this](const ibverbs::Registration& r) { api_.dereg_mr(static_cast<ibv_mr*>(r.handle)); }, 64);
   choose_gdr();
@@ -1011,12 +1016,7 @@ bool IbvTransport::register_device(std::uintptr_t base, std::size_t bytes, ibver
       return false;
     }
   }
-  out->handle = mr;
-  out->lkey = mr->lkey;
-  out->rkey = mr->rkey;
-  out->base = base;
-  out->bytes = bytes;
-  return true;
+  return registered(mr, base, bytes, out);
 }
 
 bool IbvTransport::write(IbvConnection& c, std::uint64_t addr, std::uint32_t lkey, std::size_t bytes,

@@ -470,25 +470,19 @@ void on_data(Ctx* c, Qp* qp, const Packet& h, const std::uint8_t* data, const st
     qp->rejecting = true;
     send_ctrl(c, qp, from, kNak, h.src_qpn, h.seq, code);
   };
+  // The head receive fails with `status`, the sender is NAKed with `code`, the QP goes to ERR.
+  auto reject_recv = [&](ibv_wc_status status, std::uint32_t code) {
+    Wr w = qp->rq.front();
+    qp->rq.pop_front();
+    complete(qp, false, w, status, h.src_qpn);
+    nak(code);
+    to_error(qp);
+  };
   if (h.offset == 0 && needs_recv) {
     if (qp->rq.empty() || c->cfg.rnr_always) return nak(kNakRnr);
     const Wr& r = qp->rq.front();
-    if (is_send && h.total_len > r.len) {
-      Wr w = r;
-      qp->rq.pop_front();
-      complete(qp, false, w, IBV_WC_LOC_LEN_ERR, h.src_qpn);
-      nak(kNakInvReq);
-      to_error(qp);
-      return;
-    }
-    if (r.prot_err) {
-      Wr w = r;
-      qp->rq.pop_front();
-      complete(qp, false, w, IBV_WC_LOC_PROT_ERR, h.src_qpn);
-      nak(kNakOp);
-      to_error(qp);
-      return;
-    }
+    if (is_send && h.total_len > r.len) return reject_recv(IBV_WC_LOC_LEN_ERR, kNakInvReq);
+    if (r.prot_err) return reject_recv(IBV_WC_LOC_PROT_ERR, kNakOp);
   }
   if (is_send) {
     // Scatter this fragment into the receive's SGEs, each through its MR as it is now.
@@ -503,14 +497,7 @@ void on_data(Ctx* c, Qp* qp, const Packet& h, const std::uint8_t* data, const st
       }
       std::uint64_t n = std::min<std::uint64_t>(left, s.length - off);
       const Mr* m = find_mr(c, s.lkey, qp->ib.pd, s.addr + off, n, IBV_ACCESS_LOCAL_WRITE);
-      if (m == nullptr) {  // deregistered since the receive was posted
-        Wr w = r;
-        qp->rq.pop_front();
-        complete(qp, false, w, IBV_WC_LOC_PROT_ERR, h.src_qpn);
-        nak(kNakOp);
-        to_error(qp);
-        return;
-      }
+      if (m == nullptr) return reject_recv(IBV_WC_LOC_PROT_ERR, kNakOp);  // deregistered since the receive was posted
       fakeverbs_dma_write(host_of(m, s.addr + off), src, n);
       src += n;
       left -= n;
