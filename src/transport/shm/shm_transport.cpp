@@ -1085,10 +1085,8 @@ bool ShmTransport::open_device_ring(ShmConnection& c, const wire::SegmentHeader&
     }
     c.dev_in_ = static_cast<unsigned char*>(c.dev_opened_);
   }
-  // hi writes ring 1, reads ring 0 (the host rings' directions).
-  unsigned char* base = c.dev_in_;
-  c.dev_in_ = base;
-  c.dev_out_ = base + layout_.slots * layout_.slot_bytes;
+  // hi reads ring 0 (dev_in_, the ring's start) and writes ring 1: the host rings' directions.
+  c.dev_out_ = c.dev_in_ + layout_.slots * layout_.slot_bytes;
   return true;
 }
 
