@@ -18,6 +18,9 @@
 #   gpu_runtime            tests/unit test_gpu_runtime: the dma-buf export of a cudaMalloc
 #                          allocation, the GPUDirect RDMA flush (or the driver's reason), and
 #                          legacy CUDA IPC of an allocation into a child process
+#   device_exec            tests/unit test_device_exec, BRAID_GPU_BACKEND=cuda: the direct
+#                          path's codec steps (CUDA kernels, frame by frame) against the
+#                          host's framed functions bit for bit, and a malformed topk payload
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
 #   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
 #   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
@@ -215,7 +218,7 @@ EOF
   [ -n "$prefix_path" ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix_path")
   [ "$have_tests" = 0 ] && cmake_args+=(-DBRAID_BUILD_TESTS=OFF)
   targets="braid braid_info braidrun allreduce_bench"
-  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_gpu_runtime"
+  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_gpu_runtime test_device_exec"
   echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels"
   fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
 else
@@ -242,11 +245,13 @@ if [ "$have_tests" = 1 ]; then
   bg_step device_collectives 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
   bg_step device_collectives_direct 200 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
   bg_step gpu_runtime 60 "$require '$bd/tests/test_gpu_runtime'"
+  bg_step device_exec 60 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_exec'"
 else
   skip ctest_gpu "tests not built (no GoogleTest)"
   skip device_collectives "tests not built (no GoogleTest)"
   skip device_collectives_direct "tests not built (no GoogleTest)"
   skip gpu_runtime "tests not built (no GoogleTest)"
+  skip device_exec "tests not built (no GoogleTest)"
 fi
 if [ "$gpu" = 1 ] && [ -n "$sanitizer" ]; then
   if [ "$have_tests" = 1 ]; then

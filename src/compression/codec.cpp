@@ -96,16 +96,6 @@ void check_encodable(const CodecSpec& spec, const char* what) {
     throw Error(ErrorCode::InvalidUsage, std::string(what) + ": topk ratio must be in (0, 1]");
 }
 
-k::BlockCodecParams block_params(const CodecSpec& spec, std::uint64_t step, std::uint64_t offset) {
-  k::BlockCodecParams p;
-  p.format = block_format(spec.kind);
-  p.block = static_cast<std::uint32_t>(spec.block);
-  p.stochastic = spec.rounding == Rounding::stochastic;
-  p.seed = spec.seed;
-  p.step = step;
-  p.offset = offset;
-  return p;
-}
 
 // One encoder for the three entry points: value = in (+ add); residual optional.
 void encode_impl(const CodecSpec& spec, const float* in, const float* add, std::size_t count, std::uint8_t* out,
@@ -165,6 +155,17 @@ void decode_impl(const CodecSpec& spec, const std::uint8_t* in, std::size_t coun
 }
 
 }  // namespace
+
+kernels::BlockCodecParams block_params(const CodecSpec& spec, std::uint64_t step, std::uint64_t offset) {
+  kernels::BlockCodecParams p;
+  p.format = block_format(spec.kind);
+  p.block = static_cast<std::uint32_t>(spec.block);
+  p.stochastic = spec.rounding == Rounding::stochastic;
+  p.seed = spec.seed;
+  p.step = step;
+  p.offset = offset;
+  return p;
+}
 
 CodecSpec parse_codec(std::string_view text) {
   const std::string s = base::lower(text);

@@ -10,6 +10,8 @@
 // arguments.
 #pragma once
 
+#include "kernels/host/codec_kernels.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -101,5 +103,10 @@ void decode(const CodecSpec& spec, const std::uint8_t* in, std::size_t count, fl
 
 /// acc[i] += decoded[i] in f32 (topk: a sparse add of its k entries only).
 void decode_accumulate(const CodecSpec& spec, const std::uint8_t* in, std::size_t count, float* acc);
+
+/// The block kernels' parameters of a block codec (int8, int4, fp8*, sign1) for a payload
+/// whose first value has global index `offset`, at training step `step`: what encode()
+/// passes to kernels::block_encode, and what the device kernels take.
+kernels::BlockCodecParams block_params(const CodecSpec& spec, std::uint64_t step, std::uint64_t offset);
 
 }  // namespace braid::compression

@@ -510,13 +510,15 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
   const bool compressed = spec.kind != compression::CodecKind::none;
   return impl_->device_or_host("allreduce", options, send, recv, buffers, [&](const void* s, void* r) {
-    if (compressed) return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options);
+    if (compressed)  // on the direct path the codecs run on the GPU, and so do the residuals
+      return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options,
+                                          t_posting_on_device ? impl_->staging->device() : -1);
     core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", s, r, count, dtype, options);
     call.op = op;
     call.algorithm = options.algorithm;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
-  }, compressed);  // compressed calls are staged: codecs do not run on the device yet
+  });
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
@@ -697,21 +699,16 @@ std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, R
 
 // --- error feedback: public API ---
 
-void Communicator::save_error_feedback(std::ostream& os) const { impl_->compressor->error_feedback().save(os); }
-void Communicator::restore_error_feedback(std::istream& is) { impl_->compressor->error_feedback().restore(is); }
+void Communicator::save_error_feedback(std::ostream& os) const { impl_->compressor->save_feedback(os, {}); }
+void Communicator::restore_error_feedback(std::istream& is) { impl_->compressor->restore_feedback(is, {}); }
 void Communicator::save_error_feedback(std::ostream& os, const std::string& key_prefix) const {
-  impl_->compressor->error_feedback().save(os, key_prefix);
+  impl_->compressor->save_feedback(os, key_prefix);
 }
 void Communicator::restore_error_feedback(std::istream& is, const std::string& key_prefix) {
-  impl_->compressor->error_feedback().restore(is, key_prefix);
+  impl_->compressor->restore_feedback(is, key_prefix);
 }
-void Communicator::reset_error_feedback(const std::string& ef_key) {
-  if (ef_key.empty())
-    impl_->compressor->error_feedback().reset_all();
-  else
-    impl_->compressor->error_feedback().reset(ef_key);
-}
-std::size_t Communicator::error_feedback_bytes() const { return impl_->compressor->error_feedback().bytes(); }
+void Communicator::reset_error_feedback(const std::string& ef_key) { impl_->compressor->reset_feedback(ef_key); }
+std::size_t Communicator::error_feedback_bytes() const { return impl_->compressor->feedback_bytes(); }
 
 std::string Communicator::describe_topology() const {
   Impl& im = *impl_;

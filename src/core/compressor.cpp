@@ -3,12 +3,14 @@
 #include "base/check.hpp"
 #include "base/logging.hpp"
 #include "collectives/tuner.hpp"
+#include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
 
 #include <cstddef>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 namespace braid::core {
 
@@ -19,6 +21,123 @@ using compression::ResidualRole;
 
 Compressor::Compressor(const Config& cfg, Membership member, MeasuredTuner& tuner, PlanCache& plans, Poster& poster)
     : cfg_(cfg), member_(std::move(member)), tuner_(tuner), plans_(plans), poster_(poster) {}
+
+Compressor::~Compressor() {
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  free_device_residuals({});
+}
+
+namespace {
+bool under(const std::string& key, const std::string& prefix) { return key.compare(0, prefix.size(), prefix) == 0; }
+}  // namespace
+
+float* Compressor::device_residual(const std::string& key, ResidualRole role, std::size_t count, int device,
+                                   const std::string& what) {
+  auto& slot = device_residuals_[{key, role}];
+  if (slot.p) {
+    BRAID_CHECK(slot.count == count, InvalidUsage,
+                what << ": error-feedback key '" << key << "' holds " << slot.count << " residual values, but this call needs "
+                     << count << "; use one key per gradient bucket (or reset_error_feedback(\"" << key << "\") first)");
+    BRAID_CHECK(slot.device == device, InvalidUsage,
+                what << ": error-feedback key '" << key << "' holds its residuals on GPU " << slot.device
+                     << ", but this call's buffers are on GPU " << device);
+    return slot.p;
+  }
+  // Made from what the host store holds for the key (zero on first use, or a restored
+  // checkpoint): the store checks the count and says what is wrong.
+  std::vector<float> zero;
+  const float* from = nullptr;
+  if (error_feedback_.contains(key, role)) {
+    from = error_feedback_.residual(key, role, count);
+  } else {
+    zero.assign(count, 0.0f);
+    from = zero.data();
+  }
+  gpu::Runtime& rt = gpu_runtime();
+  const std::size_t bytes = count * sizeof(float);
+  auto* p = static_cast<float*>(rt.alloc_device(bytes, device));
+  try {
+    rt.copy(p, from, bytes);
+  } catch (...) {
+    rt.free_device(p);
+    device_residuals_.erase({key, role});
+    throw;
+  }
+  slot.p = p;
+  slot.count = count;
+  slot.device = device;
+  return p;
+}
+
+void Compressor::free_device_residuals(const std::string& key) {
+  gpu::Runtime* rt = device_residuals_.empty() ? nullptr : &gpu_runtime();
+  for (auto it = device_residuals_.begin(); it != device_residuals_.end();) {
+    if (!key.empty() && it->first.first != key) {
+      ++it;
+      continue;
+    }
+    if (it->second.p) rt->free_device(it->second.p);
+    it = device_residuals_.erase(it);
+  }
+}
+
+std::vector<std::string> Compressor::download_device_residuals(const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const auto& [k, r] : device_residuals_) {
+    if (!under(k.first, prefix) || !r.p) continue;
+    float* host = error_feedback_.residual(k.first, k.second, r.count);
+    gpu_runtime().copy(host, r.p, r.count * sizeof(float));
+    if (keys.empty() || keys.back() != k.first) keys.push_back(k.first);
+  }
+  return keys;
+}
+
+void Compressor::save_feedback(std::ostream& os, const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  // The device residuals go through the host store for the checkpoint, and leave it again.
+  std::vector<std::string> staged;
+  try {
+    staged = download_device_residuals(prefix);
+    error_feedback_.save(os, prefix);
+  } catch (...) {
+    for (const auto& k : staged) error_feedback_.reset(k);
+    throw;
+  }
+  for (const auto& k : staged) error_feedback_.reset(k);
+}
+
+void Compressor::restore_feedback(std::istream& is, const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  error_feedback_.restore(is, prefix);  // throws with the store unchanged
+  // The restored values are the host store's now: the next call under each key takes
+  // them to wherever it runs.
+  std::vector<std::string> gone;
+  for (const auto& [k, r] : device_residuals_)
+    if (under(k.first, prefix) && (gone.empty() || gone.back() != k.first)) gone.push_back(k.first);
+  for (const auto& k : gone) free_device_residuals(k);
+  for (auto it = on_device_.begin(); it != on_device_.end();)
+    it = under(it->first, prefix) ? on_device_.erase(it) : std::next(it);
+}
+
+void Compressor::reset_feedback(const std::string& key) {
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  if (key.empty()) {
+    error_feedback_.reset_all();
+    free_device_residuals({});
+    on_device_.clear();
+    return;
+  }
+  error_feedback_.reset(key);
+  free_device_residuals(key);
+  on_device_.erase(key);
+}
+
+std::size_t Compressor::feedback_bytes() const {
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  std::size_t n = error_feedback_.bytes();
+  for (const auto& [k, r] : device_residuals_) n += r.count * sizeof(float);
+  return n;
+}
 
 const std::vector<compression::CodecRates>& Compressor::codec_rates() {
   std::lock_guard<std::mutex> lock(rates_mu_);
@@ -86,7 +205,7 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
 }
 
 Work Compressor::allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
-                           const CodecSpec& spec, const AllreduceOptions& options) {
+                           const CodecSpec& spec, const AllreduceOptions& options, int device) {
   const std::string codec = compression::name(spec);
   const std::string what = "allreduce[" + codec + "]";
   // Everything is checked here, before any byte moves.
@@ -126,9 +245,29 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
   if (!options.ef_key.empty()) {
     // Creates (or checks the count of) the residuals now, so that a mismatch is the
     // caller's error and not a failure in the middle of the collective.
-    residual[0] = error_feedback_.residual(options.ef_key, ResidualRole::worker, plan->feedback_count[0]);
-    if (spec.kind != CodecKind::topk)
-      residual[1] = error_feedback_.residual(options.ef_key, ResidualRole::owner, plan->feedback_count[1]);
+    const std::string& key = options.ef_key;
+    std::lock_guard<std::mutex> lock(feedback_mu_);
+    const auto home = on_device_.find(key);
+    const bool on_device = device >= 0;
+    if (home != on_device_.end() && home->second != on_device)
+      throw Error(ErrorCode::InvalidUsage,
+                  what + ": error-feedback key '" + key + "' holds its residuals in " +
+                      (home->second ? "GPU memory (its calls took device buffers on the direct device path)"
+                                    : "host memory (its calls took host buffers, or ran on the staged device path)") +
+                      ", and this call takes " + (on_device ? "device" : "host") +
+                      " buffers; keep one memory kind per key, or reset_error_feedback(\"" + key + "\") first");
+    if (on_device) {
+      residual[0] = device_residual(key, ResidualRole::worker, plan->feedback_count[0], device, what);
+      if (spec.kind != CodecKind::topk)
+        residual[1] = device_residual(key, ResidualRole::owner, plan->feedback_count[1], device, what);
+      // The values now live on the GPU; the host store keeps only the key's step counter.
+      if (home == on_device_.end()) error_feedback_.reset(key);
+    } else {
+      residual[0] = error_feedback_.residual(key, ResidualRole::worker, plan->feedback_count[0]);
+      if (spec.kind != CodecKind::topk)
+        residual[1] = error_feedback_.residual(key, ResidualRole::owner, plan->feedback_count[1]);
+    }
+    on_device_[key] = on_device;
   }
   const std::uint64_t step = error_feedback_.next_step(options.ef_key);
   Posting p;

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <mutex>
 #include <set>
@@ -37,6 +38,8 @@ class Compressor {
   Compressor(const Config& cfg, Membership member, MeasuredTuner& tuner, PlanCache& plans, Poster& poster);
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
+  /// Frees the device residuals (the communicator's engine has stopped by then).
+  ~Compressor();
 
   /// The codec of an all-reduce: the per-call codec, else BRAID_CODEC; `auto` is priced
   /// with the cost model against the codecs' measured rates. Kind none: not compressed.
@@ -44,10 +47,20 @@ class Compressor {
                                        ReduceOp op);
   /// Compressed all-reduce with codec `spec` (not none): checks everything before any
   /// byte moves, finds the error-feedback residuals and posts the compressed plan.
+  /// `device` >= 0: the call runs on the direct device path (docs/gpu.md) on that GPU,
+  /// so its error-feedback residuals live in that GPU's memory.
   Work allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
-                 const compression::CodecSpec& spec, const AllreduceOptions& options);
-  /// The residuals kept per AllreduceOptions::ef_key (save, restore, reset; thread-safe).
-  compression::ErrorFeedbackStore& error_feedback() noexcept { return error_feedback_; }
+                 const compression::CodecSpec& spec, const AllreduceOptions& options, int device = -1);
+
+  /// The communicator's error-feedback API (Communicator::save_error_feedback, ...):
+  /// residuals of the host store and, for keys whose calls run on the device, of GPU
+  /// memory. A key's residuals live where its first call after creation, reset() or
+  /// restore() put them; a call of the other memory kind under that key is refused.
+  void save_feedback(std::ostream& os, const std::string& prefix);
+  void restore_feedback(std::istream& is, const std::string& prefix);
+  /// Empty key: every key.
+  void reset_feedback(const std::string& key);
+  std::size_t feedback_bytes() const;
 
  private:
   /// Codec rates for `auto`, measured by rank 0 and shared through the store.
@@ -58,7 +71,27 @@ class Compressor {
   MeasuredTuner& tuner_;
   PlanCache& plans_;
   Poster& poster_;
+  /// Residuals of `key` for a call on device buffers of GPU `device` (direct path): made
+  /// on first use from the host store's values (zero, or restored), which are then
+  /// dropped; refuses a key whose residuals are in host memory.
+  float* device_residual(const std::string& key, compression::ResidualRole role, std::size_t count, int device,
+                         const std::string& what);
+  /// Frees the device residuals of `key` (empty: all). Caller holds feedback_mu_.
+  void free_device_residuals(const std::string& key);
+  /// Copies the device residuals of keys under `prefix` into the host store; returns those
+  /// keys. Caller holds feedback_mu_.
+  std::vector<std::string> download_device_residuals(const std::string& prefix);
+
   compression::ErrorFeedbackStore error_feedback_;
+  struct DeviceResidual {
+    float* p = nullptr;
+    std::size_t count = 0;
+    int device = -1;
+  };
+  mutable std::mutex feedback_mu_;  ///< guards the two maps below
+  std::map<std::pair<std::string, compression::ResidualRole>, DeviceResidual> device_residuals_;
+  /// Where each key's residuals live once a call has used it: true on the device.
+  std::map<std::string, bool> on_device_;
   std::mutex rates_mu_;                               ///< guards rates_ and logged_auto_
   std::vector<compression::CodecRates> rates_;
   std::set<int> logged_auto_;  ///< size buckets whose auto choice was logged

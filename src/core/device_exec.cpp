@@ -3,6 +3,7 @@
 
 #include "base/check.hpp"
 #include "base/logging.hpp"
+#include "compression/framed.hpp"
 #include "kernels/host/reduce.hpp"
 
 #include <braid/config.hpp>
@@ -42,6 +43,38 @@ constexpr std::size_t kRound = 4096;
 
 std::atomic<int> g_made{0};
 std::atomic<long> g_slots{0};
+std::atomic<long> g_codec_steps{0};
+std::atomic<long long> g_slot_bytes{0};
+
+#if BRAID_HAVE_CUDA
+namespace kc = kernels::cuda;
+
+/// The device kernels' view of `spec` for a payload starting at global index `offset`.
+kc::DeviceCodec device_codec(const compression::CodecSpec& spec, std::uint64_t step, std::uint64_t offset) {
+  kc::DeviceCodec c;
+  switch (spec.kind) {
+    case compression::CodecKind::none: c.kind = kc::DeviceCodec::Kind::raw; break;
+    case compression::CodecKind::fp16: c.kind = kc::DeviceCodec::Kind::fp16; break;
+    case compression::CodecKind::bf16: c.kind = kc::DeviceCodec::Kind::bf16; break;
+    default:
+      c.kind = kc::DeviceCodec::Kind::block;
+      c.block = compression::block_params(spec, step, offset);
+  }
+  return c;
+}
+
+/// fp16/bf16 payloads are 2 bytes per value with no per-frame header, and a frame is a
+/// multiple of 8 values: the framed layout of n values is byte for byte one payload of n
+/// values, so one launch encodes (or decodes) them all.
+bool frames_are_contiguous(const compression::CodecSpec& spec) {
+  return spec.kind == compression::CodecKind::fp16 || spec.kind == compression::CodecKind::bf16 ||
+         spec.kind == compression::CodecKind::none;
+}
+
+void check_launch(kc::Status st, const char* what, std::size_t n) {
+  BRAID_CHECK(st == 0, Cuda, "device " << what << " of " << n << " values failed: " << kc::status_string(st));
+}
+#endif
 
 }  // namespace
 
@@ -90,12 +123,15 @@ DeviceExec::~DeviceExec() {
     return;
   }
   for (auto& [bytes, p] : pinned_.all) rt_.free_pinned(p);
+  if (topk_status_) rt_.free_pinned(topk_status_);
   for (auto& [bytes, p] : device_mem_.all) rt_.free_device(p);
   rt_.destroy_stream(stream_);
 }
 
 int DeviceExec::made() noexcept { return g_made.load(std::memory_order_relaxed); }
 long DeviceExec::slots_taken() noexcept { return g_slots.load(std::memory_order_relaxed); }
+long DeviceExec::codec_steps() noexcept { return g_codec_steps.load(std::memory_order_relaxed); }
+long long DeviceExec::slot_bytes() noexcept { return g_slot_bytes.load(std::memory_order_relaxed); }
 
 std::byte* DeviceExec::take(Pool& pool, std::size_t bytes, bool pinned) {
   bytes = (std::max<std::size_t>(bytes, 1) + kRound - 1) / kRound * kRound;
@@ -124,6 +160,7 @@ void DeviceExec::give(Pool& pool, std::byte* p) noexcept {
 
 std::byte* DeviceExec::take_pinned(std::size_t bytes) {
   g_slots.fetch_add(1, std::memory_order_relaxed);
+  g_slot_bytes.fetch_add(static_cast<long long>(bytes), std::memory_order_relaxed);
   return take(pinned_, bytes, true);
 }
 void DeviceExec::give_pinned(std::byte* p) noexcept { give(pinned_, p); }
@@ -174,6 +211,142 @@ void DeviceExec::divide(DataType dtype, void* buf, std::size_t n, int divisor) {
   }
 #endif
   enqueue_host(rt_, stream_, [=] { kernels::divide(dtype, buf, n, divisor); });
+}
+
+void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, const float* x, float* residual,
+                        std::size_t n, std::uint8_t* out, std::uint64_t step, std::uint64_t offset) {
+  if (n == 0) return;
+  g_codec_steps.fetch_add(1, std::memory_order_relaxed);
+  OnDevice on(*this);
+#if BRAID_HAVE_CUDA
+  if (rt_.backend() == gpu::Backend::cuda) {
+    const auto stream = static_cast<kc::Stream>(stream_);
+    const std::size_t fb = compression::encoded_bytes(spec, frame);
+    if (spec.kind == compression::CodecKind::topk) {
+      // A topk payload is never cut (its frame is the whole payload).
+      for (std::size_t b = 0; b < n; b += frame, out += fb) {
+        const std::size_t m = std::min(frame, n - b);
+        kc::TopkEncodeArgs a;
+        a.in = x + b;
+        a.add = residual ? residual + b : nullptr;
+        a.n = m;
+        a.k = compression::topk_k(spec, m);
+        a.out = out;
+        a.residual = residual ? residual + b : nullptr;
+        a.workspace_bytes = kc::topk_workspace_bytes(m, a.k);
+        BRAID_CHECK(a.workspace_bytes > 0, Cuda, "device topk encode of " << m << " values: no workspace size");
+        std::byte* ws = take_device(a.workspace_bytes);
+        a.workspace = ws;
+        const auto st = kc::topk_encode(a, stream);
+        give_device(ws);  // reused only by work enqueued later on this stream
+        check_launch(st, "topk encode", m);
+      }
+      return;
+    }
+    const std::size_t step_by = frames_are_contiguous(spec) ? n : frame;
+    for (std::size_t b = 0; b < n; b += step_by) {
+      const std::size_t m = std::min(step_by, n - b);
+      kc::EncodeArgs a;
+      a.codec = device_codec(spec, step, offset + b);
+      a.in = x + b;
+      a.add = residual ? residual + b : nullptr;
+      a.n = m;
+      a.out = out + b / frame * fb;
+      a.residual = residual ? residual + b : nullptr;
+      check_launch(kc::encode(a, stream), "encode", m);
+    }
+    return;
+  }
+#endif
+  enqueue_host(rt_, stream_, [this, spec, frame, x, residual, n, out, step, offset] {
+    try {
+      compression::encode_framed(spec, frame, x, residual, n, out, step, offset);
+    } catch (const std::exception& e) {
+      fail(std::string("encode on the device: ") + e.what());
+    }
+  });
+}
+
+void DeviceExec::decode(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in, std::size_t n,
+                        float* out, bool sum_start, const std::string& what) {
+  decode_framed(spec, frame, in, n, out, false, sum_start, what);
+}
+
+void DeviceExec::decode_add(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in,
+                            std::size_t n, float* acc, const std::string& what) {
+  decode_framed(spec, frame, in, n, acc, true, false, what);
+}
+
+void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in,
+                               std::size_t n, float* out, bool accumulate, bool sum_start, const std::string& what) {
+  if (n == 0) return;
+  g_codec_steps.fetch_add(1, std::memory_order_relaxed);
+  OnDevice on(*this);
+#if BRAID_HAVE_CUDA
+  if (rt_.backend() == gpu::Backend::cuda) {
+    const auto stream = static_cast<kc::Stream>(stream_);
+    // sum_start: +0.0f + decoded, so that a decoded -0.0f comes out as a sum from +0 would.
+    if (sum_start) rt_.zero_async(out, n * sizeof(float), stream_);
+    const bool add = accumulate || sum_start;
+    const std::size_t fb = compression::encoded_bytes(spec, frame);
+    if (spec.kind == compression::CodecKind::topk) {
+      if (!topk_status_) topk_status_ = static_cast<int*>(rt_.alloc_pinned(sizeof(int)));
+      for (std::size_t b = 0; b < n; b += frame, in += fb) {
+        const std::size_t m = std::min(frame, n - b);
+        kc::TopkDecodeArgs a;
+        a.in = in;
+        a.n = m;
+        a.k = compression::topk_k(spec, m);
+        a.out = out + b;
+        a.accumulate = add;
+        a.status = topk_status_;  // pinned and mapped: the kernel writes it, the host function reads it
+        check_launch(kc::topk_decode(a, stream), "topk decode", m);
+        int* status = topk_status_;
+        enqueue_host(rt_, stream_, [this, status, what] {
+          if (__atomic_load_n(status, __ATOMIC_ACQUIRE) != 0)
+            fail(what + ": a top-k payload from the peer has an index out of range or out of order (nothing of it "
+                        "was applied)");
+        });
+      }
+      return;
+    }
+    const std::size_t step_by = frames_are_contiguous(spec) ? n : frame;
+    for (std::size_t b = 0; b < n; b += step_by) {
+      const std::size_t m = std::min(step_by, n - b);
+      kc::DecodeArgs a;
+      a.codec = device_codec(spec, 0, b);
+      a.in = in + b / frame * fb;
+      a.n = m;
+      a.out = out + b;
+      a.accumulate = add;
+      check_launch(kc::decode(a, stream), "decode", m);
+    }
+    return;
+  }
+#endif
+  enqueue_host(rt_, stream_, [this, spec, frame, in, n, out, accumulate, sum_start, what] {
+    try {
+      if (accumulate)
+        compression::decode_add_framed(spec, frame, in, n, out);
+      else
+        compression::decode_framed(spec, frame, in, n, out, sum_start);
+    } catch (const std::exception& e) {
+      fail(what + ": " + e.what());
+    }
+  });
+}
+
+void DeviceExec::fail(std::string why) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (failure_.empty()) failure_ = std::move(why);
+  } catch (...) {
+  }
+}
+
+std::string DeviceExec::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
 }
 
 std::shared_ptr<std::atomic<bool>> DeviceExec::notify() {

@@ -16,6 +16,7 @@
 // pattern of sizes repeats from one training step to the next).
 #pragma once
 
+#include "compression/codec.hpp"
 #include "gpu/runtime.hpp"
 
 #include <braid/types.hpp>
@@ -26,6 +27,8 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 namespace braid::core {
@@ -61,6 +64,27 @@ class DeviceExec {
   void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b, std::size_t n);
   /// buf[i] /= divisor (finishes avg), as kernels::divide.
   void divide(DataType dtype, void* buf, std::size_t n, int divisor);
+  /// Compressed plans: the framed codec steps of compression/framed.hpp on the device
+  /// (CUDA: src/kernels/cuda, one launch per frame for block codecs, one per payload for
+  /// fp16/bf16 and topk; emulated: the host functions on the stream thread). Bit for bit
+  /// what encode_framed, decode_framed and decode_add_framed compute on the host.
+  void encode(const compression::CodecSpec& spec, std::size_t frame, const float* x, float* residual, std::size_t n,
+              std::uint8_t* out, std::uint64_t step, std::uint64_t offset);
+  /// `what` names the step in the error a malformed payload (a peer's topk indices out
+  /// of range or not ascending) gives; see failure().
+  void decode(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in, std::size_t n, float* out,
+              bool sum_start, const std::string& what);
+  void decode_add(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in, std::size_t n,
+                  float* acc, const std::string& what);
+  /// Why device work enqueued so far failed (a malformed payload), once it has run; empty
+  /// when nothing failed. The engine reads it before it trusts a step's result.
+  std::string failure() const;
+  /// How many codec steps (encode, decode) DeviceExecs of this process have enqueued, and
+  /// how many bytes went through their pinned slots (tests: that a compressed call ran on
+  /// the device and only compressed bytes left it).
+  static long codec_steps() noexcept;
+  static long long slot_bytes() noexcept;
+
   /// A flag set (and the engine woken) once everything enqueued before this call has run.
   std::shared_ptr<std::atomic<bool>> notify();
   /// Blocks until everything enqueued has run (no kernel waits on a peer, so this is
@@ -84,8 +108,15 @@ class DeviceExec {
   const int device_;
   const std::thread::id engine_;
   std::function<void()> wake_;
+  void decode_framed(const compression::CodecSpec& spec, std::size_t frame, const std::uint8_t* in, std::size_t n,
+                     float* out, bool accumulate, bool sum_start, const std::string& what);
+  void fail(std::string why) noexcept;
+
   gpu::Stream stream_ = nullptr;
   Pool pinned_, device_mem_;
+  int* topk_status_ = nullptr;  ///< pinned: the CUDA topk decoder's verdict, read by a host function after it
+  mutable std::mutex failure_mu_;
+  std::string failure_;
 };
 
 }  // namespace braid::core

@@ -595,8 +595,6 @@ bool Engine::admit() {
     active_.push_back(std::move(ex));
     any = true;
     if (e.op.on_device) {
-      BRAID_CHECK(p.packed_count == 0 && p.request.codec.kind == compression::CodecKind::none, Internal,
-                  e.op.name << ": a compressed plan on the direct device path (compressed calls are staged)");
       BRAID_CHECK(!e.op.p2p, Internal, e.op.name << ": point-to-point on the direct device path (sends are staged)");
       if (!device_exec_)
         device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), e.op.device, waker(), thread_.get_id());
@@ -846,6 +844,22 @@ void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
       d.copy(to, from, n);
       break;
     }
+    case StepKind::encode: {
+      const Plan& p = *ex.plan;
+      const auto cs = compression::stream_spec(p.request.codec, s.stream_rank, static_cast<compression::Phase>(s.stream));
+      float* residual = s.src2.count > 0 ? reinterpret_cast<float*>(ex.ptr(s.src2)) : nullptr;
+      d.encode(cs, ex.frame, reinterpret_cast<const float*>(ex.ptr(s.src)), residual, s.src.count,
+               reinterpret_cast<std::uint8_t*>(ex.ptr(s.dst)), ex.op.codec_step, s.at);
+      break;
+    }
+    case StepKind::decode:
+      d.decode(ex.plan->request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)), s.dst.count,
+               reinterpret_cast<float*>(ex.ptr(s.dst)), s.sum_start, ex.where(i));
+      break;
+    case StepKind::decode_add:
+      d.decode_add(ex.plan->request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)),
+                   s.dst.count, reinterpret_cast<float*>(ex.ptr(s.dst)), ex.where(i));
+      break;
     default:
       throw Error(ErrorCode::Internal, ex.where(i) + ": this step cannot run on the direct device path");
   }
@@ -861,6 +875,8 @@ bool Engine::reap_device(Exec& ex) {
   while (ex.on_device_head < ex.on_device.size()) {
     auto& w = ex.on_device[ex.on_device_head];
     if (!w.ran->load(std::memory_order_acquire)) break;
+    // A decode that found a peer's payload malformed wrote nothing: the step failed.
+    if (const std::string why = ex.dev->failure(); !why.empty()) throw Error(ErrorCode::Network, why);
     if (w.then_send) {
       const Step& s = ex.plan->steps[w.step];
       ex.state[w.step] = kPosted;

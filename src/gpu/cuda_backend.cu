@@ -169,6 +169,10 @@ class Cuda final : public Runtime {
     if (bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)), "cudaMemcpyAsync");
   }
+  void zero_async(void* dst, std::size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    check(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(s)), "cudaMemsetAsync");
+  }
   void launch_host(Stream s, void (*fn)(void*), void* arg) override {
     check(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
   }

@@ -195,6 +195,10 @@ class Emulated final : public Runtime {
     if (bytes == 0) return;
     stream(s).push([=] { std::memcpy(dst, src, bytes); });
   }
+  void zero_async(void* dst, std::size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    stream(s).push([=] { std::memset(dst, 0, bytes); });
+  }
   void launch_host(Stream s, void (*fn)(void*), void* arg) override {
     stream(s).push([=] { fn(arg); });
   }

@@ -55,6 +55,7 @@ class NoDevice final : public Runtime {
   Stream create_stream() override { refuse("streams"); }
   void destroy_stream(Stream) noexcept override {}
   void copy_async(void*, const void*, std::size_t, Stream) override { refuse("copies"); }
+  void zero_async(void*, std::size_t, Stream) override { refuse("memset"); }
   void launch_host(Stream, void (*)(void*), void*) override { refuse("stream callbacks"); }
   void wait_value(Stream, std::uint32_t*, std::uint32_t) override { refuse("stream waits"); }
   void signal(std::uint32_t* word, std::uint32_t value) noexcept override {

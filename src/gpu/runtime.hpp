@@ -107,6 +107,8 @@ class Runtime {
 
   /// Enqueues a copy of `bytes` bytes on `s` (any direction: host, pinned, device).
   virtual void copy_async(void* dst, const void* src, std::size_t bytes, Stream s) = 0;
+  /// Enqueues zeroing `bytes` bytes of device (or pinned) memory on `s`.
+  virtual void zero_async(void* dst, std::size_t bytes, Stream s) = 0;
   /// Enqueues fn(arg) on `s`: it runs once everything enqueued before it has run, on a
   /// runtime thread, and must not call the runtime (CUDA forbids CUDA calls there).
   virtual void launch_host(Stream s, void (*fn)(void*), void* arg) = 0;

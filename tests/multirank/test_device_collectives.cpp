@@ -30,9 +30,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 using namespace braid;
@@ -471,6 +473,107 @@ TEST(DevicePath, CommunicatorsMadeAndDestroyedLeaveNoDeviceMemory) {
     }
   }
   EXPECT_EQ(mapped(), before) << "device memory left behind by " << rounds << " communicators";
+}
+
+// Compressed all-reduce on the direct path encodes on the GPU before anything leaves it:
+// the bytes that cross into pinned slots over tcp (a transport that takes host memory)
+// are the compressed ones. int8 is about a quarter of f32 (one byte a value plus an f32
+// scale a block of 256).
+TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (!core::Config::global().device_direct)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (compressed calls are staged there): test_device_collectives_direct runs this";
+  const std::size_t count = 1 << 16;
+  test::Group g(2, {}, 0, "tcp");
+  const auto run = [&](const std::string& codec) {
+    const long long bytes = core::DeviceExec::slot_bytes();
+    const long steps = core::DeviceExec::codec_steps();
+    run_threads(2, [&](int r) {
+      OwnStream s;
+      DeviceBuffer buf(count * 4);
+      PinnedHost<float> in(count, static_cast<float>(r + 1)), back(count, -1.f);
+      rt().copy_async(buf.data(), in.data(), count * 4, s.s);
+      AllreduceOptions o;
+      o.stream = s.s;
+      o.codec = codec;
+      g[r].allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
+      rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+      rt().synchronize(s.s);
+      for (std::size_t i = 0; i < count; i += 97) ASSERT_NEAR(back[i], 3.0f, 0.05f) << codec << ", element " << i;
+    });
+    return std::make_pair(core::DeviceExec::slot_bytes() - bytes, core::DeviceExec::codec_steps() - steps);
+  };
+  const auto raw = run("none");
+  const auto int8 = run("int8");
+  EXPECT_EQ(raw.second, 0) << "an uncompressed call ran codec steps";
+  EXPECT_GT(int8.second, 0) << "the compressed call ran no codec step on the device";
+  EXPECT_GT(raw.first, 0);
+  EXPECT_LT(int8.first * 3, raw.first) << "int8 moved " << int8.first << " bytes through pinned slots, f32 " << raw.first
+                                       << ": the values left the GPU before they were encoded";
+}
+
+// Error feedback on the direct path keeps its residuals in GPU memory. The same calls
+// under a device key and a host key leave the same residuals (their checkpoints are the
+// same bytes); a checkpoint restored brings the device residuals back; a key keeps to
+// one memory kind until it is reset.
+TEST(DevicePath, ErrorFeedbackResidualsLiveOnTheGpuAndCheckpointAsHostOnes) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (!core::Config::global().device_direct)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (residuals stay on the host there): test_device_collectives_direct runs this";
+  const std::size_t count = 5000;
+  test::Group g(2);
+  run_threads(2, [&](int r) {
+    Communicator& c = g[r];
+    OwnStream s;
+    DeviceBuffer buf(count * 4);
+    PinnedHost<float> in(count), back(count);
+    const auto fill_in = [&](int step) {
+      for (std::size_t i = 0; i < count; ++i) in[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(r + 3 * step));
+    };
+    const auto options = [](const std::string& key) {
+      AllreduceOptions o;
+      o.codec = "sign1";
+      o.ef_key = key;
+      return o;
+    };
+    const auto on_device = [&](int step, const std::string& key) {
+      fill_in(step);
+      rt().copy_async(buf.data(), in.data(), count * 4, s.s);
+      AllreduceOptions o = options(key);
+      o.stream = s.s;
+      c.allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o).wait();
+      rt().copy_async(back.data(), buf.data(), count * 4, s.s);
+      rt().synchronize(s.s);
+      return std::vector<float>(back.data(), back.data() + count);
+    };
+    const auto on_host = [&](int step, const std::string& key) {
+      fill_in(step);
+      std::vector<float> h(in.data(), in.data() + count);
+      c.allreduce(h.data(), h.data(), count, DataType::f32, ReduceOp::sum, options(key)).wait();
+      return h;
+    };
+    for (int step = 0; step < 2; ++step)
+      ASSERT_EQ(on_device(step, "d/bucket"), on_host(step, "h/bucket")) << "step " << step << " on rank " << r;
+    std::ostringstream dev_ckpt, host_ckpt;
+    c.save_error_feedback(dev_ckpt, "d/");
+    c.save_error_feedback(host_ckpt, "h/");
+    EXPECT_EQ(dev_ckpt.str(), host_ckpt.str()) << "the residuals left in GPU memory differ from the host path's";
+    // Both keys' worker residuals (count values each) at least: the GPU's are counted too.
+    EXPECT_GE(c.error_feedback_bytes(), 2 * count * sizeof(float));
+    const auto third = on_device(2, "d/bucket");
+    std::istringstream restore(dev_ckpt.str());
+    c.restore_error_feedback(restore, "d/");
+    EXPECT_EQ(on_device(2, "d/bucket"), third) << "the restored checkpoint did not bring the GPU residuals back";
+    try {
+      on_host(3, "d/bucket");
+      ADD_FAILURE() << "a host call under a key whose residuals are in GPU memory was not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidUsage) << e.what();
+      EXPECT_NE(std::string(e.what()).find("GPU memory"), std::string::npos) << e.what();
+    }
+    c.reset_error_feedback("d/bucket");
+    EXPECT_NO_THROW(on_host(3, "d/bucket")) << "after a reset, the key may change memory kind";
+  });
 }
 
 TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
