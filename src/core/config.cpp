@@ -114,8 +114,9 @@ std::vector<Setting> make_table() {
       {"BRAID_DEVICE_PATH", SettingType::choice, "staged",
        "How collectives on device buffers run: staged (the whole input copied to pinned host memory, "
        "the host path, the result copied back) or direct (the plan runs on the device: reductions as "
-       "braid's kernels on the communicator's stream, each transfer through a pinned slot of its own; "
-       "compressed all-reduces stay staged). direct has not been measured on a GPU yet (docs/gpu.md).",
+       "braid's kernels on the communicator's stream, codecs encoding on the GPU so that only compressed "
+       "bytes leave it, each transfer through a pinned slot of its own where the connection takes host "
+       "memory). direct has not been measured on a GPU yet (docs/gpu.md).",
        true, 0, 0, "staged|direct"},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
