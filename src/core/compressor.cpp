@@ -33,8 +33,9 @@ bool under(const std::string& key, const std::string& prefix) { return key.compa
 
 float* Compressor::device_residual(const std::string& key, ResidualRole role, std::size_t count, int device,
                                    const std::string& what) {
-  auto& slot = device_residuals_[{key, role}];
-  if (slot.p) {
+  const auto found = device_residuals_.find({key, role});
+  if (found != device_residuals_.end()) {
+    const DeviceResidual& slot = found->second;
     BRAID_CHECK(slot.count == count, InvalidUsage,
                 what << ": error-feedback key '" << key << "' holds " << slot.count << " residual values, but this call needs "
                      << count << "; use one key per gradient bucket (or reset_error_feedback(\"" << key << "\") first)");
@@ -60,9 +61,9 @@ float* Compressor::device_residual(const std::string& key, ResidualRole role, st
     rt.copy(p, from, bytes);
   } catch (...) {
     rt.free_device(p);
-    device_residuals_.erase({key, role});
     throw;
   }
+  DeviceResidual& slot = device_residuals_[{key, role}];
   slot.p = p;
   slot.count = count;
   slot.device = device;
@@ -81,15 +82,13 @@ void Compressor::free_device_residuals(const std::string& key) {
   }
 }
 
-std::vector<std::string> Compressor::download_device_residuals(const std::string& prefix) {
-  std::vector<std::string> keys;
+void Compressor::download_device_residuals(const std::string& prefix, std::vector<std::string>* keys) {
   for (const auto& [k, r] : device_residuals_) {
-    if (!under(k.first, prefix) || !r.p) continue;
+    if (!under(k.first, prefix)) continue;
+    if (keys->empty() || keys->back() != k.first) keys->push_back(k.first);
     float* host = error_feedback_.residual(k.first, k.second, r.count);
     gpu_runtime().copy(host, r.p, r.count * sizeof(float));
-    if (keys.empty() || keys.back() != k.first) keys.push_back(k.first);
   }
-  return keys;
 }
 
 void Compressor::save_feedback(std::ostream& os, const std::string& prefix) {
@@ -97,7 +96,7 @@ void Compressor::save_feedback(std::ostream& os, const std::string& prefix) {
   // The device residuals go through the host store for the checkpoint, and leave it again.
   std::vector<std::string> staged;
   try {
-    staged = download_device_residuals(prefix);
+    download_device_residuals(prefix, &staged);
     error_feedback_.save(os, prefix);
   } catch (...) {
     for (const auto& k : staged) error_feedback_.reset(k);
@@ -257,9 +256,15 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
                       ", and this call takes " + (on_device ? "device" : "host") +
                       " buffers; keep one memory kind per key, or reset_error_feedback(\"" + key + "\") first");
     if (on_device) {
-      residual[0] = device_residual(key, ResidualRole::worker, plan->feedback_count[0], device, what);
-      if (spec.kind != CodecKind::topk)
-        residual[1] = device_residual(key, ResidualRole::owner, plan->feedback_count[1], device, what);
+      try {
+        residual[0] = device_residual(key, ResidualRole::worker, plan->feedback_count[0], device, what);
+        if (spec.kind != CodecKind::topk)
+          residual[1] = device_residual(key, ResidualRole::owner, plan->feedback_count[1], device, what);
+      } catch (...) {
+        // A new key stays as it was (host values untouched, nothing on the GPU).
+        if (home == on_device_.end()) free_device_residuals(key);
+        throw;
+      }
       // The values now live on the GPU; the host store keeps only the key's step counter.
       if (home == on_device_.end()) error_feedback_.reset(key);
     } else {

@@ -78,9 +78,10 @@ class Compressor {
                          const std::string& what);
   /// Frees the device residuals of `key` (empty: all). Caller holds feedback_mu_.
   void free_device_residuals(const std::string& key);
-  /// Copies the device residuals of keys under `prefix` into the host store; returns those
-  /// keys. Caller holds feedback_mu_.
-  std::vector<std::string> download_device_residuals(const std::string& prefix);
+  /// Copies the device residuals of keys under `prefix` into the host store, adding each
+  /// key to *keys before its copy (so that a failed copy still leaves the list of what to
+  /// take out again). Caller holds feedback_mu_.
+  void download_device_residuals(const std::string& prefix, std::vector<std::string>* keys);
 
   compression::ErrorFeedbackStore error_feedback_;
   struct DeviceResidual {

@@ -56,9 +56,16 @@ kc::DeviceCodec device_codec(const compression::CodecSpec& spec, std::uint64_t s
     case compression::CodecKind::none: c.kind = kc::DeviceCodec::Kind::raw; break;
     case compression::CodecKind::fp16: c.kind = kc::DeviceCodec::Kind::fp16; break;
     case compression::CodecKind::bf16: c.kind = kc::DeviceCodec::Kind::bf16; break;
-    default:
+    case compression::CodecKind::int8:
+    case compression::CodecKind::int4:
+    case compression::CodecKind::fp8e4m3:
+    case compression::CodecKind::fp8e5m2:
+    case compression::CodecKind::sign1:
       c.kind = kc::DeviceCodec::Kind::block;
       c.block = compression::block_params(spec, step, offset);
+      break;
+    default:
+      throw Error(ErrorCode::Internal, "codec " + compression::name(spec) + " has no block kernel on the device");
   }
   return c;
 }
@@ -342,11 +349,13 @@ void DeviceExec::fail(std::string why) noexcept {
     if (failure_.empty()) failure_ = std::move(why);
   } catch (...) {
   }
+  failed_.store(true, std::memory_order_release);
 }
 
 std::string DeviceExec::failure() const {
+  if (!failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(failure_mu_);
-  return failure_;
+  return failure_.empty() ? std::string("device work failed") : failure_;
 }
 
 std::shared_ptr<std::atomic<bool>> DeviceExec::notify() {

@@ -115,6 +115,7 @@ class DeviceExec {
   gpu::Stream stream_ = nullptr;
   Pool pinned_, device_mem_;
   int* topk_status_ = nullptr;  ///< pinned: the CUDA topk decoder's verdict, read by a host function after it
+  std::atomic<bool> failed_{false};  ///< set after failure_ (the engine reads this first, every step)
   mutable std::mutex failure_mu_;
   std::string failure_;
 };

@@ -314,6 +314,9 @@ std::vector<Case> cases(int world) {
     out.push_back({Kind::allreduce, DataType::f32, ReduceOp::avg, 20000, true, 0, Algorithm::automatic, "int8"});
     out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 20000, false, 0, Algorithm::automatic, "sign1", "ef-s"});
     out.push_back({Kind::allreduce, DataType::f32, ReduceOp::sum, 20000, true, 0, Algorithm::automatic, "topk:0.05", "ef-t"});
+    // Stochastic rounding: its RNG is keyed by the rank's stream seed, the step and each
+    // value's global index, all of which the device's encode steps must pass as the host's do.
+    out.push_back({Kind::allreduce, DataType::f32, ReduceOp::avg, 20000, false, 0, Algorithm::automatic, "int4:sr:seed=3", "ef-i"});
   }
   return out;
 }
