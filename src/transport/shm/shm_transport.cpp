@@ -39,9 +39,11 @@
 //   a device message is then copied GPU to GPU into the device slot of its index (NVLink
 //   or PCIe peer to peer), its header published in the host ring as for any part (kind
 //   kKindDevice), and the receiver copies it out of the device slot into its buffer. The
-//   copies are the runtime's synchronous copies on the progress thread (a first version:
-//   NCCL's proxy keeps several in flight on streams). Without a device ring, a device
-//   message goes through the host ring, copied by the runtime. A failed connection keeps
+//   copies go on the connection's copy stream, each followed by a host function that
+//   counts it done (an asynchronous copy-engine proxy, NCCL's CE proxy shape): the sender
+//   publishes a part's header, and the receiver releases its slot, in ring order once the
+//   stream has run its copy; the progress thread never waits on one. Without a device
+//   ring, a device message goes through the host ring, copied there and out the same way. A failed connection keeps
 //   its ring until the transport is destroyed; then hi unmaps it, and lo's is freed once
 //   no thread of its process uses it (threads share it by pointer, counted in
 //   local_rings()). Across processes lo frees it at its own teardown: on the emulated
@@ -163,6 +165,45 @@ void slot_acquired(const void*) {}
 void slot_released(const void*) {}
 #endif
 
+std::atomic<std::uint64_t> g_copies_peak{0};
+
+/// Records how many parts wait behind copies on one connection's stream (tests).
+void note_pending(std::size_t n) noexcept {
+  std::uint64_t peak = g_copies_peak.load(std::memory_order_relaxed);
+  while (n > peak && !g_copies_peak.compare_exchange_weak(peak, n, std::memory_order_relaxed)) {
+  }
+}
+
+void count_copy_done(void* counter) noexcept {
+  static_cast<std::atomic<std::uint64_t>*>(counter)->fetch_add(1, std::memory_order_release);
+}
+
+/// Makes `device` current on the calling thread (the progress thread may have set up a
+/// host-only pair first, or be a helping user thread on another GPU) and restores the
+/// thread's own device afterwards.
+class OnGpu {
+ public:
+  OnGpu(gpu::Runtime& rt, int device) : rt_(rt) {
+    if (device < 0) return;
+    had_ = rt_.current_device();
+    if (had_ != device) rt_.set_device(device);
+    else had_ = -1;
+  }
+  ~OnGpu() {
+    if (had_ < 0) return;
+    try {
+      rt_.set_device(had_);
+    } catch (...) {
+    }
+  }
+  OnGpu(const OnGpu&) = delete;
+  OnGpu& operator=(const OnGpu&) = delete;
+
+ private:
+  gpu::Runtime& rt_;
+  int had_ = -1;
+};
+
 /// The device rings this process allocated, with how many transports use each: ranks that
 /// are threads of one process share lo's ring by pointer (CUDA cannot open a handle in the
 /// process that made it), and it is freed when the last of them lets go, so that a lo
@@ -202,6 +243,16 @@ RingView ring_view(unsigned char* base, const wire::Layout& l, int ring) {
   v.payload = r + l.payload_offset;
   return v;
 }
+
+/// A part waiting to be published (send) or released (receive) in ring order: behind its
+/// own device copy on the connection's copy stream (`copy` > 0: done once the stream's
+/// completion count reaches it), or behind such a part (`copy` 0, a host part).
+struct PendingPart {
+  std::uint64_t copy = 0;                ///< the copy's number on the copy stream; 0: none
+  std::uint64_t msg = 0;                 ///< the message's sequence number
+  const unsigned char* slot = nullptr;   ///< for the TSan annotations
+  wire::SlotHeader header{};             ///< send: what to publish
+};
 
 struct SendOp {
   Request* req = nullptr;
@@ -248,7 +299,8 @@ class ShmConnection final : public Connection {
     }
     // A peer that closed after publishing messages is not broken until they are
     // read: they are in our mapping, and a receive can still take them.
-    if (eof_ && (in_.ctl == nullptr || in_.ctl->head.load(std::memory_order_acquire) == in_tail_)) {
+    if (eof_ && in_pending_.empty() &&
+        (in_.ctl == nullptr || in_.ctl->head.load(std::memory_order_acquire) == in_taken_)) {
       if (why) *why = who() + " closed by peer";
       return true;
     }
@@ -285,12 +337,23 @@ class ShmConnection final : public Connection {
   PeerLookup lookup_;  // finding the peer's doorbell socket
 
   Fifo<SendOp> sends_;
-  std::size_t post_idx_ = 0;  // sends_[post_idx_] is the first not fully published
+  std::size_t post_idx_ = 0;  // sends_[post_idx_] is the first not fully in slots
   std::uint64_t send_seq_ = 0;
   Fifo<RecvOp> recvs_;
+  std::size_t recv_idx_ = 0;  // recvs_[recv_idx_] is the first not fully taken from slots
   std::uint64_t recv_seq_ = 0;
   std::uint64_t out_head_ = 0, out_tail_ = 0;  // published; last tail seen
+  std::uint64_t out_claimed_ = 0;              // slots filled or being filled (>= out_head_)
   std::uint64_t in_tail_ = 0, in_head_ = 0;    // released; last head seen
+  std::uint64_t in_taken_ = 0;                 // slots whose part is taken or being copied out (>= in_tail_)
+
+  // The asynchronous copy-engine proxy (NCCL's CE proxy shape): device parts are copied on
+  // this stream, and the progress thread publishes or releases their slots, in ring order,
+  // once the stream has counted them done. It never waits on a copy.
+  gpu::Stream copy_stream_ = nullptr;
+  std::uint64_t copies_issued_ = 0;
+  std::atomic<std::uint64_t> copies_done_{0};  // written by a host function on copy_stream_
+  Fifo<PendingPart> out_pending_, in_pending_;
   bool armed_in_ = false, armed_out_ = false;
 
   Failure failure_;
@@ -391,9 +454,15 @@ class ShmTransport final : public Skeleton {
   bool open_device_ring(ShmConnection& c, const wire::SegmentHeader& sh);
   /// Lets go of the pair's device ring (frees lo's when no thread of this process uses it).
   void release_device_ring(ShmConnection& c) noexcept;
-  /// Copies a part with the runtime (device memory at either end); false with the
-  /// connection failed when the runtime refuses.
-  bool device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n);
+  /// Enqueues a part's copy on the connection's copy stream (device memory at either
+  /// end), then a host function that counts it done; returns its number (> 0), or 0 with
+  /// the connection failed when the runtime refuses.
+  std::uint64_t device_copy_async(ShmConnection& c, void* dst, const void* src, std::size_t n);
+  /// Waits for the connection's copies (local work, bounded: none waits on the peer) and
+  /// forgets its pending parts: before its mappings or the device ring go away.
+  void finish_copies(ShmConnection& c) noexcept;
+  /// Writes a slot's header and advances the published head.
+  void publish(ShmConnection& c, std::size_t idx, const wire::SlotHeader& h);
   void on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason);
 
   // Skeleton.
@@ -498,6 +567,12 @@ ShmTransport::~ShmTransport() {
   // (close_all fails pending requests and is what an orderly shutdown calls first).
   for (ShmConnection* c : conns_.all()) {
     close_socket(*c);
+    finish_copies(*c);
+    if (c->copy_stream_) {
+      OnGpu on(*opts_.gpu, opts_.gpu_device);
+      opts_.gpu->destroy_stream(c->copy_stream_);
+      c->copy_stream_ = nullptr;
+    }
     c->map_.reset();
     release_device_ring(*c);
   }
@@ -556,12 +631,13 @@ Connection* ShmTransport::connection(int peer) {
 void ShmTransport::fail(ShmConnection& c, const std::string& msg, bool closed, int blame) {
   if (!c.failure_.set(msg, closed, blame)) return;
   close_socket(c);
+  finish_copies(c);  // a copy still running may write the mapping or the caller's buffer
   c.map_.reset();
   c.out_ = c.in_ = RingView{};
   c.dev_out_ = c.dev_in_ = nullptr;  // the ring itself stays until the transport goes (see the top)
   c.failure_.apply_all(c.sends_);
   c.failure_.apply_all(c.recvs_);
-  c.post_idx_ = 0;
+  c.post_idx_ = c.recv_idx_ = 0;
   c.armed_in_ = c.armed_out_ = false;
   c.hs_.clear();
   changed();
@@ -602,17 +678,20 @@ bool ShmTransport::prepare_sleep() {
     if (c->failure_.failed) continue;
     if (c->readable_) ready = true;
     if (c->setup_ != ShmConnection::Setup::up || c->eof_) continue;
-    if (!c->recvs_.empty()) {
+    // Copies on the copy stream: no wake-up comes when they finish, and they take
+    // microseconds (a slot each, local): poll until they have.
+    if (!c->out_pending_.empty() || !c->in_pending_.empty()) ready = true;
+    if (c->recv_idx_ < c->recvs_.size()) {
       c->in_.ctl->consumer_sleeping.store(1, std::memory_order_relaxed);
       c->armed_in_ = true;
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (c->in_.ctl->head.load(std::memory_order_acquire) != c->in_tail_) ready = true;
+      if (c->in_.ctl->head.load(std::memory_order_acquire) != c->in_taken_) ready = true;
     }
     if (c->post_idx_ < c->sends_.size()) {
       c->out_.ctl->producer_waiting.store(1, std::memory_order_relaxed);
       c->armed_out_ = true;
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (c->out_head_ - c->out_.ctl->tail.load(std::memory_order_acquire) < slots) ready = true;
+      if (c->out_claimed_ - c->out_.ctl->tail.load(std::memory_order_acquire) < slots) ready = true;
     }
   }
   return !ready;
@@ -641,7 +720,8 @@ bool ShmTransport::progress_connection(ShmConnection& c) {
   if (c.failure_.failed || c.setup_ != ShmConnection::Setup::up) return moved;
   moved |= progress_recv(c);
   if (!c.failure_.failed && !c.eof_) moved |= progress_send(c);
-  if (!c.failure_.failed && c.eof_ && (!c.recvs_.empty() || !c.sends_.empty())) {
+  if (!c.failure_.failed && c.eof_ && (!c.recvs_.empty() || !c.sends_.empty()) && c.in_pending_.empty() &&
+      c.out_pending_.empty()) {  // parts being copied complete first
     const bool midway = !c.recvs_.empty() && c.recvs_.front().started;
     fail(c, c.who() + " closed by peer" + (midway ? " in the middle of a message" : ""), true, c.peer_);
     moved = true;
@@ -656,7 +736,7 @@ bool ShmTransport::progress_send(ShmConnection& c) {
   std::size_t budget = layout_.slots;  // slots per call: one large message cannot starve the rest
   while (c.post_idx_ < c.sends_.size() && budget > 0) {
     SendOp& op = c.sends_[c.post_idx_];
-    if (c.out_head_ - c.out_tail_ >= slots) {
+    if (c.out_claimed_ - c.out_tail_ >= slots) {
       const std::uint64_t t = c.out_.ctl->tail.load(std::memory_order_acquire);
       if (t > c.out_head_ || t < c.out_tail_) {
         protocol_error(c, "the peer's release counter moved to " + std::to_string(t) + " (published " +
@@ -664,53 +744,76 @@ bool ShmTransport::progress_send(ShmConnection& c) {
         return true;
       }
       c.out_tail_ = t;
-      if (c.out_head_ - c.out_tail_ >= slots) break;
+      if (c.out_claimed_ - c.out_tail_ >= slots) break;
     }
-    const std::size_t idx = static_cast<std::size_t>(c.out_head_ % slots);
+    const std::size_t idx = static_cast<std::size_t>(c.out_claimed_ % slots);
     const std::size_t part = std::min(slot_bytes, op.bytes - op.posted);
     // A device message goes GPU to GPU where there is a device ring, else through the host
-    // ring; either way the runtime copies it (the CPU cannot read GPU memory).
+    // ring; either way the copy stream copies it (the CPU cannot read GPU memory), and the
+    // slot is published once the stream has run the copy.
     const bool in_device_slot = op.device && c.dev_out_ != nullptr;
+    PendingPart pp;
+    pp.msg = op.seq;
+    pp.slot = in_device_slot ? c.dev_out_ + idx * slot_bytes : c.out_.payload + idx * slot_bytes;
     if (part > 0 && op.device) {
-      unsigned char* slot = in_device_slot ? c.dev_out_ + idx * slot_bytes : c.out_.payload + idx * slot_bytes;
-      slot_acquired(slot);
-      if (!device_copy(c, slot, op.data + op.posted, part)) return true;
-      slot_released(slot);
+      slot_acquired(pp.slot);
+      pp.copy = device_copy_async(c, const_cast<unsigned char*>(pp.slot), op.data + op.posted, part);
+      if (pp.copy == 0) return true;
     } else if (part > 0) {
       std::memcpy(c.out_.payload + idx * slot_bytes, op.data + op.posted, part);
     }
-    wire::SlotHeader h{};
+    wire::SlotHeader& h = pp.header;
     h.seq = op.seq;
     h.tag = op.tag;
     h.msg_bytes = op.bytes;
     h.offset = op.posted;
     h.part_bytes = part;
     h.kind = in_device_slot ? wire::kKindDevice : wire::kKindInline;
-    std::memcpy(&c.out_.headers[idx], &h, sizeof h);
-    c.out_.ctl->head.store(++c.out_head_, std::memory_order_release);
+    ++c.out_claimed_;
+    if (pp.copy == 0 && c.out_pending_.empty()) {
+      publish(c, idx, h);
+      published = true;
+    } else {
+      c.out_pending_.push_back(pp);
+      note_pending(c.out_pending_.size());
+    }
     op.posted += part;
-    published = true;
+    moved = true;
     --budget;
     if (op.posted == op.bytes) {
       op.all_posted = true;
       ++c.post_idx_;
     }
   }
+  // Parts behind a copy: published in ring order once the copy stream has run theirs.
+  const std::uint64_t done = c.copies_done_.load(std::memory_order_acquire);
+  while (!c.out_pending_.empty() && c.out_pending_.front().copy <= done) {
+    const PendingPart& pp = c.out_pending_.front();
+    if (pp.copy != 0) slot_released(pp.slot);
+    publish(c, static_cast<std::size_t>(c.out_head_ % slots), pp.header);
+    c.out_pending_.pop_front();
+    published = true;
+  }
   if (published) {
     moved = true;
     bell_if_flagged(c, c.out_.ctl->consumer_sleeping);
   }
-  // Sends complete in posted order, once their last part is in the ring: the data
-  // has left the caller's buffer.
+  // Sends complete in posted order, once their last part is published: the data has
+  // left the caller's buffer.
   while (!c.sends_.empty()) {
     SendOp& f = c.sends_.front();
-    if (!f.all_posted) break;
+    if (!f.all_posted || (!c.out_pending_.empty() && c.out_pending_.front().msg == f.seq)) break;
     f.req->state = Request::State::done;
     c.sends_.pop_front();
     --c.post_idx_;
     moved = true;
   }
   return moved;
+}
+
+void ShmTransport::publish(ShmConnection& c, std::size_t idx, const wire::SlotHeader& h) {
+  std::memcpy(&c.out_.headers[idx], &h, sizeof h);
+  c.out_.ctl->head.store(++c.out_head_, std::memory_order_release);
 }
 
 bool ShmTransport::check_slot(ShmConnection& c, const RecvOp& op, const wire::SlotHeader& h) {
@@ -753,19 +856,19 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
   const std::size_t slot_bytes = layout_.slot_bytes;
   bool moved = false, released = false;
   std::size_t budget = layout_.slots;
-  while (!c.recvs_.empty() && budget > 0) {
-    RecvOp& op = c.recvs_.front();
-    if (c.in_tail_ == c.in_head_) {
+  while (c.recv_idx_ < c.recvs_.size() && budget > 0) {
+    RecvOp& op = c.recvs_[c.recv_idx_];
+    if (c.in_taken_ == c.in_head_) {
       const std::uint64_t h = c.in_.ctl->head.load(std::memory_order_acquire);
-      if (h - c.in_tail_ > slots) {
+      if (h - c.in_tail_ > slots || h < c.in_taken_) {
         protocol_error(c, "the peer's publish counter moved to " + std::to_string(h) + " (released " +
                               std::to_string(c.in_tail_) + "): shared ring corrupted");
         return true;
       }
       c.in_head_ = h;
-      if (h == c.in_tail_) break;
+      if (h == c.in_taken_) break;
     }
-    const std::size_t idx = static_cast<std::size_t>(c.in_tail_ % slots);
+    const std::size_t idx = static_cast<std::size_t>(c.in_taken_ % slots);
     wire::SlotHeader h;
     std::memcpy(&h, &c.in_.headers[idx], sizeof h);  // one snapshot, validated before use
     if (!check_slot(c, op, h)) return true;
@@ -773,25 +876,49 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
       protocol_error(c, "a part of message #" + std::to_string(op.seq) + " in a device slot, but this pair has no device ring");
       return true;
     }
+    PendingPart pp;
+    pp.msg = op.seq;
+    pp.slot = h.kind == wire::kKindDevice ? c.dev_in_ + idx * slot_bytes : c.in_.payload + idx * slot_bytes;
     if (h.part_bytes > 0 && (h.kind == wire::kKindDevice || op.device)) {
-      const unsigned char* slot =
-          h.kind == wire::kKindDevice ? c.dev_in_ + idx * slot_bytes : c.in_.payload + idx * slot_bytes;
-      slot_acquired(slot);
-      if (!device_copy(c, op.data + op.got, slot, h.part_bytes)) return true;
-      slot_released(slot);
+      // Copied out on the copy stream; the slot goes back to the peer once that has run.
+      slot_acquired(pp.slot);
+      pp.copy = device_copy_async(c, op.data + op.got, pp.slot, h.part_bytes);
+      if (pp.copy == 0) return true;
     } else if (h.part_bytes > 0) {
       std::memcpy(op.data + op.got, c.in_.payload + idx * slot_bytes, h.part_bytes);
     }
+    ++c.in_taken_;
+    if (pp.copy == 0 && c.in_pending_.empty()) {
+      c.in_.ctl->tail.store(++c.in_tail_, std::memory_order_release);
+      released = true;
+    } else {
+      c.in_pending_.push_back(pp);
+      note_pending(c.in_pending_.size());
+    }
     op.got += h.part_bytes;
     op.started = true;
-    c.in_.ctl->tail.store(++c.in_tail_, std::memory_order_release);
-    released = true;
     moved = true;
     --budget;
-    if (op.got == op.bytes) {
-      op.req->state = Request::State::done;
-      c.recvs_.pop_front();
-    }
+    if (op.got == op.bytes) ++c.recv_idx_;
+  }
+  // Slots behind a copy out: released in ring order once the copy stream has run theirs.
+  const std::uint64_t done = c.copies_done_.load(std::memory_order_acquire);
+  while (!c.in_pending_.empty() && c.in_pending_.front().copy <= done) {
+    const PendingPart& pp = c.in_pending_.front();
+    if (pp.copy != 0) slot_released(pp.slot);
+    c.in_.ctl->tail.store(++c.in_tail_, std::memory_order_release);
+    c.in_pending_.pop_front();
+    released = true;
+    moved = true;
+  }
+  // Receives complete in order, once every part is in the caller's buffer.
+  while (c.recv_idx_ > 0) {
+    RecvOp& f = c.recvs_.front();
+    if (!c.in_pending_.empty() && c.in_pending_.front().msg == f.seq) break;
+    f.req->state = Request::State::done;
+    c.recvs_.pop_front();
+    --c.recv_idx_;
+    moved = true;
   }
   if (released) bell_if_flagged(c, c.in_.ctl->producer_waiting);
   return moved;
@@ -1098,14 +1225,30 @@ void ShmTransport::release_device_ring(ShmConnection& c) noexcept {
   c.dev_in_ = c.dev_out_ = nullptr;
 }
 
-bool ShmTransport::device_copy(ShmConnection& c, void* dst, const void* src, std::size_t n) {
+
+std::uint64_t ShmTransport::device_copy_async(ShmConnection& c, void* dst, const void* src, std::size_t n) {
   try {
-    opts_.gpu->copy(dst, src, n);
-    return true;
+    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    if (c.copy_stream_ == nullptr) c.copy_stream_ = opts_.gpu->create_stream();
+    opts_.gpu->copy_async(dst, src, n, c.copy_stream_);
+    opts_.gpu->launch_host(c.copy_stream_, &count_copy_done, &c.copies_done_);
+    return ++c.copies_issued_;
   } catch (const std::exception& e) {
     fail(c, c.who() + ": copying " + std::to_string(n) + " bytes of a device message failed: " + e.what(), false, -1);
-    return false;
+    return 0;
   }
+}
+
+void ShmTransport::finish_copies(ShmConnection& c) noexcept {
+  if (c.copy_stream_ == nullptr) return;
+  try {
+    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    opts_.gpu->synchronize(c.copy_stream_);
+  } catch (const std::exception& e) {
+    BRAID_LOG(warn, self() << ": waiting for the copies of " << c.who() << " failed: " << e.what());
+  }
+  c.out_pending_.clear();
+  c.in_pending_.clear();
 }
 
 void ShmTransport::on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason) {
@@ -1243,6 +1386,8 @@ Clock::time_point ShmTransport::connection_deadlines(Clock::time_point now) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
+
+std::uint64_t shm_device_copies_in_flight_peak() noexcept { return g_copies_peak.load(std::memory_order_relaxed); }
 
 std::size_t shm_segment_bytes(std::size_t slot_bytes, int slots) {
   return wire::layout(slot_bytes, static_cast<std::size_t>(slots < 0 ? 0 : slots)).total_bytes;
