@@ -408,6 +408,80 @@ PYBIND11_MODULE(_C, m) {
     d["torch_agent_store"] = e.torch_agent_store;
     return d;
   });
+  // --- DLPack (dlpack.h's ABI, v0.x "dltensor" and v1 "dltensor_versioned" capsules) ---
+  m.def(
+      "dlpack_view",
+      [](py::capsule cap) {
+        // The structs as dlpack.h lays them out (its ABI is stable; braid does not ship the header).
+        struct DLDevice {
+          std::int32_t device_type;
+          std::int32_t device_id;
+        };
+        struct DLDataType {
+          std::uint8_t code;
+          std::uint8_t bits;
+          std::uint16_t lanes;
+        };
+        struct DLTensor {
+          void* data;
+          DLDevice device;
+          std::int32_t ndim;
+          DLDataType dtype;
+          std::int64_t* shape;
+          std::int64_t* strides;
+          std::uint64_t byte_offset;
+        };
+        struct DLManagedTensor {
+          DLTensor dl_tensor;
+          void* manager_ctx;
+          void (*deleter)(DLManagedTensor*);
+        };
+        struct DLManagedTensorVersioned {
+          std::uint32_t major, minor;
+          void* manager_ctx;
+          void (*deleter)(DLManagedTensorVersioned*);
+          std::uint64_t flags;  // bit 0: read-only
+          DLTensor dl_tensor;
+        };
+        const DLTensor* t = nullptr;
+        bool read_only = false;
+        PyObject* o = cap.ptr();
+        if (PyCapsule_IsValid(o, "dltensor_versioned")) {
+          auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(o, "dltensor_versioned"));
+          if (m->major != 1)
+            throw py::value_error("DLPack capsule of version " + std::to_string(m->major) + "." + std::to_string(m->minor) +
+                                  "; braid reads version 1");
+          t = &m->dl_tensor;
+          read_only = (m->flags & 1u) != 0;
+        } else if (PyCapsule_IsValid(o, "dltensor")) {
+          t = &static_cast<DLManagedTensor*>(PyCapsule_GetPointer(o, "dltensor"))->dl_tensor;
+        } else {
+          throw py::value_error("not a DLPack capsule (its name is neither 'dltensor' nor 'dltensor_versioned', or it "
+                                "was consumed already)");
+        }
+        py::tuple shape(static_cast<std::size_t>(std::max(t->ndim, 0)));
+        py::object strides = py::none();
+        for (int k = 0; k < t->ndim; ++k) shape[static_cast<std::size_t>(k)] = t->shape[k];
+        if (t->strides != nullptr) {
+          py::tuple st(static_cast<std::size_t>(t->ndim));
+          for (int k = 0; k < t->ndim; ++k) st[static_cast<std::size_t>(k)] = t->strides[k];
+          strides = st;
+        }
+        py::dict d;
+        d["ptr"] = reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset;
+        d["device_type"] = t->device.device_type;
+        d["device_id"] = t->device.device_id;
+        d["shape"] = shape;
+        d["strides"] = strides;  // in elements; None: C-contiguous
+        d["code"] = t->dtype.code;
+        d["bits"] = t->dtype.bits;
+        d["lanes"] = t->dtype.lanes;
+        d["read_only"] = read_only;
+        return d;
+      },
+      py::arg("capsule"),
+      "The tensor a DLPack capsule describes (address with byte_offset applied, device, shape, strides, dtype), "
+      "without consuming it.");
   // --- device memory through braid's device runtime (braid/device.hpp) ----------------
   m.def("device_runtime", &braid::device::runtime,
         "The device runtime of this process: 'cuda: ...', 'emulated (tests only): ...' or 'none: <why>'.");

@@ -103,12 +103,13 @@ class _Buf:
     """Address, element count and dtype of a caller's buffer (no copy); for device buffers
     (CUDA tensors, __cuda_array_interface__ producers) also the stream the call joins."""
 
-    __slots__ = ("obj", "ptr", "count", "dtype", "shape", "device", "stream")
+    __slots__ = ("obj", "ptr", "count", "dtype", "shape", "device", "stream", "hold")
 
     def __init__(self, obj: Any, ptr: int, count: int, dtype: DataType, shape: tuple,
-                 device: bool = False, stream: int = 0):
+                 device: bool = False, stream: int = 0, hold: Any = None):
         self.obj, self.ptr, self.count, self.dtype, self.shape = obj, ptr, count, dtype, shape
         self.device, self.stream = device, stream
+        self.hold = hold  # kept alive with the buffer until the call completes (a DLPack capsule)
 
 
 _CAI_TYPES = {"<f4": DataType.f32, "<f8": DataType.f64, "<f2": DataType.f16, "|i1": DataType.i8,
@@ -147,12 +148,50 @@ def _cuda_array(x: Any, what: str, writable: bool) -> _Buf:
     return _Buf(x, int(ptr), count, dt, shape, device=True, stream=int(stream))
 
 
+#: DLPack device types whose memory braid's device runtime takes (kDLCUDA, kDLCUDAManaged).
+_DLPACK_CUDA = (2, 13)
+#: DLPack (code, bits) -> braid type; lanes must be 1.
+_DLPACK_TYPES = {(2, 32): DataType.f32, (2, 64): DataType.f64, (2, 16): DataType.f16, (4, 16): DataType.bf16,
+                 (0, 8): DataType.i8, (1, 8): DataType.u8, (0, 32): DataType.i32, (0, 64): DataType.i64}
+
+
+def _dlpack_device_buffer(x: Any, what: str, writable: bool, stream: Optional[int]) -> _Buf:
+    """A DLPack producer of CUDA memory (JAX, CuPy, torch, ...): device memory, C-contiguous.
+    The producer is asked to make its data ready on the stream the call joins (the DLPack
+    protocol's `stream`: the one given, else the legacy default stream)."""
+    dl_stream = int(stream) if stream else 1  # DLPack: 1 is CUDA's legacy default stream
+    try:
+        cap = x.__dlpack__(stream=dl_stream, max_version=(1, 0))
+    except TypeError:  # a producer of the protocol before max_version
+        cap = x.__dlpack__(stream=dl_stream)
+    v = _C.dlpack_view(cap)
+    dt = _DLPACK_TYPES.get((v["code"], v["bits"])) if v["lanes"] == 1 else None
+    if dt is None:
+        raise _usage(f"{what} has DLPack type code {v['code']}, {v['bits']} bits x {v['lanes']} lanes, which braid "
+                     "does not reduce; use float16/32/64, bfloat16, int8/32/64 or uint8")
+    shape = tuple(int(d) for d in v["shape"])
+    count = 1
+    for d in shape:
+        count *= d
+    strides = v["strides"]  # in elements; dimensions of extent 1 may carry any stride
+    if strides is not None and count > 1:
+        acc = 1
+        for d, k in reversed(list(zip(shape, strides))):
+            if d != 1 and int(k) != acc:
+                raise _usage(f"{what} is not C-contiguous (DLPack strides {tuple(strides)} for shape {shape}); "
+                             "pass a contiguous copy and copy the result back")
+            acc *= d
+    if writable and v["read_only"]:
+        raise _usage(f"{what} is read-only (DLPack) but braid writes the result into it; pass a writable array or out=")
+    return _Buf(x, int(v["ptr"]), count, dt, shape, device=True, stream=int(stream or 0), hold=cap)
+
+
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _buffer(x: Any, what: str, writable: bool) -> _Buf:
+def _buffer(x: Any, what: str, writable: bool, stream: Optional[int] = None) -> _Buf:
     if _is_torch(x):
         if x.device.type not in ("cpu", "cuda"):
             raise _unsupported(f"{what} is a {x.device.type} tensor; braid takes CPU and CUDA tensors")
@@ -171,6 +210,10 @@ def _buffer(x: Any, what: str, writable: bool) -> _Buf:
         return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape))
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
         return _cuda_array(x, what, writable)
+    if hasattr(x, "__dlpack_device__") and not isinstance(x, np.ndarray):
+        dev_type, dev_id = x.__dlpack_device__()
+        if int(dev_type) in _DLPACK_CUDA:
+            return _dlpack_device_buffer(x, what, writable, stream)
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(memoryview(x))  # zero-copy view of any buffer-protocol object
@@ -201,7 +244,7 @@ def _empty_like(b: _Buf, count: int, shape: Optional[tuple] = None) -> Any:
         import torch
         return torch.empty(shape, dtype=b.obj.dtype, device=b.obj.device)
     if b.device:
-        raise _usage("braid cannot allocate an output for a __cuda_array_interface__ array; pass out=")
+        raise _usage("braid cannot allocate an output for a __cuda_array_interface__ or DLPack device array; pass out=")
     return np.empty(shape, dtype=b.obj.dtype)
 
 
@@ -405,57 +448,57 @@ class Communicator:
         `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk:0.01", ...);
         biased codecs (sign1, topk) need an `ef_key`, the name of the error-feedback residual
         the library keeps for this buffer (one per gradient bucket)."""
-        b = _buffer(x, "allreduce input", writable=out is None)
-        o = b if out is None else _buffer(out, "allreduce output", writable=True)
+        b = _buffer(x, "allreduce input", writable=out is None, stream=stream)
+        o = b if out is None else _buffer(out, "allreduce output", writable=True, stream=stream)
         _same_dtype(b, o, "allreduce")
         if o.count != b.count:
             raise _usage(f"allreduce: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.allreduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), timeout, _algorithm(algorithm),
                                  codec or "", ef_key or "", deterministic, _stream(stream, b, o))
-        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+        return self._post(w, (b, o), o.obj, async_op)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Copies root's `x` into every rank's `x` (in place)."""
-        b = _buffer(x, "broadcast buffer", writable=True)
+        b = _buffer(x, "broadcast buffer", writable=True, stream=stream)
         w = self._impl.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, timeout, _stream(stream, b))
-        return self._post(w, (b.obj,), b.obj, async_op)
+        return self._post(w, (b,), b.obj, async_op)
 
     def reduce(self, x: Any, root: int = 0, op: Union[str, ReduceOp] = "sum", out: Any = None, *,
                async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Reduces every rank's `x` into root's `out` (default: root's `x`, in place)."""
-        b = _buffer(x, "reduce input", writable=out is None)
-        o = b if out is None else _buffer(out, "reduce output", writable=True)
+        b = _buffer(x, "reduce input", writable=out is None, stream=stream)
+        o = b if out is None else _buffer(out, "reduce output", writable=True, stream=stream)
         _same_dtype(b, o, "reduce")
         if o.count != b.count:
             raise _usage(f"reduce: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.reduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), root, timeout, deterministic,
                               _stream(stream, b, o))
-        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+        return self._post(w, (b, o), o.obj, async_op)
 
     def allgather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Gathers every rank's `x` into `out` of size × len(x) elements, in rank order
         (allocated with shape (size, *x.shape) if not given)."""
-        b = _buffer(x, "allgather input", writable=False)
+        b = _buffer(x, "allgather input", writable=False, stream=stream)
         n = self.size
         if out is None:
             out = _empty_like(b, n * b.count, (n,) + tuple(b.shape))
-        o = _buffer(out, "allgather output", writable=True)
+        o = _buffer(out, "allgather output", writable=True, stream=stream)
         _same_dtype(b, o, "allgather")
         if o.count != n * b.count:
             raise _usage(f"allgather: output has {o.count} elements but needs size*count = {n}*{b.count} = "
                          f"{n * b.count}")
         w = self._impl.allgather(b.ptr, o.ptr, b.count, b.dtype, timeout, _stream(stream, b, o))
-        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+        return self._post(w, (b, o), o.obj, async_op)
 
     def reduce_scatter(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *,
                        async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Reduces `x` (size × count elements) over ranks and leaves block `rank` in `out`
         (count elements; allocated with shape x.shape[1:] when x.shape[0] == size)."""
-        b = _buffer(x, "reduce_scatter input", writable=False)
+        b = _buffer(x, "reduce_scatter input", writable=False, stream=stream)
         n = self.size
         if b.count % n:
             raise _usage(f"reduce_scatter: input has {b.count} elements, not a multiple of the world size {n}")
@@ -463,44 +506,44 @@ class Communicator:
         if out is None:
             shape = tuple(b.shape[1:]) if len(b.shape) > 1 and b.shape[0] == n else (count,)
             out = _empty_like(b, count, shape)
-        o = _buffer(out, "reduce_scatter output", writable=True)
+        o = _buffer(out, "reduce_scatter output", writable=True, stream=stream)
         _same_dtype(b, o, "reduce_scatter")
         if o.count != count:
             raise _usage(f"reduce_scatter: output has {o.count} elements but input/size = {count}")
         w = self._impl.reduce_scatter(b.ptr, o.ptr, count, b.dtype, _op(op), timeout, deterministic,
                                       _stream(stream, b, o))
-        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+        return self._post(w, (b, o), o.obj, async_op)
 
     def alltoall(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Sends block j of `x` (size equal blocks) to rank j; block j of `out` comes from rank j.
         `out` defaults to a new buffer shaped like `x`."""
-        b = _buffer(x, "alltoall input", writable=False)
+        b = _buffer(x, "alltoall input", writable=False, stream=stream)
         n = self.size
         if b.count % n:
             raise _usage(f"alltoall: input has {b.count} elements, not a multiple of the world size {n}")
         if out is None:
             out = _empty_like(b, b.count, tuple(b.shape))
-        o = _buffer(out, "alltoall output", writable=True)
+        o = _buffer(out, "alltoall output", writable=True, stream=stream)
         _same_dtype(b, o, "alltoall")
         if o.count != b.count:
             raise _usage(f"alltoall: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout, _stream(stream, b, o))
-        return self._post(w, (b.obj, o.obj), o.obj, async_op)
+        return self._post(w, (b, o), o.obj, async_op)
 
     def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Sends `x` to `peer`; matched in order by the peer's recv with the same tag."""
-        b = _buffer(x, "send buffer", writable=False)
+        b = _buffer(x, "send buffer", writable=False, stream=stream)
         w = self._impl.send(b.ptr, b.count, b.dtype, peer, tag, timeout, _stream(stream, b))
-        return self._post(w, (b.obj,), None, async_op)
+        return self._post(w, (b,), None, async_op)
 
     def recv(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Receives exactly len(x) elements from `peer` into `x`."""
-        b = _buffer(x, "recv buffer", writable=True)
+        b = _buffer(x, "recv buffer", writable=True, stream=stream)
         w = self._impl.recv(b.ptr, b.count, b.dtype, peer, tag, timeout, _stream(stream, b))
-        return self._post(w, (b.obj,), b.obj, async_op)
+        return self._post(w, (b,), b.obj, async_op)
 
     def barrier(self, *, async_op: bool = False, timeout: Optional[float] = None):
         """Completes once every rank has entered it."""

@@ -1,9 +1,13 @@
 """One rank of a device-buffer job (started by braidrun from test_multirank.py with
 BRAID_GPU_BACKEND=emulated): device arrays reach braid through __cuda_array_interface__,
-as CuPy's and Numba's do, and the calls join the stream the array names.
+as CuPy's and Numba's do, and the calls join the stream the array names; and through
+DLPack (__dlpack__/__dlpack_device__ of CUDA memory, as JAX's, CuPy's and torch's), where
+braid asks the producer for the stream the call joins.
 
 Usage: ranks_device.py SCENARIO
 """
+import ctypes
+
 import numpy as np
 
 import braid
@@ -31,6 +35,71 @@ class DeviceArray:
         out = np.empty(self.shape, self.dtype)
         _C.device_copy(out.ctypes.data, self.ptr, out.nbytes)
         return out
+
+    def __del__(self):
+        _C.device_free(self.ptr)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor)))]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class DLPackDeviceArray:
+    """A minimal DLPack producer of CUDA memory (device type kDLCUDA) on braid's device
+    runtime. It exports a view that starts `offset` elements into its allocation (through
+    DLPack's byte_offset), and records the stream each consumer asked for."""
+
+    def __init__(self, host: np.ndarray, offset: int = 0, strides=None):
+        padded = np.concatenate([np.zeros(offset, host.dtype), host.reshape(-1)])
+        self.ptr = _C.device_alloc(max(padded.nbytes, 1))
+        _C.device_copy(self.ptr, padded.ctypes.data, padded.nbytes)
+        self.dtype, self.shape, self.offset, self.strides = host.dtype, host.shape, offset, strides
+        self.asked = []  # the `stream` of each __dlpack__ call
+        self._exports = []  # what each capsule points to, alive as long as this array
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, max_version=None):  # noqa: ARG002 (exports version 0.x capsules)
+        self.asked.append(stream)
+        shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
+        strides = None if self.strides is None else (ctypes.c_int64 * len(self.strides))(*self.strides)
+        m = _DLManagedTensor()
+        t = m.dl_tensor
+        t.data, t.device, t.ndim = self.ptr, _DLDevice(2, 0), len(self.shape)
+        code = {"f": 2, "i": 0, "u": 1}[self.dtype.kind]
+        t.dtype = _DLDataType(code, self.dtype.itemsize * 8, 1)
+        t.shape = shape
+        t.strides = strides
+        t.byte_offset = self.offset * self.dtype.itemsize
+        self._exports.append((m, shape, strides))
+        return _capsule_new(ctypes.addressof(m), b"dltensor", None)
+
+    def get(self) -> np.ndarray:
+        whole = np.empty(self.offset + int(np.prod(self.shape)), self.dtype)
+        _C.device_copy(whole.ctypes.data, self.ptr, whole.nbytes)
+        return whole[self.offset:].reshape(self.shape)
 
     def __del__(self):
         _C.device_free(self.ptr)
@@ -82,6 +151,21 @@ def collectives(comm):
         raise AssertionError("allgather allocated an output for a device array")
     except braid.InvalidUsageError as e:
         assert "out=" in str(e), str(e)
+    # DLPack producers of CUDA memory: the view starts past the allocation's start
+    # (byte_offset), and the producer is asked for the stream the call joins (DLPack's 1:
+    # the legacy default stream, when the call names none).
+    dl = DLPackDeviceArray(xs[r].reshape(10, 100), offset=3)
+    comm.allreduce(dl, stream=stream)
+    assert np.array_equal(dl.get(), want.reshape(10, 100)), "allreduce on a DLPack device array"
+    assert dl.asked == [stream], f"the producer was asked for stream {dl.asked}, not the call's {stream}"
+    dl2 = DLPackDeviceArray(np.full(7, r + 1, np.int32))
+    comm.allreduce(dl2, op="max")
+    assert np.array_equal(dl2.get(), np.full(7, n, np.int32)) and dl2.asked == [1], dl2.asked
+    try:
+        comm.allreduce(DLPackDeviceArray(np.zeros((4, 5), np.float32), strides=(1, 4)))
+        raise AssertionError("a column-major DLPack export was accepted")
+    except braid.InvalidUsageError as e:
+        assert "not C-contiguous" in str(e), str(e)
     comm.barrier()
     _C.device_destroy_stream(stream)
     print(f"rank {r}: device arrays ok ({_C.device_runtime()})")
