@@ -54,11 +54,20 @@ def _red(op) -> "_C.ReduceOp":
     return r
 
 
-def _check(t: torch.Tensor, what: str) -> torch.Tensor:
+#: What takes CUDA tensors in the braid backend (the rest: CPU tensors).
+_CUDA_CALLS = ("allreduce, allreduce_coalesced, broadcast, all_gather_into_tensor, reduce_scatter_tensor "
+               "and the DDP hooks")
+
+
+def _check(t: torch.Tensor, what: str, cuda: bool = False) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise _braid._usage(f"{what} is a {type(t).__name__}, not a torch.Tensor")
-    if t.device.type != "cpu":
-        raise _braid._unsupported(f"{what} is on {t.device}; the braid backend handles CPU tensors in this build")
+    if t.device.type == "cuda":
+        if not cuda:
+            raise _braid._unsupported(f"{what} is on {t.device}; the braid backend takes CUDA tensors in "
+                                      f"{_CUDA_CALLS}, CPU tensors elsewhere")
+    elif t.device.type != "cpu":
+        raise _braid._unsupported(f"{what} is on {t.device}; the braid backend takes CPU and CUDA tensors")
     if not t.is_contiguous():
         raise _braid._usage(f"{what} is not contiguous (strides {tuple(t.stride())}); pass .contiguous()")
     return t
@@ -217,8 +226,61 @@ class _Work(dist.Work):
         pass
 
 
+class _StreamWork(dist.Work):
+    """torch Work of a call on CUDA tensors. The call is ordered on the tensors' current
+    stream (braid's stream contract, as NCCL's): work enqueued there afterwards sees the
+    result, so the future is complete at once, with CUDA events recorded on that stream
+    (torch.futures.Future(devices=...)), and wait() blocks no host thread. A failure
+    releases the stream and fails the communicator: wait() raises it once it is known, and
+    every later call on the group raises it."""
+
+    def __init__(self, src: Future, fut: Future):
+        super().__init__()
+        self._src, self._fut = src, fut
+
+    def _raise_if_failed(self) -> None:
+        if self._src.done():
+            err, _ = self._src.value()
+            if err is not None:
+                raise err
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (nothing to wait for on the host)
+        self._raise_if_failed()
+        self._fut.wait()  # the caller's current stream waits on the recorded events
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._src.done()
+
+    def is_success(self) -> bool:
+        return self._src.done() and self._src.value()[0] is None
+
+    def exception(self):
+        return self._src.value()[0] if self._src.done() else None
+
+    def result(self):
+        return self._fut.wait()
+
+    def synchronize(self) -> None:
+        self._fut.wait()
+
+
+def _cuda_device(tensors, what: str) -> Optional[torch.device]:
+    """The CUDA device of `tensors`, or None when they are CPU tensors; mixing is refused."""
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise _braid._usage(f"{what}: tensors on {sorted(str(d) for d in devices)}; one call takes tensors of "
+                            "one device")
+    d = next(iter(devices), None)
+    return d if d is not None and d.type == "cuda" else None
+
+
 class BraidProcessGroup(dist.ProcessGroup):
-    """torch.distributed process group over a braid Communicator (CPU tensors)."""
+    """torch.distributed process group over a braid Communicator: CPU tensors, and CUDA
+    tensors in the calls DDP and FSDP make (see _CUDA_CALLS)."""
 
     def __init__(self, comm: "_braid.Communicator", rank: int, size: int, timeout: Optional[timedelta] = None):
         super().__init__(rank, size)
@@ -252,24 +314,41 @@ class BraidProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"BraidProcessGroup(rank={self.rank()}, size={self.size()})"
 
-    def _work(self, works: list, finish: Callable[[], Any]) -> "dist.Work":
-        return _Work(*self._done.submit(works, finish))
+    def _work(self, works: list, finish: Callable[[], Any], device: Optional[torch.device] = None) -> "dist.Work":
+        if device is None:
+            return _Work(*self._done.submit(works, finish))
+        return _StreamWork(*self._stream_done(works, finish, device))
 
-    def _buf(self, t: torch.Tensor, what: str):
-        return _braid._buffer(_check(t, what), what, writable=True)
+    def _stream_done(self, works: list, finish: Callable[[], Any], device: torch.device):
+        """A call on CUDA tensors: its finishing work (copies, the average's division) is
+        enqueued now on the current stream, after the collective; the public future is
+        complete at once with CUDA events (Future(devices=...)). The private future, from
+        the completion queue, reports a failure and keeps the tensors referenced until
+        braid's Works are done."""
+        value = finish()
+        src, _ = self._done.submit(works, lambda: value)
+        fut: Future = Future(devices=[device])
+        fut.set_result(value)
+        return src, fut
+
+    def _buf(self, t: torch.Tensor, what: str, cuda: bool = False):
+        return _braid._buffer(_check(t, what, cuda), what, writable=True)
 
     def _allreduce_future(self, t: torch.Tensor, op=_C.ReduceOp.sum, codec: str = "", ef_key: str = "",
                           divide: int = 1) -> Future:
         """One all-reduce of `t` in place; the future yields `t` (divided by `divide` if > 1)."""
-        b = self._buf(t, "allreduce tensor")
+        b = self._buf(t, "allreduce tensor", cuda=True)
         w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, codec,
-                              ef_key, False)
+                              ef_key, False, b.stream)
 
         def finish():
             if divide > 1:
                 t.div_(divide)
             return t
 
+        device = _cuda_device([t], "allreduce")
+        if device is not None:
+            return self._stream_done([w], finish, device)[1]
         return self._done.submit([w], finish)[1]
 
     # --- collectives ------------------------------------------------------------------
@@ -277,14 +356,15 @@ class BraidProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        device = _cuda_device(tensors, "allreduce")
         works = []
         for i, t in enumerate(tensors):
-            b = self._buf(t, f"allreduce tensor {i}")
+            b = self._buf(t, f"allreduce tensor {i}", cuda=True)
             works.append(self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto,
-                                           "", "", False))
-        return self._work(works, lambda: list(tensors))
+                                           "", "", False, b.stream))
+        return self._work(works, lambda: list(tensors), device)
 
-    def _flat(self, tensors, what: str) -> torch.Tensor:
+    def _flat(self, tensors, what: str, cuda: bool = False) -> torch.Tensor:
         """The tensors' elements in one new buffer (one collective instead of one per tensor)."""
         if not tensors:
             raise _braid._usage(f"{what}: no tensors")
@@ -293,7 +373,8 @@ class BraidProcessGroup(dist.ProcessGroup):
             raise _braid._usage(f"{what}: tensors of several dtypes {sorted(str(d) for d in dtypes)}; coalesced "
                                 "collectives take one dtype (as gloo's)")
         for k, t in enumerate(tensors):
-            _check(t, f"{what} tensor {k}")
+            _check(t, f"{what} tensor {k}", cuda)
+        _cuda_device(tensors, what)  # one device
         return torch.cat([t.reshape(-1) for t in tensors])
 
     def _check_pairs(self, what: str, big, big_name: str, small, small_name: str) -> None:
@@ -309,21 +390,23 @@ class BraidProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         """One all-reduce over the flattened tensors (one dtype), results copied back."""
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = self._flat(tensors, "allreduce_coalesced")
-        b = self._buf(flat, "allreduce_coalesced staging")
-        w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, "", "", False)
+        flat = self._flat(tensors, "allreduce_coalesced", cuda=True)
+        b = self._buf(flat, "allreduce_coalesced staging", cuda=True)
+        w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, "", "", False,
+                              b.stream)
 
-        return self._work([w], lambda: _unflatten(flat, tensors))
+        return self._work([w], lambda: _unflatten(flat, tensors), _cuda_device([flat], "allreduce_coalesced"))
 
     def broadcast(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = opts.rootRank if opts is not None else 0
+        device = _cuda_device(tensors, "broadcast")
         works = []
         for i, t in enumerate(tensors):
-            b = self._buf(t, f"broadcast tensor {i}")
-            works.append(self._c.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, self._timeout))
-        return self._work(works, lambda: list(tensors))
+            b = self._buf(t, f"broadcast tensor {i}", cuda=True)
+            works.append(self._c.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, self._timeout, b.stream))
+        return self._work(works, lambda: list(tensors), device)
 
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -335,13 +418,14 @@ class BraidProcessGroup(dist.ProcessGroup):
         return self._work(works, lambda: list(tensors))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's names)
-        i = self._buf(input, "allgather input")
-        o = self._buf(output, "allgather output")
+        device = _cuda_device([output, input], "allgather")
+        i = self._buf(input, "allgather input", cuda=True)
+        o = self._buf(output, "allgather output", cuda=True)
         if o.count != i.count * self.size() or o.dtype != i.dtype:
             raise _braid._usage(f"allgather: output has {o.count} {o.dtype.name} elements, needs "
                                 f"{self.size()}*{i.count} {i.dtype.name}")
-        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
-        return self._work([w], lambda: [output])
+        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout, o.stream)
+        return self._work([w], lambda: [output], device)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
         return self._allgather_base(output, input, opts)
@@ -394,13 +478,14 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        i = self._buf(input, "reduce_scatter input")
-        o = self._buf(output, "reduce_scatter output")
+        device = _cuda_device([output, input], "reduce_scatter")
+        i = self._buf(input, "reduce_scatter input", cuda=True)
+        o = self._buf(output, "reduce_scatter output", cuda=True)
         if i.count != o.count * self.size() or o.dtype != i.dtype:
             raise _braid._usage(f"reduce_scatter: input has {i.count} {i.dtype.name} elements, needs "
                                 f"{self.size()}*{o.count} {o.dtype.name}")
-        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False)
-        return self._work([w], lambda: [output])
+        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, o.stream)
+        return self._work([w], lambda: [output], device)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         return self._reduce_scatter_base(output, input, opts)
@@ -679,7 +764,8 @@ def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwa
 
 _rendezvous_count = [0]
 
-dist.Backend.register_backend("braid", _create, devices=["cpu"])
+# One group serves both devices (torch keeps a ProcessGroup subclass as the group itself).
+dist.Backend.register_backend("braid", _create, devices=["cpu", "cuda"])
 dist.register_rendezvous_handler("braid", _braid_rendezvous)
 
 

@@ -69,3 +69,21 @@ def test_completer_stop_waits_for_its_helper_threads():
     left = [t.name for t in threading.enumerate() if t.name.startswith("braid-done-test")]
     assert not left, f"helper threads still running after stop(): {left}"
     assert ran == [1]
+
+
+def test_backend_is_registered_for_cpu_and_cuda_and_names_what_it_refuses():
+    # One braid group serves CPU and CUDA tensors (torch keeps a ProcessGroup subclass as
+    # the group itself). CUDA tensors cannot be made here (no GPU): a device neither CPU
+    # nor CUDA shows the refusal, and the check of a CUDA-only path waits for a GPU run.
+    import torch
+    import torch.distributed as dist
+
+    import braid
+    import braid.torch as bt
+
+    assert sorted(dist.Backend.backend_capability["braid"]) == ["cpu", "cuda"]
+    with pytest.raises(braid.UnsupportedError, match="takes CPU and CUDA tensors"):
+        bt._check(torch.empty(3, device="meta"), "x")
+    assert bt._cuda_device([torch.zeros(2), torch.zeros(3)], "allreduce") is None
+    with pytest.raises(braid.InvalidUsageError, match="one device"):
+        bt._cuda_device([torch.zeros(2), torch.empty(2, device="meta")], "allreduce")
