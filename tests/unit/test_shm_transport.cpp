@@ -642,9 +642,114 @@ TEST(ShmTransport, GpuBuffersMoveThroughTheDeviceRingWithHostOnesInOneFifo) {
     run_ranks(2, [&](int r) { return gpu_options(comm, r, ring); }, [](TransportRank& r) { mixed_exchange(r); });
     EXPECT_TRUE(leftovers(comm).empty()) << joined(leftovers(comm));
   }
-  // The copy-engine proxy keeps several parts of a message on the copy stream at once (a
-  // synchronous copy per part would never have more than one).
-  EXPECT_GE(bt::shm_device_copies_in_flight_peak(), 2u);
+  EXPECT_EQ(bt::shm_parts_behind_copies(), 0);
+}
+
+namespace {
+
+/// The emulated runtime with a gate in front of every copy: each copy_async first waits
+/// on its stream until the test opens the gate, so copies are issued but none has run.
+class GatedGpu final : public braid::gpu::Runtime {
+ public:
+  explicit GatedGpu(braid::gpu::Runtime& rt) : rt_(rt), gate_(static_cast<std::uint32_t*>(rt.alloc_pinned(4))) {
+    *gate_ = 0;
+  }
+  ~GatedGpu() override { rt_.free_pinned(gate_); }
+  void open() { rt_.signal(gate_, 1); }
+  std::atomic<int> copies{0};
+
+  void copy_async(void* dst, const void* src, std::size_t bytes, braid::gpu::Stream s) override {
+    ++copies;
+    rt_.wait_value(s, gate_, 1);
+    rt_.copy_async(dst, src, bytes, s);
+  }
+  // The rest as the emulated runtime.
+  braid::gpu::Backend backend() const noexcept override { return rt_.backend(); }
+  std::string describe() const override { return rt_.describe(); }
+  int device_count() const noexcept override { return rt_.device_count(); }
+  int current_device() override { return rt_.current_device(); }
+  void set_device(int d) override { rt_.set_device(d); }
+  braid::gpu::PointerInfo classify(const void* p) override { return rt_.classify(p); }
+  bool capturing(braid::gpu::Stream s) override { return rt_.capturing(s); }
+  std::string pci_bus_id(int d) override { return rt_.pci_bus_id(d); }
+  bool can_access_peer(int d, int p) override { return rt_.can_access_peer(d, p); }
+  void* alloc_device(std::size_t n, int d) override { return rt_.alloc_device(n, d); }
+  void free_device(void* p) noexcept override { rt_.free_device(p); }
+  void* alloc_pinned(std::size_t n) override { return rt_.alloc_pinned(n); }
+  void free_pinned(void* p) noexcept override { rt_.free_pinned(p); }
+  braid::gpu::Stream create_stream() override { return rt_.create_stream(); }
+  void destroy_stream(braid::gpu::Stream s) noexcept override { rt_.destroy_stream(s); }
+  void zero_async(void* p, std::size_t n, braid::gpu::Stream s) override { rt_.zero_async(p, n, s); }
+  void launch_host(braid::gpu::Stream s, void (*fn)(void*), void* arg) override { rt_.launch_host(s, fn, arg); }
+  void wait_value(braid::gpu::Stream s, std::uint32_t* w, std::uint32_t v) override { rt_.wait_value(s, w, v); }
+  void signal(std::uint32_t* w, std::uint32_t v) noexcept override { rt_.signal(w, v); }
+  void synchronize(braid::gpu::Stream s) override { rt_.synchronize(s); }
+  void copy(void* dst, const void* src, std::size_t n) override { rt_.copy(dst, src, n); }
+  void begin_capture(braid::gpu::Stream s) override { rt_.begin_capture(s); }
+  void end_capture(braid::gpu::Stream s) override { rt_.end_capture(s); }
+  std::string dmabuf_support(int d) override { return rt_.dmabuf_support(d); }
+  int export_dmabuf(const void* p, std::size_t n, std::uintptr_t* b, std::size_t* sz) override {
+    return rt_.export_dmabuf(p, n, b, sz);
+  }
+  void flush_rdma_writes(int d) override { rt_.flush_rdma_writes(d); }
+  std::uint64_t rdma_flushes() const noexcept override { return rt_.rdma_flushes(); }
+  braid::gpu::IpcHandle ipc_export(const void* p) override { return rt_.ipc_export(p); }
+  void* ipc_open(braid::gpu::IpcHandle h, std::size_t n) override { return rt_.ipc_open(std::move(h), n); }
+  void ipc_close(void* p) noexcept override { rt_.ipc_close(p); }
+
+ private:
+  braid::gpu::Runtime& rt_;
+  std::uint32_t* gate_;
+};
+
+}  // namespace
+
+// The copy-engine proxy: device parts are copied on a stream, several at once, and a part
+// is published (sender) or its slot released (receiver) only once its copy has run. With
+// every copy held at a gate, the sender fills every slot it has credit for without
+// waiting, the receiver gets nothing, and nothing completes; once the gate opens, both
+// complete with the right bytes.
+TEST(ShmTransport, DeviceCopiesRunOnAStreamAndThePartsWaitForThem) {
+  GatedGpu gpu(emulated_gpu());
+  const std::uint64_t comm = fresh_comm_id();
+  const std::size_t bytes = 3 * kSlot + 100;  // 4 parts; kSlots = 4 slots of credit
+  std::atomic<bool> held_checked{false};
+  run_ranks(
+      2,
+      [&](int r) {
+        bt::ShmOptions o = gpu_options(comm, r, true);
+        o.gpu = &gpu;
+        return o;
+      },
+      [&](TransportRank& r) {
+        r.handshake(1 - r.rank);
+        Buf buf(bytes, true);
+        bt::Request req;
+        if (r.rank == 0) {
+          buf.fill(7);
+          r.to(1)->send_device(buf.p, bytes, 9, &req);
+          // Everything the credits allow is issued, none of it has run: not one part is
+          // published, so the send is pending and the receiver has nothing.
+          EXPECT_FALSE(r.drive({&req}, 200ms));
+          EXPECT_EQ(bt::shm_parts_behind_copies(), kSlots) << "parts issued without waiting for each other's copy";
+          EXPECT_EQ(gpu.copies.load(), kSlots);
+          held_checked = true;
+          gpu.open();
+          ASSERT_TRUE(r.drive({&req}, kDeadline));
+          EXPECT_EQ(req.state, State::done) << req.error;
+        } else {
+          r.to(0)->recv_device(buf.p, bytes, 9, &req);
+          while (!held_checked) {
+            r.step();
+            EXPECT_EQ(req.state, State::pending) << "a part was received before its copy ran";
+          }
+          ASSERT_TRUE(r.drive({&req}, kDeadline));
+          EXPECT_EQ(req.state, State::done) << req.error;
+          EXPECT_TRUE(buf.holds(7));
+        }
+      });
+  EXPECT_EQ(bt::shm_parts_behind_copies(), 0);
+  EXPECT_TRUE(leftovers(comm).empty()) << joined(leftovers(comm));
 }
 
 TEST(ShmTransport, GpuBuffersCrossProcessesThroughTheMappedDeviceRing) {

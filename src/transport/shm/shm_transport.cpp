@@ -165,14 +165,8 @@ void slot_acquired(const void*) {}
 void slot_released(const void*) {}
 #endif
 
-std::atomic<std::uint64_t> g_copies_peak{0};
-
-/// Records how many parts wait behind copies on one connection's stream (tests).
-void note_pending(std::size_t n) noexcept {
-  std::uint64_t peak = g_copies_peak.load(std::memory_order_relaxed);
-  while (n > peak && !g_copies_peak.compare_exchange_weak(peak, n, std::memory_order_relaxed)) {
-  }
-}
+/// Parts of this process's connections waiting behind copies on their streams (tests).
+std::atomic<long> g_pending{0};
 
 void count_copy_done(void* counter) noexcept {
   static_cast<std::atomic<std::uint64_t>*>(counter)->fetch_add(1, std::memory_order_release);
@@ -461,6 +455,11 @@ class ShmTransport final : public Skeleton {
   /// Waits for the connection's copies (local work, bounded: none waits on the peer) and
   /// forgets its pending parts: before its mappings or the device ring go away.
   void finish_copies(ShmConnection& c) noexcept;
+  /// Publishes the parts whose copies have run (in ring order) and completes the sends
+  /// whose parts are all published; true when anything moved.
+  bool publish_copied(ShmConnection& c);
+  /// Destroys the connection's copy stream (after finish_copies). Never throws.
+  void destroy_copy_stream(ShmConnection& c) noexcept;
   /// Writes a slot's header and advances the published head.
   void publish(ShmConnection& c, std::size_t idx, const wire::SlotHeader& h);
   void on_ack(ShmConnection& c, const wire::Ack& a, const std::string& reason);
@@ -568,11 +567,7 @@ ShmTransport::~ShmTransport() {
   for (ShmConnection* c : conns_.all()) {
     close_socket(*c);
     finish_copies(*c);
-    if (c->copy_stream_) {
-      OnGpu on(*opts_.gpu, opts_.gpu_device);
-      opts_.gpu->destroy_stream(c->copy_stream_);
-      c->copy_stream_ = nullptr;
-    }
+    destroy_copy_stream(*c);
     c->map_.reset();
     release_device_ring(*c);
   }
@@ -632,6 +627,7 @@ void ShmTransport::fail(ShmConnection& c, const std::string& msg, bool closed, i
   if (!c.failure_.set(msg, closed, blame)) return;
   close_socket(c);
   finish_copies(c);  // a copy still running may write the mapping or the caller's buffer
+  destroy_copy_stream(c);
   c.map_.reset();
   c.out_ = c.in_ = RingView{};
   c.dev_out_ = c.dev_in_ = nullptr;  // the ring itself stays until the transport goes (see the top)
@@ -677,10 +673,10 @@ bool ShmTransport::prepare_sleep() {
   for (ShmConnection* c : conns_.all()) {
     if (c->failure_.failed) continue;
     if (c->readable_) ready = true;
-    if (c->setup_ != ShmConnection::Setup::up || c->eof_) continue;
     // Copies on the copy stream: no wake-up comes when they finish, and they take
-    // microseconds (a slot each, local): poll until they have.
+    // microseconds (a slot each, local): poll until they have (after EOF too).
     if (!c->out_pending_.empty() || !c->in_pending_.empty()) ready = true;
+    if (c->setup_ != ShmConnection::Setup::up || c->eof_) continue;
     if (c->recv_idx_ < c->recvs_.size()) {
       c->in_.ctl->consumer_sleeping.store(1, std::memory_order_relaxed);
       c->armed_in_ = true;
@@ -720,6 +716,9 @@ bool ShmTransport::progress_connection(ShmConnection& c) {
   if (c.failure_.failed || c.setup_ != ShmConnection::Setup::up) return moved;
   moved |= progress_recv(c);
   if (!c.failure_.failed && !c.eof_) moved |= progress_send(c);
+  // After EOF nothing new is sent, but parts whose copy was running are published (the
+  // peer is gone; a send completes once its data is in the ring, as before EOF).
+  if (!c.failure_.failed && c.eof_ && !c.out_pending_.empty()) moved |= publish_copied(c);
   if (!c.failure_.failed && c.eof_ && (!c.recvs_.empty() || !c.sends_.empty()) && c.in_pending_.empty() &&
       c.out_pending_.empty()) {  // parts being copied complete first
     const bool midway = !c.recvs_.empty() && c.recvs_.front().started;
@@ -775,7 +774,7 @@ bool ShmTransport::progress_send(ShmConnection& c) {
       published = true;
     } else {
       c.out_pending_.push_back(pp);
-      note_pending(c.out_pending_.size());
+      g_pending.fetch_add(1, std::memory_order_relaxed);
     }
     op.posted += part;
     moved = true;
@@ -785,6 +784,16 @@ bool ShmTransport::progress_send(ShmConnection& c) {
       ++c.post_idx_;
     }
   }
+  if (published) {
+    moved = true;
+    bell_if_flagged(c, c.out_.ctl->consumer_sleeping);
+  }
+  return publish_copied(c) || moved;
+}
+
+bool ShmTransport::publish_copied(ShmConnection& c) {
+  const std::uint64_t slots = layout_.slots;
+  bool moved = false;
   // Parts behind a copy: published in ring order once the copy stream has run theirs.
   const std::uint64_t done = c.copies_done_.load(std::memory_order_acquire);
   while (!c.out_pending_.empty() && c.out_pending_.front().copy <= done) {
@@ -792,12 +801,10 @@ bool ShmTransport::progress_send(ShmConnection& c) {
     if (pp.copy != 0) slot_released(pp.slot);
     publish(c, static_cast<std::size_t>(c.out_head_ % slots), pp.header);
     c.out_pending_.pop_front();
-    published = true;
-  }
-  if (published) {
+    g_pending.fetch_sub(1, std::memory_order_relaxed);
     moved = true;
-    bell_if_flagged(c, c.out_.ctl->consumer_sleeping);
   }
+  if (moved) bell_if_flagged(c, c.out_.ctl->consumer_sleeping);
   // Sends complete in posted order, once their last part is published: the data has
   // left the caller's buffer.
   while (!c.sends_.empty()) {
@@ -893,7 +900,7 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
       released = true;
     } else {
       c.in_pending_.push_back(pp);
-      note_pending(c.in_pending_.size());
+      g_pending.fetch_add(1, std::memory_order_relaxed);
     }
     op.got += h.part_bytes;
     op.started = true;
@@ -908,6 +915,7 @@ bool ShmTransport::progress_recv(ShmConnection& c) {
     if (pp.copy != 0) slot_released(pp.slot);
     c.in_.ctl->tail.store(++c.in_tail_, std::memory_order_release);
     c.in_pending_.pop_front();
+    g_pending.fetch_sub(1, std::memory_order_relaxed);
     released = true;
     moved = true;
   }
@@ -1239,6 +1247,16 @@ std::uint64_t ShmTransport::device_copy_async(ShmConnection& c, void* dst, const
   }
 }
 
+void ShmTransport::destroy_copy_stream(ShmConnection& c) noexcept {
+  if (c.copy_stream_ == nullptr) return;
+  try {
+    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    opts_.gpu->destroy_stream(c.copy_stream_);
+  } catch (...) {
+  }
+  c.copy_stream_ = nullptr;
+}
+
 void ShmTransport::finish_copies(ShmConnection& c) noexcept {
   if (c.copy_stream_ == nullptr) return;
   try {
@@ -1247,6 +1265,7 @@ void ShmTransport::finish_copies(ShmConnection& c) noexcept {
   } catch (const std::exception& e) {
     BRAID_LOG(warn, self() << ": waiting for the copies of " << c.who() << " failed: " << e.what());
   }
+  g_pending.fetch_sub(static_cast<long>(c.out_pending_.size() + c.in_pending_.size()), std::memory_order_relaxed);
   c.out_pending_.clear();
   c.in_pending_.clear();
 }
@@ -1387,7 +1406,7 @@ Clock::time_point ShmTransport::connection_deadlines(Clock::time_point now) {
 
 // ---------------------------------------------------------------------------
 
-std::uint64_t shm_device_copies_in_flight_peak() noexcept { return g_copies_peak.load(std::memory_order_relaxed); }
+long shm_parts_behind_copies() noexcept { return g_pending.load(std::memory_order_relaxed); }
 
 std::size_t shm_segment_bytes(std::size_t slot_bytes, int slots) {
   return wire::layout(slot_bytes, static_cast<std::size_t>(slots < 0 ? 0 : slots)).total_bytes;

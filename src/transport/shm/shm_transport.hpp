@@ -51,10 +51,10 @@ struct ShmOptions : CommonOptions {
 std::unique_ptr<Transport> make_shm_transport(const ShmOptions& options, Poller& poller,
                                               PeerDirectory& directory);
 
-/// The most parts any shm connection of this process has had waiting behind copies on its
-/// copy stream at once, issued without waiting for the one before (the asynchronous
-/// copy-engine proxy; tests).
-std::uint64_t shm_device_copies_in_flight_peak() noexcept;
+/// Parts of this process's shm connections now waiting behind copies on their copy
+/// streams (the asynchronous copy-engine proxy): to be published or released once their
+/// copy has run (tests).
+long shm_parts_behind_copies() noexcept;
 
 /// Bytes of /dev/shm one pair of ranks needs with these settings (the segment size).
 std::size_t shm_segment_bytes(std::size_t slot_bytes, int slots);
