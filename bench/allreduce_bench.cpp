@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -215,10 +216,13 @@ double time_round(braid::Communicator& comm, const void* send, void* recv, std::
 // inputs, with error feedback (keyed per codec and size) unless --no-ef. The table has a
 // row per codec: the median over rounds, its ratio to the median of `none` (when
 // listed), the effective busbw of the median, and the relative L2 error of one fresh
-// step (residuals reset) against the exact all-reduce.
+// step (residuals reset) against the exact all-reduce. With --device (`dsend` set), the
+// buffers are device memory (dsend, drecv of at least hi bytes) and the calls join
+// `stream`; inputs and the error check go through host copies.
 int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>& codecs, std::size_t lo,
                        std::size_t hi, double factor, int iters, int warmup, int rounds, int check, bool blocking,
-                       bool no_ef, ReduceOp op, const std::string& oname, const std::string& csv) {
+                       bool no_ef, ReduceOp op, const std::string& oname, const std::string& csv,
+                       void* dsend = nullptr, void* drecv = nullptr, void* stream = nullptr) {
   const int rank = comm.rank(), world = comm.size();
   const std::size_t nc = codecs.size();
   std::ofstream csvf;
@@ -229,17 +233,28 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
                 no_ef ? "no error feedback" : "error feedback");
     std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; codecs "
                 "interleaved, in a fresh random order each round; busbw effective (uncompressed bytes / time)\n");
+    if (dsend)
+      std::printf("# device runtime: %s; buffers in device memory, one stream per rank, BRAID_DEVICE_PATH=%s\n",
+                  braid::device::runtime().c_str(), std::getenv("BRAID_DEVICE_PATH") ? std::getenv("BRAID_DEVICE_PATH")
+                                                                                      : "staged");
     std::printf("#%12s %12s %12s %8s %8s %10s\n", "size(B)", "codec", "time(us)", "vs none", "busbw", "rel.L2 err");
     open_csv(csvf, csv, "size,count,codec,round,time_us");
   }
   std::vector<float> send(hi / 4 + 16), recv(hi / 4 + 16);
+  float* const in = dsend ? static_cast<float*>(dsend) : send.data();
+  float* const out = dsend ? static_cast<float*>(drecv) : recv.data();
   long long total_wrong = 0;
   for (double size_d = static_cast<double>(lo);; size_d *= factor) {
     const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
     const std::size_t count = size / 4;
     for (std::size_t i = 0; i < count; ++i) send[i] = gradient_value(rank, i);
+    if (dsend) braid::device::copy(dsend, send.data(), count * 4);
     std::vector<braid::AllreduceOptions> opts(nc);
     for (std::size_t c = 0; c < nc; ++c) {
+      if (dsend) {
+        opts[c].stream = stream;
+        opts[c].memory = braid::MemoryKind::device;
+      }
       opts[c].codec = codecs[c];
       if (no_ef) opts[c].allow_biased = true;
       else opts[c].ef_key = "bench-" + codecs[c] + "-" + std::to_string(count);
@@ -248,7 +263,7 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
     const auto orders = round_orders(nc, rounds, static_cast<unsigned>(count));
     for (int round = 0; round < rounds; ++round) {
       for (const std::size_t c : orders[static_cast<std::size_t>(round)]) {
-        times[c].push_back(time_round(comm, send.data(), recv.data(), count, DataType::f32, op, opts[c],
+        times[c].push_back(time_round(comm, in, out, count, DataType::f32, op, opts[c],
                                       round == 0 ? warmup : 1, iters, blocking));
         if (csvf) csvf << count * 4 << ',' << count << ',' << codecs[c] << ',' << round << ',' << times[c].back() << '\n';
       }
@@ -261,7 +276,8 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
       double relerr = -1;
       if (check) {
         if (!opts[c].ef_key.empty()) comm.reset_error_feedback(opts[c].ef_key);
-        comm.allreduce(send.data(), recv.data(), count, DataType::f32, op, opts[c]).wait();
+        comm.allreduce(in, out, count, DataType::f32, op, opts[c]).wait();
+        if (dsend) braid::device::copy(recv.data(), drecv, count * 4);
         double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
         for (std::size_t i = 0; i < count; ++i) {
           double exact = 0;
@@ -686,9 +702,9 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
     std::cerr << "allreduce_bench: " << e.what() << "\n";
     return 2;
   }
-  if (device && (anames.size() > 1 || codec.find(',') != std::string::npos || idle_seconds > 0)) {
-    std::cerr << "allreduce_bench: bad arguments: --device and --backend nccl run the plain sweep; drop the --algo "
-                 "or --codec list and --idle-seconds\n";
+  if (device && (anames.size() > 1 || (nccl && codec.find(',') != std::string::npos) || idle_seconds > 0)) {
+    std::cerr << "allreduce_bench: bad arguments: --device runs the plain sweep or a --codec list (not with --backend "
+                 "nccl); drop the --algo list and --idle-seconds\n";
     return 2;
   }
   if (!dtype || !op || !algo || sweep.factor <= 1.0 || hi < lo) {
@@ -740,7 +756,8 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                            "a list of --codec runs f32 sum/avg sweeps with one --algo; drop --idle-seconds, -d or the "
                            "--algo list");
       return codec_side_by_side(comm, split_commas(codec), lo, hi, sweep.factor, sweep.iters, sweep.warmup, rounds,
-                                sweep.check, blocking, no_ef, *op, oname, csv);
+                                sweep.check, blocking, no_ef, *op, oname, csv, device ? ds.send : nullptr,
+                                device ? ds.recv : nullptr, device ? ds.stream : nullptr);
     }
     if (compressed) {
       opts.codec = codec;
