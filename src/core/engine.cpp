@@ -284,6 +284,19 @@ struct Engine::Exec {
       if (state[plan->deps[s.dep_begin + d]] != kDone) return false;
     return true;
   }
+  /// The direct device path: every dependency is done or has its device work on the
+  /// engine's stream already (kOnDevice), so work enqueued on that stream now runs after
+  /// it. For steps whose own work goes on that stream first: local steps, and sends
+  /// through a pinned slot (their copy into the slot), never what a transport reads or
+  /// writes by itself.
+  bool deps_on_stream(std::uint32_t i) const {
+    const Step& s = plan->steps[i];
+    for (std::uint32_t d = 0; d < s.dep_count; ++d) {
+      const auto st = state[plan->deps[s.dep_begin + d]];
+      if (st != kDone && st != kOnDevice) return false;
+    }
+    return true;
+  }
   std::uint64_t tag(std::size_t index_in_queue) const {
     if (op.p2p) return op.tag_base;
     return (op.seq << 24) | (index_in_queue & 0xffffff);
@@ -865,18 +878,29 @@ void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
   }
   if (s.finalize) d.divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
   ex.state[i] = kOnDevice;
-  ex.on_device.push_back({i, d.notify(), false, 0, 0});
+  ex.on_device.push_back({i, nullptr, false, 0, 0});  // flagged by flag_tail() or a later entry
+}
+
+void Engine::flag_tail(Exec& ex) {
+  if (!ex.on_device.empty() && !ex.on_device.back().ran) ex.on_device.back().ran = ex.dev->notify();
 }
 
 bool Engine::reap_device(Exec& ex) {
-  bool any = false;
-  // One stream: its work runs in the order it was enqueued, so stop at the first that has
-  // not run (a later flag seen first must not post a send out of order).
-  while (ex.on_device_head < ex.on_device.size()) {
+  // One stream: its work runs in the order it was enqueued, so an entry without a flag of
+  // its own has run once a later entry's flag is set, and nothing after the first flag
+  // not yet set has (a later flag seen first must not post a send out of order).
+  std::size_t ran_through = ex.on_device_head;
+  for (std::size_t k = ex.on_device_head; k < ex.on_device.size(); ++k) {
+    const auto& f = ex.on_device[k].ran;
+    if (!f) continue;
+    if (!f->load(std::memory_order_acquire)) break;
+    ran_through = k + 1;
+  }
+  if (ran_through == ex.on_device_head) return false;
+  // A decode that found a peer's payload malformed wrote nothing: the step failed.
+  if (const std::string why = ex.dev->failure(); !why.empty()) throw Error(ErrorCode::Network, why);
+  for (; ex.on_device_head < ran_through; ++ex.on_device_head) {
     auto& w = ex.on_device[ex.on_device_head];
-    if (!w.ran->load(std::memory_order_acquire)) break;
-    // A decode that found a peer's payload malformed wrote nothing: the step failed.
-    if (const std::string why = ex.dev->failure(); !why.empty()) throw Error(ErrorCode::Network, why);
     if (w.then_send) {
       const Step& s = ex.plan->steps[w.step];
       ex.state[w.step] = kPosted;
@@ -886,14 +910,12 @@ bool Engine::reap_device(Exec& ex) {
       finish_step(ex, w.step);
     }
     w.ran.reset();
-    ++ex.on_device_head;
-    any = true;
   }
   if (ex.on_device_head == ex.on_device.size()) {
     ex.on_device.clear();
     ex.on_device_head = 0;
   }
-  return any;
+  return true;
 }
 
 // Starts every queue head whose dependencies are met; returns whether any started.
@@ -904,9 +926,9 @@ bool Engine::post_ready(Exec& ex) {
     const auto peer2 = 2 * static_cast<std::size_t>(p.peers[q]);
     while (order_mark_[peer2] != order_gen_ && ex.send_head[q] < ex.sendq[q].size()) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
-      if (!ex.deps_done(i)) break;
-      const Step& s = p.steps[i];
       const bool device_conn = ex.dev && ex.conns[q]->takes_device_memory();
+      if (!(ex.dev && !device_conn ? ex.deps_on_stream(i) : ex.deps_done(i))) break;
+      const Step& s = p.steps[i];
       if (ex.dev && !device_conn) {
         // Device to the step's pinned slot first; reap_device() posts the send.
         ex.slot[i] = ex.dev->take_pinned(ex.bytes(s.src));
@@ -957,7 +979,7 @@ bool Engine::post_ready(Exec& ex) {
   }
   while (ex.local_head < ex.localq.size()) {
     const std::uint32_t i = ex.localq[ex.local_head];
-    if (!ex.deps_done(i)) break;
+    if (!(ex.dev ? ex.deps_on_stream(i) : ex.deps_done(i))) break;
     const Step& s = p.steps[i];
     if (ex.dev) {
       enqueue_device(ex, i);
@@ -1232,6 +1254,7 @@ bool Engine::step(bool& unrouted) {
         if (ex.dev) progressed |= reap_device(ex);
         progressed |= reap(ex);
         progressed |= post_ready(ex);
+        if (ex.dev) flag_tail(ex);
       }
       if (ex.done == ex.plan->steps.size()) {
         BRAID_LOG(trace, "done " << ex.op.name);

@@ -257,6 +257,9 @@ class Engine {
   void enqueue_device(Exec& ex, std::uint32_t i);
   /// Moves on the steps whose device work has run (in stream order).
   bool reap_device(Exec& ex);
+  /// Gives the last device entry a completion flag if it has none (once per pass: the
+  /// entries before it are known to have run when it has).
+  void flag_tail(Exec& ex);
 
   /// Set by admit() (the driving thread, under the drive lock): the deadline of a device
   /// call's gate that holds the queue's head shut (max() when none), and, once it has
