@@ -28,6 +28,8 @@
 #                          one GPU over shm and tcp (CSV per run; NCCL's rows beside braid's
 #                          where NCCL accepts the layout: NCCL < 2.30 refuses several ranks
 #                          on one GPU, which the log says)
+#   bench_2r_tcp_codecs_direct  allreduce_bench --device --codec none,fp16,int8,sign1 at 2 ranks
+#                          over tcp on the direct path (codecs as kernels on the GPU)
 #   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
 # The correctness steps run side by side; the timed benches run alone, one after another.
 #
@@ -292,6 +294,12 @@ if [ "$gpu" = 1 ]; then
       --device -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
     require_device "$name"
   done
+  # Compressed all-reduce on device buffers (direct path: codecs as kernels, only encoded
+  # bytes leave the GPU), the codecs side by side over tcp.
+  fg_step bench_2r_tcp_codecs_direct 60 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=tcp '$run' -n 2 \
+    --timeout 55 -- '$ab' --device -b 64M -e 64M -n 5 -w 1 --rounds 5 --codec none,fp16,int8,sign1 \
+    --csv '$out/bench_2r_tcp_codecs_direct.csv'"
+  require_device bench_2r_tcp_codecs_direct
   if [ -x "$bd/bench/bench_cuda_kernels" ]; then
     fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
       --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
@@ -306,7 +314,7 @@ else
   fg_step bench_device_emulated_direct 90 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
     '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_direct.csv'"
   for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_direct bench_4r_tcp_direct \
-    bench_cuda_kernels; do skip $s "no GPU"; done
+    bench_2r_tcp_codecs_direct bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 
 # --- summary --------------------------------------------------------------------------------
