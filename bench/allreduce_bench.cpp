@@ -44,7 +44,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -234,9 +233,8 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
     std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; codecs "
                 "interleaved, in a fresh random order each round; busbw effective (uncompressed bytes / time)\n");
     if (dsend)
-      std::printf("# device runtime: %s; buffers in device memory, one stream per rank, BRAID_DEVICE_PATH=%s\n",
-                  braid::device::runtime().c_str(), std::getenv("BRAID_DEVICE_PATH") ? std::getenv("BRAID_DEVICE_PATH")
-                                                                                      : "staged");
+      std::printf("# device runtime: %s; buffers in device memory, one stream per rank\n",
+                  braid::device::runtime().c_str());
     std::printf("#%12s %12s %12s %8s %8s %10s\n", "size(B)", "codec", "time(us)", "vs none", "busbw", "rel.L2 err");
     open_csv(csvf, csv, "size,count,codec,round,time_us");
   }

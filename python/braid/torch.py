@@ -226,7 +226,7 @@ class _Work(dist.Work):
         pass
 
 
-class _StreamWork(dist.Work):
+class _StreamWork(_Work):
     """torch Work of a call on CUDA tensors. The call is ordered on the tensors' current
     stream (braid's stream contract, as NCCL's): work enqueued there afterwards sees the
     result, so the future is complete at once, with CUDA events recorded on that stream
@@ -234,35 +234,19 @@ class _StreamWork(dist.Work):
     releases the stream and fails the communicator: wait() raises it once it is known, and
     every later call on the group raises it."""
 
-    def __init__(self, src: Future, fut: Future):
-        super().__init__()
-        self._src, self._fut = src, fut
-
-    def _raise_if_failed(self) -> None:
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (nothing to wait for on the host)
         if self._src.done():
             err, _ = self._src.value()
             if err is not None:
                 raise err
-
-    def wait(self, timeout: Optional[timedelta] = None) -> bool:  # noqa: ARG002 (nothing to wait for on the host)
-        self._raise_if_failed()
         self._fut.wait()  # the caller's current stream waits on the recorded events
         return True
-
-    def get_future(self) -> Future:
-        return self._fut
 
     def is_completed(self) -> bool:
         return self._src.done()
 
     def is_success(self) -> bool:
         return self._src.done() and self._src.value()[0] is None
-
-    def exception(self):
-        return self._src.value()[0] if self._src.done() else None
-
-    def result(self):
-        return self._fut.wait()
 
     def synchronize(self) -> None:
         self._fut.wait()
