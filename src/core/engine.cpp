@@ -284,16 +284,20 @@ struct Engine::Exec {
       if (state[plan->deps[s.dep_begin + d]] != kDone) return false;
     return true;
   }
-  /// The direct device path: every dependency is done or has its device work on the
-  /// engine's stream already (kOnDevice), so work enqueued on that stream now runs after
-  /// it. For steps whose own work goes on that stream first: local steps, and sends
-  /// through a pinned slot (their copy into the slot), never what a transport reads or
-  /// writes by itself.
+  /// The direct device path: every dependency is done, has its device work on the
+  /// engine's stream already (kOnDevice), or is a send through a pinned slot whose copy
+  /// has run (it reads only its slot from then on), so work enqueued on that stream now
+  /// runs after what it depends on. For steps whose own work goes on that stream first:
+  /// local steps, and sends through a pinned slot (their copy into the slot), never what
+  /// a transport reads or writes by itself.
   bool deps_on_stream(std::uint32_t i) const {
     const Step& s = plan->steps[i];
     for (std::uint32_t d = 0; d < s.dep_count; ++d) {
-      const auto st = state[plan->deps[s.dep_begin + d]];
-      if (st != kDone && st != kOnDevice) return false;
+      const std::uint32_t dep = plan->deps[s.dep_begin + d];
+      const auto st = state[dep];
+      if (st == kDone || st == kOnDevice) continue;
+      if (st == kPosted && plan->steps[dep].kind == StepKind::send && slot[dep] != nullptr) continue;
+      return false;
     }
     return true;
   }
@@ -886,6 +890,7 @@ void Engine::flag_tail(Exec& ex) {
 }
 
 bool Engine::reap_device(Exec& ex) {
+  flag_tail(ex);  // every entry is covered by a flag (the engine loop flags each pass's tail too)
   // One stream: its work runs in the order it was enqueued, so an entry without a flag of
   // its own has run once a later entry's flag is set, and nothing after the first flag
   // not yet set has (a later flag seen first must not post a send out of order).
