@@ -327,7 +327,7 @@ class UcxTransport final : public Transport {
   }
   ~UcxTransport() override {
     close_all("ucx transport closed");
-    if (!leaked_worker_) release_context(api_, context_);  // else the context stays with the worker
+    release_context(api_, context_);
   }
 
   const char* name() const noexcept override { return "ucx"; }
@@ -498,7 +498,6 @@ class UcxTransport final : public Transport {
   std::vector<void*> closing_;                 ///< endpoint closes in flight
   bool changed_ = false;
   bool closed_ = false;
-  bool leaked_worker_ = false;  ///< shutdown() could not destroy the worker (see there)
   std::string closed_reason_;
 };
 
@@ -879,23 +878,11 @@ void UcxTransport::shutdown() noexcept {
   do {
     api_.worker_progress(worker_);
   } while (busy() && Clock::now() < until);
-  const bool stuck = busy();
   for (void* r : closing_) api_.request_free(r);  // one still in flight is released by UCX
   closing_.clear();
   poller_.unwatch(efd_);
   poller_.unwatch(timer_fd_.get());
-  if (stuck) {
-    // An endpoint close that cannot finish (a flush to a peer whose link is gone) keeps a
-    // request on its endpoint, and ucp_worker_destroy then aborts the process on UCX's
-    // assertion that none is left (seen in the link-cut test). The worker (and the
-    // process's UCX context, which must outlive it) is left to the process's exit instead:
-    // nothing progresses it again, so no callback of ours runs.
-    BRAID_LOG(warn, "ucx transport: endpoint closes or requests still in flight after "
-                        << "500 ms; leaving this transport's UCX worker to the process's exit");
-    leaked_worker_ = true;
-  } else {
-    api_.worker_destroy(worker_);
-  }
+  api_.worker_destroy(worker_);
   worker_ = nullptr;
   timer_fd_.reset();
 }
