@@ -85,30 +85,11 @@ void check_launch(kc::Status st, const char* what, std::size_t n) {
 
 }  // namespace
 
-class DeviceExec::OnDevice {
+// The engine's thread keeps the device once set: restoring "its" device would make it
+// current, and on CUDA 12 setting a device creates its context (GPU 0's, for every rank).
+class DeviceExec::OnDevice : public gpu::ScopedDevice {
  public:
-  // The engine's thread keeps the device once set: restoring "its" device would make it
-  // current, and on CUDA 12 setting a device creates its context (GPU 0's, for every rank).
-  explicit OnDevice(DeviceExec& d) : rt_(d.rt_), want_(d.device_), restore_(std::this_thread::get_id() != d.engine_) {
-    had_ = rt_.current_device();
-    if (had_ != want_) rt_.set_device(want_);
-  }
-  ~OnDevice() {
-    if (restore_ && had_ != want_) {
-      try {
-        rt_.set_device(had_);
-      } catch (...) {
-      }
-    }
-  }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  gpu::Runtime& rt_;
-  int want_;
-  bool restore_;
-  int had_ = 0;
+  explicit OnDevice(DeviceExec& d) : ScopedDevice(d.rt_, d.device_, std::this_thread::get_id() != d.engine_) {}
 };
 
 DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake, std::thread::id engine)

@@ -163,6 +163,34 @@ class Runtime {
   virtual void ipc_close(void* p) noexcept = 0;
 };
 
+/// Makes `device` current on the calling thread for its lifetime (nothing for device < 0)
+/// and, with `restore`, puts the thread's own device back afterwards. Not restoring is for
+/// a thread that keeps the device once set (an engine's): on CUDA 12 setting a device
+/// makes its context, so "restoring" device 0 would make GPU 0's in every process.
+class ScopedDevice {
+ public:
+  ScopedDevice(Runtime& rt, int device, bool restore = true) : rt_(rt) {
+    if (device < 0) return;
+    const int had = rt_.current_device();
+    if (had == device) return;
+    rt_.set_device(device);
+    if (restore) had_ = had;
+  }
+  ~ScopedDevice() {
+    if (had_ < 0) return;
+    try {
+      rt_.set_device(had_);
+    } catch (...) {
+    }
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  Runtime& rt_;
+  int had_ = -1;  ///< the device to put back; -1: none
+};
+
 /// The process's runtime. The first call picks the backend from `choice` ("auto": cuda
 /// when this build has CUDA and a device is present, else none; "cuda", "emulated",
 /// "none"); later calls return the same runtime whatever they pass. Throws

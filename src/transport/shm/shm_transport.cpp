@@ -172,31 +172,6 @@ void count_copy_done(void* counter) noexcept {
   static_cast<std::atomic<std::uint64_t>*>(counter)->fetch_add(1, std::memory_order_release);
 }
 
-/// Makes `device` current on the calling thread (the progress thread may have set up a
-/// host-only pair first, or be a helping user thread on another GPU) and restores the
-/// thread's own device afterwards.
-class OnGpu {
- public:
-  OnGpu(gpu::Runtime& rt, int device) : rt_(rt) {
-    if (device < 0) return;
-    had_ = rt_.current_device();
-    if (had_ != device) rt_.set_device(device);
-    else had_ = -1;
-  }
-  ~OnGpu() {
-    if (had_ < 0) return;
-    try {
-      rt_.set_device(had_);
-    } catch (...) {
-    }
-  }
-  OnGpu(const OnGpu&) = delete;
-  OnGpu& operator=(const OnGpu&) = delete;
-
- private:
-  gpu::Runtime& rt_;
-  int had_ = -1;
-};
 
 /// The device rings this process allocated, with how many transports use each: ranks that
 /// are threads of one process share lo's ring by pointer (CUDA cannot open a handle in the
@@ -1236,7 +1211,7 @@ void ShmTransport::release_device_ring(ShmConnection& c) noexcept {
 
 std::uint64_t ShmTransport::device_copy_async(ShmConnection& c, void* dst, const void* src, std::size_t n) {
   try {
-    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    gpu::ScopedDevice on(*opts_.gpu, opts_.gpu_device);  // whatever thread drives progress
     if (c.copy_stream_ == nullptr) c.copy_stream_ = opts_.gpu->create_stream();
     opts_.gpu->copy_async(dst, src, n, c.copy_stream_);
     opts_.gpu->launch_host(c.copy_stream_, &count_copy_done, &c.copies_done_);
@@ -1250,7 +1225,7 @@ std::uint64_t ShmTransport::device_copy_async(ShmConnection& c, void* dst, const
 void ShmTransport::destroy_copy_stream(ShmConnection& c) noexcept {
   if (c.copy_stream_ == nullptr) return;
   try {
-    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    gpu::ScopedDevice on(*opts_.gpu, opts_.gpu_device);  // whatever thread drives progress
     opts_.gpu->destroy_stream(c.copy_stream_);
   } catch (...) {
   }
@@ -1260,7 +1235,7 @@ void ShmTransport::destroy_copy_stream(ShmConnection& c) noexcept {
 void ShmTransport::finish_copies(ShmConnection& c) noexcept {
   if (c.copy_stream_ == nullptr) return;
   try {
-    OnGpu on(*opts_.gpu, opts_.gpu_device);
+    gpu::ScopedDevice on(*opts_.gpu, opts_.gpu_device);  // whatever thread drives progress
     opts_.gpu->synchronize(c.copy_stream_);
   } catch (const std::exception& e) {
     BRAID_LOG(warn, self() << ": waiting for the copies of " << c.who() << " failed: " << e.what());
