@@ -13,6 +13,8 @@
 #   linkcut   4 hosts; while a long ring all-reduce runs, host vc3's link goes down; every
 #             rank must report a braid error within BRAID_TIMEOUT + 3 s (no hang); the
 #             ranks on the other hosts must name rank 2 (vc3's), rank 2 a peer it lost
+#             (directly or through a peer); the link stays down 3 s after that, and every
+#             process must still exit (mpirun finishes once the link is back)
 #   flap      4 hosts; while checked all-reduces run (BRAID_TIMEOUT 8 s), host vc3's link
 #             goes down for 1 s and comes back. The job must either complete with every
 #             result correct, or fail on every rank with a braid error naming a peer;
@@ -166,6 +168,11 @@ case $case in
       if [ "$n" -ge 4 ]; then done_at=$(date +%s.%N); break; fi
       sleep 0.1
     done
+    # The link stays down a while longer, so that the ranks close their communicators
+    # while it is: a close then meets sends stuck on the cut link (with ucx, UCX 1.13's tcp
+    # transport aborted the process there when eager sends were zero-copy; an aborted rank
+    # hangs mpirun in MPI_Finalize, caught below as exit 124).
+    sleep 3
     ip link set vc3-br up  # lets vc3's daemon report back, so mpirun can finish
     wait "$job"
     rc=$?

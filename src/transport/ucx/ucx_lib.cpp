@@ -96,6 +96,18 @@ const Api* load(const std::string& library, std::string* why) {
   return &loaded->api;
 }
 
+std::vector<std::string> context_resources(const Api& api, ucp_context_h context) {
+  char* buf = nullptr;
+  std::size_t len = 0;
+  FILE* f = ::open_memstream(&buf, &len);
+  if (f == nullptr) return {};
+  api.context_print_info(context, f);
+  std::fclose(f);
+  auto out = parse_resources(std::string(buf, len));
+  std::free(buf);
+  return out;
+}
+
 bool is_rdma_transport(const std::string& tl) {
   for (const char* p : {"rc", "dc", "ud"}) {
     const std::string pre = p;
@@ -130,14 +142,7 @@ Status probe(const std::string& library) {
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   if (a->context_query(context, &attr) == UCS_OK) s.memory_types = attr.memory_types;
   s.cuda = (s.memory_types & (std::uint64_t{1} << UCS_MEMORY_TYPE_CUDA)) != 0;
-  char* buf = nullptr;
-  std::size_t len = 0;
-  if (FILE* f = ::open_memstream(&buf, &len)) {
-    a->context_print_info(context, f);
-    std::fclose(f);
-    s.resources = parse_resources(std::string(buf, len));
-    std::free(buf);
-  }
+  s.resources = context_resources(*a, context);
   a->cleanup(context);
   for (const auto& r : s.resources)
     if (is_rdma_transport(r.substr(0, r.find('/')))) s.rdma = true;

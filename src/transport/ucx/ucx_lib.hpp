@@ -55,4 +55,8 @@ struct Api {
 /// in *why (the dlopen error, a missing entry point, or a version older than 1.10).
 const Api* load(const std::string& library, std::string* why);
 
+/// The transport resources of an open context as UCX names them ("tcp/eth0",
+/// "rc_mlx5/mlx5_0:1"), read from ucp_context_print_info.
+std::vector<std::string> context_resources(const Api& api, ucp_context_h context);
+
 }  // namespace braid::transport::ucx

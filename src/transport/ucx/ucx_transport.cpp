@@ -57,6 +57,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -110,16 +111,8 @@ ProcessContext& process() {
   return *p;
 }
 
-ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::string* why) {
-  ProcessContext& pc = process();
-  std::lock_guard<std::mutex> g(pc.mu);
-  if (pc.context != nullptr && pc.owner == ::getpid()) {
-    ++pc.users;
-    return pc.context;
-  }
-  // A forked child never uses (or cleans up) the context of its parent.
-  pc.context = nullptr;
-  pc.users = 0;
+/// ucp_init with braid's settings; null with the reason in *why.
+ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool bcopy_eager, std::string* why) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = api.config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) {
@@ -133,6 +126,7 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::stri
     const std::string v = std::to_string(eager_limit);
     api.config_modify(config, "RNDV_THRESH", v.c_str());
   }
+  if (bcopy_eager) api.config_modify(config, "ZCOPY_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -143,6 +137,48 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::stri
   if (st != UCS_OK) {
     *why = std::string("ucp_init: ") + api.status_string(st) + " (check UCX_TLS and UCX_NET_DEVICES)";
     return nullptr;
+  }
+  return made;
+}
+
+/// True when the context moves data between hosts over UCX's tcp transport only (no rc,
+/// dc or ud resource).
+bool tcp_only(const Api& api, ucp_context_h context) {
+  bool tcp = false;
+  for (const auto& r : ucx::context_resources(api, context)) {
+    const std::string tl = r.substr(0, r.find('/'));
+    if (ucx::is_rdma_transport(tl)) return false;
+    tcp = tcp || tl == "tcp";
+  }
+  return tcp;
+}
+
+ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::string* why) {
+  ProcessContext& pc = process();
+  std::lock_guard<std::mutex> g(pc.mu);
+  if (pc.context != nullptr && pc.owner == ::getpid()) {
+    ++pc.users;
+    return pc.context;
+  }
+  // A forked child never uses (or cleans up) the context of its parent.
+  pc.context = nullptr;
+  pc.users = 0;
+  ucp_context_h made = init_context(api, eager_limit, false, why);
+  if (made == nullptr) return nullptr;
+  // Where UCX moves data between hosts over its tcp transport (no rc, dc or ud resource),
+  // braid turns off zero-copy sends (ZCOPY_THRESH=inf) unless UCX_ZCOPY_THRESH is set.
+  // UCX 1.13's tcp transport completes a zero-copy send a second time when it finds its
+  // endpoint failed (a peer's link cut with sends in flight: "Endpoint timeout"): the
+  // process then aborts on UCX's assertion `comp->count > 0' (uct_iface.h), or touches a
+  // freed request where assertions are compiled out. cluster_linkcut_ucx hit it in 4 of
+  // 11 runs; with copies, 0 of 19. The price is speed where ucx is forced onto tcp or
+  // shared memory (auto never does): docs/transport-ucx.md has the figures.
+  if (std::getenv("UCX_ZCOPY_THRESH") == nullptr && tcp_only(api, made)) {
+    api.cleanup(made);
+    made = init_context(api, eager_limit, true, why);
+    if (made == nullptr) return nullptr;
+    BRAID_LOG(info, "ucx: no RDMA transport, so zero-copy sends are off over UCX's tcp (UCX_ZCOPY_THRESH=auto turns "
+                    "them back on; docs/transport-ucx.md says why)");
   }
   pc.context = made;
   pc.owner = ::getpid();
@@ -174,6 +210,7 @@ struct Op {
   void* buf = nullptr;
   std::size_t bytes = 0;
   std::uint64_t tag = 0;
+  ucp_ep_h ep = nullptr;  ///< a control message's endpoint
   void* ucx = nullptr;  ///< the UCX request while it is outstanding
   const Api* api = nullptr;
   bool issued = false;
@@ -429,6 +466,7 @@ class UcxTransport final : public Transport {
     auto op = std::make_unique<Op>();
     op->api = &api_;
     op->payload = std::move(payload);
+    op->ep = ep;
     op->tag = (std::uint64_t(common_.rank) << kRankShift) | kind;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -840,9 +878,19 @@ void UcxTransport::close_all(const std::string& reason) {
   }
   // An endpoint with nothing of ours in flight is closed with a flush, so that messages
   // whose sends completed (copied out of the caller's buffer) still reach the peer; the
-  // others are closed by force (fail() below), cancelling their sends.
+  // others are closed by force (fail() below), cancelling their sends. A peer that did not
+  // acknowledge our bye counts as one with something in flight (the bye): a flush to it
+  // may never finish (its link is cut), and UCX's ucp_worker_destroy aborts the process on
+  // an endpoint that still holds a send (its assertion that the endpoint's request list
+  // is empty), where a forced close cancels the send first.
+  auto control_in_flight = [&](ucp_ep_h ep) {
+    for (auto& op : controls_)
+      if (op->ep == ep && !op->done) return true;
+    return false;
+  };
   for (UcxConnection* c : conns_.all()) {
-    if (c->ep_ != nullptr && !c->ep_error_ && c->sends_.empty()) {
+    if (c->ep_ != nullptr && !c->ep_error_ && c->sends_.empty() && (!c->bye_sent_ || c->bye_acked_) &&
+        !control_in_flight(c->ep_)) {
       close_ep(c->ep_, false);
       c->ep_ = nullptr;
     }
