@@ -20,6 +20,7 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   // it, a transport test's own settings do not (then the default library).
   u.library = c.settings->raw("BRAID_UCX_LIBRARY");
   u.eager_limit = c.settings->bytes("BRAID_UCX_EAGER_LIMIT");
+  u.zcopy = c.settings->text("BRAID_UCX_ZCOPY");  // a choice row: auto, 0 or 1
   return make_ucx_transport(u, *c.poller, *c.directory);
 }
 
@@ -36,6 +37,12 @@ const TransportEntry& ucx_entry() {
            "Largest message the ucx transport sends eagerly, completing without the peer's receive (sets "
            "UCX's RNDV_THRESH; 0: UCX_RNDV_THRESH or UCX's choice). The process's first ucx communicator "
            "decides."},
+          {"BRAID_UCX_ZCOPY", SettingType::choice, "auto",
+           "Zero-copy sends in the ucx transport. auto: off where UCX has no RDMA transport (UCX 1.13's tcp "
+           "transport aborts the process when a link is cut under zero-copy sends; docs/transport-ucx.md), "
+           "UCX's choice otherwise; 0: off; 1: UCX's choice (UCX_ZCOPY_THRESH). The process's first ucx "
+           "communicator decides.",
+           true, 0, 0, "auto|0|1"},
       },
       &preference,
       &make,

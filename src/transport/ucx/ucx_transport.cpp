@@ -57,7 +57,6 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -112,7 +111,7 @@ ProcessContext& process() {
 }
 
 /// ucp_init with braid's settings; null with the reason in *why.
-ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool bcopy_eager, std::string* why) {
+ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool no_zcopy, std::string* why) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = api.config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) {
@@ -126,7 +125,7 @@ ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool bcopy_e
     const std::string v = std::to_string(eager_limit);
     api.config_modify(config, "RNDV_THRESH", v.c_str());
   }
-  if (bcopy_eager) api.config_modify(config, "ZCOPY_THRESH", "inf");
+  if (no_zcopy) api.config_modify(config, "ZCOPY_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -153,7 +152,7 @@ bool tcp_only(const Api& api, ucp_context_h context) {
   return tcp;
 }
 
-ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::string* why) {
+ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, const std::string& zcopy, std::string* why) {
   ProcessContext& pc = process();
   std::lock_guard<std::mutex> g(pc.mu);
   if (pc.context != nullptr && pc.owner == ::getpid()) {
@@ -163,22 +162,22 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, std::stri
   // A forked child never uses (or cleans up) the context of its parent.
   pc.context = nullptr;
   pc.users = 0;
-  ucp_context_h made = init_context(api, eager_limit, false, why);
+  ucp_context_h made = init_context(api, eager_limit, zcopy == "0", why);
   if (made == nullptr) return nullptr;
   // Where UCX moves data between hosts over its tcp transport (no rc, dc or ud resource),
-  // braid turns off zero-copy sends (ZCOPY_THRESH=inf) unless UCX_ZCOPY_THRESH is set.
+  // braid turns off zero-copy sends (ZCOPY_THRESH=inf) unless BRAID_UCX_ZCOPY says otherwise.
   // UCX 1.13's tcp transport completes a zero-copy send a second time when it finds its
   // endpoint failed (a peer's link cut with sends in flight: "Endpoint timeout"): the
   // process then aborts on UCX's assertion `comp->count > 0' (uct_iface.h), or touches a
   // freed request where assertions are compiled out. cluster_linkcut_ucx hit it in 4 of
   // 11 runs; with copies, 0 of 19. The price is speed where ucx is forced onto tcp or
   // shared memory (auto never does): docs/transport-ucx.md has the figures.
-  if (std::getenv("UCX_ZCOPY_THRESH") == nullptr && tcp_only(api, made)) {
+  if (zcopy == "auto" && tcp_only(api, made)) {
     api.cleanup(made);
     made = init_context(api, eager_limit, true, why);
     if (made == nullptr) return nullptr;
-    BRAID_LOG(info, "ucx: no RDMA transport, so zero-copy sends are off over UCX's tcp (UCX_ZCOPY_THRESH=auto turns "
-                    "them back on; docs/transport-ucx.md says why)");
+    BRAID_LOG(info, "ucx: no RDMA transport, so zero-copy sends are off (BRAID_UCX_ZCOPY=1 turns them back on; "
+                    "docs/transport-ucx.md says why)");
   }
   pc.context = made;
   pc.owner = ::getpid();
@@ -944,7 +943,7 @@ std::unique_ptr<Transport> make_ucx_transport(const UcxOptions& options, Poller&
   if (options.size > 65536) {
     throw Error(ErrorCode::Unsupported, "ucx transport: at most 65536 ranks (its tags carry 16 bits of rank)");
   }
-  ucp_context_h context = acquire_context(*api, options.eager_limit, &why);
+  ucp_context_h context = acquire_context(*api, options.eager_limit, options.zcopy, &why);
   if (context == nullptr) throw Error(ErrorCode::Unsupported, "ucx transport: " + why);
   try {
     return std::make_unique<UcxTransport>(options, *api, context, poller, directory);

@@ -17,6 +17,10 @@ struct UcxOptions : CommonOptions {
   /// Messages up to this size are sent eagerly (UCX's RNDV_THRESH; 0: UCX's choice). Set by
   /// the process's first ucx transport (one UCX context per process).
   std::size_t eager_limit = 65536;
+  /// Zero-copy sends (BRAID_UCX_ZCOPY): "auto" turns them off where UCX has no RDMA
+  /// transport (UCX 1.13's tcp fails with them on a cut link), "0" turns them off, "1"
+  /// leaves them to UCX (UCX_ZCOPY_THRESH). Set by the process's first ucx transport.
+  std::string zcopy = "auto";
   /// The process's device memory is host memory (TransportContext::emulated_device_memory):
   /// device buffers are taken, as host memory. Otherwise they are taken only where the
   /// loaded UCX reports CUDA memory support, and sent as UCS_MEMORY_TYPE_CUDA.
