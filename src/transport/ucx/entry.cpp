@@ -40,7 +40,8 @@ const TransportEntry& ucx_entry() {
           {"BRAID_UCX_ZCOPY", SettingType::choice, "auto",
            "Zero-copy sends in the ucx transport. auto: off where UCX has no RDMA transport (UCX 1.13's tcp "
            "transport aborts the process when a link is cut under zero-copy sends; docs/transport-ucx.md), "
-           "UCX's choice otherwise; 0: off; 1: UCX's choice (UCX_ZCOPY_THRESH). The process's first ucx "
+           "UCX's choice otherwise; 0: off (over RDMA, for eager messages only); 1: UCX's choice "
+           "(UCX_ZCOPY_THRESH, which auto and 0 override where they turn zero-copy off). The process's first ucx "
            "communicator decides.",
            true, 0, 0, "auto|0|1"},
       },

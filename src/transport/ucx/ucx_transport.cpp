@@ -1,7 +1,7 @@
 // The UCX transport: braid's message contract (transport.hpp) over UCP's tag API.
 //
-// Resources. One ucp_context per process (made on first use, never cleaned up: UCX keeps
-// global state and threads), one ucp_worker per transport instance (serialized: only the
+// Resources. One ucp_context per process (made on first use, cleaned up when the last
+// transport of the process closes), one ucp_worker per transport instance (serialized: only the
 // communicator's progress thread touches it), one endpoint per peer. The worker's address
 // is published under "ucx" (hex). The worker's event fd sits in the engine's poller and
 // prepare_sleep() arms it; a timerfd serves the set-up retries and deadlines.
@@ -170,7 +170,7 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, const std
   // endpoint failed (a peer's link cut with sends in flight: "Endpoint timeout"): the
   // process then aborts on UCX's assertion `comp->count > 0' (uct_iface.h), or touches a
   // freed request where assertions are compiled out. cluster_linkcut_ucx hit it in 4 of
-  // 11 runs; with copies, 0 of 19. The price is speed where ucx is forced onto tcp or
+  // 11 runs; with copies, 0 of 27. The price is speed where ucx is forced onto tcp or
   // shared memory (auto never does): docs/transport-ucx.md has the figures.
   if (zcopy == "auto" && tcp_only(api, made)) {
     api.cleanup(made);
@@ -877,18 +877,18 @@ void UcxTransport::close_all(const std::string& reason) {
   }
   // An endpoint with nothing of ours in flight is closed with a flush, so that messages
   // whose sends completed (copied out of the caller's buffer) still reach the peer; the
-  // others are closed by force (fail() below), cancelling their sends. A peer that did not
-  // acknowledge our bye counts as one with something in flight (the bye): a flush to it
-  // may never finish (its link is cut), and UCX's ucp_worker_destroy aborts the process on
-  // an endpoint that still holds a send (its assertion that the endpoint's request list
-  // is empty), where a forced close cancels the send first.
+  // others are closed by force (fail() below), cancelling their operations. In flight
+  // counts receives too: one that matched a peer's rendezvous send waits on the endpoint's
+  // request list for data that may never come (the peer's link is cut), UCX cannot cancel
+  // it, a flush does not end it, and ucp_worker_destroy then aborts the process on its
+  // assertion that the list is empty. A forced close completes it first.
   auto control_in_flight = [&](ucp_ep_h ep) {
     for (auto& op : controls_)
       if (op->ep == ep && !op->done) return true;
     return false;
   };
   for (UcxConnection* c : conns_.all()) {
-    if (c->ep_ != nullptr && !c->ep_error_ && c->sends_.empty() && (!c->bye_sent_ || c->bye_acked_) &&
+    if (c->ep_ != nullptr && !c->ep_error_ && c->sends_.empty() && c->recvs_.empty() &&
         !control_in_flight(c->ep_)) {
       close_ep(c->ep_, false);
       c->ep_ = nullptr;
