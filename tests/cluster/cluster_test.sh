@@ -169,9 +169,11 @@ case $case in
       sleep 0.1
     done
     # The link stays down a while longer, so that the ranks close their communicators
-    # while it is: a close then meets sends stuck on the cut link (with ucx, UCX 1.13's tcp
-    # transport aborted the process there when eager sends were zero-copy; an aborted rank
-    # hangs mpirun in MPI_Finalize, caught below as exit 124).
+    # while it is: a close then meets operations stuck on the cut link. With ucx, UCX 1.13
+    # aborted the process there (a receive matched to the cut peer left at
+    # ucp_worker_destroy; zero-copy sends completed twice when UCX failed the endpoint:
+    # docs/transport-ucx.md); an aborted rank hangs mpirun in MPI_Finalize, caught below as
+    # exit 124.
     sleep 3
     ip link set vc3-br up  # lets vc3's daemon report back, so mpirun can finish
     wait "$job"
