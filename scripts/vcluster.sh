@@ -6,14 +6,20 @@
 #   vcluster.sh down                 removes exactly what `up` created
 #   vcluster.sh status               hosts, addresses, qdiscs
 #   vcluster.sh exec HOST cmd...     runs cmd on emulated host HOST (vc1..vcH)
+#   vcluster.sh launch cmd...        runs cmd on the switch, beside the bridge (mpirun runs
+#                                    there: the hosts' addresses are reachable only there)
 #   vcluster.sh agent [opts] HOST cmd...   rsh agent for Open MPI's mpirun (see below)
 #   vcluster.sh hosts                prints vc1,vc2,...,vcH (for mpirun --host)
 #   vcluster.sh check                exits 0 when this machine can run a vcluster, else
 #                                    prints why not and exits 1 (tests skip on that)
 #
 # Each host vcI is a network namespace of the same name with one veth pair to a bridge
-# (vcbr0, address SUBNET.254 in the root namespace); inside, the veth is called eth0 with
-# address SUBNET.I/24, and lo is up. Links are shaped in both directions with tbf (rate,
+# (vcbr0, address SUBNET.254); inside, the veth is called eth0 with address SUBNET.I/24,
+# and lo is up. The bridge and the hosts' ends of the links (vcI-br) live in a namespace
+# of their own, the switch (vcsw), never in the machine's: nothing of the cluster is seen
+# by the machine's other programs (UCX lists every interface it sees, and would advertise
+# and connect over a bridge another job is making or removing), and its addresses do not
+# clash with the machine's. `launch` runs a command on the switch. Links are shaped in both directions with tbf (rate,
 # burst 256kb, latency 20ms) on the root-side veth (traffic into the host) and on eth0
 # inside (traffic out), so every host has its own full-duplex link; --delay adds a netem
 # delay in each direction. /etc/hosts gets "SUBNET.I vcI" lines with a marker comment
@@ -21,8 +27,8 @@
 # namespace (hostname vcI) and BRAID_HOST_ID=vcI, BRAID_SOCKET_IFNAME=eth0, so braid's
 # topology sees separate hosts and binds the emulated link.
 #
-# mpirun across the hosts (Open MPI 4):
-#   mpirun --mca plm_rsh_agent "$PWD/scripts/vcluster.sh agent" --mca plm_rsh_no_tree_spawn 1 \
+# mpirun across the hosts (Open MPI 4), from the switch:
+#   scripts/vcluster.sh launch mpirun --mca plm_rsh_agent "$PWD/scripts/vcluster.sh agent" --mca plm_rsh_no_tree_spawn 1 \
 #     --host vc1,vc2,vc3,vc4 --map-by node --bind-to none --mca btl tcp,self \
 #     --mca btl_tcp_if_include SUBNET.0/24 --mca oob_tcp_if_include SUBNET.0/24 \
 #     --mca mpi_yield_when_idle 1 -np 4 build/bench/allreduce_bench
@@ -36,6 +42,7 @@ state_dir=/run/braid-vcluster
 state=$state_dir/state
 marker="# braid-vcluster"
 bridge=vcbr0
+sw=vcsw  # the switch: the namespace that holds the bridge
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 
 die() { echo "vcluster: $*" >&2; exit 1; }
@@ -50,11 +57,11 @@ why_not() {
   done
   local probe="vcprobe$$" err
   if ! err=$(ip netns add "$probe" 2>&1); then echo "cannot create a network namespace (CAP_SYS_ADMIN/CAP_NET_ADMIN?): $err"; return; fi
-  if ! err=$(ip link add "${probe}a" type veth peer name "${probe}b" 2>&1); then
+  # Inside the probe's namespace: a check never adds an interface where others see it.
+  if ! err=$(ip -n "$probe" link add "${probe}a" type veth peer name "${probe}b" 2>&1); then
     ip netns del "$probe" 2>/dev/null || true
     echo "cannot create a veth pair (CAP_NET_ADMIN, veth module?): $err"; return
   fi
-  ip link del "${probe}a" 2>/dev/null || true
   if ! err=$(ip netns exec "$probe" unshare --uts true 2>&1); then
     ip netns del "$probe" 2>/dev/null || true
     echo "cannot unshare a UTS namespace: $err"; return
@@ -87,9 +94,9 @@ cmd_down() {
   local i
   for ((i = 1; i <= n; i++)); do
     ip netns del "vc$i" 2>/dev/null || true      # takes eth0 inside, and with it the pair
-    ip link del "vc$i-br" 2>/dev/null || true   # in case the namespace was already gone
   done
-  ip link del "$bridge" 2>/dev/null || true
+  ip netns del "$sw" 2>/dev/null || true         # the bridge and the switch's link ends
+  ip link del "$bridge" 2>/dev/null || true      # a cluster brought up by an older vcluster.sh
   hosts_remove
   rm -f "$state"
   rmdir "$state_dir" 2>/dev/null || true
@@ -134,22 +141,24 @@ cmd_up() {
   # Record first, so that `down` cleans up a half-made cluster too.
   printf 'n=%d\nsubnet=%s\nrate=%s\ndelay=%s\n' "$n" "$subnet" "$rate" "$delay" >"$state"
   trap 'echo "vcluster: up failed; cleaning up" >&2; cmd_down' ERR
-  ip link add "$bridge" type bridge
-  ip addr add "$subnet.254/24" dev "$bridge"
-  ip link set "$bridge" up
+  ip netns add "$sw"
+  ip -n "$sw" link set lo up
+  ip -n "$sw" link add "$bridge" type bridge
+  ip -n "$sw" addr add "$subnet.254/24" dev "$bridge"
+  ip -n "$sw" link set "$bridge" up
   local i h
   for ((i = 1; i <= n; i++)); do
     h=vc$i
     ip netns add "$h"
-    ip link add "$h-br" type veth peer name "$h-in"
-    ip link set "$h-in" netns "$h"
-    ip -n "$h" link set "$h-in" name eth0
+    # Made on the switch with its other end straight in the host: neither end ever
+    # appears in the machine's namespace.
+    ip -n "$sw" link add "$h-br" type veth peer name eth0 netns "$h"
     ip -n "$h" addr add "$subnet.$i/24" dev eth0
     ip -n "$h" link set eth0 up
     ip -n "$h" link set lo up
-    ip link set "$h-br" master "$bridge"
-    ip link set "$h-br" up
-    shape "" "$h-br" "$rate" "$burst" "$delay"
+    ip -n "$sw" link set "$h-br" master "$bridge"
+    ip -n "$sw" link set "$h-br" up
+    shape "$sw" "$h-br" "$rate" "$burst" "$delay"
     shape "$h" eth0 "$rate" "$burst" "$delay"
   done
   trap - ERR
@@ -174,7 +183,7 @@ cmd_status() {
   for ((i = 1; i <= n; i++)); do
     printf 'vc%d %s\n' "$i" "$(ip -n "vc$i" -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}')"
     { ip netns exec "vc$i" tc -s qdisc show dev eth0 2>/dev/null || true; } | sed -n 's/^/  out: /;1,3p'
-    { tc -s qdisc show dev "vc$i-br" 2>/dev/null || true; } | sed -n 's/^/  in:  /;1,3p'
+    { ip netns exec "$sw" tc -s qdisc show dev "vc$i-br" 2>/dev/null || true; } | sed -n 's/^/  in:  /;1,3p'
   done
 }
 
@@ -186,6 +195,12 @@ run_in() {
   ip netns list | grep -qw "^$host" || die "host '$host' is not up (see $0 status)"
   exec ip netns exec "$host" unshare --uts -- env BRAID_HOST_ID="$host" BRAID_SOCKET_IFNAME=eth0 \
     sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
+}
+
+cmd_launch() {
+  [ $# -ge 1 ] || die "launch needs a command"
+  ip netns list | grep -qw "^$sw" || die "no vcluster is up (no switch namespace $sw); run: $0 up H"
+  exec ip netns exec "$sw" "$@"
 }
 
 cmd_agent() {
@@ -214,8 +229,9 @@ case $sub in
   status) cmd_status ;;
   exec) [ $# -ge 2 ] || die "exec needs HOST and a command"; run_in "$@" ;;
   agent) cmd_agent "$@" ;;
+  launch) cmd_launch "$@" ;;
   hosts) cmd_hosts ;;
   check) why=$(why_not); if [ -n "$why" ]; then echo "$why"; exit 1; fi; echo "vcluster: this machine can run emulated hosts" ;;
   -h|--help|help) usage ;;
-  *) die "unknown command '$sub' (up, down, status, exec, agent, hosts, check)" ;;
+  *) die "unknown command '$sub' (up, down, status, exec, launch, agent, hosts, check)" ;;
 esac

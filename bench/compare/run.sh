@@ -178,7 +178,9 @@ trap cleanup EXIT
 cores=$(nproc 2>/dev/null || echo 1)
 mpi_base=(--bind-to none --mca mpi_yield_when_idle 1 -np "$ranks")
 braid_env=()
+launch=()  # what mpirun runs under: on a vcluster, its switch (the hosts are reachable only there)
 if [ "$mode" = vcluster ]; then
+  launch=("$vcl" launch)
   why=$("$vcl" check 2>&1) || die "cannot emulate hosts here: $why"
   cur_n=$(sed -n 's/^n=//p' /run/braid-vcluster/state 2>/dev/null || true)
   cur_rate=$(sed -n 's/^rate=//p' /run/braid-vcluster/state 2>/dev/null || true)
@@ -257,22 +259,22 @@ run_one() {  # LABEL REP
       if [ "$mode" = local ]; then
         BRAID_TRANSPORT=ucx "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       else
-        timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" -x BRAID_TRANSPORT=ucx \
+        timeout -k 10 "$timeout_s" "${launch[@]+"${launch[@]}"}" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" -x BRAID_TRANSPORT=ucx \
           "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       fi ;;
     braid-*)
       if [ "$mode" = local ]; then
         "$braidrun" -n "$ranks" --timeout "$timeout_s" -- "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       else
-        timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" \
+        timeout -k 10 "$timeout_s" "${launch[@]+"${launch[@]}"}" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "${braid_env[@]+"${braid_env[@]}"}" \
           "$braid_bench" "${bench_args[@]}" "${algo_arg[@]+"${algo_arg[@]}"}" --csv "$csv" >"$log" 2>&1 || rc=$?
       fi ;;
     mpi)
-      timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
+      timeout -k 10 "$timeout_s" "${launch[@]+"${launch[@]}"}" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
     mpiucx)
-      timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" --mca pml ucx --mca osc ucx --mca pml_ucx_tls any --mca pml_ucx_devices any "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
+      timeout -k 10 "$timeout_s" "${launch[@]+"${launch[@]}"}" mpirun "${mpi_base[@]}" --mca pml ucx --mca osc ucx --mca pml_ucx_tls any --mca pml_ucx_devices any "$mpi_bench" "${bench_args[@]}" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
     gloo-*)
-      timeout -k 10 "$timeout_s" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$gloo_bench" "${bench_args[@]}" --algo "$algo" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
+      timeout -k 10 "$timeout_s" "${launch[@]+"${launch[@]}"}" mpirun "${mpi_base[@]}" "${mpi_btl[@]}" "$gloo_bench" "${bench_args[@]}" --algo "$algo" --csv "$csv" >"$log" 2>&1 || rc=$? ;;
   esac
   if [ "$rc" -ne 0 ] || [ ! -s "$csv" ]; then
     grep -v setpgid "$log" | tail -n 20 >&2

@@ -66,9 +66,10 @@ if [ "$transport" = ucx ]; then
   info=$("$build/tools/braid_info" 2>&1)
   grep -qE "^ +libucp +yes" <<<"$info" ||
     skip "no usable UCX: $(grep -E "^ +(libucp|ucx) " <<<"$info" | head -1 | sed 's/^ *//')"
-  # UCX_NET_DEVICES: UCX would also offer each host's loopback, which another namespace's
-  # 127.0.0.1 cannot reach; eth0 is the emulated host's link.
-  transport_env=(-x BRAID_TRANSPORT=ucx -x UCX_NET_DEVICES=eth0)
+  # No UCX_NET_DEVICES: braid hands UCX the interface it chose (BRAID_SOCKET_IFNAME=eth0,
+  # which the vcluster agent sets), so UCX neither advertises nor tries each host's
+  # loopback, which another host's 127.0.0.1 cannot reach.
+  transport_env=(-x BRAID_TRANSPORT=ucx)
 fi
 run_bench=("$bench")
 if [ "$transport" = ibverbs ]; then
@@ -100,12 +101,16 @@ esac
 subnet=$(sed -n 's/^subnet=//p' /run/braid-vcluster/state)
 cores=$(nproc 2>/dev/null || echo 2)
 
-mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts
+# The hosts' links end on the cluster's switch (a namespace of its own, scripts/vcluster.sh):
+# a cut or a reshaping happens there.
+on_switch() { ip netns exec vcsw "$@"; }
+
+mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts, from the switch
   local hosts=$1 np=$2
   shift 2
   local extra=()
   [ "$np" -le "$cores" ] || extra=(-x BRAID_SPIN_US=0)  # emulated hosts share the cores
-  timeout -k 5 "${MPI_TIMEOUT:-120}" mpirun --mca plm_rsh_agent "$vcl agent" --mca plm_rsh_no_tree_spawn 1 \
+  timeout -k 5 "${MPI_TIMEOUT:-120}" "$vcl" launch mpirun --mca plm_rsh_agent "$vcl agent" --mca plm_rsh_no_tree_spawn 1 \
     --host "$hosts" --map-by slot --bind-to none --mca pml ob1 --mca btl tcp,vader,self \
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
     --mca mpi_yield_when_idle 1 -np "$np" "${extra[@]+"${extra[@]}"}" "${transport_env[@]+"${transport_env[@]}"}" "$@"
@@ -143,7 +148,7 @@ case $case in
   linkcut)
     t_ms=4000
     log=$(mktemp) outdir=$(mktemp -d)
-    trap 'ip link set vc3-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
+    trap 'on_switch ip link set vc3-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
     # 64 MiB ring all-reduces take ~0.85 s each at 1 Gbit/s: 40 of them outlast the test.
     MPI_TIMEOUT=150 mpi vc1:1,vc2:1,vc3:1,vc4:1 4 --output-filename "$outdir" --mca orte_abort_on_non_zero_status 0 \
       -x BRAID_TIMEOUT=${t_ms}ms "$bench" --quiet -b 64M -e 64M -n 40 -w 0 -c 0 --algo ring >"$log" 2>&1 &
@@ -152,7 +157,7 @@ case $case in
     for _ in $(seq 1 200); do cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" && break; sleep 0.1; done
     cat "$outdir"/*/rank.0/stdout 2>/dev/null | grep -q "allreduce_bench: 4 ranks" || { cat "$log"; fail "the job did not start"; }
     sleep 2
-    ip link set vc3-br down
+    on_switch ip link set vc3-br down
     cut=$(date +%s.%N)
     # Every rank has to report the failure (the engine logs it when it detects it; the
     # bench prints it when its wait fails); count the ranks as they do. Each host's
@@ -175,7 +180,7 @@ case $case in
     # docs/transport-ucx.md); an aborted rank hangs mpirun in MPI_Finalize, caught below as
     # exit 124.
     sleep 3
-    ip link set vc3-br up  # lets vc3's daemon report back, so mpirun can finish
+    on_switch ip link set vc3-br up  # lets vc3's daemon report back, so mpirun can finish
     wait "$job"
     rc=$?
     echo "--- job output (mpirun exit $rc):"
@@ -199,7 +204,7 @@ case $case in
     # FLAP_OUTAGE=6 (past TCP_USER_TIMEOUT) exercises the second outcome by hand.
     t_ms=8000 outage=${FLAP_OUTAGE:-1} host=vc3 hrank=2  # rank 2 runs on vc3 (one rank per host)
     log=$(mktemp) outdir=$(mktemp -d)
-    trap 'ip link set $host-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
+    trap 'on_switch ip link set $host-br up 2>/dev/null; rm -rf "$log" "$outdir"' EXIT
     retrans() {  # TCP segments retransmitted and retransmission timeouts so far, all 4 hosts
       local h
       for h in vc1 vc2 vc3 vc4; do
@@ -222,17 +227,17 @@ case $case in
     sleep 3
     # Cut while a call's data is flowing into vc3 (> 2 MB in 50 ms), not while the ranks
     # fill or check buffers, which leaves the link idle for up to a second here.
-    rx() { cat /sys/class/net/$host-br/statistics/tx_bytes; }
+    rx() { on_switch cat /sys/class/net/$host-br/statistics/tx_bytes; }
     busy=""
     for _ in $(seq 1 100); do
       a=$(rx); sleep 0.05; b=$(rx)
       if [ $((b - a)) -gt 2000000 ]; then busy=$(( (b - a) / 50000 )); break; fi
     done
     read -r rs0 to0 < <(retrans)
-    ip link set $host-br down
+    on_switch ip link set $host-br down
     cut=$(date +%s.%N)
     sleep $outage
-    ip link set $host-br up
+    on_switch ip link set $host-br up
     back=$(date +%s.%N)
     wait "$job"
     rc=$?
@@ -272,12 +277,12 @@ case $case in
     host=vc3 slow=50mbit
     rate=$(sed -n 's/^rate=//p' /run/braid-vcluster/state)
     delay=$(sed -n 's/^delay=//p' /run/braid-vcluster/state)
-    # Both directions of vc3's link: vc3-br (root side, into vc3) and eth0 inside (out of
+    # Both directions of vc3's link: vc3-br (the switch's side, into vc3) and eth0 inside (out of
     # it), the tbf that scripts/vcluster.sh put there (or its tbf under netem with --delay).
     shape_link() {  # shape_link RATE
       local parent=(root)
       [ -n "$delay" ] && parent=(parent 1:1 handle 10:)
-      tc qdisc change dev "$host-br" "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms &&
+      on_switch tc qdisc change dev "$host-br" "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms &&
         ip netns exec "$host" tc qdisc change dev eth0 "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms
     }
     trap 'shape_link "$rate" || echo "slowpeer: could not restore $host to $rate (scripts/vcluster.sh status)"' EXIT
@@ -288,7 +293,7 @@ case $case in
     CHECKED_TIMEOUT=10s checked_run "4 hosts x 1, all links $rate" "$h4" "${args[@]}"
     normal=$(secs "$t")
     shape_link "$slow" || fail "cannot reshape $host's link"
-    tc qdisc show dev "$host-br" | grep -q "rate ${slow%mbit}Mbit" || fail "$host-br is not at $slow: $(tc qdisc show dev "$host-br")"
+    on_switch tc qdisc show dev "$host-br" | grep -q "rate ${slow%mbit}Mbit" || fail "$host-br is not at $slow: $(on_switch tc qdisc show dev "$host-br")"
     t=$(date +%s.%N)
     CHECKED_TIMEOUT=10s checked_run "4 hosts x 1, $host's link $slow" "$h4" "${args[@]}"
     slowed=$(secs "$t")
