@@ -5,7 +5,7 @@
 #include "core/pmix.hpp"
 #include "core/unique_id.hpp"
 #include "base/logging.hpp"
-#include "transport/tcp/tcp_transport.hpp"
+#include "transport/interfaces.hpp"
 
 #include <braid/error.hpp>
 
