@@ -21,6 +21,11 @@ std::unique_ptr<Transport> make(const TransportContext& c) {
   u.library = c.settings->raw("BRAID_UCX_LIBRARY");
   u.eager_limit = c.settings->bytes("BRAID_UCX_EAGER_LIMIT");
   u.zcopy = c.settings->text("BRAID_UCX_ZCOPY");  // a choice row: auto, 0 or 1
+  // BRAID_SOCKET_IFNAME is tcp's row: read raw, since a transport test's own settings may
+  // not carry it.
+  u.ifname = c.settings->raw("BRAID_SOCKET_IFNAME");
+  u.master_addr = c.master_addr;
+  u.net_devices_given = c.settings->given("UCX_NET_DEVICES");
   return make_ucx_transport(u, *c.poller, *c.directory);
 }
 
@@ -44,6 +49,11 @@ const TransportEntry& ucx_entry() {
            "(UCX_ZCOPY_THRESH, which auto and 0 override where they turn zero-copy off). The process's first ucx "
            "communicator decides.",
            true, 0, 0, "auto|0|1"},
+          {"UCX_NET_DEVICES", SettingType::text, "",
+           "UCX's own: the network devices UCX may use. Unset, braid gives UCX's tcp transport only the "
+           "interface braid chose (BRAID_SOCKET_IFNAME, else the one on the route to the store) and keeps "
+           "every RDMA device; set, UCX's choice stands.",
+           false},
       },
       &preference,
       &make,

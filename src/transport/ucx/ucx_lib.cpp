@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -114,6 +115,24 @@ bool is_rdma_transport(const std::string& tl) {
     if (tl == pre || tl.rfind(pre + "_", 0) == 0) return true;  // rc_verbs, rc_mlx5, dc_mlx5, ud_verbs...
   }
   return false;
+}
+
+std::string net_devices_for(const std::vector<std::string>& resources, const std::string& chosen) {
+  std::vector<std::string> tcp, rdma;
+  auto add = [](std::vector<std::string>& v, const std::string& d) {
+    if (std::find(v.begin(), v.end(), d) == v.end()) v.push_back(d);
+  };
+  for (const auto& r : resources) {
+    const auto slash = r.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string tl = r.substr(0, slash), dev = r.substr(slash + 1);
+    if (tl == "tcp") add(tcp, dev);
+    if (is_rdma_transport(tl)) add(rdma, dev);
+  }
+  if (std::find(tcp.begin(), tcp.end(), chosen) == tcp.end() || tcp.size() == 1) return "";
+  std::string out = chosen;
+  for (const auto& d : rdma) out += "," + d;
+  return out;
 }
 
 Status probe(const std::string& library) {

@@ -29,6 +29,12 @@ Status probe(const std::string& library);
 /// RDMA none", or "unavailable: <why>".
 std::string describe(const Status& status);
 
+/// UCX's NET_DEVICES value that leaves UCX's tcp transport only the interface `chosen` and
+/// keeps every RDMA device, from the resources a context took ("tcp/eth0",
+/// "rc_mlx5/mlx5_0:1"): "lo,mlx5_0:1". "" when nothing is to change: no tcp resource,
+/// `chosen` not among them, or the only one.
+std::string net_devices_for(const std::vector<std::string>& resources, const std::string& chosen);
+
 /// True for UCX transport names that move data by RDMA (rc_verbs, rc_mlx5, dc_mlx5,
 /// ud_verbs, ud_mlx5, ...).
 bool is_rdma_transport(const std::string& tl);

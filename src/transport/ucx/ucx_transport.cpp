@@ -47,6 +47,7 @@
 #include "base/logging.hpp"
 #include "base/text.hpp"
 #include "transport/common.hpp"
+#include "transport/interfaces.hpp"
 #include "transport/skeleton.hpp"
 #include "transport/ucx/ucx_lib.hpp"
 #include "transport/ucx/ucx_wire.hpp"
@@ -57,6 +58,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -110,8 +112,10 @@ ProcessContext& process() {
   return *p;
 }
 
-/// ucp_init with braid's settings; null with the reason in *why.
-ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool no_zcopy, std::string* why) {
+/// ucp_init with braid's settings; null with the reason in *why. `net_devices` non-empty:
+/// UCX's NET_DEVICES (the network devices it may use).
+ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool no_zcopy, const std::string& net_devices,
+                           std::string* why) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = api.config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) {
@@ -126,6 +130,7 @@ ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool no_zcop
     api.config_modify(config, "RNDV_THRESH", v.c_str());
   }
   if (no_zcopy) api.config_modify(config, "ZCOPY_THRESH", "inf");
+  if (!net_devices.empty()) api.config_modify(config, "NET_DEVICES", net_devices.c_str());
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -140,19 +145,7 @@ ucp_context_h init_context(const Api& api, std::size_t eager_limit, bool no_zcop
   return made;
 }
 
-/// True when the context moves data between hosts over UCX's tcp transport only (no rc,
-/// dc or ud resource).
-bool tcp_only(const Api& api, ucp_context_h context) {
-  bool tcp = false;
-  for (const auto& r : ucx::context_resources(api, context)) {
-    const std::string tl = r.substr(0, r.find('/'));
-    if (ucx::is_rdma_transport(tl)) return false;
-    tcp = tcp || tl == "tcp";
-  }
-  return tcp;
-}
-
-ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, const std::string& zcopy, std::string* why) {
+ucp_context_h acquire_context(const Api& api, const UcxOptions& o, std::string* why) {
   ProcessContext& pc = process();
   std::lock_guard<std::mutex> g(pc.mu);
   if (pc.context != nullptr && pc.owner == ::getpid()) {
@@ -162,8 +155,17 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, const std
   // A forked child never uses (or cleans up) the context of its parent.
   pc.context = nullptr;
   pc.users = 0;
-  ucp_context_h made = init_context(api, eager_limit, zcopy == "0", why);
+  const std::size_t eager_limit = o.eager_limit;
+  const std::string& zcopy = o.zcopy;
+  ucp_context_h made = init_context(api, eager_limit, zcopy == "0", "", why);
   if (made == nullptr) return nullptr;
+  const std::vector<std::string> resources = ucx::context_resources(api, made);
+  bool rdma = false, tcp = false;
+  for (const auto& r : resources) {
+    const std::string tl = r.substr(0, r.find('/'));
+    rdma = rdma || ucx::is_rdma_transport(tl);
+    tcp = tcp || tl == "tcp";
+  }
   // Where UCX moves data between hosts over its tcp transport (no rc, dc or ud resource),
   // braid turns off zero-copy sends (ZCOPY_THRESH=inf) unless BRAID_UCX_ZCOPY says otherwise.
   // UCX 1.13's tcp transport completes a zero-copy send a second time when it finds its
@@ -172,12 +174,28 @@ ucp_context_h acquire_context(const Api& api, std::size_t eager_limit, const std
   // freed request where assertions are compiled out. cluster_linkcut_ucx hit it in 4 of
   // 11 runs; with copies, 0 of 27. The price is speed where ucx is forced onto tcp or
   // shared memory (auto never does): docs/transport-ucx.md has the figures.
-  if (zcopy == "auto" && tcp_only(api, made)) {
+  const bool no_zcopy = zcopy == "0" || (zcopy == "auto" && !rdma && tcp);
+  // UCX's tcp transport advertises every interface that has an address (docker0, a bridge
+  // another program is making) and connects over them; a refused connection there aborted
+  // the process inside UCX 1.13 (tcp_ep.c:478, issue 38). So it gets only the interface
+  // braid chose, as the tcp transport binds, unless the user gave UCX_NET_DEVICES.
+  std::string devices;
+  if (!o.net_devices_given) {
+    const Interface chosen = select_interface(o.ifname, o.master_addr);
+    devices = ucx::net_devices_for(resources, chosen.name);
+    if (tcp && std::find(resources.begin(), resources.end(), "tcp/" + chosen.name) == resources.end())
+      BRAID_LOG(warn, "ucx: UCX's tcp transport offers no interface " + chosen.name + " (" + chosen.address +
+                          ", braid's choice" + (o.ifname.empty() ? "" : ": BRAID_SOCKET_IFNAME") +
+                          "); UCX keeps its own choice. Set UCX_NET_DEVICES to choose");
+  }
+  if (no_zcopy != (zcopy == "0") || !devices.empty()) {
     api.cleanup(made);
-    made = init_context(api, eager_limit, true, why);
+    made = init_context(api, eager_limit, no_zcopy, devices, why);
     if (made == nullptr) return nullptr;
-    BRAID_LOG(info, "ucx: no RDMA transport, so zero-copy sends are off (BRAID_UCX_ZCOPY=1 turns them back on; "
-                    "docs/transport-ucx.md says why)");
+    if (no_zcopy && zcopy == "auto")
+      BRAID_LOG(info, "ucx: no RDMA transport, so zero-copy sends are off (BRAID_UCX_ZCOPY=1 turns them back on; "
+                      "docs/transport-ucx.md says why)");
+    if (!devices.empty()) BRAID_LOG(info, "ucx: network devices " + devices + " (braid's choice; UCX_NET_DEVICES overrides)");
   }
   pc.context = made;
   pc.owner = ::getpid();
@@ -943,7 +961,7 @@ std::unique_ptr<Transport> make_ucx_transport(const UcxOptions& options, Poller&
   if (options.size > 65536) {
     throw Error(ErrorCode::Unsupported, "ucx transport: at most 65536 ranks (its tags carry 16 bits of rank)");
   }
-  ucp_context_h context = acquire_context(*api, options.eager_limit, options.zcopy, &why);
+  ucp_context_h context = acquire_context(*api, options, &why);
   if (context == nullptr) throw Error(ErrorCode::Unsupported, "ucx transport: " + why);
   try {
     return std::make_unique<UcxTransport>(options, *api, context, poller, directory);

@@ -21,6 +21,13 @@ struct UcxOptions : CommonOptions {
   /// transport (UCX 1.13's tcp fails with them on a cut link), "0" turns them off, "1"
   /// leaves them to UCX (UCX_ZCOPY_THRESH). Set by the process's first ucx transport.
   std::string zcopy = "auto";
+  /// braid's interface choice (transport/interfaces.hpp), the only interface UCX's tcp
+  /// transport is given (NET_DEVICES, with every RDMA device kept): BRAID_SOCKET_IFNAME,
+  /// else the route to `master_addr`. Set by the process's first ucx transport.
+  std::string ifname;
+  std::string master_addr;
+  /// UCX_NET_DEVICES is set: UCX's own choice stands, braid's is not applied.
+  bool net_devices_given = false;
   /// The process's device memory is host memory (TransportContext::emulated_device_memory):
   /// device buffers are taken, as host memory. Otherwise they are taken only where the
   /// loaded UCX reports CUDA memory support, and sent as UCS_MEMORY_TYPE_CUDA.
