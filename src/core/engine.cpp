@@ -375,8 +375,21 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.directory = directory_.get();
     // Auto mode goes without a transport whose library or device is absent here (UCX not
     // installed): its pairs take the next best; a forced one that cannot be made fails.
+    // It also goes without one that no pair of this rank can choose (ucx on a rank with
+    // no RDMA fabric): made, it would only cost; its idle UCX worker, progressed by every
+    // inline call, made each call wake the engine thread to re-arm it, which tripled the
+    // small-message latency (issue 32).
+    const bool own_rdma = opt_.topology != nullptr && opt_.topology->has_rdma(opt_.rank);
     for (std::size_t i = 0; i < router_->entries().size();) {
       const auto* e = router_->entries()[i];
+      if (router_->mode() == "auto" && opt_.topology != nullptr &&
+          std::max(e->preference({opt_.rank, -1, true, false}), e->preference({opt_.rank, -1, false, own_rdma})) <= 0) {
+        BRAID_LOG(trace, "rank " << opt_.rank << ": auto mode makes no " << e->name
+                                 << " transport: it serves no pair of this rank (RDMA fabric: " << (own_rdma ? "yes" : "no")
+                                 << ")");
+        router_->drop(i);
+        continue;
+      }
       try {
         transports_.push_back(e->make(c));
         ++i;
@@ -1363,6 +1376,12 @@ void Engine::run() {
   }
 }
 
+namespace {
+/// How long a helper polls without system calls before it also collects socket events and
+/// yields (Engine::help).
+constexpr auto kHelpPollOnly = std::chrono::microseconds(20);
+}  // namespace
+
 void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
   if (std::this_thread::get_id() == thread_.get_id()) return;
   if (no_helpers_.load(std::memory_order_acquire)) return;  // the waiter sleeps; the engine drives
@@ -1390,6 +1409,10 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
       // microsecond), then leave the waiting to the engine thread, which sleeps in
       // epoll instead of burning this thread's core.
       if (now - last_progress >= spin) break;
+      // With a core per rank (the engine thread may spin), poll memory alone for the
+      // first microseconds: a shared-memory peer's answer shows in the rings, and the
+      // system calls below (epoll, yield) would double the time to see it.
+      if (opt_.spin_us > 0 && now - last_progress < kHelpPollOnly) continue;
       try {
         poller_->collect(0);
       } catch (const std::exception&) {
