@@ -522,6 +522,15 @@ std::string gate_timeout_message(const Operation& gate) {
 
 }  // namespace
 
+void Engine::settle_if_idle() {
+  if (!active_.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty()) {
+    busy_ = false;
+    idle_cv_.notify_all();
+  }
+}
+
 bool Engine::admit() {
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
@@ -1276,8 +1285,14 @@ bool Engine::step(bool& unrouted) {
       }
       if (ex.done == ex.plan->steps.size()) {
         BRAID_LOG(trace, "done " << ex.op.name);
-        ex.op.work->complete();
+        const std::shared_ptr<detail::WorkState> work = ex.op.work;
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+        // Idle before the caller hears of it: its next small call then runs inline
+        // (submit) instead of finding the engine busy and handing itself to this thread,
+        // which would hand the one after it over too (a 2-rank 4 KiB all-reduce then
+        // took twice as long, run after run; issue 32).
+        settle_if_idle();
+        work->complete();
         progressed = true;
         continue;
       }

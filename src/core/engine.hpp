@@ -217,6 +217,9 @@ class Engine {
   /// this collective). Sets timeout_blame_ to it and returns the sentence that names it,
   /// or "" when the chain shows nothing beyond this rank's own wait.
   std::string follow_stalls(const Exec& ex);
+  /// With nothing running or queued, marks the engine idle (busy_ false; drain() and
+  /// submit()'s inline path see it). Driving thread only.
+  void settle_if_idle();
   bool admit();
   bool route(Exec& ex);
   int transport_for(int peer);
