@@ -10,6 +10,7 @@
 #   - the ucx transport gives UCX's tcp only braid's interface: loopback under braidrun
 #     (the store is on 127.0.0.1), eth7 with BRAID_SOCKET_IFNAME=eth7 (INFO line), and
 #     the jobs' results are correct;
+#   - a BRAID_SOCKET_IFNAME that does not exist is a clear error naming it, not a crash;
 #   - UCX_NET_DEVICES set by the user is left alone.
 # The namespace is the test's own: nothing of it is seen by tests running beside it.
 # Exit 77 (ctest: skipped) without root or network namespaces, or without UCX.
@@ -66,6 +67,12 @@ echo "ok: under braidrun (store on 127.0.0.1) UCX's tcp was given lo only, resul
 job "ucx, BRAID_SOCKET_IFNAME=eth7" BRAID_SOCKET_IFNAME=eth7
 grep -q "ucx: network devices eth7 " <<<"$out" || { grep -i ucx <<<"$out" | head; fail "UCX was not given eth7 alone"; }
 echo "ok: with BRAID_SOCKET_IFNAME=eth7 UCX's tcp was given eth7 only, results correct"
+out=$(in_ns env BRAID_TRANSPORT=ucx BRAID_SOCKET_IFNAME=nosuch0 "$b/tools/braidrun" -n 2 --timeout 60 -- \
+      "$b/bench/allreduce_bench" -b 4K -e 4K -n 1 -w 0 2>&1)
+rc=$?
+[ $rc -ne 0 ] && grep -q "nosuch0" <<<"$out" && ! grep -qiE "signal|core dumped|assert" <<<"$out" ||
+  { tail -n 20 <<<"$out"; fail "ucx with BRAID_SOCKET_IFNAME=nosuch0: expected a clear error naming it (exit $rc)"; }
+echo "ok: an interface that does not exist is refused naming it: $(grep -m1 -o "network interface 'nosuch0'[^;]*" <<<"$out")"
 job "ucx, UCX_NET_DEVICES=lo,eth7 given" UCX_NET_DEVICES=lo,eth7
 grep -q "ucx: network devices" <<<"$out" && fail "braid overrode the user's UCX_NET_DEVICES"
 echo "ok: a user's UCX_NET_DEVICES stands"

@@ -157,6 +157,9 @@ ucp_context_h acquire_context(const Api& api, const UcxOptions& o, std::string* 
   pc.users = 0;
   const std::size_t eager_limit = o.eager_limit;
   const std::string& zcopy = o.zcopy;
+  // braid's interface, chosen before UCX is touched: a BRAID_SOCKET_IFNAME without an
+  // address throws InvalidUsage here, leaving no context behind.
+  const Interface chosen = o.net_devices_given ? Interface{} : select_interface(o.ifname, o.master_addr);
   ucp_context_h made = init_context(api, eager_limit, zcopy == "0", "", why);
   if (made == nullptr) return nullptr;
   const std::vector<std::string> resources = ucx::context_resources(api, made);
@@ -181,7 +184,6 @@ ucp_context_h acquire_context(const Api& api, const UcxOptions& o, std::string* 
   // braid chose, as the tcp transport binds, unless the user gave UCX_NET_DEVICES.
   std::string devices;
   if (!o.net_devices_given) {
-    const Interface chosen = select_interface(o.ifname, o.master_addr);
     devices = ucx::net_devices_for(resources, chosen.name);
     if (tcp && std::find(resources.begin(), resources.end(), "tcp/" + chosen.name) == resources.end())
       BRAID_LOG(warn, "ucx: UCX's tcp transport offers no interface " + chosen.name + " (" + chosen.address +
