@@ -613,7 +613,7 @@ TEST(TcpStore, ServerWithATokenRefusesClientsWithoutIt) {
   TcpStoreServer server("127.0.0.1", 0, token);
   TcpStore good("127.0.0.1", server.port(), false, 5s, token);
   good.set("k", "v");
-  for (const std::string bad : {std::string(), std::string("job-4711-secreT"), token + "x", token.substr(1)}) {
+  for (const std::string& bad : {std::string(), std::string("job-4711-secreT"), token + "x", token.substr(1)}) {
     SCOPED_TRACE("presented '" + bad + "'");
     try {
       TcpStore stranger("127.0.0.1", server.port(), false, 5s, bad);
