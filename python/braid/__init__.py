@@ -191,6 +191,20 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def _require_device_runtime(what: str, where: str, index: Optional[int] = None) -> None:
+    """Refuses a device buffer this process cannot move, before any byte moves: with no
+    device runtime (a build without CUDA, no driver, a driver too old) its address would be
+    taken for host memory and read (a crash). `where` names the memory for the message."""
+    count = _C.device_count()
+    if count == 0:
+        raise _unsupported(f"{what} is device memory ({where}), but this process has no device runtime to move it: "
+                           f"{_C.device_runtime()}. Use a braid built with CUDA (pip install . where nvcc is "
+                           "installed, docs/python.md) or pass host memory")
+    if index is not None and not 0 <= index < count:
+        raise _unsupported(f"{what} is on device {index} ({where}), but the device runtime has {count} device(s): "
+                           f"{_C.device_runtime()}")
+
+
 def _buffer(x: Any, what: str, writable: bool, stream: Optional[int] = None) -> _Buf:
     if _is_torch(x):
         if x.device.type not in ("cpu", "cuda"):
@@ -204,15 +218,19 @@ def _buffer(x: Any, what: str, writable: bool, stream: Optional[int] = None) -> 
                          "pass x.contiguous() and copy the result back")
         if x.device.type == "cuda":
             import torch
+            _require_device_runtime(what, f"torch tensor on {x.device}", x.device.index)
             # The call joins the tensor's current stream, as torch's NCCL backend does.
             return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape), device=True,
                         stream=int(torch.cuda.current_stream(x.device).cuda_stream))
         return _Buf(x, x.data_ptr(), x.numel(), dt, tuple(x.shape))
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
+        _require_device_runtime(what, f"a {type(x).__name__} exposing __cuda_array_interface__")
         return _cuda_array(x, what, writable)
     if hasattr(x, "__dlpack_device__") and not isinstance(x, np.ndarray):
         dev_type, dev_id = x.__dlpack_device__()
         if int(dev_type) in _DLPACK_CUDA:
+            _require_device_runtime(what, f"a {type(x).__name__} of DLPack device type {int(dev_type)}",
+                                    int(dev_id))
             return _dlpack_device_buffer(x, what, writable, stream)
     if not isinstance(x, np.ndarray):
         try:

@@ -171,6 +171,46 @@ def collectives(comm):
     print(f"rank {r}: device arrays ok ({_C.device_runtime()})")
 
 
+class _ForeignDeviceArray:
+    """What a GPU user hands braid on a machine where braid has no device runtime: a CUDA
+    array (CuPy-, Numba- or torch-shaped) whose address is not host memory. Dereferencing it
+    would crash the process; nothing may."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (256,), "typestr": "<f4", "data": (0xdead0000, False), "version": 3, "strides": None}
+
+
+class _ForeignDLPackArray:
+    """A DLPack producer of CUDA memory on device 0; exporting it must not even be asked for."""
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA
+
+    def __dlpack__(self, stream=None, max_version=None):
+        raise AssertionError("braid asked a device array it cannot move for its data")
+
+
+def refused(comm):
+    """BRAID_GPU_BACKEND=none (as a wheel built without CUDA, or a machine without a
+    driver): device arrays are refused with the buffer, the memory and the reason, before
+    any byte moves, and the communicator still works."""
+    r = comm.rank
+    assert _C.device_count() == 0, _C.device_runtime()
+    for x in (_ForeignDeviceArray(), _ForeignDLPackArray()):
+        for call in (lambda: comm.allreduce(x), lambda: comm.broadcast(x), lambda: comm.allreduce(np.zeros(256, np.float32), out=x)):
+            try:
+                call()
+                raise AssertionError(f"a {type(x).__name__} was accepted without a device runtime")
+            except braid.UnsupportedError as e:
+                msg = str(e)
+                assert "device memory" in msg and "no device runtime" in msg and type(x).__name__ in msg, msg
+    y = np.full(8, r + 1, np.float32)
+    comm.allreduce(y)
+    assert np.array_equal(y, np.full(8, comm.size * (comm.size + 1) / 2, np.float32)), y
+    print(f"rank {r}: device arrays refused ok ({msg})")
+
+
 if __name__ == "__main__":
     import ranks_numpy  # the scenario runner every worker shares (beside this file)
     ranks_numpy.main(globals())

@@ -76,6 +76,13 @@ def test_torchrun_launch():
     assert p.stdout.count("send/recv ok") == 2, p.stdout
 
 
+def test_device_arrays_without_a_device_runtime_are_refused_not_dereferenced(run_ranks):
+    """Issue 34: a CUDA array (__cuda_array_interface__ or DLPack) handed to a braid that has
+    no device runtime raised SIGSEGV on every rank; now UnsupportedError naming it."""
+    p = run_ranks(2, "ranks_device.py", "refused", env={"BRAID_GPU_BACKEND": "none"})
+    assert p.stdout.count("device arrays refused ok") == 2, p.stdout
+
+
 def test_device_arrays_on_the_emulated_device_runtime(run_ranks):
     """__cuda_array_interface__ producers (CuPy/Numba-shaped) as device buffers, on the
     host emulation of the device runtime (no GPU here; docs/gpu.md)."""
