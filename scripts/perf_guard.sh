@@ -4,7 +4,7 @@
 #
 # braid's allreduce_bench (under braidrun, shared memory) against Open MPI's
 # MPI_Allreduce (mpi_allreduce_bench under mpirun, vader), 2 ranks on this machine,
-# interleaved run by run, 5 pairs of runs:
+# interleaved run by run, 7 pairs of runs:
 #   - 4 KiB f32 sum, each call waited (-z 1): median time per call;
 #   - 64 MiB f32 sum: median busbw.
 # The ratio judged is the median over the pairs of braid's figure over Open MPI's.
@@ -15,11 +15,11 @@
 # are printed either way; docs/performance.md says what they were when it was written.
 # Without Open MPI (mpirun, mpi_allreduce_bench) it says so and exits 0: there is nothing
 # to compare against (scripts/setup.sh installs it). PERF_GUARD_RUNS sets the runs per
-# round (default 5).
+# round (default 7).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 b=${1:-$root/build}
-runs=${PERF_GUARD_RUNS:-5}
+runs=${PERF_GUARD_RUNS:-7}
 braidrun=$b/tools/braidrun bench=$b/bench/allreduce_bench mpibench=$b/bench/mpi_allreduce_bench
 for f in "$braidrun" "$bench"; do [ -x "$f" ] || { echo "perf_guard: $f not built" >&2; exit 1; }; done
 if ! command -v mpirun >/dev/null 2>&1 || [ ! -x "$mpibench" ]; then
@@ -71,6 +71,10 @@ check() {
   status=1
 }
 
+# After a build and a test suite the kernel is still writing their files back, which
+# took cores and memory bandwidth from the first runs in CI (braid's 64 MiB busbw varied
+# 2.1-4.4 GB/s right after the Release suite): flush first.
+timeout 120 sync || true
 echo "perf_guard: braid against Open MPI, 2 ranks, $runs interleaved pairs of runs per round, load $(cut -d' ' -f1-3 /proc/loadavg)"
 # One pair unmeasured: the first launches after a build or a test suite pay for cold caches.
 braid_run -b 4K -e 4K -c 0 -z 1 -n 200 -w 20 >/dev/null; mpi_run -b 4K -e 4K -c 0 -z 1 -n 200 -w 20 >/dev/null
