@@ -379,17 +379,15 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     // no RDMA fabric): made, it would only cost; its idle UCX worker, progressed by every
     // inline call, made each call wake the engine thread to re-arm it, which tripled the
     // small-message latency (issue 32).
-    const bool own_rdma = opt_.topology != nullptr && opt_.topology->has_rdma(opt_.rank);
+    if (opt_.topology != nullptr) {
+      const bool rdma = opt_.topology->has_rdma(opt_.rank);
+      for (const std::string& name : router_->drop_unchoosable(opt_.rank, rdma))
+        BRAID_LOG(trace, "rank " << opt_.rank << ": auto mode makes no " << name
+                                 << " transport: it serves no pair of this rank (RDMA fabric: " << (rdma ? "yes" : "no")
+                                 << ")");
+    }
     for (std::size_t i = 0; i < router_->entries().size();) {
       const auto* e = router_->entries()[i];
-      if (router_->mode() == "auto" && opt_.topology != nullptr &&
-          std::max(e->preference({opt_.rank, -1, true, false}), e->preference({opt_.rank, -1, false, own_rdma})) <= 0) {
-        BRAID_LOG(trace, "rank " << opt_.rank << ": auto mode makes no " << e->name
-                                 << " transport: it serves no pair of this rank (RDMA fabric: " << (own_rdma ? "yes" : "no")
-                                 << ")");
-        router_->drop(i);
-        continue;
-      }
       try {
         transports_.push_back(e->make(c));
         ++i;

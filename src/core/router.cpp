@@ -3,6 +3,8 @@
 
 #include <braid/error.hpp>
 
+#include <algorithm>
+
 namespace braid::core {
 
 Router::Router(const std::string& mode) : mode_(mode) {
@@ -46,6 +48,21 @@ std::string Router::explain(const transport::PairFacts& pair) const {
 
 void Router::drop(std::size_t i) {
   if (i < entries_.size()) entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+std::vector<std::string> Router::drop_unchoosable(int rank, bool rdma) {
+  std::vector<std::string> dropped;
+  if (mode_ != "auto") return dropped;
+  for (std::size_t i = 0; i < entries_.size();) {
+    const auto* e = entries_[i];
+    if (std::max(e->preference({rank, -1, true, false}), e->preference({rank, -1, false, rdma})) > 0) {
+      ++i;
+      continue;
+    }
+    dropped.emplace_back(e->name);
+    drop(i);
+  }
+  return dropped;
 }
 
 }  // namespace braid::core

@@ -25,6 +25,10 @@ class Router {
   /// Auto mode: leaves out entries()[i], which cannot be made here (its library or device is
   /// absent); later choices never pick it.
   void drop(std::size_t i);
+  /// Auto mode: leaves out every entry that no pair of `rank` can choose (its preference is
+  /// <= 0 for a same-host pair and for an other-host pair, `rdma` being the rank's own
+  /// fabric), so that a communicator does not make it; returns their names, for the log.
+  std::vector<std::string> drop_unchoosable(int rank, bool rdma);
   /// The index into entries() of the transport for `pair`. Throws Error(Unsupported)
   /// naming the pair when no entry serves it (or the forced one cannot).
   std::size_t choose(const transport::PairFacts& pair) const;
