@@ -12,8 +12,9 @@ set -euo pipefail
 # time to list RDMA devices) and the providers libibverbs loads for real devices.
 # libpmix-dev: PMIx's headers (braid loads libpmix at run time to find rank 0's store under
 # mpirun or srun --mpi=pmix; Open MPI's packages bring the library).
+# libssl-dev: OpenSSL's libcrypto (HMAC-SHA-256 of the store's and transports' handshakes).
 # clang/libclang-rt-dev: libFuzzer and the sanitizer runtimes for scripts/fuzz.sh.
-need=(cmake g++ make libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
+need=(cmake g++ make libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
       openmpi-bin libopenmpi-dev
       libgloo-dev python3-matplotlib iperf3
       libucx-dev ucx-utils

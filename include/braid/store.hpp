@@ -52,10 +52,12 @@ class BRAID_API Store {
 /// Lifetime: the server stops and closes every client connection in its destructor.
 class BRAID_API TcpStoreServer {
  public:
-  /// Listens on `bind_addr`:`port` (port 0 picks a free one; "0.0.0.0" binds every
-  /// interface). With a `token`, serves only clients that present it (TcpStore's
-  /// `token`): others are refused and logged at WARN. Throws Error(Network) when the
-  /// address cannot be bound.
+  /// Listens on `bind_addr`:`port`: an address, or several separated by commas (port 0
+  /// picks a free one, the same on each; "0.0.0.0" binds every interface). With a `token`,
+  /// serves only clients that prove they know it (mutual HMAC-SHA-256 challenge and
+  /// response; the token never travels): others are refused and logged at WARN. Limits
+  /// from BRAID_STORE_HELLO_TIMEOUT, _MAX_PENDING, _MAX_KEYS, _MAX_BYTES. Throws
+  /// Error(Network) when an address cannot be bound.
   TcpStoreServer(const std::string& bind_addr, std::uint16_t port, const std::string& token = {});
   /// Stops serving and closes every client connection.
   ~TcpStoreServer();
@@ -75,11 +77,13 @@ class BRAID_API TcpStoreServer {
 /// Client of a TcpStoreServer (optionally hosting it in-process).
 class BRAID_API TcpStore : public Store {
  public:
-  /// Connects to `host`:`port`, retrying until `connect_timeout`, presenting `token`
-  /// (at most 4096 bytes; what the server was given, or anything for a server without
-  /// one). With `is_server` it first starts a TcpStoreServer on that port in this process
-  /// (bound to every interface, with `token`) and connects to it. Throws Error(Network) /
-  /// TimeoutError, and InvalidUsage when the server refuses the token.
+  /// Connects to `host`:`port`, retrying until `connect_timeout`, proving it knows `token`
+  /// (at most 4096 bytes; what the server was given) and making the server prove it too;
+  /// without a token it uses only a server that has none. With `is_server` it first starts
+  /// a TcpStoreServer on that port in this process, with `token`, listening on the
+  /// addresses `host` resolves to (BRAID_STORE_BIND overrides; never every interface
+  /// unless told), and connects to it. Throws Error(Network) / TimeoutError, and
+  /// InvalidUsage when the server refuses this client or cannot prove it knows the token.
   TcpStore(const std::string& host, std::uint16_t port, bool is_server = false,
            std::chrono::milliseconds connect_timeout = std::chrono::seconds(60), const std::string& token = {});
   /// Closes the connection (and stops an owned server). Never throws.

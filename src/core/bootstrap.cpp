@@ -55,7 +55,9 @@ UniqueId Communicator::create_unique_id() {
   std::random_device rd;
   std::ostringstream nonce;
   nonce << std::hex << rd() << rd() << rd() << rd();
-  auto server = std::make_unique<TcpStoreServer>(addr == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0, nonce.str());
+  // It listens where it is advertised, nowhere else (BRAID_STORE_BIND overrides).
+  const std::string& bind = cfg.settings.text("BRAID_STORE_BIND");
+  auto server = std::make_unique<TcpStoreServer>(bind.empty() ? addr : bind, 0, nonce.str());
   std::ostringstream text;
   text << kUidMagic << ' ' << addr << ' ' << server->port() << ' ' << nonce.str();
   const std::string s = text.str();

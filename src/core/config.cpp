@@ -139,6 +139,23 @@ std::vector<Setting> make_table() {
       {"BRAID_STORE_EXTERNAL", SettingType::boolean, "0",
        "The store at BRAID_MASTER_ADDR:PORT is served by someone else (braidrun); rank 0 does not "
        "start one."},
+      {"BRAID_STORE_BIND", SettingType::text, "",
+       "Address rank 0's store server listens on. Default: the address of BRAID_MASTER_ADDR (every "
+       "local address it resolves to; where a host name resolves to a loopback address here, as "
+       "Debian's /etc/hosts makes it, also the address of the interface braid uses), never every "
+       "interface. 0.0.0.0 listens on all."},
+      {"BRAID_STORE_HELLO_TIMEOUT", SettingType::duration, "10s",
+       "A store server closes a connection that has not completed its handshake within this."},
+      {"BRAID_STORE_MAX_PENDING", SettingType::integer, "64",
+       "Connections a store server keeps in their handshake at once; a newer one beyond is refused "
+       "(never an older one evicted).",
+       true, 1, 1'000'000},
+      {"BRAID_STORE_MAX_KEYS", SettingType::integer, "1000000",
+       "Keys a store server holds; a SET or ADD of a new key beyond fails with an error naming this row.",
+       true, 1, 1'000'000'000},
+      {"BRAID_STORE_MAX_BYTES", SettingType::bytes, "1G",
+       "Bytes of keys and values a store server holds; a SET beyond fails with an error naming this row.",
+       true, 1024},
       {"RANK", SettingType::integer, "", "torchrun: rank (used when BRAID_RANK is unset).", false, 0, kMaxRanks - 1},
       {"WORLD_SIZE", SettingType::integer, "", "torchrun: world size.", false, 1, kMaxRanks},
       {"LOCAL_RANK", SettingType::integer, "", "torchrun: local rank.", false, 0, kMaxRanks - 1},

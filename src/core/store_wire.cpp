@@ -87,16 +87,18 @@ std::string reply_error(const std::string& payload) {
   return d.str(kMaxFrame);
 }
 
-Hello parse_hello(const char* p, std::size_t avail, std::string* token, std::size_t* used, unsigned* version) {
+Hello parse_hello(const char* p, std::size_t avail, bool* has_token, std::string* nonce, std::size_t* used,
+                  unsigned* version) {
   if (avail >= 4 && load_le(p, 4) != kMagic) return Hello::not_a_store;
   if (avail < kHelloSize) return Hello::more;
   *version = static_cast<unsigned>(load_le(p + 4, 2));
   if (*version != kVersion) return Hello::version;
-  const std::size_t n = load_le(p + 6, 2);
-  if (n > kMaxToken) return Hello::too_long;
-  if (avail < kHelloSize + n) return Hello::more;
-  token->assign(p + kHelloSize, n);
-  *used = kHelloSize + n;
+  const std::uint64_t flags = load_le(p + 6, 2);
+  if ((flags & ~std::uint64_t{kHasToken}) != 0) return Hello::bad_flags;
+  if (avail < kClientHelloSize) return Hello::more;
+  *has_token = (flags & kHasToken) != 0;
+  nonce->assign(p + kHelloSize, base::auth::kNonceBytes);
+  *used = kClientHelloSize;
   return Hello::ok;
 }
 

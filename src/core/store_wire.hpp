@@ -5,6 +5,7 @@
 // before anything is allocated for it. Private to core, its tests and the fuzz targets.
 #pragma once
 
+#include "base/auth.hpp"
 #include "core/store_limits.hpp"
 
 #include <cstddef>
@@ -16,9 +17,9 @@
 namespace braid::core::store_wire {
 
 constexpr std::uint32_t kMagic = 0x53445242;  // bytes "BRDS"
-constexpr std::uint16_t kVersion = 2;
+constexpr std::uint16_t kVersion = 3;
 constexpr std::size_t kHelloSize = 8;
-/// Longest token a client may present in its hello.
+/// Longest token a store may be given (it never travels: only proofs of it do).
 constexpr std::size_t kMaxToken = 4096;
 constexpr std::size_t kMaxKey = kMaxStoreKey;
 constexpr std::size_t kMaxValue = kMaxStoreValue;
@@ -113,10 +114,19 @@ class Decoder {
   bool ok_ = true;
 };
 
+/// The u16 after magic and version in the client's hello.
+enum HelloFlags : std::uint16_t { kHasToken = 1 };
 /// The server's answer to a hello (the u16 after magic and version).
-enum HelloAnswer : std::uint16_t { kAccepted = 0, kRefused = 1 };
+enum HelloAnswer : std::uint16_t { kAccepted = 0, kRefused = 1, kChallenge = 2 };
 
-/// 8 bytes: magic, version, then `last` (the client's token length, or the server's
+/// The client's hello: the 8-byte head with its HelloFlags, then its nonce.
+constexpr std::size_t kClientHelloSize = kHelloSize + base::auth::kNonceBytes;
+/// The server's challenge: the 8-byte head with kChallenge, its nonce, its proof.
+constexpr std::size_t kChallengeSize = kHelloSize + base::auth::kNonceBytes + base::auth::kMacBytes;
+/// The client's answer to a challenge: its proof.
+constexpr std::size_t kClientProofSize = base::auth::kMacBytes;
+
+/// 8 bytes: magic, version, then `last` (the client's HelloFlags, or the server's
 /// HelloAnswer).
 inline std::string hello_head(std::uint16_t last) {
   std::string h(kHelloSize, '\0');
@@ -128,25 +138,36 @@ inline std::string hello_head(std::uint16_t last) {
   return h;
 }
 
-/// The client's hello: the 8-byte head with the token's length, then the token
-/// (at most kMaxToken bytes; "" for a store without one).
-inline std::string hello_bytes(const std::string& token = {}) {
-  return hello_head(static_cast<std::uint16_t>(token.size())) + token;
+/// The client's hello: whether it has a token, and its fresh nonce (kNonceBytes).
+inline std::string hello_bytes(bool has_token, const std::string& nonce) {
+  return hello_head(has_token ? kHasToken : 0) + nonce;
 }
 
 /// The server's answer: the 8-byte head with a HelloAnswer.
 inline std::string answer_bytes(HelloAnswer a) { return hello_head(a); }
 
+/// The proofs of the handshake: each side's HMAC of both nonces under the token, with
+/// the side's role in it, so that neither can be passed off as the other's.
+inline std::string server_proof(const std::string& token, const std::string& client_nonce,
+                                const std::string& server_nonce) {
+  return base::auth::mac(token, "braid store server\n" + client_nonce + server_nonce);
+}
+inline std::string client_proof(const std::string& token, const std::string& client_nonce,
+                                const std::string& server_nonce) {
+  return base::auth::mac(token, "braid store client\n" + client_nonce + server_nonce);
+}
+
 enum class Hello {
   more,         ///< not all there yet
   not_a_store,  ///< wrong magic
   version,      ///< another protocol version (in *version)
-  too_long,     ///< a token longer than kMaxToken
-  ok            ///< *token and *used are set
+  bad_flags,    ///< flags this version does not define
+  ok            ///< *has_token, *nonce and *used are set
 };
 
 /// Parses a client's hello at the start of `p` (`avail` bytes). Untrusted input.
-Hello parse_hello(const char* p, std::size_t avail, std::string* token, std::size_t* used, unsigned* version);
+Hello parse_hello(const char* p, std::size_t avail, bool* has_token, std::string* nonce, std::size_t* used,
+                  unsigned* version);
 
 enum class Frame {
   more,      ///< the frame is not all there yet

@@ -1,11 +1,21 @@
 // braid — TcpStore: an in-memory key-value map behind a TCP socket.
 //
 // Protocol (every integer little-endian; every length from the wire is untrusted):
-//   hello    client -> server: u32 magic "BRDS", u16 version (2), u16 token length
-//            (<= 4096), the token. A server made with a token compares it in constant time;
-//            one made without accepts any. Answer: magic, version, u16 0 (accepted) or
-//            1 (refused: then the server closes the connection and logs at WARN). A wrong
-//            magic or version is closed without an answer.
+//   hello    client -> server: u32 magic "BRDS", u16 version (3), u16 flags (1: the client
+//            has a token), a 16-byte random nonce Nc. A wrong magic or version is closed
+//            without an answer. The server answers magic, version, u16:
+//            0 accepted (a server without a token: it serves anyone, and a client that
+//              has a token refuses to use it, since it cannot tell it from a squatter);
+//            1 refused (the client has no token and the server has one), then closes;
+//            2 challenge, then its nonce Ns and HMAC-SHA-256(token, "braid store
+//              server\n" Nc Ns). The client checks that proof (a server that cannot give it
+//              is refused: the client never reveals anything a squatter could use), then
+//              sends HMAC-SHA-256(token, "braid store client\n" Nc Ns); the server answers
+//              accepted or refused (logged at WARN, then closed). The token never travels,
+//              and fresh nonces on both sides make a recorded handshake worthless.
+//            Until its handshake is done a connection may send nothing else; one that
+//            has not finished it within BRAID_STORE_HELLO_TIMEOUT is closed, and beyond
+//            BRAID_STORE_MAX_PENDING such connections a newer one is refused at once.
 //   frame    u32 body length (1 .. kMaxFrame), then the body.
 //   request  u8 op, u32 id, fields; a string is u32 length + bytes (key <= 4 KiB,
 //            value <= 64 MiB): SET key value | GET key u64 timeout_ms |
@@ -33,8 +43,10 @@
 #include "base/logging.hpp"
 #include "base/poller.hpp"
 #include "base/text.hpp"
+#include "core/config.hpp"
 #include "core/store_limits.hpp"
 #include "core/store_wire.hpp"
+#include "transport/interfaces.hpp"
 #include "transport/common.hpp"
 
 #include <arpa/inet.h>
@@ -53,6 +65,7 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <deque>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -121,6 +134,49 @@ bool resolve_ipv4(const std::string& host, std::uint16_t port, bool passive, soc
 
 }  // namespace
 
+namespace core {
+namespace {
+
+/// Where a store hosted for clients that are told `host` listens (BRAID_STORE_BIND's help).
+std::string store_bind_addresses(const std::string& host) {
+  const base::Settings& settings = Config::global().settings;
+  if (const std::string& given = settings.text("BRAID_STORE_BIND"); !given.empty()) return given;
+  if (host.empty()) return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr)
+    throw Error(ErrorCode::Network, "store: cannot resolve the master address " + quote(host) + " to listen on: " +
+                                        (rc == EAI_SYSTEM ? errno_text(errno) : gai_strerror(rc)) +
+                                        " (or set BRAID_STORE_BIND)");
+  std::vector<std::string> out;
+  bool loopback = false;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const auto* sa = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    char ip[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
+    if (std::find(out.begin(), out.end(), ip) == out.end()) out.emplace_back(ip);
+    loopback |= (ntohl(sa->sin_addr.s_addr) >> 24) == 127;
+  }
+  ::freeaddrinfo(res);
+  // A host name that resolves to loopback here (Debian's /etc/hosts maps it to 127.0.1.1)
+  // resolves to the host's network address on the other hosts: listen there too.
+  in_addr literal{};
+  const bool names_loopback = host == "localhost" || (::inet_pton(AF_INET, host.c_str(), &literal) == 1);
+  if (loopback && !names_loopback) {
+    const std::string ext = transport::select_address(settings.text("BRAID_SOCKET_IFNAME"), "", true);
+    if (std::find(out.begin(), out.end(), ext) == out.end()) out.push_back(ext);
+  }
+  std::string list;
+  for (const std::string& a : out) list += (list.empty() ? "" : ",") + a;
+  return list;
+}
+
+}  // namespace
+}  // namespace core
+
 // ===========================================================================
 // Server.
 
@@ -131,15 +187,19 @@ struct TcpStoreServer::Impl {
   std::string addr;  // "bind_addr:port" for messages
   const std::string token;  // what a client must present ("" = any)
   std::uint16_t port = 0;
-  Fd listen_fd;
+  std::vector<Fd> listeners;  // one per address it listens on
   base::Poller poller;
   std::atomic<bool> stopping{false};
   std::thread thread;
 
   // --- Everything below belongs to the server thread. ---
+  // A connection's handshake: its hello, then (with a token) its proof, then requests.
+  enum class Stage { hello, proof, ready };
   struct Conn {
     Fd fd;
-    bool hello_done = false;
+    Stage stage = Stage::hello;
+    Clock::time_point hello_deadline{};
+    std::string client_nonce, server_nonce;
     bool dead = false;
     bool want_write = false;
     std::string in;
@@ -164,9 +224,16 @@ struct TcpStoreServer::Impl {
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines;
   bool accept_paused = false;  // out of file descriptors: stop accepting for a moment
   Clock::time_point accept_resume;
+  // Limits (configuration rows BRAID_STORE_*, read when the server starts).
+  milliseconds hello_timeout{};
+  std::size_t max_pending = 0, max_keys = 0, max_bytes = 0;
+  std::size_t unauthenticated = 0;  // connections still in their handshake
+  std::size_t refused_newcomers = 0;
+  std::size_t stored_bytes = 0;     // keys and values in `data`
+  std::deque<std::pair<Clock::time_point, std::uint64_t>> hellos;  // handshake deadlines, in accept order
 
   void run() noexcept;
-  void accept_all();
+  void accept_all(int listen_fd);
   void set_accepting(bool on);
   void on_conn(std::uint64_t id, std::uint32_t events);
   /// Watches connection `id`'s socket for `events`; throws Error(System).
@@ -184,6 +251,19 @@ struct TcpStoreServer::Impl {
   void finish_waiter(std::uint64_t wid, Status status);
   void notify(const std::string& key);
   void expire();
+  /// Why storing `value` under `key` would pass a limit, or "".
+  std::string over_limit(const std::string& key, std::size_t value_bytes) const;
+  void store_value(const std::string& key, std::string value) {
+    auto it = data.find(key);
+    if (it != data.end()) {
+      stored_bytes -= it->first.size() + it->second.size();
+      it->second = std::move(value);
+      stored_bytes += key.size() + it->second.size();
+    } else {
+      stored_bytes += key.size() + value.size();
+      data.emplace(key, std::move(value));
+    }
+  }
   bool has_all(const std::vector<std::string>& keys) const {
     for (const auto& k : keys)
       if (!data.count(k)) return false;
@@ -193,30 +273,43 @@ struct TcpStoreServer::Impl {
 
 TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port, std::string token_)
     : token(std::move(token_)) {
-  addr = bind_addr + ":" + std::to_string(want_port);
-  sockaddr_in sa{};
-  std::string err;
-  if (!resolve_ipv4(bind_addr, want_port, true, &sa, &err))
-    throw Error(ErrorCode::Network, "TcpStoreServer: cannot listen on " + addr + ": " + err);
-  listen_fd.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (listen_fd.get() < 0)
-    throw Error(ErrorCode::Network, "TcpStoreServer: socket() failed: " + errno_text(errno));
-  int one = 1;
-  ::setsockopt(listen_fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(listen_fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-    int e = errno;
-    throw Error(ErrorCode::Network, "TcpStoreServer: cannot bind " + addr + ": " + errno_text(e) +
-                                        (e == EADDRINUSE ? " (another store or program uses this "
-                                                           "port; pick another or use port 0)"
-                                                         : ""));
+  const base::Settings& settings = core::Config::global().settings;
+  hello_timeout = settings.duration("BRAID_STORE_HELLO_TIMEOUT");
+  max_pending = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_PENDING").value_or(64));
+  max_keys = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_KEYS").value_or(1000000));
+  max_bytes = settings.bytes("BRAID_STORE_MAX_BYTES");
+  // One listener per address of the list; the first picks the port when asked for 0,
+  // the others take the same.
+  port = want_port;
+  const std::vector<std::string> binds = base::split(bind_addr, ',');
+  for (const std::string& one_addr : binds) {
+    const std::string where = one_addr + ":" + std::to_string(port);
+    sockaddr_in sa{};
+    std::string err;
+    if (!resolve_ipv4(one_addr, port, true, &sa, &err))
+      throw Error(ErrorCode::Network, "TcpStoreServer: cannot listen on " + where + ": " + err);
+    Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) throw Error(ErrorCode::Network, "TcpStoreServer: socket() failed: " + errno_text(errno));
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      int e = errno;
+      throw Error(ErrorCode::Network,
+                  "TcpStoreServer: cannot bind " + where + ": " + errno_text(e) +
+                      (e == EADDRINUSE ? " (another store or program uses this port; pick another or use port 0)"
+                       : e == EADDRNOTAVAIL
+                           ? " (not an address of this host: set BRAID_STORE_BIND to one, or give the "
+                             "master address as this host's address)"
+                           : ""));
+    }
+    if (::listen(fd.get(), SOMAXCONN) != 0)
+      throw Error(ErrorCode::Network, "TcpStoreServer: listen on " + where + " failed: " + errno_text(errno));
+    socklen_t len = sizeof sa;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+      throw Error(ErrorCode::Network, "TcpStoreServer: getsockname failed: " + errno_text(errno));
+    port = ntohs(sa.sin_port);
+    listeners.push_back(std::move(fd));
   }
-  if (::listen(listen_fd.get(), SOMAXCONN) != 0)
-    throw Error(ErrorCode::Network,
-                "TcpStoreServer: listen on " + addr + " failed: " + errno_text(errno));
-  socklen_t len = sizeof sa;
-  if (::getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-    throw Error(ErrorCode::Network, "TcpStoreServer: getsockname failed: " + errno_text(errno));
-  port = ntohs(sa.sin_port);
   addr = bind_addr + ":" + std::to_string(port);
 
   set_accepting(true);
@@ -234,6 +327,10 @@ void TcpStoreServer::Impl::run() noexcept {
   try {
     while (!stopping) {
       int timeout = deadlines.empty() ? -1 : ms_until(deadlines.begin()->first);
+      if (!hellos.empty()) {
+        const int h = ms_until(hellos.front().first);
+        timeout = timeout < 0 ? h : std::min(timeout, h);
+      }
       if (accept_paused) {
         int resume = ms_until(accept_resume);
         timeout = timeout < 0 ? resume : std::min(timeout, resume);
@@ -251,12 +348,12 @@ void TcpStoreServer::Impl::run() noexcept {
   }
   waiters.clear();
   conns.clear();
-  listen_fd.reset();
+  listeners.clear();
 }
 
-void TcpStoreServer::Impl::accept_all() {
+void TcpStoreServer::Impl::accept_all(int listen_fd) {
   for (;;) {
-    int fd = ::accept4(listen_fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -267,11 +364,24 @@ void TcpStoreServer::Impl::accept_all() {
       set_accepting(false);
       return;
     }
+    if (unauthenticated >= max_pending) {
+      // Refuse the newcomer; never evict a connection already in its handshake (a real
+      // rank's, perhaps) in its favour.
+      ::close(fd);
+      if (refused_newcomers++ % 1000 == 0)
+        BRAID_LOG(warn, "TcpStoreServer " << addr << ": " << unauthenticated
+                                          << " connections are in their handshake (BRAID_STORE_MAX_PENDING); refused "
+                                          << refused_newcomers << " newer one(s) so far");
+      continue;
+    }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::uint64_t id = next_conn++;
     Conn& c = conns[id];
     c.fd.reset(fd);
+    c.hello_deadline = Clock::now() + hello_timeout;
+    ++unauthenticated;
+    hellos.emplace_back(c.hello_deadline, id);
     try {
       watch_conn(id, fd, EPOLLIN);
     } catch (const Error& e) {
@@ -284,7 +394,8 @@ void TcpStoreServer::Impl::accept_all() {
 void TcpStoreServer::Impl::set_accepting(bool on) {
   // Paused, the listener stays registered with no events (it stays readable while
   // descriptors are short, and would wake the loop at once).
-  poller.watch(listen_fd.get(), on ? std::uint32_t{EPOLLIN} : 0u, [this](std::uint32_t) { accept_all(); });
+  for (const Fd& l : listeners)
+    poller.watch(l.get(), on ? std::uint32_t{EPOLLIN} : 0u, [this, fd = l.get()](std::uint32_t) { accept_all(fd); });
   accept_paused = !on;
 }
 
@@ -319,11 +430,11 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
   while (!c.dead) {
     std::size_t avail = c.in.size() - c.in_off;
     const char* p = c.in.data() + c.in_off;
-    if (!c.hello_done) {
-      std::string presented;
+    if (c.stage == Stage::hello) {
+      bool has_token = false;
       std::size_t used = 0;
       unsigned version = 0;
-      switch (parse_hello(p, avail, &presented, &used, &version)) {
+      switch (parse_hello(p, avail, &has_token, &c.client_nonce, &used, &version)) {
         case Hello::more:
           break;
         case Hello::not_a_store:
@@ -332,22 +443,44 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
           return drop(id, c,
                       "client speaks protocol version " + std::to_string(version) + ", this server " +
                           std::to_string(kVersion));
-        case Hello::too_long:
-          return drop(id, c, "bad hello (token longer than " + std::to_string(kMaxToken) + " bytes)");
+        case Hello::bad_flags:
+          return drop(id, c, "bad hello (unknown flags)");
         case Hello::ok:
-          if (!token.empty() &&
-              !transport::token_equal(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(),
-                                      token)) {
-            send(id, c, answer_bytes(kRefused));
-            return drop(id, c, "refused a client that did not present this job's token (another job, or "
-                               "BRAID_AUTH_TOKEN differs)");
-          }
-          c.hello_done = true;
           c.in_off += used;
-          send(id, c, answer_bytes(kAccepted));
+          if (token.empty()) {
+            // No token: the store serves anyone (and a client that has one refuses it).
+            c.stage = Stage::ready;
+            --unauthenticated;
+            send(id, c, answer_bytes(kAccepted));
+            continue;
+          }
+          if (!has_token) {
+            send(id, c, answer_bytes(kRefused));
+            return drop(id, c, "refused a client without a token (this store serves one job: set BRAID_AUTH_TOKEN "
+                               "as the job's other ranks have it)");
+          }
+          // Prove that this server knows the token before the client proves it does.
+          c.server_nonce = base::auth::random_bytes(base::auth::kNonceBytes);
+          c.stage = Stage::proof;
+          send(id, c, answer_bytes(kChallenge) + c.server_nonce + server_proof(token, c.client_nonce, c.server_nonce));
           continue;
       }
       break;
+    }
+    if (c.stage == Stage::proof) {
+      if (avail < kClientProofSize) break;
+      const std::string want = client_proof(token, c.client_nonce, c.server_nonce);
+      if (!base::auth::equal(reinterpret_cast<const unsigned char*>(p), kClientProofSize,
+                             reinterpret_cast<const unsigned char*>(want.data()), want.size())) {
+        send(id, c, answer_bytes(kRefused));
+        return drop(id, c, "refused a client that could not prove it knows this job's token (another job, or "
+                           "BRAID_AUTH_TOKEN differs)");
+      }
+      c.in_off += kClientProofSize;
+      c.stage = Stage::ready;
+      --unauthenticated;
+      send(id, c, answer_bytes(kAccepted));
+      continue;
     }
     std::uint64_t len = 0;
     const Frame f = frame_at(p, avail, 1, &len);
@@ -377,7 +510,13 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
   };
   switch (q.op) {
     case kSet: {
-      data[q.key] = std::move(q.value);
+      if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) {
+        Encoder e = reply(kFailed);
+        e.str(why);
+        send(id, c, e.finish());
+        return true;
+      }
+      store_value(q.key, std::move(q.value));
       send(id, c, reply(kOk).finish());
       notify(q.key);
       return true;
@@ -410,7 +549,14 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
         send(id, c, e.finish());
         return true;
       }
-      data[key] = std::to_string(value);
+      std::string text = std::to_string(value);
+      if (const std::string why = over_limit(key, text.size()); !why.empty()) {
+        Encoder e = reply(kFailed);
+        e.str(why);
+        send(id, c, e.finish());
+        return true;
+      }
+      store_value(key, std::move(text));
       Encoder e = reply(kOk);
       e.u64(static_cast<std::uint64_t>(value));
       send(id, c, e.finish());
@@ -433,13 +579,30 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
     }
     case kRemove: {
       Encoder e = reply(kOk);
-      e.u8(data.erase(q.key) ? 1 : 0);
+      auto it = data.find(q.key);
+      const bool found = it != data.end();
+      if (found) {
+        stored_bytes -= it->first.size() + it->second.size();
+        data.erase(it);
+      }
+      e.u8(found ? 1 : 0);
       send(id, c, e.finish());
       return true;
     }
     default:
       return false;  // decode_request knows no other op
   }
+}
+
+std::string TcpStoreServer::Impl::over_limit(const std::string& key, std::size_t value_bytes) const {
+  auto it = data.find(key);
+  const std::size_t old = it == data.end() ? 0 : key.size() + it->second.size();
+  if (it == data.end() && data.size() >= max_keys)
+    return "the store holds " + std::to_string(data.size()) + " keys, its limit (BRAID_STORE_MAX_KEYS)";
+  if (stored_bytes - old + key.size() + value_bytes > max_bytes)
+    return "storing " + std::to_string(value_bytes) + " bytes under " + quote(key) + " would pass the store's " +
+           std::to_string(max_bytes) + " bytes (BRAID_STORE_MAX_BYTES)";
+  return {};
 }
 
 void TcpStoreServer::Impl::park(std::uint64_t id, Conn& c, std::uint32_t req, bool is_get,
@@ -498,6 +661,14 @@ void TcpStoreServer::Impl::notify(const std::string& key) {
 
 void TcpStoreServer::Impl::expire() {
   auto now = Clock::now();
+  while (!hellos.empty() && hellos.front().first <= now) {
+    const std::uint64_t id = hellos.front().second;
+    hellos.pop_front();
+    auto it = conns.find(id);
+    if (it != conns.end() && it->second.stage != Stage::ready)
+      drop(id, it->second,
+           "no handshake within " + std::to_string(hello_timeout.count()) + " ms (BRAID_STORE_HELLO_TIMEOUT)");
+  }
   while (!deadlines.empty() && deadlines.begin()->first <= now)
     finish_waiter(deadlines.begin()->second, kTimeout);
 }
@@ -561,6 +732,7 @@ void TcpStoreServer::Impl::close_conn(std::uint64_t id) {
   if (it == conns.end()) return;
   std::vector<std::uint64_t> parked(it->second.parked.begin(), it->second.parked.end());
   for (std::uint64_t wid : parked) finish_waiter(wid, kTimeout);  // dead: nothing is sent
+  if (it->second.stage != Stage::ready) --unauthenticated;
   poller.unwatch(it->second.fd.get());
   conns.erase(it);
 }
@@ -705,6 +877,8 @@ struct TcpStore::Impl {
                 "TcpStore " + addr + ": " + what + ": malformed reply from the server");
   }
   Clock::time_point io_deadline() const { return Clock::now() + io_timeout; }
+  /// The store handshake on a connected socket (tcp_store.cpp's opening comment); throws.
+  void handshake(int s, const std::string& token, Clock::time_point deadline) const;
   void check_key(const std::string& key, const char* op) const { core::check_store_key("TcpStore", addr, key, op); }
 };
 
@@ -717,7 +891,7 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
   port = want_port;
   std::string connect_host = host;
   if (is_server) {
-    server = std::make_unique<TcpStoreServer>("0.0.0.0", want_port, token);
+    server = std::make_unique<TcpStoreServer>(core::store_bind_addresses(host), want_port, token);
     port = server->port();
     connect_host = "127.0.0.1";  // our own server: loopback always reaches it
   }
@@ -731,25 +905,11 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
     if (resolve_ipv4(connect_host, port, false, &sa, &err)) {
       Fd s = connect_once(sa, deadline, &err);
       if (s.get() >= 0) {
-        std::string hello = hello_bytes(token);
-        // Once connected, allow the hello a little time even if connect_timeout is short.
+        // Once connected, allow the handshake a little time even if connect_timeout is short.
         auto hello_deadline = std::max(deadline, Clock::now() + milliseconds(5000));
-        std::string herr = send_all(s.get(), hello.data(), hello.size(), hello_deadline);
-        char back[kHelloSize];
-        if (herr.empty()) herr = recv_exact(s.get(), back, sizeof back, hello_deadline);
-        if (herr.empty() && std::memcmp(back, answer_bytes(kAccepted).data(), kHelloSize) == 0) {
-          fd = std::move(s);
-          return;
-        }
-        if (herr.empty() && std::memcmp(back, answer_bytes(kRefused).data(), kHelloSize) == 0)
-          throw Error(ErrorCode::InvalidUsage,
-                      "TcpStore: the store server at " + addr +
-                          " refused this client's token: it serves another job, or BRAID_AUTH_TOKEN differs "
-                          "between the ranks (set the same token on every rank)");
-        throw Error(ErrorCode::Network,
-                    "TcpStore: " + addr + " did not complete the store handshake (" +
-                        (herr.empty() ? std::string("unexpected reply") : herr) +
-                        "): it is not a braid store server, or one of another protocol version");
+        handshake(s.get(), token, hello_deadline);
+        fd = std::move(s);
+        return;
       }
     }
     auto now = Clock::now();
@@ -761,6 +921,54 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, milliseconds(200));
   }
+}
+
+void TcpStore::Impl::handshake(int s, const std::string& token, Clock::time_point deadline) const {
+  auto failed = [&](const std::string& why) {
+    return Error(ErrorCode::Network, "TcpStore: " + addr + " did not complete the store handshake (" + why +
+                                         "): it is not a braid store server, or one of another protocol version");
+  };
+  const std::string nonce = base::auth::random_bytes(base::auth::kNonceBytes);
+  const std::string hello = hello_bytes(!token.empty(), nonce);
+  std::string err = send_all(s, hello.data(), hello.size(), deadline);
+  char head[kHelloSize];
+  if (err.empty()) err = recv_exact(s, head, sizeof head, deadline);
+  if (!err.empty()) throw failed(err);
+  const std::string answer(head, sizeof head);
+  const Error refused(ErrorCode::InvalidUsage,
+                      "TcpStore: the store server at " + addr +
+                          " refused this client: it serves a job with a token (BRAID_AUTH_TOKEN) and this client "
+                          "has " +
+                          (token.empty() ? std::string("none") : std::string("another")) +
+                          " (set the same token on every rank and on the store)");
+  if (answer == answer_bytes(kRefused)) throw refused;
+  if (answer == answer_bytes(kAccepted)) {
+    if (!token.empty())
+      throw Error(ErrorCode::InvalidUsage,
+                  "TcpStore: the store server at " + addr +
+                      " accepted this client without asking for the job's token (BRAID_AUTH_TOKEN): it is not this "
+                      "job's store, or was started without the token; refusing to use it");
+    return;
+  }
+  if (answer != answer_bytes(kChallenge) || token.empty()) throw failed("unexpected reply");
+  char rest[kChallengeSize - kHelloSize];
+  err = recv_exact(s, rest, sizeof rest, deadline);
+  if (!err.empty()) throw failed(err);
+  const std::string server_nonce(rest, base::auth::kNonceBytes);
+  const std::string want = server_proof(token, nonce, server_nonce);
+  if (!base::auth::equal(reinterpret_cast<const unsigned char*>(rest) + base::auth::kNonceBytes, base::auth::kMacBytes,
+                         reinterpret_cast<const unsigned char*>(want.data()), want.size()))
+    throw Error(ErrorCode::InvalidUsage,
+                "TcpStore: the store server at " + addr +
+                    " does not know the token this client has (it could not prove it): the token "
+                    "(BRAID_AUTH_TOKEN) differs between this rank and the store, or this is another job's store or "
+                    "a program in its place; refusing to use it");
+  const std::string proof = client_proof(token, nonce, server_nonce);
+  err = send_all(s, proof.data(), proof.size(), deadline);
+  if (err.empty()) err = recv_exact(s, head, sizeof head, deadline);
+  if (!err.empty()) throw failed(err);
+  if (std::string(head, sizeof head) == answer_bytes(kRefused)) throw refused;
+  if (std::string(head, sizeof head) != answer_bytes(kAccepted)) throw failed("unexpected reply");
 }
 
 void TcpStore::Impl::read_replies(Clock::time_point deadline,
@@ -866,6 +1074,8 @@ void TcpStore::set(const std::string& key, const std::string& value) {
   e.str(value);
   std::string what = "set(" + quote(key) + ")";
   Reply r = impl_->call(e, impl_->io_deadline(), what);
+  if (r.status == kFailed)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": " + what + ": " + reply_error(r.payload));
   if (r.status != kOk || !r.payload.empty()) impl_->fail_protocol(what);
 }
 

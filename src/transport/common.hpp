@@ -1,5 +1,5 @@
 // Small pieces every transport needs: request bookkeeping, a reusable FIFO, the
-// little-endian field codec of the wire formats, and constant-time token comparison.
+// little-endian field codec of the wire formats.
 // Header-only; depends only on the public headers and transport.hpp.
 #pragma once
 
@@ -45,15 +45,6 @@ inline void check_post(const char* transport, const char* what, const void* buf,
                                              (req == nullptr ? "request" : "buffer") + " for " +
                                              std::to_string(bytes) + " bytes");
   }
-}
-
-/// Compares a received token with ours without leaking the position of the first
-/// difference through timing.
-inline bool token_equal(const unsigned char* a, std::size_t alen, const std::string& b) {
-  if (alen != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < alen; ++i) diff |= static_cast<unsigned char>(a[i] ^ static_cast<unsigned char>(b[i]));
-  return diff == 0;
 }
 
 /// A FIFO with O(1) push/pop and index access that reuses its storage, so the

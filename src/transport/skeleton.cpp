@@ -105,14 +105,20 @@ std::optional<std::string> Skeleton::look_up(PeerLookup& l, bool first, int peer
 }
 
 bool hello_authentic(const HelloClaim& c, std::uint64_t comm_id, int rank, const std::string& token) {
-  return c.comm_id == comm_id && token_equal(c.token, c.token_bytes, token) && c.to_rank == rank &&
-         c.from_rank >= 0 && c.from_rank < rank;
+  // The proof is checked whatever the claims say, so that its time says nothing.
+  const bool proven =
+      c.fixed != nullptr &&
+      base::auth::verify(token, std::string(reinterpret_cast<const char*>(c.fixed), c.fixed_bytes), c.proof,
+                         c.proof_bytes);
+  return proven && c.comm_id == comm_id && c.to_rank == rank && c.from_rank >= 0 && c.from_rank < rank;
 }
 
-bool Skeleton::authentic(const HelloClaim& c) const {
+bool Skeleton::authentic(const HelloClaim& c) {
   // Anything that is not an authenticated peer of this communicator is closed without a
-  // word: it must not be able to disturb the real connections.
-  return !closed_ && hello_authentic(c, common_.comm_id, common_.rank, common_.auth_token);
+  // word: it must not be able to disturb the real connections. A recorded authentic hello
+  // sent again is refused too: its nonce was used.
+  return !closed_ && hello_authentic(c, common_.comm_id, common_.rank, common_.auth_token) &&
+         replays_.first_use(c.proof);
 }
 
 bool Skeleton::progress() {

@@ -9,6 +9,7 @@
 // Everything runs on the communicator's progress thread, like every transport.
 #pragma once
 
+#include "base/auth.hpp"
 #include "base/fd.hpp"
 #include "transport/common.hpp"
 
@@ -40,9 +41,18 @@ struct HelloClaim {
   std::uint64_t comm_id = 0;
   std::int64_t from_rank = -1;
   std::int64_t to_rank = -1;
-  const unsigned char* token = nullptr;
-  std::size_t token_bytes = 0;
+  const unsigned char* proof = nullptr;  ///< where the token would be: a proof of it (base/auth.hpp)
+  std::size_t proof_bytes = 0;
+  const unsigned char* fixed = nullptr;  ///< the hello's fixed part, which the proof is bound to
+  std::size_t fixed_bytes = 0;
 };
+
+/// What a hello carries after its fixed part `fixed` (whose token length says
+/// base::auth::kProofBytes): a fresh proof that the sender knows `token`, bound to `fixed`,
+/// so that the token never travels and the claims cannot be changed.
+inline std::string hello_proof(const std::string& token, const std::string& fixed) {
+  return base::auth::prove(token, fixed);
+}
 
 /// How many bytes in all the hello whose first `got` bytes are `buf` needs (the caller
 /// reads no further than that, so it is complete when this equals `got`), or -1 when
@@ -53,8 +63,9 @@ struct HelloClaim {
 long hello_needs(const HelloFormat& format, const unsigned char* buf, std::size_t got);
 
 /// An authentic hello claim for a rank `rank` of communicator `comm_id` whose per-job
-/// token is `token`: this communicator and token, addressed to `rank`, from a lower rank
-/// (the lower rank of a pair connects). The token is compared in constant time.
+/// token is `token`: this communicator, addressed to `rank`, from a lower rank (the lower
+/// rank of a pair connects), with a valid proof of the token bound to its fixed part
+/// (checked in constant time). Replays are the listener's to refuse (Skeleton::authentic).
 bool hello_authentic(const HelloClaim& claim, std::uint64_t comm_id, int rank, const std::string& token);
 
 /// An accepted socket whose hello is being read.
@@ -192,7 +203,7 @@ class Skeleton : public Transport {
   // --- What the skeleton offers --------------------------------------------------------
   /// An authentic hello: this communicator and token, addressed to this rank, from a lower
   /// rank (the lower rank of a pair connects). The token is compared in constant time.
-  bool authentic(const HelloClaim& claim) const;
+  bool authentic(const HelloClaim& claim);
   /// One look at what `peer` published under `key` (PeerLookup). `first`: the connection
   /// has just been wanted, so the lookup's deadline starts now. Returns the value; or
   /// nothing with `*error` empty (not yet: a retry is scheduled) or set (the directory
@@ -240,6 +251,7 @@ class Skeleton : public Transport {
   Clock::time_point timer_armed_for_ = Clock::time_point::max();
   bool changed_ = false;
   bool closed_ = false;
+  base::auth::ReplayGuard replays_;  ///< nonces of the hellos this listener accepted
   std::string closed_reason_;
 };
 

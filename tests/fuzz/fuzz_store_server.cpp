@@ -1,5 +1,5 @@
 // The TcpStore server's side of the protocol: a client connection's bytes through the hello
-// (store_wire::parse_hello, with its token), the framing (store_wire::frame_at) and the request decoder
+// (store_wire::parse_hello: flags and nonce, then a proof when it has a token), the framing (store_wire::frame_at) and the request decoder
 // (store_wire::decode_request), as TcpStoreServer's process_input and handle read them.
 #include "fuzz_common.hpp"
 
@@ -15,11 +15,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ++p;
     --avail;
   } else {
-    std::string token;
+    bool has_token = false;
+    std::string nonce;
     std::size_t used = 0;
     unsigned version = 0;
-    if (sw::parse_hello(p, avail, &token, &used, &version) != sw::Hello::ok) return 0;
-    FUZZ_CHECK(token.size() <= sw::kMaxToken && used == sw::kHelloSize + token.size() && used <= avail);
+    if (sw::parse_hello(p, avail, &has_token, &nonce, &used, &version) != sw::Hello::ok) return 0;
+    FUZZ_CHECK(nonce.size() == braid::base::auth::kNonceBytes && used == sw::kClientHelloSize && used <= avail);
+    // With a token the client's proof follows (kClientProofSize bytes, compared, never parsed).
+    if (has_token) {
+      if (avail - used < sw::kClientProofSize) return 0;
+      used += sw::kClientProofSize;
+    }
     p += used;
     avail -= used;
   }

@@ -604,7 +604,8 @@ TEST(IbvRecord, OversizedTokenIsRefused) {
 }
 
 TEST(IbvRecord, Authenticity) {
-  const ib::ConnRecord r = sample_record();  // from 3 to 5
+  ib::ConnRecord r = sample_record();  // from 3 to 5
+  ib::sign_record(&r, "job-token");
   EXPECT_TRUE(ib::record_authentic(r, r.comm_id, 5, 3, "job-token"));
   EXPECT_FALSE(ib::record_authentic(r, r.comm_id + 1, 5, 3, "job-token")) << "other communicator";
   EXPECT_FALSE(ib::record_authentic(r, r.comm_id, 4, 3, "job-token")) << "meant for another rank";
@@ -613,6 +614,13 @@ TEST(IbvRecord, Authenticity) {
   EXPECT_FALSE(ib::record_authentic(r, r.comm_id, 5, 3, "job-tokeN")) << "wrong token";
   EXPECT_FALSE(ib::record_authentic(r, r.comm_id, 5, 3, "job-token2")) << "longer token";
   EXPECT_FALSE(ib::record_authentic(r, r.comm_id, 5, 3, "")) << "empty token";
+  ib::ConnRecord forged = r;
+  forged.qpn ^= 1;  // a field changed after signing: the proof no longer holds
+  EXPECT_FALSE(ib::record_authentic(forged, r.comm_id, 5, 3, "job-token")) << "altered record";
+  ib::ConnRecord raw = sample_record();
+  raw.token = "job-token";  // the token itself, as version 2 records carried it, is no proof
+  EXPECT_FALSE(ib::record_authentic(raw, r.comm_id, 5, 3, "job-token")) << "a raw token";
+  EXPECT_EQ(r.token.find("job-token"), std::string::npos) << "the token must not be in the record";
 }
 
 // --- the registration cache (verbs-free) ---

@@ -8,6 +8,8 @@
 #include "transport_harness.hpp"
 #include "transport/shm/shm_transport.hpp"
 #include "transport/shm/shm_wire.hpp"
+#include "transport/skeleton.hpp"
+#include "base/auth.hpp"
 #include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
@@ -420,13 +422,14 @@ int raw_connect(const std::string& name) {
 
 std::string hello(std::uint64_t comm, int from, int to, const std::string& token = kToken) {
   wire::Hello h;
-  h.token_bytes = static_cast<std::uint16_t>(token.size());
+  h.token_bytes = static_cast<std::uint16_t>(braid::base::auth::kProofBytes);
   h.from_rank = from;
   h.to_rank = to;
   h.slots = kSlots;
   h.comm_id = comm;
   h.slot_bytes = kSlot;
-  return wire::hello_bytes(h, token, "");
+  const std::string fixed = wire::hello_bytes(h, "", "");
+  return fixed + braid::transport::hello_proof(token, fixed);  // as the transport makes it
 }
 
 TEST(ShmTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {

@@ -6,6 +6,8 @@
 #include <braid/error.hpp>
 #include <braid/store.hpp>
 
+#include "core/store_wire.hpp"
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -483,8 +485,14 @@ std::string le32(std::uint32_t v) {
   return s;
 }
 
-// Protocol version 2, no token (also the server's "accepted" answer).
-const std::string kHello = std::string("BRDS") + std::string("\x02\x00\x00\x00", 4);
+// Protocol version 3: a client's hello without a token (its nonce: 16 bytes), and the
+// server's answers.
+const std::string kNonce(16, 'n');
+const std::string kHello = std::string("BRDS") + std::string("\x03\x00\x00\x00", 4) + kNonce;
+const std::string kAccepted = std::string("BRDS") + std::string("\x03\x00\x00\x00", 4);
+const std::string kRefusedAnswer = std::string("BRDS") + std::string("\x03\x00\x01\x00", 4);
+const std::string kChallengeHead = std::string("BRDS") + std::string("\x03\x00\x02\x00", 4);
+const std::string kHelloWithToken = std::string("BRDS") + std::string("\x03\x00\x01\x00", 4) + kNonce;
 
 TEST(TcpStore, ClientStartedBeforeServerConnectsWhenItAppears) {
   std::uint16_t port = free_port();
@@ -555,7 +563,8 @@ TEST(TcpStore, GarbageFromRawClientsDoesNotHurtTheServer) {
       {"bad magic", "GET / HTTP/1.0\r\n\r\n"},
       {"bad version", std::string("BRDS\x07\x00\x00\x00", 8)},
       {"version 1 (before tokens)", std::string("BRDS\x01\x00\x00\x00", 8)},
-      {"token over 4 KiB", std::string("BRDS\x02\x00\xff\xff", 8) + std::string(70000, 't')},
+      {"version 2 (tokens in clear)", std::string("BRDS\x02\x00\x05\x00", 8) + "token"},
+      {"unknown flags", std::string("BRDS\x03\x00\x06\x00", 8) + kNonce},
       {"huge frame length", kHello + le32(0xffffffffu)},
       {"zero frame length", kHello + le32(0)},
       {"unknown op", kHello + le32(5) + std::string("\x63\x01\x00\x00\x00", 5)},
@@ -597,7 +606,7 @@ TEST(TcpStore, GarbageFromRawClientsDoesNotHurtTheServer) {
                    le32(static_cast<std::uint32_t>(value.size())) + value);
   std::string reply;
   EXPECT_FALSE(closed_by_peer(fd, 300ms, &reply));
-  EXPECT_EQ(reply, kHello + le32(5) + std::string("\x00\x09\x00\x00\x00", 5));
+  EXPECT_EQ(reply, kAccepted + le32(5) + std::string("\x00\x09\x00\x00\x00", 5));
   ::close(fd);
 
   waiter.join();
@@ -605,9 +614,9 @@ TEST(TcpStore, GarbageFromRawClientsDoesNotHurtTheServer) {
   EXPECT_EQ(fresh.get("k", 1s), "v");
 }
 
-// A server given a token serves only clients that present it: a stranger (no token, a
-// wrong one, a longer one with the right prefix) is refused with an answer the client
-// turns into InvalidUsage saying so, and the job's clients are not disturbed.
+// A server given a token serves only clients that prove they know it, and proves it
+// first: a client without a token is refused; one with another token refuses the server
+// (which cannot prove it knows that one); the job's clients are not disturbed.
 TEST(TcpStore, ServerWithATokenRefusesClientsWithoutIt) {
   const std::string token = "job-4711-secret";
   TcpStoreServer server("127.0.0.1", 0, token);
@@ -620,18 +629,21 @@ TEST(TcpStore, ServerWithATokenRefusesClientsWithoutIt) {
       ADD_FAILURE() << "accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
-      EXPECT_NE(std::string(e.what()).find("refused this client's token"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find(bad.empty() ? "refused this client" : "does not know the token this client has"),
+                std::string::npos)
+          << what;
     }
     EXPECT_EQ(good.get("k", 1s), "v");
   }
-  // Raw: a refused hello gets the refusal answer, then the connection closes; requests
+  // Raw: a hello without a token gets the refusal, then the connection closes; requests
   // sent behind it are never served.
   int fd = raw_connect(server.port());
-  raw_send(fd, std::string("BRDS\x02\x00\x05\x00", 8) + "wrong" + le32(5 + 4 + 1 + 4 + 1) +
-                   std::string("\x01\x09\x00\x00\x00", 5) + le32(1) + "x" + le32(1) + "y");
+  raw_send(fd, kHello + le32(5 + 4 + 1 + 4 + 1) + std::string("\x01\x09\x00\x00\x00", 5) + le32(1) + "x" + le32(1) +
+                   "y");
   std::string reply;
   EXPECT_TRUE(closed_by_peer(fd, 5s, &reply));
-  EXPECT_EQ(reply, std::string("BRDS\x02\x00\x01\x00", 8));
+  EXPECT_EQ(reply, kRefusedAnswer);
   ::close(fd);
   EXPECT_FALSE(good.check({"x"})) << "a refused client's SET was served";
   // An owned server (is_server) takes the token too.
@@ -640,6 +652,132 @@ TEST(TcpStore, ServerWithATokenRefusesClientsWithoutIt) {
   TcpStore peer("127.0.0.1", owner.port(), false, 5s, token);
   peer.set("a", "b");
   EXPECT_EQ(owner.get("a", 1s), "b");
+}
+
+// The handshake is mutual and fresh: the server proves it knows the token before the
+// client does (so a client never talks to a squatter), the token is never on the wire,
+// and a recorded client proof is refused on another connection (the server's nonce
+// differs).
+TEST(TcpStore, HandshakeIsMutualAndARecordedProofIsRefused) {
+  namespace sw = braid::core::store_wire;
+  const std::string token = "job-4711-secret";
+  TcpStoreServer server("127.0.0.1", 0, token);
+  // A client with a token refuses a server without one: it cannot tell it from a squatter.
+  TcpStoreServer open("127.0.0.1", 0);
+  try {
+    TcpStore wary("127.0.0.1", open.port(), false, 5s, token);
+    ADD_FAILURE() << "a client with a token used a server that asked for none";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("without asking for the job's token"), std::string::npos) << e.what();
+  }
+  auto challenge = [&](int fd) {
+    raw_send(fd, kHelloWithToken);
+    std::string got;
+    const auto deadline = Clock::now() + 5s;
+    char buf[256];
+    while (got.size() < sw::kChallengeSize && Clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r <= 0) break;
+      got.append(buf, static_cast<std::size_t>(r));
+    }
+    return got;
+  };
+  int fd = raw_connect(server.port());
+  const std::string c1 = challenge(fd);
+  ASSERT_EQ(c1.size(), sw::kChallengeSize);
+  EXPECT_EQ(c1.substr(0, 8), kChallengeHead);
+  const std::string ns1 = c1.substr(8, 16);
+  EXPECT_EQ(c1.substr(24), sw::server_proof(token, kNonce, ns1)) << "the server's proof";
+  EXPECT_EQ(c1.find(token), std::string::npos) << "the token travelled";
+  const std::string proof = sw::client_proof(token, kNonce, ns1);
+  raw_send(fd, proof);
+  std::string reply;
+  EXPECT_FALSE(closed_by_peer(fd, 300ms, &reply));
+  EXPECT_EQ(reply, kAccepted);
+  ::close(fd);
+  // The same hello and the recorded proof on a new connection: refused.
+  fd = raw_connect(server.port());
+  const std::string c2 = challenge(fd);
+  ASSERT_EQ(c2.size(), sw::kChallengeSize);
+  EXPECT_NE(c2.substr(8, 16), ns1) << "the server reused its nonce";
+  raw_send(fd, proof + le32(5 + 4 + 1 + 4 + 1) + std::string("\x01\x09\x00\x00\x00", 5) + le32(1) + "x" + le32(1) +
+                   "y");
+  reply.clear();
+  EXPECT_TRUE(closed_by_peer(fd, 5s, &reply));
+  EXPECT_EQ(reply, kRefusedAnswer);
+  ::close(fd);
+  TcpStore good("127.0.0.1", server.port(), false, 5s, token);
+  EXPECT_FALSE(good.check({"x"})) << "a replayed client's SET was served";
+}
+
+// The limits, in a process of its own (the configuration is read once per process): run
+// by StoreLimits.AreEnforcedWithClearErrors with BRAID_STORE_* set small.
+TEST(StoreLimitsChild, DISABLED_Enforced) {
+  TcpStoreServer server("127.0.0.1", 0);
+  // Hello deadline: a silent connection is closed after BRAID_STORE_HELLO_TIMEOUT (1 s).
+  const auto t0 = Clock::now();
+  int silent = raw_connect(server.port());
+  EXPECT_TRUE(closed_by_peer(silent, 5s)) << "a connection that never said hello was kept";
+  EXPECT_GE(Clock::now() - t0, 800ms);
+  ::close(silent);
+  // Pending cap (4): four silent connections hold every handshake slot; a fifth is
+  // refused at once, and the first four are not evicted for it.
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) held.push_back(raw_connect(server.port()));
+  std::this_thread::sleep_for(100ms);
+  int fifth = raw_connect(server.port());
+  EXPECT_TRUE(closed_by_peer(fifth, 500ms)) << "a connection beyond BRAID_STORE_MAX_PENDING was kept";
+  ::close(fifth);
+  // The held ones still get their handshake answered.
+  raw_send(held[0], kHello);
+  std::string reply;
+  EXPECT_FALSE(closed_by_peer(held[0], 300ms, &reply));
+  EXPECT_EQ(reply, kAccepted);
+  for (int fd : held) ::close(fd);
+  std::this_thread::sleep_for(200ms);
+  // Keys (8) and bytes (4096): a clear error naming the row; existing keys still update.
+  TcpStore client("127.0.0.1", server.port(), false, 5s);
+  for (int i = 0; i < 8; ++i) client.set("k" + std::to_string(i), "v");
+  try {
+    client.set("one-too-many", "v");
+    ADD_FAILURE() << "a key beyond BRAID_STORE_MAX_KEYS was stored";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("BRAID_STORE_MAX_KEYS"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(client.add("counter", 1), Error);
+  client.set("k0", "updated");
+  EXPECT_EQ(client.get("k0", 1s), "updated");
+  try {
+    client.set("k1", std::string(5000, 'x'));
+    ADD_FAILURE() << "a value beyond BRAID_STORE_MAX_BYTES was stored";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BRAID_STORE_MAX_BYTES"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(client.remove("k2"));
+  client.set("new", "v");  // room again after a remove
+  EXPECT_EQ(client.get("new", 1s), "v");
+}
+
+TEST(StoreLimits, AreEnforcedWithClearErrors) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv("BRAID_STORE_HELLO_TIMEOUT", "1s", 1);
+    ::setenv("BRAID_STORE_MAX_PENDING", "4", 1);
+    ::setenv("BRAID_STORE_MAX_KEYS", "8", 1);
+    ::setenv("BRAID_STORE_MAX_BYTES", "4096", 1);
+    ::execl("/proc/self/exe", "test_store", "--gtest_filter=StoreLimitsChild.DISABLED_Enforced",
+            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the limits test failed in the child (its output is above)";
 }
 
 TEST(TcpStore, BindFailureIsNetworkErrorNamingAddressPortAndReason) {

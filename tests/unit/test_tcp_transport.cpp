@@ -7,6 +7,8 @@
 #include "transport_harness.hpp"
 #include "transport/tcp/tcp_transport.hpp"
 #include "transport/tcp/wire.hpp"
+#include "transport/skeleton.hpp"
+#include "base/auth.hpp"
 
 #include <braid/error.hpp>
 
@@ -116,11 +118,12 @@ std::string hello(int from, int to, int index = 0, int sockets = 1, std::uint64_
   wire::Hello h;
   h.socket_index = static_cast<std::uint16_t>(index);
   h.sockets_per_peer = static_cast<std::uint16_t>(sockets);
-  h.token_bytes = static_cast<std::uint16_t>(token.size());
+  h.token_bytes = static_cast<std::uint16_t>(braid::base::auth::kProofBytes);
   h.from_rank = from;
   h.to_rank = to;
   h.comm_id = comm;
-  return wire::hello_bytes(h, token);
+  const std::string fixed = wire::hello_bytes(h, "");
+  return fixed + braid::transport::hello_proof(token, fixed);  // as the transport makes it
 }
 
 std::string part_header(std::uint64_t seq, std::uint64_t tag, std::uint64_t msg_bytes,
@@ -442,9 +445,13 @@ TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
     EXPECT_EQ(h.to_rank, 1);
     EXPECT_EQ(h.comm_id, kCommId);
     EXPECT_EQ(h.sockets_per_peer, 2);
-    std::string token(h.token_bytes, '\0');
-    ASSERT_TRUE(read_all(fd, &token[0], token.size()));
-    EXPECT_EQ(token, kToken);
+    // Not the token: a proof of it bound to the fixed part (the token never travels).
+    std::string proof(h.token_bytes, '\0');
+    ASSERT_TRUE(read_all(fd, &proof[0], proof.size()));
+    EXPECT_EQ(proof.size(), braid::base::auth::kProofBytes);
+    EXPECT_EQ(proof.find(kToken), std::string::npos);
+    EXPECT_TRUE(braid::base::auth::verify(kToken, std::string(reinterpret_cast<const char*>(raw), sizeof raw),
+                                          reinterpret_cast<const unsigned char*>(proof.data()), proof.size()));
     ASSERT_LT(h.socket_index, 2);
     ASSERT_EQ(socks[h.socket_index], -1);
     socks[h.socket_index] = fd;

@@ -4,12 +4,14 @@
 // ring and of the control region: credit word + CTS ring), and the QP numbers of the data
 // queue pairs that carry rendezvous stripes (BRAID_IB_QPS_PER_PEER - 1 of them).
 //
-// Wire format (little-endian, 92 bytes, then 4 per data QP, then the token; version 2):
+// Wire format (little-endian, 92 bytes, then 4 per data QP, then the proof; version 2):
 //   u32 magic "BIBV" | u16 version | u8 flags (bit 0: Ethernet; others 0) | u8 mtu (1..5)
 //   u64 comm_id | i32 from | i32 to | u16 lid | u16 token_bytes (<= 256)
 //   u32 qpn | u32 psn (24-bit each) | u64 ring_addr | u32 ring_rkey | u32 slots | u32 slot_bytes
 //   u64 ctrl_addr | u32 ctrl_rkey | u32 ctrl_bytes | u16 data_qps (<= 15) | u16 0
-//   u8 gid[16] | u32 data qpn * data_qps (24-bit each) | token
+//   u8 gid[16] | u32 data qpn * data_qps (24-bit each) | proof (the "token" field: a fresh
+//   proof of the job's token bound to the rest of the record, base/auth.hpp; the token itself
+//   is never written to the store)
 //
 // The store is shared and may hold anything (another job, a stale run, a hostile peer): the
 // decoder reads only within the bytes it is given, refuses a record that is short, long or
@@ -40,7 +42,7 @@ constexpr std::uint32_t kRecordMaxCtrlBytes = 1u << 20;
 struct ConnRecord {
   std::uint64_t comm_id = 0;
   std::int32_t from = -1, to = -1;  ///< the publishing rank and the peer it is meant for
-  std::string token;                ///< the per-job token (≤ 256 bytes)
+  std::string token;                ///< a proof of the per-job token (sign_record; ≤ 256 bytes)
   std::uint16_t lid = 0;
   std::array<std::uint8_t, 16> gid{};
   bool ethernet = false;
@@ -68,8 +70,11 @@ std::string encode_record(const ConnRecord& r);
 /// or a region that wraps around the address space.
 bool decode_record(std::string_view bytes, ConnRecord* out, std::string* why);
 
-/// Built for me (to == me), from `peer` (from == peer), this communicator, this token (the
-/// token compared in constant time).
+/// Sets `r->token` to a fresh proof of `token` bound to every other field of `*r`.
+void sign_record(ConnRecord* r, const std::string& token);
+
+/// Built for me (to == me), from `peer` (from == peer), this communicator, signed with this
+/// token (sign_record; the proof checked in constant time).
 bool record_authentic(const ConnRecord& r, std::uint64_t comm_id, int me, int peer, const std::string& token);
 
 }  // namespace braid::transport::ibverbs

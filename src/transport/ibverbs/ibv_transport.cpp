@@ -705,7 +705,6 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
   r.comm_id = o_.comm_id;
   r.from = o_.rank;
   r.to = c.peer_;
-  r.token = o_.auth_token;
   r.lid = lid_;
   r.gid = gid_;
   r.ethernet = ethernet_;
@@ -720,6 +719,7 @@ bool IbvTransport::make_qp(IbvConnection& c, std::string* why) {
   r.ctrl_addr = c.control_.addr();
   r.ctrl_rkey = c.control_.rkey();
   r.ctrl_bytes = static_cast<std::uint32_t>(wire::kControlBytes);
+  ibverbs::sign_record(&r, o_.auth_token);  // the token itself never goes into the store
   const std::string rec = ibverbs::encode_record(r);
   try {
     directory_.publish("ibv-record-" + std::to_string(c.peer_), base::hex_bytes(rec.data(), rec.size()));

@@ -7,7 +7,7 @@
 //   hi's name up without blocking, connects, creates the pair's segment
 //   <segment_dir>/braid-<comm_id hex>-<lo>-<hi> with O_EXCL, sizes it with
 //   posix_fallocate (so a full /dev/shm is an error now, not a SIGBUS later), maps
-//   it, unlinks it, and sends a Hello {token, comm id, ranks, slots, slot_bytes}
+//   it, unlinks it, and sends a Hello {comm id, ranks, slots, slot_bytes, a proof of the token}
 //   with the segment's fd attached (SCM_RIGHTS). The name thus lives only
 //   for the few system calls of the set-up: nothing is left in /dev/shm whatever
 //   happens later. hi checks the hello (strangers are closed silently), checks and
@@ -1024,7 +1024,7 @@ void ShmTransport::start_connect(ShmConnection& c) {
   c.peer_pid_ = peer_pid(c.fd_);
   UniqueFd seg;
   wire::Hello h;
-  h.token_bytes = static_cast<std::uint16_t>(opts_.auth_token.size());
+  h.token_bytes = static_cast<std::uint16_t>(base::auth::kProofBytes);
   h.from_rank = opts_.rank;
   h.to_rank = c.peer_;
   h.slots = static_cast<std::uint32_t>(opts_.slots);
@@ -1038,7 +1038,8 @@ void ShmTransport::start_connect(ShmConnection& c) {
     h.reason_bytes = static_cast<std::uint16_t>(error.size());
   }
   int err = 0;
-  const bool sent = send_handshake(c.fd_, wire::hello_bytes(h, opts_.auth_token, created ? "" : error),
+  const std::string fixed = wire::hello_bytes(h, "", "");
+  const bool sent = send_handshake(c.fd_, fixed + hello_proof(opts_.auth_token, fixed) + (created ? "" : error),
                                    created ? seg.get() : -1, &err);
   if (!created) {
     fail(c, error, false, c.peer_);
@@ -1280,7 +1281,9 @@ std::string ShmTransport::refusal(const PendingAccept& pa, bool valid) const {
 
 bool ShmTransport::adopt(PendingAccept& pa) {
   const wire::Hello h = wire::decode_hello(pa.buf.data());
-  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes})) return false;
+  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes, pa.buf.data(),
+                   wire::kHelloBytes}))
+    return false;
   ShmConnection& c = get_conn(h.from_rank);
   if (c.failure_.failed) return false;
   if (c.fd_ >= 0 || c.setup_ != ShmConnection::Setup::idle) {

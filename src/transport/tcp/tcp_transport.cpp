@@ -4,9 +4,11 @@
 // docs/transport-tcp.md):
 // - Each rank listens on one socket and publishes "ip:port" under key "tcp". For a
 //   pair (a, b) with a < b, rank a opens sockets_per_peer sockets to b; each starts
-//   with a Hello {magic "BRDH", version, socket_index, sockets_per_peer, token
-//   length, from_rank, to_rank, comm_id} and the token. b checks it; anything that
-//   is not an authenticated peer of this communicator is closed silently.
+//   with a Hello {magic "BRDH", version, socket_index, sockets_per_peer, proof
+//   length, from_rank, to_rank, comm_id} and a fresh proof of the job's token bound to
+//   those fields (base/auth.hpp: nonce, HMAC-SHA-256; the token never travels). b checks
+//   it and refuses a nonce it has seen; anything that is not an authenticated peer of
+//   this communicator is closed silently.
 // - After the hello both directions carry message parts: a 40-byte PartHeader
 //   {magic "BRDM", version, part_index, seq, tag, msg_bytes, part_bytes}, then the
 //   payload. A message of n bytes is cut into parts = min(sockets, max(1, n/64KiB))
@@ -919,11 +921,12 @@ void TcpTransport::on_connected(TcpConnection& c, Sock& s) {
   wire::Hello h;
   h.socket_index = static_cast<std::uint16_t>(s.index);
   h.sockets_per_peer = static_cast<std::uint16_t>(opts_.sockets_per_peer);
-  h.token_bytes = static_cast<std::uint16_t>(opts_.auth_token.size());
+  h.token_bytes = static_cast<std::uint16_t>(base::auth::kProofBytes);
   h.from_rank = opts_.rank;
   h.to_rank = c.peer_;
   h.comm_id = opts_.comm_id;
-  s.hello = wire::hello_bytes(h, opts_.auth_token);
+  const std::string fixed = wire::hello_bytes(h, "");
+  s.hello = fixed + hello_proof(opts_.auth_token, fixed);
   s.hello_sent = 0;
   watch_data(s);
   bool all_up = true;
@@ -946,7 +949,9 @@ std::string TcpTransport::refusal(const PendingAccept& pa, bool valid) const {
 
 bool TcpTransport::adopt(PendingAccept& pa) {
   const wire::Hello h = wire::decode_hello(pa.buf.data());
-  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes})) return false;
+  if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes, pa.buf.data(),
+                   wire::kHelloBytes}))
+    return false;
   const int fd = pa.fd.get();
   TcpConnection& c = get_conn(h.from_rank);
   if (c.failure_.failed) return false;

@@ -8,17 +8,18 @@
 //
 // Set-up (as tcp: the lower rank of a pair connects, the higher one accepts). The lower
 // rank looks the higher one's address up (without blocking), makes an endpoint and sends a
-// hello on a control tag: communicator, both ranks, the token, a session number it chose
-// and its own worker address. The higher rank keeps one wildcard control receive posted;
+// hello on a control tag: communicator, both ranks, a session number it chose, its own
+// worker address and a fresh proof of the job's token bound to all of them (base/auth.hpp;
+// the token never travels, and a nonce seen before is refused as a replay). The higher rank keeps one wildcard control receive posted;
 // an authentic hello makes its endpoint (from the address in the hello) and it replies
 // with its own hello (echoing the connector's session). Data moves only once each side
 // holds an authentic hello from the other. An inauthentic hello is reported through
-// on_refused and answered with a refusal, sent to the address the hello carried and
-// echoing its session, so that the stranger's requests fail instead of hanging; the
-// accepting side's own requests for that rank stay pending (the real peer may come yet).
+// on_refused and not answered: no endpoint is ever made towards an address a stranger
+// gave (its requests fail at its set-up deadline); the accepting side's own requests for
+// that rank stay pending (the real peer may come yet).
 //
 // UCP tags (64 bits): [sender rank 16 | sender's session 24 | 24 bits of braid's tag].
-// Session 0 is the control channel (the low bits then say hello, refusal or bye). A data
+// Session 0 is the control channel (the low bits then say hello or bye; refusal is retired). A data
 // receive is posted with a mask on rank + session: UCX matches the messages of one
 // endpoint in the order they were sent, so the n-th receive posted for a peer takes its
 // n-th message (FIFO) and no sequence number is needed. Because the session is the peer's
@@ -82,7 +83,6 @@ using ucx_wire::kBye;
 using ucx_wire::kByeAck;
 using ucx_wire::kControlFixed;
 using ucx_wire::kHello;
-using ucx_wire::kRefusal;
 
 /// 24 bits of braid's tag: the low 24 xor a fold of the high 40, so small tags are exact.
 std::uint64_t tag_bits(std::uint64_t tag) {
@@ -294,7 +294,6 @@ void ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
   c->ep_error_ = true;
   c->ep_status_ = status;
 }
-void stranger_ep_error(void*, ucp_ep_h, ucs_status_t) {}
 
 /// An endpoint to the worker address `addr`, with peer error handling (`peer_errors`:
 /// `on_error(arg, ...)` is told when the peer dies or cannot be reached) or without it
@@ -520,7 +519,7 @@ class UcxTransport final : public Transport {
     }
   }
   bool on_control();
-  void refuse(const Control& h, const unsigned char* addr, const std::string& why);
+  void refuse(const Control& h, const std::string& why);
   void connect_steps(UcxConnection& c, Clock::time_point now);
   bool complete(UcxConnection& c);
   void arm_timer();
@@ -551,7 +550,7 @@ class UcxTransport final : public Transport {
   std::unique_ptr<Op> control_in_;
   std::vector<std::unique_ptr<Op>> controls_;  ///< control sends in flight
   std::vector<std::unique_ptr<Op>> orphans_;   ///< ops of failed connections still in UCX
-  std::vector<ucp_ep_h> strangers_;            ///< endpoints that carried a refusal
+  base::auth::ReplayGuard replays_;            ///< nonces of the control messages accepted
   std::vector<void*> closing_;                 ///< endpoint closes in flight
   bool changed_ = false;
   bool closed_ = false;
@@ -716,20 +715,15 @@ void UcxTransport::connect_steps(UcxConnection& c, Clock::time_point now) {
   if (c.state_ == UcxConnection::State::awaiting_reply && now >= c.deadline_) {
     fail(c,
          "cannot connect to rank " + std::to_string(c.peer_) + ": no authentic hello in reply within " +
-             std::to_string(common_.connect_timeout.count()) + " ms",
+             std::to_string(common_.connect_timeout.count()) + " ms (do both ranks have the same token and communicator?)",
          false, c.peer_);
   }
 }
 
-void UcxTransport::refuse(const Control& h, const unsigned char* addr, const std::string& why) {
+void UcxTransport::refuse(const Control& h, const std::string& why) {
+  // No answer: an endpoint is made only towards an authenticated peer, never to an
+  // address a stranger gave (a rank with another token learns at its set-up deadline).
   if (common_.on_refused) common_.on_refused(self() + " refused a hello claiming rank " + std::to_string(h.from) + ": " + why);
-  if (addr == nullptr || h.kind != kHello) return;
-  // Tell the stranger, at the address it gave, so that its requests fail.
-  ucp_ep_h ep = nullptr;
-  bool degraded = false;
-  if (create_ep(api_, worker_, addr, &stranger_ep_error, nullptr, &ep, &degraded) != UCS_OK) return;
-  send_control(ep, kRefusal, control(kRefusal, h.from, 0, h.session, false));
-  strangers_.push_back(ep);
 }
 
 /// Handles the control message that arrived in control_in_ and re-posts the receive.
@@ -749,22 +743,14 @@ bool UcxTransport::on_control() {
   const unsigned char* addr = v.addr;
   UcxConnection* c = h.from >= 0 && h.from < common_.size && h.from != common_.rank ? conns_.find(h.from) : nullptr;
   using S = UcxConnection::State;
-  // A refusal comes from a rank that does not take us for one of its communicator, so it
-  // cannot be authenticated by our token; it must echo the session of our hello, which
-  // went only to the address that rank published.
-  if (h.kind == kRefusal) {
-    if (c != nullptr && c->state_ == S::awaiting_reply && h.echo == c->session_ &&
-        h.from == static_cast<std::int32_t>(in->info.sender_tag >> kRankShift)) {
-      fail(*c, c->who() + " refused by rank " + std::to_string(c->peer_) +
-                   ": it does not take us for a rank of its communicator (another token or communicator)",
-           false, c->peer_);
-    }
-    return true;
-  }
   const bool valid = ucx_wire::control_authentic(v, common_.comm_id, common_.rank, common_.size, common_.auth_token,
                                                  static_cast<std::int32_t>(in->info.sender_tag >> kRankShift));
   if (!valid) {
-    refuse(h, addr, "its hello names another communicator, rank or token");
+    refuse(h, "its hello names another communicator, rank or token");
+    return true;
+  }
+  if (!replays_.first_use(v.token)) {
+    refuse(h, "it is a copy of a control message already received (a replay)");
     return true;
   }
   if (h.kind == kHello && h.from < common_.rank && addr != nullptr && h.session != 0 &&
@@ -792,7 +778,7 @@ bool UcxTransport::on_control() {
     c->bye_acked_ = true;
     return true;
   } else {
-    refuse(h, addr, "an unexpected or repeated hello");
+    refuse(h, "an unexpected or repeated hello");
     return true;
   }
   c->state_ = S::established;
@@ -833,10 +819,6 @@ bool UcxTransport::progress() {
     } else {
       ++i;
     }
-  }
-  if (controls_.empty() && !strangers_.empty()) {
-    for (ucp_ep_h ep : strangers_) close_ep(ep, false);
-    strangers_.clear();
   }
   for (std::size_t i = 0; i < closing_.size();) {
     if (api_.request_check_status(closing_[i]) != UCS_INPROGRESS) {
@@ -923,8 +905,6 @@ void UcxTransport::close_all(const std::string& reason) {
 void UcxTransport::shutdown() noexcept {
   if (worker_ == nullptr) return;
   if (control_in_ && control_in_->ucx != nullptr) api_.request_cancel(worker_, control_in_->ucx);
-  for (ucp_ep_h ep : strangers_) close_ep(ep, true);
-  strangers_.clear();
   for (UcxConnection* c : conns_.all()) {
     if (c->ep_ != nullptr) {
       close_ep(c->ep_, true);
