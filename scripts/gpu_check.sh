@@ -42,8 +42,8 @@
 #   --no-build          use --build-dir as it is (tests of this script's plumbing)
 #   --jobs N            build jobs (default: nproc)
 #   --deps DIR          a folder made by --pack-deps on another machine: CLI11 (needed by
-#                       the benches and braidrun), GoogleTest's source and Google
-#                       Benchmark, for bare machines
+#                       the benches and braidrun), GoogleTest's source, Google Benchmark
+#                       and OpenSSL's libcrypto (headers and library), for bare machines
 #   --pack-deps DIR     make that folder from this machine's /usr/include/CLI,
 #                       /usr/src/googletest and Google Benchmark, then exit
 #   --nccl-library P    libnccl.so.2 to load (default: found on the loader path, in the CUDA
@@ -88,6 +88,16 @@ EOF
         cp -r $lib/cmake/benchmark "$d/benchmark/lib/x86_64-linux-gnu/cmake/"
       else
         echo "no Google Benchmark (apt install libbenchmark-dev): not packed; bench_cuda_kernels will be skipped"
+      fi
+      # OpenSSL's libcrypto (base/auth: HMAC-SHA-256 of every handshake), for a machine
+      # without libssl-dev: headers (with the arch's configuration.h) and the library.
+      if [ -d /usr/include/openssl ] && ls $lib/libcrypto.so* >/dev/null 2>&1; then
+        mkdir -p "$d/openssl/include" "$d/openssl/lib"
+        cp -r /usr/include/openssl "$d/openssl/include/"
+        [ -d /usr/include/x86_64-linux-gnu/openssl ] && cp -r /usr/include/x86_64-linux-gnu/openssl/. "$d/openssl/include/openssl/"
+        cp -a $lib/libcrypto.so* "$d/openssl/lib/"
+      else
+        echo "no OpenSSL headers (apt install libssl-dev): not packed; the build needs libssl-dev there"
       fi
       du -sh "$d"
       exit 0 ;;
@@ -183,6 +193,11 @@ if [ "$build" = 1 ]; then
   probe=$bd/_deps/probe
   mkdir -p "$probe"
   [ -n "$deps" ] && [ -f "$deps/cli11/CLI11Config.cmake" ] && cmake_args+=(-DCLI11_DIR="$deps/cli11")
+  # libcrypto: the system's (libssl-dev), else the packed one.
+  if [ ! -f /usr/include/openssl/hmac.h ] && [ -n "$deps" ] && [ -d "$deps/openssl" ]; then
+    cmake_args+=(-DOPENSSL_ROOT_DIR="$deps/openssl")
+    export LD_LIBRARY_PATH="$deps/openssl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   [ -n "$deps" ] && [ -d "$deps/benchmark" ] && export CMAKE_PREFIX_PATH="$deps/benchmark${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
   cat >"$probe/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 
@@ -151,6 +152,16 @@ Communicator Communicator::from_env(const CommOptions& options) {
                 "from_env: no store port; set BRAID_MASTER_PORT (or MASTER_PORT) to a free TCP port on "
                     << cfg.master_addr);
     hosts = rank == 0 && !cfg.store_external;
+    if (rank == 0 && cfg.auth_token.empty()) {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        BRAID_LOG(info, "from_env: this job is unauthenticated: no BRAID_AUTH_TOKEN and no private channel to share "
+                        "one (a bare master address " << cfg.master_addr << ", as under torchrun), so its store "
+                        "serves anyone who can reach it and the token rank 0 makes travels through it; set "
+                        "BRAID_AUTH_TOKEN on every rank, or launch with braidrun, mpirun or srun "
+                        "(docs/reliability.md, \"Threat model\")");
+      });
+    }
     // With BRAID_AUTH_TOKEN, the store serves only clients that present it (braidrun's too).
     store = std::make_shared<TcpStore>(cfg.master_addr, static_cast<std::uint16_t>(*cfg.master_port), hosts,
                                        timeout, cfg.auth_token);

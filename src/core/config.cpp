@@ -127,8 +127,10 @@ std::vector<Setting> make_table() {
   const std::vector<Setting> tail = {
       {"BRAID_AUTH_TOKEN", SettingType::text, "",
        "Shared secret every connection between ranks and every client of the bootstrap store (TcpStore) "
-       "must present; never written to the store. braidrun gives each job a fresh one. Unset: rank 0 "
-       "makes a random token and publishes it in the store, which then accepts any client."},
+       "must prove it knows (HMAC-SHA-256 over fresh nonces; the token itself never travels and is never "
+       "written to the store). braidrun gives each job a fresh one, a UniqueId (from_mpi, PMIx) carries "
+       "one. Unset with a bare BRAID_MASTER_ADDR/MASTER_ADDR: rank 0 makes a random token and publishes "
+       "it in the store, which then serves any client, so the job is unauthenticated (said once at INFO)."},
       {"BRAID_HOST_ID", SettingType::text, "", "Overrides the host identity (hostname + boot id), to emulate hosts."},
       {"BRAID_RANK", SettingType::integer, "", "This process's rank (set by braidrun).", true, 0, kMaxRanks - 1},
       {"BRAID_WORLD_SIZE", SettingType::integer, "", "Number of ranks (set by braidrun).", true, 1, kMaxRanks},

@@ -780,6 +780,43 @@ TEST(StoreLimits, AreEnforcedWithClearErrors) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the limits test failed in the child (its output is above)";
 }
 
+/// Whether a TCP connect to `ip`:`port` succeeds.
+bool connects(const char* ip, std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, ip, &sa.sin_addr);
+  const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
+// A hosted store (TcpStore with is_server, as rank 0 makes it) listens on the address its
+// clients were given, not on every interface: 127.0.0.2 is this host too, but nobody was
+// told it. (Every 127/8 address is local on Linux, so a 0.0.0.0 listener would answer.)
+TEST(TcpStore, HostedServerListensOnlyWhereAsked) {
+  TcpStore owner("127.0.0.1", 0, true, 5s);
+  EXPECT_TRUE(connects("127.0.0.1", owner.port()));
+  EXPECT_FALSE(connects("127.0.0.2", owner.port())) << "the store listens beyond the address it was given";
+  // A name resolves to its addresses ("localhost": loopback only).
+  TcpStore named("localhost", 0, true, 5s);
+  EXPECT_TRUE(connects("127.0.0.1", named.port()));
+  EXPECT_FALSE(connects("127.0.0.2", named.port()));
+  // Several addresses, one port: the server's list form.
+  TcpStoreServer both("127.0.0.1,127.0.0.3", 0);
+  EXPECT_TRUE(connects("127.0.0.1", both.port()));
+  EXPECT_TRUE(connects("127.0.0.3", both.port()));
+  EXPECT_FALSE(connects("127.0.0.2", both.port()));
+  // An address that is not this host's is refused with a hint.
+  try {
+    TcpStoreServer elsewhere("192.0.2.1", 0);
+    ADD_FAILURE() << "bound an address of another host";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BRAID_STORE_BIND"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TcpStore, BindFailureIsNetworkErrorNamingAddressPortAndReason) {
   TcpStoreServer first("127.0.0.1", 0);
   try {
