@@ -19,7 +19,9 @@ namespace braid::transport {
 
 namespace {
 
-/// Accepted sockets that have not finished their hello; the oldest is dropped beyond.
+/// Accepted sockets that have not finished their hello. Beyond, the listener stops
+/// accepting until one finishes or passes its deadline: later connections wait in the
+/// kernel's backlog, so none is evicted or refused (a real peer's hello may be queued).
 constexpr std::size_t kMaxPendingAccepts = 64;
 
 }  // namespace
@@ -136,7 +138,8 @@ bool Skeleton::progress() {
 }
 
 bool Skeleton::setup_waiting() const noexcept {
-  if (deadlines_dirty_ || listen_ready_ || timer_fired_) return true;
+  // A listener held back by a full pending list waits for a hello or a deadline, not a spin.
+  if (deadlines_dirty_ || timer_fired_ || (listen_ready_ && pending_.size() < kMaxPendingAccepts)) return true;
   for (const auto& p : pending_)
     if (p->readable) return true;
   return false;
@@ -157,13 +160,16 @@ void Skeleton::close_all(const std::string& reason) {
 void Skeleton::accept_all() {
   listen_ready_ = false;
   for (;;) {
+    if (pending_.size() >= kMaxPendingAccepts) {
+      listen_ready_ = true;  // edge-triggered: come back once a pending hello is done
+      return;
+    }
     const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       break;  // EAGAIN: drained. EMFILE and friends: try again on the next connection.
     }
     on_accept(fd);
-    if (pending_.size() >= kMaxPendingAccepts) drop_pending(0);
     auto pa = std::make_unique<PendingAccept>();
     pa->fd.reset(fd);
     pa->deadline = Clock::now() + std::max(common_.connect_timeout, std::chrono::milliseconds(1000));

@@ -40,7 +40,7 @@ int main() {
       std::fprintf(stderr, "the store accepted a client with a wrong token\n");
       return 1;
     } catch (const braid::Error& e) {
-      if (e.code() != braid::ErrorCode::InvalidUsage || !std::strstr(e.what(), "refused this client's token")) {
+      if (e.code() != braid::ErrorCode::InvalidUsage || !std::strstr(e.what(), "does not know the token this client has")) {
         std::fprintf(stderr, "a wrong token gave: %s\n", e.what());
         return 1;
       }
