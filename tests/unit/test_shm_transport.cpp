@@ -16,6 +16,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <mutex>
+
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
@@ -430,6 +435,39 @@ std::string hello(std::uint64_t comm, int from, int to, const std::string& token
   h.slot_bytes = kSlot;
   const std::string fixed = wire::hello_bytes(h, "", "");
   return fixed + braid::transport::hello_proof(token, fixed);  // as the transport makes it
+}
+
+// The doorbell's abstract name is visible to every user of the host (/proc/net/unix): a
+// process of another user is refused even with an authentic hello (it would have had to
+// read the token, but the rule holds regardless), and the real peer still connects.
+TEST(ShmTransport, AConnectionFromAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to connect as another user";
+  const std::uint64_t comm = fresh_comm_id();
+  MemDirectory dir;
+  RankDirectory d0(dir, 0), d1(dir, 1);
+  std::mutex mu;
+  std::string why;
+  expect_impostors_refused(
+      [&](int r) {
+        auto o = options(comm, r, 2);
+        if (r == 1)
+          o.on_refused = [&](const std::string& w) {
+            std::lock_guard<std::mutex> lock(mu);
+            why = w;
+          };
+        return std::make_unique<Rank>(r == 0 ? d0 : d1, o);
+      },
+      [&] {
+        const std::string name = dir.lookup(1, "shm", 10s);
+        // This thread only (the raw system call; glibc's seteuid changes every thread).
+        EXPECT_EQ(::syscall(SYS_setresuid, -1, 65534, -1), 0);
+        const int fd = raw_connect(name);
+        EXPECT_EQ(::syscall(SYS_setresuid, -1, 0, -1), 0);
+        return fd;
+      },
+      {{"authentic hello from another user", hello(comm, 0, 1)}});
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(contains(why, "another user")) << why;
 }
 
 TEST(ShmTransport, BadHellosAreRefusedAndTheRealPeerStillConnects) {

@@ -353,6 +353,15 @@ pid_t peer_pid(int fd) {
   return cred.pid;
 }
 
+/// Whether the process at the other end of `fd` runs as this process's user (the kernel's
+/// word, SO_PEERCRED): the abstract socket's name is visible to every user of the host
+/// (/proc/net/unix), and only the job's own processes may connect.
+bool same_user(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::geteuid();
+}
+
 /// Writes all of `bytes` (a short handshake message) at once, with `pass_fd`
 /// attached when >= 0. A fresh Unix socket always has room for it; anything short
 /// is reported as an error.
@@ -1274,12 +1283,14 @@ std::string ShmTransport::refusal(const PendingAccept& pa, bool valid) const {
   const pid_t pid = peer_pid(pa.fd.get());
   return self() + ": refused a connection to its doorbell socket" +
          (pid > 0 ? " from pid " + std::to_string(pid) : std::string()) +
-         (valid ? ": its hello names another communicator, rank or token, or comes from a peer whose connection "
+         (!same_user(pa.fd.get()) ? ": it runs as another user"
+          : valid ? ": its hello names another communicator, rank or token, or comes from a peer whose connection "
                   "already failed"
                 : ": not a braid shm hello of this version");
 }
 
 bool ShmTransport::adopt(PendingAccept& pa) {
+  if (!same_user(pa.fd.get())) return false;
   const wire::Hello h = wire::decode_hello(pa.buf.data());
   if (!authentic({h.comm_id, h.from_rank, h.to_rank, pa.buf.data() + wire::kHelloBytes, h.token_bytes, pa.buf.data(),
                    wire::kHelloBytes}))
