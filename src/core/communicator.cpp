@@ -654,6 +654,21 @@ Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, 
 
 Communicator Communicator::split(int color, int key) { return impl_->split_impl(color, key); }
 
+namespace core {
+bool parse_split_record(const std::string& v, int* color, int* key) {
+  const auto sp = v.find(' ');
+  if (sp == std::string::npos) return false;
+  std::int64_t c = 0, k = 0;
+  if (!base::parse_int64(v.substr(0, sp), &c) || !base::parse_int64(v.substr(sp + 1), &k)) return false;
+  if (c < 0 || c > std::numeric_limits<int>::max() || k < std::numeric_limits<int>::min() ||
+      k > std::numeric_limits<int>::max())
+    return false;
+  *color = static_cast<int>(c);
+  *key = static_cast<int>(k);
+  return true;
+}
+}  // namespace core
+
 Communicator Communicator::Impl::split_impl(int color, int key) {
   Impl& im = *this;
   BRAID_CHECK(color >= 0, InvalidUsage, "split: color must be >= 0, got " << color);
@@ -666,9 +681,10 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   std::vector<std::tuple<int, int>> members;  // (key, old rank) of my color
   for (int r = 0; r < im.size; ++r) {
     const std::string v = im.store->get(base + std::to_string(r), im.timeout);
-    std::istringstream in(v);
     int c = 0, kk = 0;
-    in >> c >> kk;
+    BRAID_CHECK(core::parse_split_record(v, &c, &kk), Network,
+                "split: rank " << r << "'s record in the store is malformed (" << v.size()
+                               << " bytes, expected \"<color> <key>\"); is another program using this store?");
     if (c == color) members.emplace_back(kk, r);
   }
   std::sort(members.begin(), members.end());

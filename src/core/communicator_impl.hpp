@@ -128,4 +128,9 @@ struct Communicator::Impl final : core::Poster {
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);
 };
 
+namespace core {
+/// A rank's split record ("<color> <key>", decimal) as read from the store: untrusted.
+bool parse_split_record(const std::string& v, int* color, int* key);
+}  // namespace core
+
 }  // namespace braid

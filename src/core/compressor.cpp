@@ -2,11 +2,13 @@
 
 #include "base/check.hpp"
 #include "base/logging.hpp"
+#include "base/text.hpp"
 #include "collectives/tuner.hpp"
 #include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <sstream>
@@ -155,17 +157,49 @@ const std::vector<compression::CodecRates>& Compressor::codec_rates() {
   } else {
     text = member_.store->get(key, member_.timeout);
   }
+  std::string why;
+  if (!parse_codec_rates(text, &rates_, &why))
+    throw Error(ErrorCode::Network, "rank " + std::to_string(member_.rank) +
+                                        ": rank 0's codec rates in the store (key 'codec_rates') are malformed: " +
+                                        why + "; is another program using this store?");
+  return rates_;
+}
+
+bool parse_codec_rates(const std::string& text, std::vector<compression::CodecRates>* out, std::string* why) {
+  std::vector<compression::CodecRates> rates;
   std::istringstream in(text);
-  std::string codec;
-  std::string enc, dec;
+  std::string codec, enc, dec;
   while (in >> codec >> enc >> dec) {
     compression::CodecRates r;
-    r.spec = compression::parse_codec(codec);
-    r.encode_Bps = std::strtod(enc.c_str(), nullptr);
-    r.decode_Bps = std::strtod(dec.c_str(), nullptr);
-    rates_.push_back(r);
+    try {
+      r.spec = compression::parse_codec(codec);
+    } catch (const std::exception& e) {
+      *why = "codec " + base::quote(codec.substr(0, 64)) + ": " + e.what();
+      return false;
+    }
+    char* end = nullptr;
+    r.encode_Bps = std::strtod(enc.c_str(), &end);
+    const bool enc_ok = end == enc.c_str() + enc.size();
+    r.decode_Bps = std::strtod(dec.c_str(), &end);
+    const bool dec_ok = end == dec.c_str() + dec.size();
+    // A rate is a positive finite number of bytes per second.
+    if (!enc_ok || !dec_ok || !(r.encode_Bps > 0) || !(r.decode_Bps > 0) || !std::isfinite(r.encode_Bps) ||
+        !std::isfinite(r.decode_Bps)) {
+      *why = "the rates of " + base::quote(codec.substr(0, 64)) + " are not positive finite numbers";
+      return false;
+    }
+    rates.push_back(r);
+    if (rates.size() > 256) {
+      *why = "more than 256 codecs";
+      return false;
+    }
   }
-  return rates_;
+  if (!in.eof() || rates.empty()) {
+    *why = rates.empty() ? "no codec" : "a line is not 'codec encode decode'";
+    return false;
+  }
+  *out = std::move(rates);
+  return true;
 }
 
 CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,

@@ -33,6 +33,11 @@ namespace braid::core {
 
 /// All compression state of one communicator. Thread-safe. `cfg`, `tuner`, `plans` and
 /// `poster` belong to the communicator and outlive this object.
+/// Rank 0's codec rates as published in the store ("<codec> <encode B/s> <decode B/s>"
+/// lines, hexfloat): untrusted. False (and why) unless every line names a codec and two
+/// positive finite rates.
+bool parse_codec_rates(const std::string& text, std::vector<compression::CodecRates>* out, std::string* why);
+
 class Compressor {
  public:
   Compressor(const Config& cfg, Membership member, MeasuredTuner& tuner, PlanCache& plans, Poster& poster);

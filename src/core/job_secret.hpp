@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace braid::core {
@@ -20,6 +21,15 @@ struct JobSecret {
   std::uint64_t comm_id = 0;
   std::string token;
 };
+
+/// The "meta" record as read from the store (untrusted): the communicator id, and the
+/// token rank 0 made ("" when rank 0 was given one: `given`). nullopt when malformed.
+struct MetaRecord {
+  std::uint64_t comm_id = 0;
+  bool given = false;
+  std::string token;
+};
+std::optional<MetaRecord> parse_meta(const std::string& meta);
 
 /// Rank 0 publishes, every other rank reads (waiting up to `timeout`). `token` is this
 /// rank's BRAID_AUTH_TOKEN ("" when not given). Throws InvalidUsage when rank 0 and this

@@ -9,6 +9,7 @@
 #include "compression/error_feedback.hpp"
 #include "core/store_wire.hpp"
 #include "transport/ibverbs/ibv_record.hpp"
+#include "transport/ibverbs/ibv_wire.hpp"
 #include "transport/shm/shm_wire.hpp"
 #include "transport/tcp/wire.hpp"
 #include "transport/ucx/ucx_wire.hpp"
@@ -313,6 +314,42 @@ void unique_id() {
 
 }  // namespace
 
+// The verbs transport's RDMA-written words: two size bytes, a data slot header, a CTS entry.
+void ibv_wire() {
+  namespace iw = braid::transport::ibverbs::wire;
+  unsigned char h[iw::kHeaderBytes] = {}, c[iw::kCtsBytes] = {};
+  iw::SlotHeader sh;
+  sh.kind = iw::kData;
+  sh.chunk = 100;
+  sh.total = 100;
+  iw::put_header(h, sh);
+  iw::Cts cts;
+  cts.addr = 0x7f0000001000ull;
+  cts.rkey = 7;
+  cts.bytes = 1 << 20;
+  cts.seq = 1;
+  iw::put_cts(c, cts);
+  seed("ibv_wire", "data_and_cts", u8(0x10) + u8(0) + std::string(reinterpret_cast<char*>(h), sizeof h) +
+                                       std::string(reinterpret_cast<char*>(c), sizeof c) + u8(3));
+}
+
+// Store records, each behind its selector byte (fuzz_store_records.cpp).
+void store_records() {
+  seed("store_records", "meta_token", u8(0) + "123456789abcdef\ntoken 0123456789abcdef0123456789abcdef");
+  seed("store_records", "meta_given", u8(0) + "abc\ngiven");
+  seed("store_records", "split", u8(1) + "3 -7");
+  seed("store_records", "codec_rates", u8(2) + "int8 0x1.8p+30 0x1p+31\nfp16 0x1p+32 0x1p+32\n");
+  seed("store_records", "addr", u8(3) + "10.99.0.1:41234");
+}
+
+// Environment lines (fuzz_config.cpp).
+void config() {
+  seed("config", "typical",
+       "BRAID_TIMEOUT=30s\nBRAID_CODEC=int8\nBRAID_CHUNK_BYTES=1M\nBRAID_RANK=1\nBRAID_WORLD_SIZE=4\n"
+       "BRAID_IB_HCA=mlx5_0:1,mlx5_1\nBRAID_IB_ADDR_RANGE=10.0.0.0/8\nBRAID_STORE_MAX_KEYS=100\n");
+  seed("config", "torchrun", "RANK=0\nWORLD_SIZE=2\nMASTER_ADDR=127.0.0.1\nMASTER_PORT=29500\nLOCAL_RANK=0\n");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR (tests/fuzz/corpus)\n", argv[0]);
@@ -325,6 +362,9 @@ int main(int argc, char** argv) {
   ucx();
   ibv_record();
   store();
+  store_records();
+  ibv_wire();
+  config();
   file_store();
   error_feedback();
   cost_model();

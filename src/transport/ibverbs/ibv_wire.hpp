@@ -113,7 +113,7 @@ inline long long credits(std::uint64_t slots, std::uint64_t written, std::uint64
 /// Slots an eager message of `bytes` takes (a 0-byte message takes one).
 inline std::uint64_t slots_for(std::uint64_t bytes, std::size_t slot_bytes) {
   const std::uint64_t room = slot_bytes - kHeaderBytes;
-  return bytes == 0 ? 1 : (bytes + room - 1) / room;
+  return bytes == 0 ? 1 : bytes / room + (bytes % room != 0);  // no overflow near 2^64
 }
 
 /// Bytes of the smallest rendezvous stripe: a message shorter than two of them goes whole on
@@ -126,10 +126,10 @@ constexpr std::uint64_t kMinStripe = 64 * 1024;
 /// receiver compute it alike: the receiver completes the message after that many immediates.
 inline std::uint64_t stripes(std::uint64_t bytes, std::size_t lanes, std::uint64_t* per) {
   const std::uint64_t want = std::max<std::uint64_t>(1, std::min<std::uint64_t>(lanes, bytes / kMinStripe));
-  std::uint64_t p = (bytes + want - 1) / want;
+  std::uint64_t p = bytes / want + (bytes % want != 0);
   p = (p + 4095) & ~std::uint64_t{4095};
   *per = p;
-  return bytes == 0 ? 1 : (bytes + p - 1) / p;
+  return bytes == 0 ? 1 : bytes / p + (bytes % p != 0);
 }
 
 }  // namespace braid::transport::ibverbs::wire

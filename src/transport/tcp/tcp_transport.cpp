@@ -251,22 +251,6 @@ std::string sockaddr_text(const sockaddr_in& a) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-bool parse_addr(const std::string& text, sockaddr_in* out) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= text.size() || text.size() > 64) {
-    return false;
-  }
-  const std::string ip = text.substr(0, colon), port = text.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
-  const long p = std::stol(port);
-  if (p <= 0 || p > 65535) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(p));
-  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return false;
-  *out = a;
-  return true;
-}
 
 bool retriable_connect_error(int err) {
   return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNABORTED || err == ECONNRESET ||
@@ -845,7 +829,7 @@ void TcpTransport::start_connect(TcpConnection& c) {
   }
   const std::string& value = *found;
   c.setup_ = TcpConnection::Setup::connecting;
-  if (!parse_addr(value, &c.addr_)) {
+  if (!wire::parse_addr(value, &c.addr_)) {
     fail(c, "cannot connect to rank " + std::to_string(c.peer_) + ": it published the TCP address '" +
                 value.substr(0, 80) + "', expected ip:port",
          false, c.peer_);

@@ -5,6 +5,11 @@
 // PartHeader followed by part_bytes of payload. See docs/transport-tcp.md.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+
 #include "transport/common.hpp"
 
 #include <cstddef>
@@ -142,6 +147,25 @@ inline void part_range(std::size_t bytes, int parts, int index, std::size_t* off
 /// small messages over all sockets while keeping each socket FIFO.
 inline int part_socket(std::uint64_t seq, int index, int sockets) {
   return static_cast<int>((seq + static_cast<std::uint64_t>(index)) % static_cast<std::uint64_t>(sockets));
+}
+
+/// A peer's published address ("a.b.c.d:port", from the store: untrusted); false unless it
+/// is exactly that, with a port in 1..65535.
+inline bool parse_addr(const std::string& text, sockaddr_in* out) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= text.size() || text.size() > 64) {
+    return false;
+  }
+  const std::string ip = text.substr(0, colon), port = text.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
+  const long p = std::strtol(port.c_str(), nullptr, 10);
+  if (p <= 0 || p > 65535) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(p));
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return false;
+  *out = a;
+  return true;
 }
 
 }  // namespace braid::transport::tcp_wire
