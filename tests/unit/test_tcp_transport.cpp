@@ -403,6 +403,58 @@ TEST(TcpTransport, AReceiverLateByMoreThanTheDetectionTimeIsNotDead) {
   EXPECT_TRUE(in == out);
 }
 
+// Mutual authentication: the accepting end answers the hello with a proof of the token
+// before any data. A program in rank 1's place (it read the published address, or took the
+// port) that cannot give one gets nothing into rank 0's receives: rank 0 fails the
+// connection saying so. A real answer (computed here with the token) is accepted.
+TEST(TcpTransport, AnAcceptorThatCannotProveTheTokenIsRefused) {
+  for (const bool knows_token : {false, true}) {
+    SCOPED_TRACE(knows_token ? "answer with the token" : "answer without it");
+    MemDirectory dir;
+    const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(::bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(lfd, 8), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+    std::uint64_t got = 0;
+    bt::Request q;
+    std::atomic<bool> done{false};
+    std::thread t0([&] {
+      Rank r(dir, options(0, 2));
+      r.to(1)->recv(&got, sizeof got, 5, &q);
+      r.drive({&q}, 10s);
+      done = true;
+    });
+    pollfd pfd{lfd, POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 10000), 1) << "rank 0 did not connect";
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    ASSERT_GE(fd, 0);
+    std::string hello(wire::kHelloBytes + braid::base::auth::kProofBytes, '\0');
+    ASSERT_TRUE(read_all(fd, &hello[0], hello.size()));
+    const std::string answer = knows_token ? braid::base::auth::prove(kToken, "braid tcp answer\n" + hello)
+                                           : braid::base::auth::prove("not-the-token", "braid tcp answer\n" + hello);
+    const std::uint64_t value = 0x1122334455667788ull;
+    const std::string msg = answer + part_header(0, 5, sizeof value, sizeof value) +
+                            std::string(reinterpret_cast<const char*>(&value), sizeof value);
+    ASSERT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+    t0.join();
+    if (knows_token) {
+      EXPECT_DONE(q);
+      EXPECT_EQ(got, value);
+    } else {
+      EXPECT_EQ(q.state, State::failed);
+      EXPECT_TRUE(contains(q.error, "could not prove it knows the job's token")) << q.error;
+      EXPECT_EQ(got, 0u) << "data from an unproven end reached the receive";
+    }
+    ::close(fd);
+    ::close(lfd);
+  }
+}
+
 TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
   // A raw socket server plays rank 1 and checks byte by byte what rank 0 sends.
   MemDirectory dir;

@@ -68,6 +68,10 @@ namespace braid::transport {
 namespace {
 
 namespace wire = tcp_wire;
+
+/// What the acceptor's answer proves: the connector's whole hello (fixed part and proof),
+/// so that an answer cannot be replayed to another hello.
+std::string answer_context(const std::string& hello) { return "braid tcp answer\n" + hello; }
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -127,8 +131,12 @@ struct Sock {
   // Connecting side.
   Clock::time_point retry_at{};
   milliseconds backoff = kFirstRetry;
-  std::string hello;
+  std::string hello;  ///< the connector's hello, or the acceptor's answer: sent before any part
   std::size_t hello_sent = 0;
+  // The connecting side reads the acceptor's proof (its answer) before any part.
+  bool answered = true;
+  std::size_t answer_got = 0;
+  unsigned char answer[base::auth::kProofBytes] = {};
   // Send side.
   Fifo<SendPart> sendq;
   // Dead-peer detection (check_acks): when this socket was first seen with data
@@ -619,6 +627,29 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
 
 std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
   std::size_t total = 0;
+  while (!s.answered) {
+    // The acceptor's answer: a proof of the token bound to our hello. Nothing it sends is
+    // read before it holds, so a program in the peer's place cannot inject data.
+    if (s.answer_got < sizeof s.answer) {
+      if (!s.readable) return total;
+      const ssize_t r = ::recv(s.fd, s.answer + s.answer_got, sizeof s.answer - s.answer_got, 0);
+      const ReadOutcome o = read_outcome(c, s, r, false);
+      if (o == ReadOutcome::retry) continue;
+      if (o != ReadOutcome::got) return total;
+      s.answer_got += static_cast<std::size_t>(r);
+      total += static_cast<std::size_t>(r);
+      if (s.answer_got < sizeof s.answer && !s.hup) s.readable = false;
+      continue;
+    }
+    if (!base::auth::verify(opts_.auth_token, answer_context(s.hello), s.answer, sizeof s.answer)) {
+      fail(c, c.who() + ": the end of socket " + std::to_string(s.index) + " at " + c.addr_text_ +
+                  " could not prove it knows the job's token: not rank " + std::to_string(c.peer_) +
+                  " of this job (another program in its place?)",
+           false, c.peer_);
+      return total;
+    }
+    s.answered = true;
+  }
   while (total < kIoBudget) {
     if (s.hdr_got < kHeader) {
       if (!s.readable) break;
@@ -911,6 +942,8 @@ void TcpTransport::on_connected(TcpConnection& c, Sock& s) {
   h.comm_id = opts_.comm_id;
   const std::string fixed = wire::hello_bytes(h, "");
   s.hello = fixed + hello_proof(opts_.auth_token, fixed);
+  s.answered = false;
+  s.answer_got = 0;
   s.hello_sent = 0;
   watch_data(s);
   bool all_up = true;
@@ -963,6 +996,12 @@ bool TcpTransport::adopt(PendingAccept& pa) {
   s.phase = Sock::Phase::up;
   s.readable = s.writable = true;
   s.want_out = false;
+  // Our answer, before any part: a proof of the token bound to the connector's hello, so
+  // that it knows it reached a rank of this job (mutual authentication).
+  s.hello = hello_proof(opts_.auth_token, answer_context(std::string(
+                                               reinterpret_cast<const char*>(pa.buf.data()), pa.buf.size())));
+  s.hello_sent = 0;
+  s.answered = true;
   watch_data(s);  // replaces the hello handler
   return true;
 }
