@@ -158,6 +158,14 @@ std::vector<Setting> make_table() {
       {"BRAID_STORE_MAX_BYTES", SettingType::bytes, "1G",
        "Bytes of keys and values a store server holds; a SET beyond fails with an error naming this row.",
        true, 1024},
+      {"BRAID_STORE_MAX_WAITS", SettingType::integer, "65536",
+       "Blocked GET/WAIT requests a store server keeps for one client; beyond, it closes that client "
+       "(logged at WARN with this row's name).",
+       true, 1, 100'000'000},
+      {"BRAID_STORE_MAX_QUEUED", SettingType::bytes, "512M",
+       "Bytes of replies a store server queues for a client that does not read them; beyond, it closes "
+       "that client (logged at WARN with this row's name).",
+       true, 65536},
       {"RANK", SettingType::integer, "", "torchrun: rank (used when BRAID_RANK is unset).", false, 0, kMaxRanks - 1},
       {"WORLD_SIZE", SettingType::integer, "", "torchrun: world size.", false, 1, kMaxRanks},
       {"LOCAL_RANK", SettingType::integer, "", "torchrun: local rank.", false, 0, kMaxRanks - 1},

@@ -84,8 +84,6 @@ using std::chrono::milliseconds;
 // The byte format (constants, encoder, decoders): core/store_wire.hpp.
 using namespace core::store_wire;  // NOLINT: this file is the protocol's one user
 
-constexpr std::size_t kMaxPendingOutput = std::size_t{512} << 20;  // per connection
-constexpr std::size_t kMaxParkedPerConn = 65536;
 constexpr std::uint64_t kMaxTimeoutMs = 10ull * 365 * 24 * 3600 * 1000;  // "forever"
 constexpr milliseconds kReplyGrace{5000};  // server-owned timeouts: how late a reply may be
 constexpr milliseconds kMinIoTimeout{30000};
@@ -226,7 +224,7 @@ struct TcpStoreServer::Impl {
   Clock::time_point accept_resume;
   // Limits (configuration rows BRAID_STORE_*, read when the server starts).
   milliseconds hello_timeout{};
-  std::size_t max_pending = 0, max_keys = 0, max_bytes = 0;
+  std::size_t max_pending = 0, max_keys = 0, max_bytes = 0, max_waits = 0, max_queued = 0;
   std::size_t unauthenticated = 0;  // connections still in their handshake
   std::size_t refused_newcomers = 0;
   std::size_t stored_bytes = 0;     // keys and values in `data`
@@ -278,6 +276,8 @@ TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port
   max_pending = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_PENDING").value_or(64));
   max_keys = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_KEYS").value_or(1000000));
   max_bytes = settings.bytes("BRAID_STORE_MAX_BYTES");
+  max_waits = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_WAITS").value_or(65536));
+  max_queued = settings.bytes("BRAID_STORE_MAX_QUEUED");
   // One listener per address of the list; the first picks the port when asked for 0,
   // the others take the same.
   port = want_port;
@@ -607,7 +607,8 @@ std::string TcpStoreServer::Impl::over_limit(const std::string& key, std::size_t
 
 void TcpStoreServer::Impl::park(std::uint64_t id, Conn& c, std::uint32_t req, bool is_get,
                                 std::vector<std::string> keys, std::uint64_t timeout_ms) {
-  if (c.parked.size() >= kMaxParkedPerConn) return drop(id, c, "too many blocked requests");
+  if (c.parked.size() >= max_waits)
+    return drop(id, c, "more than " + std::to_string(max_waits) + " blocked GET/WAIT requests (BRAID_STORE_MAX_WAITS)");
   std::uint64_t wid = next_waiter++;
   auto deadline = Clock::now() + milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
   for (const auto& k : keys) waiting_on[k].insert(wid);
@@ -675,8 +676,9 @@ void TcpStoreServer::Impl::expire() {
 
 void TcpStoreServer::Impl::send(std::uint64_t id, Conn& c, std::string frame) {
   if (c.dead) return;
-  if (c.out.size() - c.out_off + frame.size() > kMaxPendingOutput)
-    return drop(id, c, "client does not read its replies");
+  if (c.out.size() - c.out_off + frame.size() > max_queued)
+    return drop(id, c, "client does not read its replies (more than " + std::to_string(max_queued) +
+                           " bytes queued, BRAID_STORE_MAX_QUEUED)");
   if (c.out_off == c.out.size()) {
     c.out = std::move(frame);
     c.out_off = 0;

@@ -760,6 +760,24 @@ TEST(StoreLimitsChild, DISABLED_Enforced) {
   EXPECT_TRUE(client.remove("k2"));
   client.set("new", "v");  // room again after a remove
   EXPECT_EQ(client.get("new", 1s), "v");
+  // Blocked requests per client (2): a third closes that client, so every call it has
+  // pending fails at once with the lost connection, not at its 5 s timeout.
+  TcpStore waiter("127.0.0.1", server.port(), false, 5s);
+  std::atomic<int> lost{0};
+  const auto w0 = Clock::now();
+  std::vector<std::thread> gets;
+  for (int i = 0; i < 3; ++i)
+    gets.emplace_back([&, i] {
+      try {
+        waiter.get("never-" + std::to_string(i), 5s);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::Network) ++lost;
+      }
+    });
+  for (auto& t : gets) t.join();
+  EXPECT_EQ(lost.load(), 3);
+  EXPECT_LT(Clock::now() - w0, 3s);
+  EXPECT_EQ(client.get("new", 1s), "v") << "the other client was disturbed";
 }
 
 TEST(StoreLimits, AreEnforcedWithClearErrors) {
@@ -770,6 +788,7 @@ TEST(StoreLimits, AreEnforcedWithClearErrors) {
     ::setenv("BRAID_STORE_MAX_PENDING", "4", 1);
     ::setenv("BRAID_STORE_MAX_KEYS", "8", 1);
     ::setenv("BRAID_STORE_MAX_BYTES", "4096", 1);
+    ::setenv("BRAID_STORE_MAX_WAITS", "2", 1);
     ::execl("/proc/self/exe", "test_store", "--gtest_filter=StoreLimitsChild.DISABLED_Enforced",
             "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
     ::_exit(127);
