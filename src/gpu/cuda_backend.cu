@@ -416,14 +416,30 @@ class Cuda final : public Runtime {
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_cuda(std::string* why) {
+std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    if (why)
-      *why = e == cudaSuccess ? "the CUDA driver reports no devices"
-                              : "no usable CUDA device (" + cuda_text(e) + ")";
+    int driver = 0;
+    cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+    cudaGetLastError();
+    const auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    std::string text;
+    if (e == cudaSuccess) {
+      text = "the CUDA driver reports no devices";
+    } else if (driver == 0) {
+      text = "no NVIDIA driver is installed (libcuda.so.1 not found)";
+    } else if (e == cudaErrorInsufficientDriver || driver < CUDART_VERSION) {
+      // A GPU this build cannot use: the driver floor of a build is its toolkit's.
+      text = "the NVIDIA driver supports CUDA " + version(driver) + ", older than this build of braid needs (CUDA " +
+             version(CUDART_VERSION) + "): update the driver, or build braid with a toolkit no newer than " +
+             version(driver) + " (docs/python.md, \"Installing\")";
+      if (unusable_gpu) *unusable_gpu = true;
+    } else {
+      text = "no usable CUDA device (" + cuda_text(e) + ", driver CUDA " + version(driver) + ")";
+    }
+    if (why) *why = text;
     return nullptr;
   }
   return std::make_unique<Cuda>(n);

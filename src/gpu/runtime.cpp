@@ -2,6 +2,7 @@
 #include "gpu/runtime.hpp"
 
 #include "base/check.hpp"
+#include "base/logging.hpp"
 
 #include <braid/config.hpp>
 
@@ -88,7 +89,7 @@ class NoDevice final : public Runtime {
 }  // namespace
 
 #if !BRAID_HAVE_CUDA
-std::unique_ptr<Runtime> make_cuda(std::string* why) {
+std::unique_ptr<Runtime> make_cuda(std::string* why, bool*) {
   if (why) *why = "this build of braid has no CUDA support (configure with BRAID_WITH_CUDA=ON)";
   return nullptr;
 }
@@ -107,7 +108,12 @@ Runtime& runtime(const std::string& choice) {
     } else if (choice == "none") {
       r = make_none("BRAID_GPU_BACKEND=none");
     } else {
-      r = make_cuda(&why);
+      bool unusable_gpu = false;
+      r = make_cuda(&why, &unusable_gpu);
+      // auto on a machine with a GPU this build cannot use: say so loudly (once), since its
+      // device buffers will be refused rather than used.
+      if (!r && unusable_gpu && choice != "cuda")
+        BRAID_LOG(warn, "device runtime: " << why << "; device buffers will be refused until then");
       if (!r && choice == "cuda")
         throw Error(ErrorCode::InvalidUsage, "BRAID_GPU_BACKEND=cuda, but there is no usable CUDA device: " + why +
                                                  " (use auto to run on host memory only)");

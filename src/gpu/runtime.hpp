@@ -205,7 +205,7 @@ std::string sysfs_pci_address(const std::string& address);
 /// The emulated backend (tests call it through runtime("emulated")).
 std::unique_ptr<Runtime> make_emulated();
 /// The CUDA backend, or null with *why set (not built with CUDA, no driver, no device).
-std::unique_ptr<Runtime> make_cuda(std::string* why);
+std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu = nullptr);
 /// The backend with no device; `why` is what describe() reports.
 std::unique_ptr<Runtime> make_none(std::string why);
 
