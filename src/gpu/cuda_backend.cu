@@ -55,8 +55,17 @@ template <typename Fn>
 Fn driver_entry_point(const char* name) {
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   void* fn = nullptr;
+  // The ABI of 12.0 for every entry point, as the PFN_*_v<version> types above assume.
+  // cudaGetDriverEntryPointByVersion is CUDA 12.5's; older 12.x toolkits have only the
+  // unversioned query, which returns the driver's default (12.x ABI there too), as NCCL's
+  // cudawrap chooses by CUDART_VERSION.
+#if CUDART_VERSION >= 12050
   const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
                   q == cudaDriverEntryPointSuccess;
+#else
+  const bool ok = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &q) == cudaSuccess &&
+                  q == cudaDriverEntryPointSuccess;
+#endif
   cudaGetLastError();
   return ok ? reinterpret_cast<Fn>(fn) : nullptr;
 }
