@@ -1,6 +1,8 @@
 // share_secret (core/job_secret.hpp): how ranks agree on the communicator id and the
 // job's token through the store, and that a token given with BRAID_AUTH_TOKEN never
 // reaches the store, which has no authentication of its own.
+#include "core/communicator_impl.hpp"
+#include "core/compressor.hpp"
 #include "core/job_secret.hpp"
 
 #include "test_support.hpp"
@@ -85,3 +87,37 @@ TEST(JobSecret, MalformedRecordsAreNetworkErrorsNotCrashes) {
 }
 
 }  // namespace
+
+// The records other ranks read from the store, parsed strictly: what rank 0 writes is
+// read back; anything its writer could not have written is refused (a garbled split
+// record used to be read as color 0, key 0, and a codec rate as whatever strtod made of it).
+TEST(StoreRecords, ParsersAcceptWhatRanksWriteAndNothingElse) {
+  using braid::core::parse_meta;
+  const auto made = parse_meta("1234abcd\ntoken 0123456789abcdef0123456789abcdef");
+  ASSERT_TRUE(made.has_value());
+  EXPECT_EQ(made->comm_id, 0x1234abcdu);
+  EXPECT_FALSE(made->given);
+  EXPECT_EQ(made->token, "0123456789abcdef0123456789abcdef");
+  EXPECT_TRUE(parse_meta("ff\ngiven").has_value() && parse_meta("ff\ngiven")->given);
+  for (const char* bad : {"", "ff", "\ngiven", "xyz\ngiven", "ff\ntoken short", "ff\ntoken ",
+                          "ff\ntoken 0123456789ABCDEF0123456789abcdef", "12345678901234567\ngiven", "ff\ngiven "})
+    EXPECT_FALSE(parse_meta(bad).has_value()) << '"' << bad << '"';
+
+  int color = -1, key = 0;
+  EXPECT_TRUE(braid::core::parse_split_record("3 -7", &color, &key));
+  EXPECT_EQ(color, 3);
+  EXPECT_EQ(key, -7);
+  for (const char* bad : {"", "3", "3 ", " 3 4", "-1 0", "3 x", "3 4 5", "99999999999 0", "3 99999999999"})
+    EXPECT_FALSE(braid::core::parse_split_record(bad, &color, &key)) << '"' << bad << '"';
+
+  std::vector<braid::compression::CodecRates> rates;
+  std::string why;
+  EXPECT_TRUE(braid::core::parse_codec_rates("int8 0x1.8p+30 0x1p+31\nfp16 1e9 2e9\n", &rates, &why)) << why;
+  EXPECT_EQ(rates.size(), 2u);
+  for (const char* bad : {"", "int8 1e9", "int8 nan 1e9", "int8 1e9 inf", "int8 -1 1e9", "int8 1e9x 1e9",
+                          "nosuchcodec 1e9 1e9"}) {
+    why.clear();
+    EXPECT_FALSE(braid::core::parse_codec_rates(bad, &rates, &why)) << '"' << bad << '"';
+    EXPECT_FALSE(why.empty());
+  }
+}
