@@ -695,6 +695,15 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
           blame = host;
         } else {
           msg += "; rank " + b + " died, or failed on its own and its reason is in the store";
+          // What this rank sees itself: other connections of the call that broke too (a rank
+          // that died breaks all of its own; the one that closed first here may have failed
+          // because of it).
+          std::string also;
+          for (std::size_t q = 0; q < ex.plan->peers.size(); ++q)
+            if (ex.plan->peers[q] != blame && ex.conns[q] != nullptr && ex.conns[q]->broken(nullptr))
+              also += (also.empty() ? "" : ", ") + std::to_string(ex.plan->peers[q]);
+          if (!also.empty())
+            msg += " (the connection to rank " + also + " broke too: either may have failed first)";
         }
         break;
       }

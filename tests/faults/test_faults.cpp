@@ -727,9 +727,10 @@ TEST_P(StoreLost, EverySurvivorNamesTheFailedRankInTime) {
     // Whoever asks the store hears that it does not answer; rank 0, which still reaches it
     // when only rank 2 is cut off, reads the store's answer (no record: the rank died).
     if (loss != StoreLoss::cut_from_rank2 || r == 2) want.store_words = "the store";
-    // A silent rank and a silent store: whom the ranks wait on cannot be followed. Ranks
-    // that wait on rank 1 directly name it; others may say that it could not be learned.
-    want.may_be_unknown = fault == Fault::stop;
+    // Without the store a rank sees only its own connections and deadlines: a neighbour that
+    // failed because of rank 1 may close on it first, and whom the ranks wait on cannot be
+    // followed. Such an error must say that the reason could not be read or learned.
+    want.may_be_unknown = fault == Fault::stop || loss != StoreLoss::cut_from_rank2 || r == 2;
     survive(c, side, r, deadline, bound_us, want, label.c_str());
     if (fault == Fault::stop && r == 0) {  // once both survivors have their error
       (void)side.get("error_2", 30s * braid::test::kTimeScale);
