@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -193,6 +194,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   const core::Membership member{rank, size, timeout, store, topology};
   core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
   eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;
+  eo.serves_store = core::serves_store(*base_store);
   if (device >= 0) {
     eo.gpu = &rt;
     eo.gpu_device = device;
@@ -215,7 +217,24 @@ Communicator::Impl::~Impl() {
   // Leave together: whoever hosts the store keeps it until every rank has left, so
   // that late ranks can still finish their set-up. Failed jobs do not wait long.
   try {
-    store->add("exit", 1);
+    if (failed && !hosts_store) {
+      // The failure may have taken the store with it (its host stopped or died): count this
+      // rank out on a thread of its own and wait for it a second at most, not the store's
+      // I/O timeout.
+      auto done = std::make_shared<std::promise<void>>();
+      std::future<void> counted = done->get_future();
+      std::thread([s = store, done] {
+        try {
+          s->add("exit", 1);
+        } catch (const std::exception&) {
+        }
+        done->set_value();
+      }).detach();
+      if (counted.wait_for(std::chrono::seconds(1)) != std::future_status::ready)
+        BRAID_LOG(warn, "communicator '" << name << "' leaving: the store did not answer within 1 s");
+    } else {
+      store->add("exit", 1);
+    }
     if (hosts_store) {
       const auto limit = std::chrono::steady_clock::now() +
                          (failed ? std::chrono::milliseconds(1000) : std::min(timeout, std::chrono::milliseconds(60000)));

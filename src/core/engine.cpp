@@ -3,6 +3,7 @@
 
 #include "core/config.hpp"
 #include "core/device_exec.hpp"
+#include "core/failure.hpp"
 #include "base/check.hpp"
 
 #include <braid/config.hpp>
@@ -19,8 +20,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
-#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -35,23 +34,10 @@ using collectives::StepKind;
 using Clock = std::chrono::steady_clock;
 
 /// The transport's view of the store: "peer/<rank>/<key>".
-namespace {
-
-// What rank `peer` left in the store when it closed its communicator cleanly; "" if nothing.
-std::string left_record(Store& store, int peer) {
-  const std::string key = "left/" + std::to_string(peer);
-  try {
-    if (store.check({key})) return store.get(key, std::chrono::milliseconds(1000));
-  } catch (const std::exception&) {
-  }
-  return "";
-}
-
-}  // namespace
-
 class StoreDirectory final : public transport::PeerDirectory {
  public:
-  StoreDirectory(std::shared_ptr<Store> store, int rank) : store_(std::move(store)), rank_(rank) {}
+  StoreDirectory(std::shared_ptr<Store> store, FailureBoard& board, int rank)
+      : store_(std::move(store)), board_(board), rank_(rank) {}
   void publish(const std::string& key, const std::string& value) override {
     store_->set("peer/" + std::to_string(rank_) + "/" + key, value);
   }
@@ -63,26 +49,14 @@ class StoreDirectory final : public transport::PeerDirectory {
     if (!store_->check({k})) return std::nullopt;
     return store_->get(k, std::chrono::seconds(10));
   }
-  // The records Engine::fail_current and the destructor leave: the peer's own report, a
-  // report of another rank that blames it, or its clean leave.
-  std::optional<std::string> peer_gone(int peer) override {
-    const std::string p = std::to_string(peer);
-    const auto read = [&](const std::string& key) -> std::optional<std::string> {
-      if (!store_->check({key})) return std::nullopt;
-      return store_->get(key, std::chrono::milliseconds(1000));
-    };
-    try {
-      if (const auto v = read("abort/" + p)) return "rank " + p + " failed: " + v->substr(v->find('\n') + 1);  // "blame\nreason"
-      if (const auto v = read("blamed/" + p)) return "rank " + p + " was found dead by a peer: " + *v;
-    } catch (const std::exception&) {
-    }
-    std::string left = left_record(*store_, peer);
-    if (!left.empty()) return left;
-    return std::nullopt;
-  }
+  // The records Engine::fail_current and the destructor leave, read within the failure
+  // board's budget: the peer's own report, a report of another rank that blames it, or
+  // its clean leave.
+  std::optional<std::string> peer_gone(int peer) override { return board_.peer_gone(peer); }
 
  private:
   std::shared_ptr<Store> store_;
+  FailureBoard& board_;
   int rank_;
 };
 
@@ -353,7 +327,11 @@ class Engine::Gate final : public detail::WorkHelper {
 Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     : opt_(options), store_(std::move(store)) {
   poller_ = std::make_unique<base::Poller>();
-  directory_ = std::make_unique<StoreDirectory>(store_, opt_.rank);
+  // A healthy store answers in well under a millisecond; a report waits for it a second
+  // at most (docs/reliability.md, "Failure handling").
+  board_ = std::make_unique<FailureBoard>(store_, opt_.rank, std::chrono::milliseconds(1000));
+  if (opt_.serves_store && opt_.size > 1) board_->claim_store_host();
+  directory_ = std::make_unique<StoreDirectory>(store_, *board_, opt_.rank);
   router_ = std::make_unique<Router>(opt_.transport_mode);
   if (opt_.size > 1) {
     // Every transport this communicator may use is made now (each publishes its address
@@ -417,30 +395,13 @@ Engine::~Engine() {
   }
   poller_->wake();
   if (thread_.joinable()) thread_.join();
-  if (!failed_.load()) record_leaving();
+  // Peers that still need this rank see its connections close; without a record they
+  // would say it probably died. Written before the connections close, waited for briefly.
+  if (!failed_.load())
+    board_->publish_leaving("rank " + std::to_string(opt_.rank) + " closed its communicator '" + opt_.comm_name +
+                            "' (destroyed or closed by the program; it did not fail)");
   for (auto& t : transports_) t->close_all("communicator " + opt_.comm_name + " destroyed");
 }
-
-void Engine::record_leaving() noexcept {
-  // Peers that still need this rank see its connections close; without a record they
-  // would say it probably died. Written before the connections close, on a thread of its
-  // own (a store that cannot be reached blocks for its I/O timeout), waited on briefly.
-  try {
-    auto done = std::make_shared<std::promise<void>>();
-    auto ready = done->get_future();
-    std::thread([store = store_, rank = opt_.rank, name = opt_.comm_name, done] {
-      try {
-        store->set("left/" + std::to_string(rank), "rank " + std::to_string(rank) + " closed its communicator '" +
-                                                         name + "' (destroyed or closed by the program; it did not fail)");
-      } catch (const std::exception&) {
-      }
-      done->set_value();
-    }).detach();
-    ready.wait_for(std::chrono::milliseconds(200));
-  } catch (const std::exception&) {
-  }
-}
-
 
 void Engine::submit(Operation op) {
   {
@@ -672,6 +633,7 @@ int Engine::transport_for(int peer) {
   if (!same) return -1;
   const transport::PairFacts pair{opt_.rank, peer, *same, !*same && opt_.topology->has_rdma(opt_.rank) && opt_.topology->has_rdma(peer)};
   r = static_cast<int>(router_->choose(pair));
+  board_->learn_store_host();  // while the store is healthy (it just answered same_host)
   if (!transports_[static_cast<std::size_t>(r)]->helpers_welcome()) no_helpers_.store(true, std::memory_order_release);
   BRAID_LOG(info, "rank " << opt_.rank << " -> rank " << peer << ": " << router_->explain(pair));
   return r;
@@ -698,40 +660,53 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
   int blame = r.failed_peer >= 0 ? r.failed_peer : ex.plan->steps[i].peer;
   std::string msg = ex.where(i) + " failed: " + r.error;
   if (r.peer_closed && blame >= 0) {
-    // The peer may have closed because it failed first; it leaves its reason (and
-    // the rank it blames) in the store before closing its connections.
-    try {
-      // The record is written before the connections close, so it is there by now if
-      // the peer failed on its own; a peer that died leaves none. Do not wait.
-      const std::string key = "abort/" + std::to_string(blame);
-      bool recorded = false;
-      try {
-        recorded = store_->check({key});
-      } catch (const std::exception& e) {
-        // The store itself is gone (its server died): say so rather than guess that
-        // the peer died, since the peer may have failed for that very reason.
-        msg += " (rank " + std::to_string(blame) + "'s reason could not be read: " + e.what() + ")";
-        return std::make_exception_ptr(RemoteError(blame, msg));
+    // The peer may have closed because it failed first; it leaves its reason (and the
+    // rank it blames) in the store before closing its connections.
+    const std::string b = std::to_string(blame);
+    const PeerRecord rec = board_->record_of(blame);
+    switch (rec.kind) {
+      case PeerRecord::Kind::failed: {
+        std::string text = rec.text;
+        if (text.rfind("braid ", 0) == 0 && text.find(": ") != std::string::npos) text = text.substr(text.find(": ") + 2);
+        msg += "; rank " + b + " reported: " + text;
+        if (rec.blame >= 0 && rec.blame < opt_.size && rec.blame != opt_.rank) blame = rec.blame;
+        break;
       }
-      if (!recorded) {
-        // No failure of its own: it may have closed its communicator while this rank
-        // still needed it (a program that left early, or ranks that disagree on the calls).
-        const std::string left = left_record(*store_, blame);
-        if (!left.empty()) {
-          msg += "; " + left + ", while this rank still needed it: did the ranks issue the same calls?";
-          return std::make_exception_ptr(RemoteError(blame, msg));
+      case PeerRecord::Kind::left:
+        // No failure of its own: it closed its communicator while this rank still needed it
+        // (a program that left early, or ranks that disagree on the calls).
+        msg += "; " + rec.text + ", while this rank still needed it: did the ranks issue the same calls?";
+        break;
+      case PeerRecord::Kind::none:
+        msg += " (rank " + b + " left no reason: it probably died)";
+        break;
+      case PeerRecord::Kind::unknown: {
+        // The store cannot say why: decide from what this rank knows. A rank whose process
+        // serves the store and does not answer is itself stopped, dead or cut off.
+        msg += " (rank " + b + "'s reason could not be read: " + rec.text + ")";
+        const int host = board_->store_host();
+        if (host == blame) {
+          msg += "; rank " + b + " serves the store, which cannot be reached either: rank " + b +
+                 " is dead, stopped or cut off from this rank";
+        } else if (host >= 0 && host != opt_.rank) {
+          msg += "; rank " + std::to_string(host) + " serves the store, which cannot be reached: rank " +
+                 std::to_string(host) + " is dead, stopped or cut off from this rank, the likely cause (rank " + b +
+                 " may have failed waiting on it)";
+          blame = host;
+        } else {
+          msg += "; rank " + b + " died, or failed on its own and its reason is in the store";
+          // What this rank sees itself: other connections of the call that broke too (a rank
+          // that died breaks all of its own; the one that closed first here may have failed
+          // because of it).
+          std::string also;
+          for (std::size_t q = 0; q < ex.plan->peers.size(); ++q)
+            if (ex.plan->peers[q] != blame && ex.conns[q] != nullptr && ex.conns[q]->broken(nullptr))
+              also += (also.empty() ? "" : ", ") + std::to_string(ex.plan->peers[q]);
+          if (!also.empty())
+            msg += " (the connection to rank " + also + " broke too: either may have failed first)";
         }
-        throw std::runtime_error("no record");
+        break;
       }
-      const std::string rec = store_->get(key, std::chrono::milliseconds(1000));
-      const auto nl = rec.find('\n');
-      const int origin = std::atoi(rec.substr(0, nl).c_str());
-      std::string text = rec.substr(nl == std::string::npos ? 0 : nl + 1);
-      if (text.rfind("braid ", 0) == 0 && text.find(": ") != std::string::npos) text = text.substr(text.find(": ") + 2);
-      msg += "; rank " + std::to_string(blame) + " reported: " + text;
-      if (origin >= 0 && origin != opt_.rank) blame = origin;
-    } catch (const std::exception&) {
-      msg += " (rank " + std::to_string(blame) + " left no reason: it probably died)";
     }
   }
   return std::make_exception_ptr(RemoteError(blame, msg));
@@ -773,14 +748,9 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
     if (reason_.empty() || !abort_requested_) reason_ = reason;
     failed_ = true;
   }
-  // Leave the reason for neighbours before closing the connections they will see drop.
-  try {
-    store_->set("abort/" + std::to_string(opt_.rank), std::to_string(blame) + "\n" + reason);
-    // And under the rank it blames, for ranks that are still setting up a connection to it
-    // and would otherwise wait for it until their deadline (PeerDirectory::peer_gone).
-    if (blame >= 0 && blame != opt_.rank) store_->set("blamed/" + std::to_string(blame), reason);
-  } catch (const std::exception&) {
-  }
+  // Leave the reason for neighbours before closing the connections they will see drop
+  // (within the board's budget: a store that does not answer delays no report).
+  board_->publish_failure(blame, reason);
   for (auto& t : transports_) t->close_all(reason);
   // Callers make `error` in a statement of their own, never as
   // fail_current(std::make_exception_ptr(E(...)), ...): std::runtime_error shares its
@@ -1119,120 +1089,78 @@ std::string Engine::deadline_error(Exec& ex) {
   return os.str();
 }
 
-namespace {
-
-struct StallVerdict {
-  int blame = -1;    ///< the silent rank, or -1 (the local blame stands)
-  std::string text;  ///< the sentence for the error, or ""
-};
-
-// The store side of Engine::follow_stalls: publishes this rank's wait and follows the
-// others' records until `until`. Runs on a thread of its own, since a store that cannot
-// be reached (the rank's host cut off) blocks a call for its I/O timeout.
-StallVerdict chase_stalls(Store& store, int rank, std::uint64_t seq, int first, Clock::time_point until,
-                          std::chrono::milliseconds grace) {
-  StallVerdict v;
-  try {
-    store.set("stall/" + std::to_string(rank), std::to_string(seq) + "\n" + std::to_string(first));
-    if (first < 0) return v;
-    std::vector<int> chain{rank, first};
-    std::map<int, std::string> calls;  // ranks met in another call than this rank's: that call's number
-    for (;;) {
-      const int p = chain.back();
-      std::optional<std::string> rec;
-      const std::string key = "stall/" + std::to_string(p);
-      while (!rec && Clock::now() < until) {
-        if (store.check({key})) {
-          rec = store.get(key, std::chrono::milliseconds(1000));
-        } else {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-      if (!rec && store.check({"abort/" + std::to_string(p)})) return v;  // it failed on its own: its report says why
-      if (!rec) {
-        if (const std::string left = left_record(store, p); !left.empty()) {
-          std::ostringstream lo;
-          if (chain.size() > 2) {
-            lo << " Following the waits:";
-            for (std::size_t i = 1; i + 1 < chain.size(); ++i) lo << " rank " << chain[i] << " waits on rank " << chain[i + 1] << ";";
-          }
-          lo << " " << left << ": it is not calling this collective.";
-          v.blame = p;
-          v.text = lo.str();
-          return v;
-        }
-      }
-      std::ostringstream os;
-      auto waits = [&](std::size_t from) {
-        for (std::size_t i = from; i + 1 < chain.size(); ++i) {
-          os << " rank " << chain[i];
-          if (calls.count(chain[i])) os << " (in its call #" << calls[chain[i]] << ")";
-          os << " waits on rank " << chain[i + 1] << ";";
-        }
-      };
-      if (!rec) {
-        if (chain.size() == 2) {
-          os << " Rank " << p;
-        } else {
-          os << " Following the waits:";
-          waits(1);
-          os << " rank " << p;
-        }
-        os << " has not reported a timeout of its own within " << grace.count()
-           << " ms: it is the likely cause (stopped, hung outside braid, or not calling this collective).";
-        v.blame = p;
-        v.text = os.str();
-        return v;
-      }
-      const auto nl = rec->find('\n');
-      const std::string their_seq = rec->substr(0, nl);
-      const int next = nl == std::string::npos ? -1 : std::atoi(rec->c_str() + nl + 1);
-      // A rank may be a call ahead (it finished its part of the previous one) or behind: the
-      // wait is followed all the same.
-      if (their_seq != std::to_string(seq)) calls[p] = their_seq;
-      if (next < 0 || next == p) return v;
-      if (std::find(chain.begin(), chain.end(), next) != chain.end()) {
-        chain.push_back(next);
-        os << " The waits form a cycle:";
-        waits(0);
-        os << " no rank is silent: the ranks may disagree about the call (different collectives, counts or roots;"
-              " BRAID_CHECK_ARGS=1 names them), or the call is slower than its deadline.";
-        v.text = os.str();
-        return v;
-      }
-      chain.push_back(next);
-    }
-  } catch (const std::exception&) {
-    return v;
-  }
-}
-
-}  // namespace
-
 std::string Engine::follow_stalls(const Exec& ex) {
   // Every rank whose deadline fires in this call waits on someone; a silent rank (SIGSTOP,
   // a hang in the training script, a call it never made) writes nothing. The deadlines of
   // a call fire at about the same time on every rank, so the first to fire waits a little
   // for the others' records before it closes its connections, which would otherwise fail
-  // its neighbours with its own report first and hide whom they were waiting on. The store
-  // work runs on a thread of its own and this one waits for it a grace at most: a rank cut
-  // off from the store keeps its local blame instead of waiting the store's I/O timeout.
+  // its neighbours with its own report first and hide whom they were waiting on. The board
+  // waits for the store a grace at most: a rank cut off from the store keeps its local
+  // blame instead of waiting the store's I/O timeout.
   const auto grace = std::clamp<std::chrono::milliseconds>(ex.op.timeout / 10, std::chrono::milliseconds(200),
                                                            std::chrono::milliseconds(2000));
-  const auto until = Clock::now() + grace;
-  auto verdict = std::make_shared<std::promise<StallVerdict>>();
-  std::future<StallVerdict> ready = verdict->get_future();
-  try {
-    std::thread([store = store_, rank = opt_.rank, seq = ex.op.seq, first = timeout_blame_, until, grace, verdict] {
-      verdict->set_value(chase_stalls(*store, rank, seq, first, until, grace));
-    }).detach();
-  } catch (const std::system_error&) {
-    return "";  // no thread to spare: the local blame stands
+  const StallVerdict v = board_->follow_stalls(ex.op.seq, timeout_blame_, grace);
+  if (v.no_record) {
+    // No record is not silence when the rank cannot write one (it is cut off from the
+    // store). A direct peer tells which: one that is alive fails on its own deadline and
+    // closes its connections soon after; a stopped or hung one keeps them open and says
+    // nothing. Waiting for that costs a grace and half a second, once, in a failure.
+    const int p = v.blame;
+    const std::string closed = watch_close(ex, p, grace + std::chrono::milliseconds(500));
+    if (!closed.empty()) {
+      const std::string b = std::to_string(p);
+      const PeerRecord rec = board_->record_of(p);
+      if (rec.kind == PeerRecord::Kind::failed) {
+        std::string text = rec.text;
+        if (text.rfind("braid ", 0) == 0 && text.find(": ") != std::string::npos) text = text.substr(text.find(": ") + 2);
+        timeout_blame_ = rec.blame >= 0 && rec.blame < opt_.size && rec.blame != opt_.rank ? rec.blame : p;
+        return " Rank " + b + " closed its connection meanwhile; it reported: " + text;
+      }
+      // It was not stopped: it died just now, or failed on its own without reaching the
+      // store. Blame nobody in this rank's record: the others would take it as certain.
+      const std::string silence = board_->store_silence();
+      timeout_blame_ = -1;
+      return " Rank " + b + " left no record in the store within " + std::to_string(grace.count()) +
+             " ms but closed its connection meanwhile (" + closed +
+             "): it was not stopped; it died, or failed on its own without reaching the store (cut off from it);"
+             " whom it waited on could not be learned" +
+             (silence.empty() ? std::string() : " (" + silence + ")") + ".";
+    }
   }
-  if (ready.wait_until(until + std::chrono::milliseconds(200)) != std::future_status::ready) return "";
-  StallVerdict v = ready.get();
   if (v.blame >= 0) timeout_blame_ = v.blame;
-  return v.text;
+  if (v.store_silence.empty()) return v.text;
+  std::string out = " Whom the ranks wait on could not be followed: " + v.store_silence + ".";
+  const int host = board_->store_host();
+  if (host >= 0 && host != opt_.rank) {
+    const std::string h = std::to_string(host);
+    out += " Rank " + h + " serves the store, which does not answer: rank " + h +
+           " is stopped, dead or cut off from this rank, the likely cause.";
+    timeout_blame_ = host;
+  } else if (timeout_blame_ >= 0) {
+    out += " Rank " + std::to_string(timeout_blame_) +
+           " is the first this rank waits on; it may be the cause, or be waiting on the rank that is.";
+  }
+  return out;
+}
+
+std::string Engine::watch_close(const Exec& ex, int peer, std::chrono::milliseconds window) {
+  transport::Connection* conn = nullptr;
+  for (std::size_t q = 0; q < ex.plan->peers.size(); ++q)
+    if (ex.plan->peers[q] == peer) conn = ex.conns[q];
+  if (conn == nullptr) return "";
+  const auto until = Clock::now() + window;
+  std::string why;
+  while (!conn->broken(&why) && Clock::now() < until) {
+    try {
+      poller_->collect(2);
+      poller_->dispatch();
+      for (auto& t : transports_) t->progress();
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  if (conn->broken(&why)) return why.empty() ? "closed" : why;
+  return "";
 }
 
 bool Engine::step(bool& unrouted) {
@@ -1291,6 +1219,11 @@ bool Engine::step(bool& unrouted) {
         // took twice as long, run after run; issue 32).
         settle_if_idle();
         work->complete();
+        if (!learned_after_first_) {
+          // Every rank has made its communicator by now, the one serving the store too.
+          learned_after_first_ = true;
+          board_->learn_store_host();
+        }
         progressed = true;
         continue;
       }

@@ -22,11 +22,15 @@
 // that other ranks can say why, closes every connection (which is how neighbours
 // learn of it quickly), fails every queued operation with an error of the same kind
 // (RemoteError naming the peer, TimeoutError; Aborted after abort()), and every later
-// one with Aborted.
+// one with Aborted. The store is asked through core::FailureBoard (failure.hpp), which
+// never lets it delay a report by more than a short budget: a store that does not
+// answer leaves the engine's own verdict, and where a rank serves the store its
+// silence names that rank.
 #pragma once
 
 #include "collectives/plan.hpp"
 #include "core/config.hpp"
+#include "core/failure.hpp"
 #include "core/router.hpp"
 #include "core/topology.hpp"
 #include "core/work_state.hpp"
@@ -153,6 +157,9 @@ struct EngineOptions {
   const base::Settings* settings = nullptr;
   /// Which host each rank is on (the router asks it per peer).
   std::shared_ptr<const Topology> topology;
+  /// This rank's process serves the store (core::serves_store): recorded for the others,
+  /// who then name this rank when the store stops answering in a failure.
+  bool serves_store = false;
 };
 
 class Engine {
@@ -215,8 +222,12 @@ class Engine {
   /// records of the ranks waited on, for a short grace while their deadlines fire too, to
   /// the first rank with none (a silent peer: stopped, hung outside braid, or not calling
   /// this collective). Sets timeout_blame_ to it and returns the sentence that names it,
-  /// or "" when the chain shows nothing beyond this rank's own wait.
+  /// or "" when the chain shows nothing beyond this rank's own wait. When the store does
+  /// not answer, says so, and blames the rank that serves the store if one does.
   std::string follow_stalls(const Exec& ex);
+  /// Watches the connection of `ex` to `peer` for up to `window`, driving the transports:
+  /// why it broke, or "" when it stayed up (or `ex` has none to `peer`).
+  std::string watch_close(const Exec& ex, int peer, std::chrono::milliseconds window);
   /// With nothing running or queued, marks the engine idle (busy_ false; drain() and
   /// submit()'s inline path see it). Driving thread only.
   void settle_if_idle();
@@ -227,13 +238,14 @@ class Engine {
   /// Fails every queued operation, with an error of the same kind as `cause` (a
   /// peer's failure: RemoteError naming it; a deadline: TimeoutError; else Aborted).
   void fail_all(const std::string& reason, const std::exception_ptr& cause = nullptr);
-  /// Leaves "left/<rank>" in the store (a clean close), for peers that still wait on this
-  /// rank to say so instead of guessing it died.
-  void record_leaving() noexcept;
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
 
   EngineOptions opt_;
   std::shared_ptr<Store> store_;
+  /// The failure records in the store, asked within a budget (failure.hpp). Before
+  /// directory_, which answers peer_gone() from it.
+  std::unique_ptr<FailureBoard> board_;
+  bool learned_after_first_ = false;  ///< board_->learn_store_host() after the first completion
   std::unique_ptr<base::Poller> poller_;
   std::unique_ptr<class StoreDirectory> directory_;
   std::unique_ptr<Router> router_;
