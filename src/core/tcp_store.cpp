@@ -196,7 +196,6 @@ struct TcpStoreServer::Impl {
   struct Conn {
     Fd fd;
     Stage stage = Stage::hello;
-    Clock::time_point hello_deadline{};
     std::string client_nonce, server_nonce;
     bool dead = false;
     bool want_write = false;
@@ -379,9 +378,8 @@ void TcpStoreServer::Impl::accept_all(int listen_fd) {
     std::uint64_t id = next_conn++;
     Conn& c = conns[id];
     c.fd.reset(fd);
-    c.hello_deadline = Clock::now() + hello_timeout;
     ++unauthenticated;
-    hellos.emplace_back(c.hello_deadline, id);
+    hellos.emplace_back(Clock::now() + hello_timeout, id);
     try {
       watch_conn(id, fd, EPOLLIN);
     } catch (const Error& e) {

@@ -325,26 +325,28 @@ INSTANTIATE_TEST_SUITE_P(Silent, FailedRank,
 // ---------------------------------------------------------------------------
 // The store server goes away.
 
-// A TcpStoreServer in a process of its own (as a launcher's store would be); its port.
-struct StoreProcess {
+// A server in a process of its own: `serve` runs in the child, writes the u16 port it
+// listens on to the descriptor it is given and serves until it is killed.
+struct ServerProcess {
   pid_t pid = -1;
   std::uint16_t port = 0;
-  StoreProcess() {
+  template <class Serve>
+  explicit ServerProcess(Serve serve) {
     int fds[2];
     if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
     std::fflush(nullptr);
     pid = ::fork();
     if (pid == 0) {
       ::close(fds[0]);
-      TcpStoreServer server("127.0.0.1", 0);
-      const std::uint16_t p = server.port();
-      if (::write(fds[1], &p, sizeof p) != sizeof p) ::_exit(1);
-      for (;;) ::pause();
+      serve(fds[1]);
+      ::_exit(0);
     }
     ::close(fds[1]);
     if (::read(fds[0], &port, sizeof port) != sizeof port) port = 0;
     ::close(fds[0]);
   }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
   void kill() {
     if (pid > 0) {
       ::kill(pid, SIGKILL);
@@ -352,7 +354,18 @@ struct StoreProcess {
       pid = -1;
     }
   }
-  ~StoreProcess() { kill(); }
+  ~ServerProcess() { kill(); }
+};
+
+// A TcpStoreServer in a process of its own (as a launcher's store would be); its port.
+struct StoreProcess : ServerProcess {
+  StoreProcess()
+      : ServerProcess([](int port_fd) {
+          TcpStoreServer server("127.0.0.1", 0);
+          const std::uint16_t p = server.port();
+          if (::write(port_fd, &p, sizeof p) != sizeof p) ::_exit(1);
+          for (;;) ::pause();
+        }) {}
 };
 
 // Three of four ranks are in their first all-reduce, still looking for the fourth, which
@@ -469,76 +482,60 @@ constexpr int kStoreRanks = 3;
 // A TCP relay in a process of its own between one rank and the store: stopping it cuts
 // that rank (and only it) off from the store's host, as a partition would: its requests
 // go out and nothing comes back.
-struct RelayProcess {
-  pid_t pid = -1;
-  std::uint16_t port = 0;
-  explicit RelayProcess(std::uint16_t to) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    std::fflush(nullptr);
-    pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      socklen_t len = sizeof a;
-      if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(lfd, 64) != 0 ||
-          ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-        ::_exit(1);
-      const std::uint16_t p = ntohs(a.sin_port);
-      if (::write(fds[1], &p, sizeof p) != sizeof p) ::_exit(1);
-      ::close(fds[1]);
-      std::vector<pollfd> pfds{{lfd, POLLIN, 0}};
-      std::vector<int> other{-1};  // the fd each one's bytes go to
-      for (;;) {
-        if (::poll(pfds.data(), pfds.size(), -1) < 0) continue;
-        for (std::size_t i = 0; i < pfds.size(); ++i) {
-          if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-          if (i == 0) {
-            const int c = ::accept(lfd, nullptr, nullptr);
-            const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-            sockaddr_in st{};
-            st.sin_family = AF_INET;
-            st.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-            st.sin_port = htons(to);
-            if (c < 0 || s < 0 || ::connect(s, reinterpret_cast<sockaddr*>(&st), sizeof st) != 0) {
-              if (c >= 0) ::close(c);
-              if (s >= 0) ::close(s);
-              continue;
-            }
-            pfds.push_back({c, POLLIN, 0});
-            other.push_back(s);
-            pfds.push_back({s, POLLIN, 0});
-            other.push_back(c);
-            break;  // the vector moved
-          }
-          char buf[65536];
-          const ssize_t n = ::read(pfds[i].fd, buf, sizeof buf);
-          bool ok = n > 0;
-          for (ssize_t off = 0; ok && off < n;) {
-            const ssize_t w = ::write(other[i], buf + off, static_cast<std::size_t>(n - off));
-            ok = w > 0;
-            off += w > 0 ? w : 0;
-          }
-          if (!ok) {  // one side closed: close both
-            ::shutdown(other[i], SHUT_RDWR);
-            ::shutdown(pfds[i].fd, SHUT_RDWR);
-          }
+[[noreturn]] void relay(std::uint16_t to, int port_fd) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(lfd, 64) != 0 ||
+      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    ::_exit(1);
+  const std::uint16_t p = ntohs(a.sin_port);
+  if (::write(port_fd, &p, sizeof p) != sizeof p) ::_exit(1);
+  ::close(port_fd);
+  std::vector<pollfd> pfds{{lfd, POLLIN, 0}};
+  std::vector<int> other{-1};  // the fd each one's bytes go to
+  for (;;) {
+    if (::poll(pfds.data(), pfds.size(), -1) < 0) continue;
+    for (std::size_t i = 0; i < pfds.size(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      if (i == 0) {
+        const int c = ::accept(lfd, nullptr, nullptr);
+        const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in st{};
+        st.sin_family = AF_INET;
+        st.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        st.sin_port = htons(to);
+        if (c < 0 || s < 0 || ::connect(s, reinterpret_cast<sockaddr*>(&st), sizeof st) != 0) {
+          if (c >= 0) ::close(c);
+          if (s >= 0) ::close(s);
+          continue;
         }
+        pfds.push_back({c, POLLIN, 0});
+        other.push_back(s);
+        pfds.push_back({s, POLLIN, 0});
+        other.push_back(c);
+        break;  // the vector moved
+      }
+      char buf[65536];
+      const ssize_t n = ::read(pfds[i].fd, buf, sizeof buf);
+      bool ok = n > 0;
+      for (ssize_t off = 0; ok && off < n;) {
+        const ssize_t w = ::write(other[i], buf + off, static_cast<std::size_t>(n - off));
+        ok = w > 0;
+        off += w > 0 ? w : 0;
+      }
+      if (!ok) {  // one side closed: close both
+        ::shutdown(other[i], SHUT_RDWR);
+        ::shutdown(pfds[i].fd, SHUT_RDWR);
       }
     }
-    ::close(fds[1]);
-    if (::read(fds[0], &port, sizeof port) != sizeof port) port = 0;
-    ::close(fds[0]);
   }
-  ~RelayProcess() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
+}
+
+struct RelayProcess : ServerProcess {
+  explicit RelayProcess(std::uint16_t to) : ServerProcess([to](int port_fd) { relay(to, port_fd); }) {}
 };
 
 // How a survivor's error must name the failed rank.

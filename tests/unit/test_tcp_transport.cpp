@@ -126,6 +126,23 @@ std::string hello(int from, int to, int index = 0, int sockets = 1, std::uint64_
   return fixed + braid::transport::hello_proof(token, fixed);  // as the transport makes it
 }
 
+/// A raw listener on loopback published as rank 1's tcp address: plays rank 1. -1 on failure.
+int listen_as_rank1(MemDirectory& dir) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof a;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 || ::listen(lfd, 8) != 0 ||
+      ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ADD_FAILURE() << "raw listener: " << std::strerror(errno);
+    if (lfd >= 0) ::close(lfd);
+    return -1;
+  }
+  dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  return lfd;
+}
+
 std::string part_header(std::uint64_t seq, std::uint64_t tag, std::uint64_t msg_bytes,
                         std::uint64_t part_bytes, int index = 0) {
   wire::PartHeader h;
@@ -411,23 +428,14 @@ TEST(TcpTransport, AnAcceptorThatCannotProveTheTokenIsRefused) {
   for (const bool knows_token : {false, true}) {
     SCOPED_TRACE(knows_token ? "answer with the token" : "answer without it");
     MemDirectory dir;
-    const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    ASSERT_EQ(::bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-    ASSERT_EQ(::listen(lfd, 8), 0);
-    socklen_t len = sizeof a;
-    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-    dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+    const int lfd = listen_as_rank1(dir);
+    ASSERT_GE(lfd, 0);
     std::uint64_t got = 0;
     bt::Request q;
-    std::atomic<bool> done{false};
     std::thread t0([&] {
       Rank r(dir, options(0, 2));
       r.to(1)->recv(&got, sizeof got, 5, &q);
       r.drive({&q}, 10s);
-      done = true;
     });
     pollfd pfd{lfd, POLLIN, 0};
     ASSERT_EQ(::poll(&pfd, 1, 10000), 1) << "rank 0 did not connect";
@@ -435,8 +443,7 @@ TEST(TcpTransport, AnAcceptorThatCannotProveTheTokenIsRefused) {
     ASSERT_GE(fd, 0);
     std::string hello(wire::kHelloBytes + braid::base::auth::kProofBytes, '\0');
     ASSERT_TRUE(read_all(fd, &hello[0], hello.size()));
-    const std::string answer = knows_token ? braid::base::auth::prove(kToken, "braid tcp answer\n" + hello)
-                                           : braid::base::auth::prove("not-the-token", "braid tcp answer\n" + hello);
+    const std::string answer = braid::base::auth::prove(knows_token ? kToken : "not-the-token", wire::answer_context(hello));
     const std::uint64_t value = 0x1122334455667788ull;
     const std::string msg = answer + part_header(0, 5, sizeof value, sizeof value) +
                             std::string(reinterpret_cast<const char*>(&value), sizeof value);
@@ -458,15 +465,8 @@ TEST(TcpTransport, AnAcceptorThatCannotProveTheTokenIsRefused) {
 TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
   // A raw socket server plays rank 1 and checks byte by byte what rank 0 sends.
   MemDirectory dir;
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(::bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(lfd, 8), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  dir.publish(1, "tcp", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  const int lfd = listen_as_rank1(dir);
+  ASSERT_GE(lfd, 0);
 
   const auto big = pattern(256 << 10, 1);
   const std::uint8_t small = 0x5a;

@@ -346,21 +346,21 @@ bool valid_socket_name(const std::string& s) {
   return true;
 }
 
-pid_t peer_pid(int fd) {
-  ucred cred{};
+/// The credentials of the process at the other end of `fd` (the kernel's word,
+/// SO_PEERCRED); pid 0 and uid -1 when it does not say.
+ucred peer_cred(int fd) {
+  const ucred unknown{0, static_cast<uid_t>(-1), static_cast<gid_t>(-1)};
+  ucred cred = unknown;
   socklen_t len = sizeof cred;
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
-  return cred.pid;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred : unknown;
 }
 
-/// Whether the process at the other end of `fd` runs as this process's user (the kernel's
-/// word, SO_PEERCRED): the abstract socket's name is visible to every user of the host
-/// (/proc/net/unix), and only the job's own processes may connect.
-bool same_user(int fd) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::geteuid();
-}
+pid_t peer_pid(int fd) { return peer_cred(fd).pid; }
+
+/// Whether the process at the other end of `fd` runs as this process's user: the abstract
+/// socket's name is visible to every user of the host (/proc/net/unix), and only the
+/// job's own processes may connect.
+bool same_user(int fd) { return peer_cred(fd).uid == ::geteuid(); }
 
 /// Writes all of `bytes` (a short handshake message) at once, with `pass_fd`
 /// attached when >= 0. A fresh Unix socket always has room for it; anything short

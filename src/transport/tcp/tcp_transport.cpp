@@ -68,10 +68,6 @@ namespace braid::transport {
 namespace {
 
 namespace wire = tcp_wire;
-
-/// What the acceptor's answer proves: the connector's whole hello (fixed part and proof),
-/// so that an answer cannot be replayed to another hello.
-std::string answer_context(const std::string& hello) { return "braid tcp answer\n" + hello; }
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -641,7 +637,7 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
       if (s.answer_got < sizeof s.answer && !s.hup) s.readable = false;
       continue;
     }
-    if (!base::auth::verify(opts_.auth_token, answer_context(s.hello), s.answer, sizeof s.answer)) {
+    if (!base::auth::verify(opts_.auth_token, wire::answer_context(s.hello), s.answer, sizeof s.answer)) {
       fail(c, c.who() + ": the end of socket " + std::to_string(s.index) + " at " + c.addr_text_ +
                   " could not prove it knows the job's token: not rank " + std::to_string(c.peer_) +
                   " of this job (another program in its place?)",
@@ -998,7 +994,7 @@ bool TcpTransport::adopt(PendingAccept& pa) {
   s.want_out = false;
   // Our answer, before any part: a proof of the token bound to the connector's hello, so
   // that it knows it reached a rank of this job (mutual authentication).
-  s.hello = hello_proof(opts_.auth_token, answer_context(std::string(
+  s.hello = hello_proof(opts_.auth_token, wire::answer_context(std::string(
                                                reinterpret_cast<const char*>(pa.buf.data()), pa.buf.size())));
   s.hello_sent = 0;
   s.answered = true;

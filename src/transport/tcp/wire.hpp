@@ -149,6 +149,10 @@ inline int part_socket(std::uint64_t seq, int index, int sockets) {
   return static_cast<int>((seq + static_cast<std::uint64_t>(index)) % static_cast<std::uint64_t>(sockets));
 }
 
+/// What the acceptor's answer to a hello proves (base::auth::prove): the connector's whole
+/// hello (fixed part and proof), so that an answer cannot be replayed to another hello.
+inline std::string answer_context(const std::string& hello) { return "braid tcp answer\n" + hello; }
+
 /// A peer's published address ("a.b.c.d:port", from the store: untrusted); false unless it
 /// is exactly that, with a port in 1..65535.
 inline bool parse_addr(const std::string& text, sockaddr_in* out) {
