@@ -1,10 +1,12 @@
 // Creating communicators from the environment (braidrun, torchrun, mpirun, srun)
 // and from NCCL-style unique ids.
+#include "base/auth.hpp"
 #include "base/check.hpp"
+#include "base/logging.hpp"
+#include "base/text.hpp"
 #include "core/communicator_impl.hpp"
 #include "core/pmix.hpp"
 #include "core/unique_id.hpp"
-#include "base/logging.hpp"
 #include "transport/interfaces.hpp"
 
 #include <braid/error.hpp>
@@ -13,7 +15,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
 #include <sstream>
 
 namespace braid {
@@ -53,9 +54,10 @@ UniqueId Communicator::create_unique_id() {
   const std::string addr = transport::select_address(cfg.settings.text("BRAID_SOCKET_IFNAME"), cfg.master_addr, true);
   // The nonce is the id's secret: the store serves only clients that present it (the
   // ranks, who read it from the id), and every key lives under it.
-  std::random_device rd;
+  // 128 bits from the system's cryptographic source (it is the job's token too).
+  const std::string nonce_bytes = base::auth::random_bytes(16);
   std::ostringstream nonce;
-  nonce << std::hex << rd() << rd() << rd() << rd();
+  nonce << base::hex_bytes(nonce_bytes.data(), nonce_bytes.size());
   // It listens where it is advertised, nowhere else (BRAID_STORE_BIND overrides).
   const std::string& bind = cfg.settings.text("BRAID_STORE_BIND");
   auto server = std::make_unique<TcpStoreServer>(bind.empty() ? addr : bind, 0, nonce.str());
@@ -80,8 +82,11 @@ Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size
   const auto& cfg = core::Config::global();
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
   auto base = std::make_shared<TcpStore>(addr, static_cast<std::uint16_t>(port), false, timeout, nonce);
-  // The store's address tells every rank which of its interfaces reaches the others.
-  auto impl = std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options, addr);
+  // The store's address tells every rank which of its interfaces reaches the others. The
+  // nonce reached every rank privately (MPI_Bcast, PMIx, the caller's channel): it is the
+  // job's token too, so no token rests in the store (BRAID_AUTH_TOKEN still wins).
+  auto impl =
+      std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options, addr, nonce);
   std::lock_guard<std::mutex> lock(g_uid_mu);
   if (auto it = uid_servers().find(nonce); it != uid_servers().end()) {
     impl->hosted_server = std::move(it->second);

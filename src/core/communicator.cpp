@@ -150,7 +150,7 @@ bool rdma_fabric(const std::string& ucx_library) {
 }  // namespace
 
 Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOptions& options,
-                         const std::string& address_hint)
+                         const std::string& address_hint, const std::string& given_token)
     : cfg(core::Config::global()), rank(r), size(n), base_store(std::move(base)) {
   BRAID_CHECK(base_store != nullptr, InvalidUsage, "Communicator: store is null");
   BRAID_CHECK(n >= 1, InvalidUsage, "Communicator: size must be at least 1, got " << n);
@@ -181,7 +181,8 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
 
   std::int64_t gen = 0;
   std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
-  const core::JobSecret secret = core::share_secret(*store, rank, cfg.auth_token, timeout);
+  const core::JobSecret secret =
+      core::share_secret(*store, rank, cfg.auth_token.empty() ? given_token : cfg.auth_token, timeout);
   std::string gpu, pci;
   if (device >= 0) {
     pci = rt.pci_bus_id(device);

@@ -81,9 +81,11 @@ struct Communicator::Impl final : core::Poster {
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
   /// the configuration has none (from_unique_id), so TCP binds the interface that
-  /// reaches it.
+  /// reaches it. `given_token`: the job's secret when the caller has one that reached
+  /// every rank privately (a UniqueId's nonce) and BRAID_AUTH_TOKEN is unset: it is then
+  /// the transports' token and never written to the store (core/job_secret.hpp).
   Impl(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options,
-       const std::string& address_hint = {});
+       const std::string& address_hint = {}, const std::string& given_token = {});
   ~Impl() override;
 
   // --- the façade's calls ---

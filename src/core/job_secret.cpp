@@ -1,19 +1,22 @@
 #include "core/job_secret.hpp"
 
+#include "base/auth.hpp"
 #include "base/check.hpp"
 #include "base/text.hpp"
 
 #include <braid/error.hpp>
 
 #include <charconv>
-#include <random>
+#include <cstring>
 
 namespace braid::core {
 namespace {
 
 std::uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  const std::string b = base::auth::random_bytes(8);
+  std::uint64_t v = 0;
+  std::memcpy(&v, b.data(), sizeof v);
+  return v;
 }
 
 }  // namespace

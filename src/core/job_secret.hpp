@@ -1,11 +1,15 @@
 // The job's secret and a communicator's id, agreed through the store at creation.
 //
-// Rank 0 picks the communicator id and, unless every rank was given BRAID_AUTH_TOKEN, a
-// random token; it publishes them under the store key "meta":
+// Rank 0 picks the communicator id and, unless every rank was given a token, a random
+// one; it publishes them under the store key "meta":
 //   "<comm id, hex>\ntoken <token>"   (a token rank 0 made: the store carries it)
-//   "<comm id, hex>\ngiven"           (BRAID_AUTH_TOKEN: never written to the store)
-// A given token stays out of the store, so whoever can read the store (it has no
-// authentication of its own) does not learn it (docs/reliability.md, "Threat model").
+//   "<comm id, hex>\ngiven"           (a given token: never written to the store)
+// A token is given by BRAID_AUTH_TOKEN (braidrun sets a fresh one) or, for a communicator
+// made from a UniqueId (from_mpi, PMIx under mpirun or srun), by the id's nonce, which
+// reached every rank privately. A given token stays out of the store. A token rank 0
+// makes is as private as the store: under torchrun or a bare MASTER_ADDR without
+// BRAID_AUTH_TOKEN the store has no secret and the job is unauthenticated, as torch's own
+// TCPStore is (docs/reliability.md, "Threat model").
 #pragma once
 
 #include <braid/store.hpp>

@@ -5,10 +5,12 @@
 // within (n-1)·u·Σ|x| (u = unit roundoff of the type: each of the n-1 additions on
 // the way rounds once), for avg that bound / n plus one rounding, for prod within
 // (n-1)·u·|result| (docs/algorithms.md).
+#include "core/unique_id.hpp"
 #include "kernels/host/reduce.hpp"
 #include "test_support.hpp"
 
 #include <braid/braid.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -239,6 +241,13 @@ TEST(AllreduceSemantics, BarrierAndUniqueId) {
     EXPECT_EQ(comms[static_cast<std::size_t>(r)]->local_size(), 3);
     EXPECT_EQ(comms[static_cast<std::size_t>(r)]->local_rank(), r);
   });
+  // The id's nonce reached the ranks privately, so it is the job's token and the store's
+  // record of the communicator carries none (issue 31): "<comm id>\ngiven".
+  const auto f = braid::core::parse_unique_id(id);
+  ASSERT_TRUE(f.has_value());
+  TcpStore reader(f->addr, static_cast<std::uint16_t>(f->port), false, std::chrono::seconds(5), f->nonce);
+  const std::string meta = reader.get("uid-" + f->nonce + "/braid/braid/3/1/meta", std::chrono::seconds(5));
+  EXPECT_EQ(meta.substr(meta.find('\n') + 1), "given") << meta;
   run_threads(3, [&](int r) { comms[static_cast<std::size_t>(r)].reset(); });
 }
 
