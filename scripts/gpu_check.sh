@@ -43,7 +43,7 @@
 #   --jobs N            build jobs (default: nproc)
 #   --deps DIR          a folder made by --pack-deps on another machine: CLI11 (needed by
 #                       the benches and braidrun), GoogleTest's source, Google Benchmark
-#                       and OpenSSL's libcrypto (headers and library), for bare machines
+#                       and OpenSSL's libcrypto and libssl (headers and libraries), for bare machines
 #   --pack-deps DIR     make that folder from this machine's /usr/include/CLI,
 #                       /usr/src/googletest and Google Benchmark, then exit
 #   --nccl-library P    libnccl.so.2 to load (default: found on the loader path, in the CUDA
@@ -89,13 +89,13 @@ EOF
       else
         echo "no Google Benchmark (apt install libbenchmark-dev): not packed; bench_cuda_kernels will be skipped"
       fi
-      # OpenSSL's libcrypto (base/auth: HMAC-SHA-256 of every handshake), for a machine
+      # OpenSSL (libcrypto: base/auth, HMAC-SHA-256 of every handshake; libssl: base/tls), for a machine
       # without libssl-dev: headers (with the arch's configuration.h) and the library.
       if [ -d /usr/include/openssl ] && ls $lib/libcrypto.so* >/dev/null 2>&1; then
         mkdir -p "$d/openssl/include" "$d/openssl/lib"
         cp -r /usr/include/openssl "$d/openssl/include/"
         [ -d /usr/include/x86_64-linux-gnu/openssl ] && cp -r /usr/include/x86_64-linux-gnu/openssl/. "$d/openssl/include/openssl/"
-        cp -a $lib/libcrypto.so* "$d/openssl/lib/"
+        cp -a $lib/libcrypto.so* $lib/libssl.so* "$d/openssl/lib/"
       else
         echo "no OpenSSL headers (apt install libssl-dev): not packed; the build needs libssl-dev there"
       fi

@@ -79,6 +79,11 @@ std::pair<std::shared_ptr<Store>, std::int64_t> claim_namespace(const std::share
 
 /// Refuses a configuration that names an unknown algorithm or codec.
 void check_config(const core::Config& cfg) {
+  // TLS covers braid's own TCP connections; UCX and verbs would carry the data in clear.
+  BRAID_CHECK(!cfg.tls || (cfg.transport != "ucx" && cfg.transport != "ibverbs"), InvalidUsage,
+              "BRAID_TLS=1 with BRAID_TRANSPORT=" << cfg.transport << ": TLS covers the tcp transport and the store "
+              "only, and " << cfg.transport << " would carry the job's data in clear; use auto or tcp");
+  (void)core::tls_context(cfg);  // a missing or unfit certificate is refused now, before any byte moves
   if (cfg.algo != "auto" && cfg.algo != "ring") {
     const auto a = parse_algorithm(cfg.algo);
     BRAID_CHECK(a.has_value(), InvalidUsage,
@@ -116,6 +121,7 @@ core::EngineOptions engine_options(const core::Config& cfg, const core::Membersh
   }
   eo.master_addr = cfg.master_addr.empty() ? address_hint : cfg.master_addr;
   eo.auth_token = secret.token;
+  eo.tls = core::tls_context(cfg);
   eo.comm_id = secret.comm_id;
   eo.connect_timeout = member.timeout;
   eo.transport_mode = cfg.transport;
@@ -191,7 +197,7 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   }
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
-      timeout, size > 1 && cfg.transport == "auto" && rdma_fabric(cfg.ucx_library), gpu);
+      timeout, size > 1 && cfg.transport == "auto" && !cfg.tls && rdma_fabric(cfg.ucx_library), gpu);
   const core::Membership member{rank, size, timeout, store, topology};
   core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
   eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;

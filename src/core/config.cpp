@@ -11,6 +11,9 @@
 #include <cctype>
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace braid::core {
 
@@ -131,6 +134,17 @@ std::vector<Setting> make_table() {
        "written to the store). braidrun gives each job a fresh one, a UniqueId (from_mpi, PMIx) carries "
        "one. Unset with a bare BRAID_MASTER_ADDR/MASTER_ADDR: rank 0 makes a random token and publishes "
        "it in the store, which then serves any client, so the job is unauthenticated (said once at INFO)."},
+      {"BRAID_TLS", SettingType::boolean, "0",
+       "TLS 1.3 (OpenSSL) on every TCP connection braid makes: the tcp transport's sockets and the bootstrap "
+       "store's. Mutual: each end presents BRAID_TLS_CERT and checks the other's against BRAID_TLS_CA (no "
+       "host name check: the CA is the trust root, as in Gloo). Every rank, the store's host and braidrun "
+       "must agree. The token is still proven inside the connection. auto then runs pairs on one host over "
+       "shm (its bytes never leave the host) and every other pair over tcp; BRAID_TRANSPORT=ucx or ibverbs "
+       "is refused (their bytes would travel in clear). Cost measured in docs/performance.md."},
+      {"BRAID_TLS_CERT", SettingType::text, "", "With BRAID_TLS=1: this host's certificate chain (PEM file)."},
+      {"BRAID_TLS_KEY", SettingType::text, "", "With BRAID_TLS=1: the private key of BRAID_TLS_CERT (PEM file)."},
+      {"BRAID_TLS_CA", SettingType::text, "",
+       "With BRAID_TLS=1: the CA certificates (PEM file) that signed every rank's certificate."},
       {"BRAID_HOST_ID", SettingType::text, "", "Overrides the host identity (hostname + boot id), to emulate hosts."},
       {"BRAID_RANK", SettingType::integer, "", "This process's rank (set by braidrun).", true, 0, kMaxRanks - 1},
       {"BRAID_WORLD_SIZE", SettingType::integer, "", "Number of ranks (set by braidrun).", true, 1, kMaxRanks},
@@ -280,6 +294,8 @@ Config Config::parse(const Lookup& lookup) {
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.device_direct = base::lower(s.text("BRAID_DEVICE_PATH")) == "direct";
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
+  c.tls = s.boolean("BRAID_TLS");
+  c.tls_files = {s.text("BRAID_TLS_CERT"), s.text("BRAID_TLS_KEY"), s.text("BRAID_TLS_CA")};
   c.host_id = s.text("BRAID_HOST_ID");
   c.store_external = s.boolean("BRAID_STORE_EXTERNAL");
 
@@ -349,5 +365,16 @@ const Config& Config::global() {
 }
 
 gpu::Runtime& gpu_runtime() { return gpu::runtime(Config::global().gpu_backend); }
+
+std::shared_ptr<const base::tls::Context> tls_context(const Config& cfg) {
+  if (!cfg.tls) return nullptr;
+  // Loaded once per set of files: every communicator and store of the process shares it.
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, std::string, std::string>, std::shared_ptr<const base::tls::Context>> made;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& ctx = made[{cfg.tls_files.cert, cfg.tls_files.key, cfg.tls_files.ca}];
+  if (!ctx) ctx = std::make_shared<const base::tls::Context>(cfg.tls_files);
+  return ctx;
+}
 
 }  // namespace braid::core

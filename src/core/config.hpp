@@ -10,11 +10,13 @@
 
 #include "base/logging.hpp"
 #include "base/settings.hpp"
+#include "base/tls.hpp"
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +64,9 @@ struct Config {
   std::string nvml_library;  ///< BRAID_NVML_LIBRARY  ///< BRAID_DEVICE_PATH=direct: device plans run on the device
   // --- identity and security ---
   std::string auth_token;
+  /// BRAID_TLS: TLS on the TCP transport's and the store's connections, with these files.
+  bool tls = false;
+  base::tls::Files tls_files;
   std::string host_id;
   // --- launch (BRAID_* first, then torchrun, Open MPI, Slurm) ---
   std::optional<int> rank, world_size, local_rank, local_size;
@@ -85,6 +90,11 @@ const std::vector<base::Setting>& config_table();
 
 /// The value of `name` in this process's environment, if set (the only getenv).
 std::optional<std::string> env_value(const char* name);
+
+/// The TLS credentials of `cfg` (BRAID_TLS_CERT, _KEY, _CA), loaded once per process and
+/// shared; null when BRAID_TLS is off. Throws InvalidUsage when a file is missing or
+/// does not fit (base/tls.hpp).
+std::shared_ptr<const base::tls::Context> tls_context(const Config& cfg);
 
 /// The process's device runtime, started on first use with BRAID_GPU_BACKEND.
 gpu::Runtime& gpu_runtime();

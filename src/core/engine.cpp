@@ -340,6 +340,7 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
     c.common.rank = opt_.rank;
     c.common.size = opt_.size;
     c.common.auth_token = opt_.auth_token;
+    c.common.tls = opt_.tls;
     c.common.comm_id = opt_.comm_id;
     c.common.connect_timeout = opt_.connect_timeout;
     c.common.on_refused = [](const std::string& what) { BRAID_LOG(warn, what); };

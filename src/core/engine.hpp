@@ -149,6 +149,7 @@ struct EngineOptions {
   gpu::Runtime* gpu = nullptr;  ///< the communicator's device runtime (null without a device; TransportContext)
   int gpu_device = -1;          ///< its GPU (-1 for none)
   std::string auth_token;
+  std::shared_ptr<const base::tls::Context> tls;  ///< BRAID_TLS (core::tls_context); null: off
   std::uint64_t comm_id = 0;
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};
   /// "auto" or a registered transport's name (core::Router).

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "base/poller.hpp"
+#include "base/tls.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -42,6 +43,9 @@ struct CommonOptions {
   std::string auth_token;
   /// Identifies the communicator; a hello for another communicator is refused.
   std::uint64_t comm_id = 0;
+  /// TLS credentials (BRAID_TLS); null: TLS off. The tcp transport runs every socket
+  /// through TLS after its hello; the others are not made with it (core refuses them).
+  std::shared_ptr<const base::tls::Context> tls;
   /// Bound on connection set-up (connect retries, finding the peer, the handshake).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   /// Told (on the progress thread) about every incoming connection that is refused

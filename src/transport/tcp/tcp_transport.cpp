@@ -21,6 +21,11 @@
 //   is checked against the posted receive (tag, size) before any other part is
 //   accepted, so a size mismatch is reported as such and not as a stray part.
 //
+// - With TLS (BRAID_TLS=1, base/tls.hpp): the hello and the acceptor's answer travel as
+//   above, in clear (they carry no secret); then both ends run a TLS 1.3 handshake with
+//   certificates on that socket (the connector as client), and every part after it
+//   travels inside TLS records. The connector queues nothing until its TLS is up.
+//
 // The listener, accepted sockets waiting for their hello, the hello's authentication,
 // the peer-address lookup and the set-up deadlines are the Skeleton's
 // (transport/skeleton.hpp), shared with the other socket-set-up transport.
@@ -33,7 +38,9 @@
 // only while a socket has data it could not write.
 #include "transport/tcp/tcp_transport.hpp"
 
+#include "base/logging.hpp"
 #include "base/text.hpp"
+#include "base/tls.hpp"
 #include "transport/common.hpp"
 #include "transport/skeleton.hpp"
 #include "transport/tcp/ack_state.hpp"
@@ -133,6 +140,9 @@ struct Sock {
   bool answered = true;
   std::size_t answer_got = 0;
   unsigned char answer[base::auth::kProofBytes] = {};
+  // TLS (opts_.tls): the session, made once the hello and the answer have passed.
+  std::unique_ptr<base::tls::Session> tls;
+  bool tls_wants_write = false;  // the handshake's last step waited for room to write
   // Send side.
   Fifo<SendPart> sendq;
   // Dead-peer detection (check_acks): when this socket was first seen with data
@@ -297,6 +307,16 @@ class TcpTransport final : public Skeleton {
   void check_acks(TcpConnection& c);
   std::size_t write_some(TcpConnection& c, Sock& s);
   std::size_t read_some(TcpConnection& c, Sock& s);
+  /// The connector reads the acceptor's answer (in clear) and checks it; false until it
+  /// has, or when it failed the connection.
+  bool read_answer(TcpConnection& c, Sock& s, std::size_t* total);
+  /// With TLS: whether `s` is ready for parts: its hello or answer written, the answer
+  /// checked, the TLS handshake done (advancing each as far as readiness allows). Without
+  /// TLS: true. `moved` is set when a byte moved.
+  bool tls_ready(TcpConnection& c, Sock& s, bool* moved);
+  /// writev/readv on the socket, through TLS once it is up.
+  ssize_t sock_writev(Sock& s, iovec* iov, int n);
+  ssize_t sock_readv(Sock& s, iovec* iov, int n);
   /// What a recv or readv on `s` that returned `r` means to read_some's loop: bytes
   /// arrived, try again (EINTR), the socket is drained (readable cleared), or the
   /// connection ended (EOF or an error, already reported through on_eof or fail_io).
@@ -434,6 +454,7 @@ void TcpTransport::close_socks() noexcept {
 }
 
 void TcpTransport::close_sock(Sock& s) noexcept {
+  s.tls.reset();  // it does not own the descriptor
   if (s.fd >= 0) {
     poller_.unwatch(s.fd);
     ::close(s.fd);
@@ -530,6 +551,7 @@ bool TcpTransport::progress_connection(TcpConnection& c) {
     Sock& s = *sp;
     if (s.phase == Sock::Phase::connecting && s.writable) finish_connect(c, s);
     if (s.phase != Sock::Phase::up) continue;
+    if (!tls_ready(c, s, &moved)) continue;
     if (!s.sendq.empty() || s.hello_sent < s.hello.size()) {
       if (s.writable && write_some(c, s) > 0) moved = true;
     } else if (s.want_out) {
@@ -559,7 +581,9 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
       iov[n++] = {&s.hello[s.hello_sent], s.hello.size() - s.hello_sent};
       want += s.hello.size() - s.hello_sent;
     }
-    for (std::size_t i = 0; i < s.sendq.size() && n + 2 <= kMaxIov && want < budget; ++i) {
+    // With TLS, parts go only through the session (the hello before it, in clear).
+    const bool parts = !opts_.tls || (s.tls && s.tls->established());
+    for (std::size_t i = 0; parts && i < s.sendq.size() && n + 2 <= kMaxIov && want < budget; ++i) {
       SendPart& p = s.sendq[i];
       if (p.sent < kHeader) {
         iov[n++] = {p.header + p.sent, kHeader - p.sent};
@@ -575,10 +599,7 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
       if (take < rest) break;
     }
     if (n == 0) break;
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<std::size_t>(n);
-    const ssize_t r = ::sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t r = sock_writev(s, iov, n);
     if (r < 0) {
       const int err = errno;
       if (err == EINTR) continue;
@@ -587,7 +608,12 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
         set_want_out(s, true);
         break;
       }
-      fail_io(c, err, "send");
+      if (err == EPROTO && s.tls) {
+        fail(c, c.who() + ": TLS failed on socket " + std::to_string(s.index) + ": " + s.tls->error(), false,
+             c.peer_);
+      } else {
+        fail_io(c, err, "send");
+      }
       return total;
     }
     const auto written = static_cast<std::size_t>(r);
@@ -617,23 +643,35 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
       break;
     }
   }
-  if (s.sendq.empty() && s.hello_sent == s.hello.size() && s.want_out) set_want_out(s, false);
+  if (s.sendq.empty() && s.hello_sent == s.hello.size() && s.want_out && !s.tls_wants_write) set_want_out(s, false);
   return total;
 }
 
-std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
-  std::size_t total = 0;
+ssize_t TcpTransport::sock_writev(Sock& s, iovec* iov, int n) {
+  if (s.tls) return s.tls->writev(iov, n);
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<std::size_t>(n);
+  return ::sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+ssize_t TcpTransport::sock_readv(Sock& s, iovec* iov, int n) {
+  if (s.tls) return s.tls->readv(iov, n);
+  return ::readv(s.fd, iov, n);
+}
+
+bool TcpTransport::read_answer(TcpConnection& c, Sock& s, std::size_t* total) {
   while (!s.answered) {
     // The acceptor's answer: a proof of the token bound to our hello. Nothing it sends is
     // read before it holds, so a program in the peer's place cannot inject data.
     if (s.answer_got < sizeof s.answer) {
-      if (!s.readable) return total;
+      if (!s.readable) return false;
       const ssize_t r = ::recv(s.fd, s.answer + s.answer_got, sizeof s.answer - s.answer_got, 0);
       const ReadOutcome o = read_outcome(c, s, r, false);
       if (o == ReadOutcome::retry) continue;
-      if (o != ReadOutcome::got) return total;
+      if (o != ReadOutcome::got) return false;
       s.answer_got += static_cast<std::size_t>(r);
-      total += static_cast<std::size_t>(r);
+      *total += static_cast<std::size_t>(r);
       if (s.answer_got < sizeof s.answer && !s.hup) s.readable = false;
       continue;
     }
@@ -642,14 +680,71 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
                   " could not prove it knows the job's token: not rank " + std::to_string(c.peer_) +
                   " of this job (another program in its place?)",
            false, c.peer_);
-      return total;
+      return false;
     }
     s.answered = true;
   }
+  return true;
+}
+
+bool TcpTransport::tls_ready(TcpConnection& c, Sock& s, bool* moved) {
+  if (!opts_.tls || (s.tls && s.tls->established())) return true;
+  if (!s.tls) {
+    // First the hello (connector) or the answer (acceptor), in clear...
+    if (s.hello_sent < s.hello.size()) {
+      if (s.writable && write_some(c, s) > 0) *moved = true;
+      if (c.failure_.failed || s.hello_sent < s.hello.size()) return false;
+    }
+    // ...and the connector checks the answer before it trusts the socket with TLS.
+    std::size_t got = 0;
+    const bool answered = read_answer(c, s, &got);
+    if (got > 0) *moved = true;
+    if (!answered) return false;
+    try {
+      s.tls = std::make_unique<base::tls::Session>(*opts_.tls, s.fd, !c.connector_);
+    } catch (const std::exception& e) {
+      fail(c, c.who() + ": " + e.what(), false, -1);
+      return false;
+    }
+    s.readable = s.writable = true;  // the first step sends or reads what it can
+  } else if (!(s.tls_wants_write ? s.writable : s.readable)) {
+    return false;  // waiting for the readiness the last step asked for
+  }
+  const base::tls::Session::Step step = s.tls->handshake();
+  *moved = true;
+  switch (step) {
+    case base::tls::Session::Step::done:
+      s.tls_wants_write = false;
+      s.readable = true;  // the peer's first records may already be here
+      if (s.index == 0) BRAID_LOG(info, c.who() + ": TLS up: " + s.tls->describe());
+      return true;
+    case base::tls::Session::Step::want_read:
+      s.tls_wants_write = false;
+      s.readable = false;
+      return false;
+    case base::tls::Session::Step::want_write:
+      s.tls_wants_write = true;
+      s.writable = false;
+      set_want_out(s, true);
+      return false;
+    case base::tls::Session::Step::failed:
+      fail(c, c.who() + ": the TLS handshake on socket " + std::to_string(s.index) + (c.connector_ ? " to " : " from ") +
+                  (c.addr_text_.empty() ? std::string("the peer") : c.addr_text_) + " failed: " + s.tls->error() +
+                  " (BRAID_TLS, BRAID_TLS_CERT and BRAID_TLS_CA must fit on every rank)",
+           false, c.peer_);
+      return false;
+  }
+  return false;
+}
+
+std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
+  std::size_t total = 0;
+  if (!read_answer(c, s, &total)) return total;
   while (total < kIoBudget) {
     if (s.hdr_got < kHeader) {
       if (!s.readable) break;
-      const ssize_t r = ::recv(s.fd, s.hdr + s.hdr_got, kHeader - s.hdr_got, 0);
+      iovec h{s.hdr + s.hdr_got, kHeader - s.hdr_got};
+      const ssize_t r = sock_readv(s, &h, 1);
       const ReadOutcome o = read_outcome(c, s, r, s.hdr_got == 0);
       if (o == ReadOutcome::retry) continue;
       if (o == ReadOutcome::drained) break;
@@ -693,7 +788,7 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
       const std::size_t take = std::min(rest, kIoBudget - total);
       // When this read can finish the part, also take the next header if it is there.
       iovec iov[2] = {{p.data + s.payload_got, take}, {s.hdr, kHeader}};
-      const ssize_t r = ::readv(s.fd, iov, take == rest ? 2 : 1);
+      const ssize_t r = sock_readv(s, iov, take == rest ? 2 : 1);
       const ReadOutcome o = read_outcome(c, s, r, false);
       if (o == ReadOutcome::retry) continue;
       if (o == ReadOutcome::drained) break;
@@ -764,7 +859,13 @@ TcpTransport::ReadOutcome TcpTransport::read_outcome(TcpConnection& c, Sock& s, 
     s.readable = false;
     return ReadOutcome::drained;
   }
-  fail_io(c, err, "recv");
+  if (err == EPROTO && s.tls) {
+    fail(c, c.who() + ": TLS failed on socket " + std::to_string(s.index) + ": " + s.tls->error() +
+                " (a record that does not authenticate: altered on the way, or not from the peer)",
+         false, c.peer_);
+  } else {
+    fail_io(c, err, "recv");
+  }
   return ReadOutcome::ended;
 }
 
