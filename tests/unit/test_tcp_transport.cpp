@@ -9,6 +9,8 @@
 #include "transport/tcp/wire.hpp"
 #include "transport/skeleton.hpp"
 #include "base/auth.hpp"
+#include "base/tls.hpp"
+#include "test_pki.hpp"
 
 #include <braid/error.hpp>
 
@@ -533,6 +535,158 @@ TEST(TcpTransport, WireFormatStripesMessagesAcrossSocketsAsDocumented) {
     if (fd >= 0) ::close(fd);
   }
   ::close(lfd);
+}
+
+// ---------------------------------------------------------------------------
+// TLS (BRAID_TLS): the hello and answer in clear, then a TLS handshake per socket, then
+// every part inside TLS records.
+
+TEST(TcpTls, RanksExchangeMessagesOfEverySizeOverTls) {
+  braid::test::TestPki pki;
+  std::vector<std::shared_ptr<const braid::base::tls::Context>> ctx;
+  for (int r = 0; r < 3; ++r)
+    ctx.push_back(std::make_shared<const braid::base::tls::Context>(pki.member("rank" + std::to_string(r))));
+  const auto make = [&](const bt::CommonOptions& c, bt::Poller& p, bt::PeerDirectory& d) {
+    bt::TcpOptions o = options(c.rank, c.size, 2);
+    o.tls = ctx[static_cast<std::size_t>(c.rank)];
+    return bt::make_tcp_transport(o, p, d);
+  };
+  run_thread_ranks(
+      3, [](int r) { return common_options(r, 3, kCommId); }, make,
+      [](TransportRank& r) {
+        const int next = (r.rank + 1) % 3, prev = (r.rank + 2) % 3;
+        std::uint64_t tag = 1;
+        for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{40}, std::size_t{4096},
+                                    std::size_t{100000}, std::size_t{4} << 20}) {
+          SCOPED_TRACE(n);
+          const auto out = pattern(n, static_cast<std::uint64_t>(r.rank) * 1000 + n);
+          const auto want = pattern(n, static_cast<std::uint64_t>(prev) * 1000 + n);
+          std::vector<std::uint8_t> in(n);
+          bt::Request s, q;
+          r.to(next)->send(out.data(), n, tag, &s);
+          r.to(prev)->recv(in.data(), n, tag, &q);
+          ASSERT_TRUE(r.drive({&s, &q}));
+          EXPECT_DONE(s);
+          EXPECT_DONE(q);
+          EXPECT_EQ(in, want);
+          ++tag;
+        }
+      });
+}
+
+TEST(TcpTls, PartsTravelInsideTlsAfterTheHelloAndAnswer) {
+  // A raw socket server plays rank 1: it checks the hello, answers, and only then can it
+  // read rank 0's message, through its own TLS session with a certificate of the same CA.
+  braid::test::TestPki pki;
+  const braid::base::tls::Context mine(pki.member("rank1"));
+  MemDirectory dir;
+  const int lfd = listen_as_rank1(dir);
+  ASSERT_GE(lfd, 0);
+  const std::string message = "a gradient bucket that must travel encrypted";
+  std::atomic<bool> done{false};
+  std::thread t0([&] {
+    bt::TcpOptions o = options(0, 2);
+    o.tls = std::make_shared<const braid::base::tls::Context>(pki.member("rank0"));
+    Rank r(dir, o);
+    bt::Request s;
+    r.to(1)->send(message.data(), message.size(), 9, &s);
+    EXPECT_TRUE(r.drive({&s}));
+    EXPECT_DONE(s);
+    const auto deadline = Clock::now() + kDeadline;
+    while (!done && Clock::now() < deadline) r.step();
+  });
+  pollfd pfd{lfd, POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 10000), 1) << "rank 0 did not connect";
+  const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK);
+  ASSERT_GE(fd, 0);
+  std::string hello(wire::kHelloBytes + braid::base::auth::kProofBytes, '\0');
+  ASSERT_TRUE(read_all(fd, &hello[0], hello.size()));
+  const std::string answer = braid::base::auth::prove(kToken, wire::answer_context(hello));
+  ASSERT_TRUE(write_all(fd, answer.data(), answer.size()));
+  // The next bytes are a TLS record (a ClientHello: handshake content type 22), not a part.
+  unsigned char first = 0;
+  pfd = pollfd{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 10000), 1);
+  ASSERT_EQ(::recv(fd, &first, 1, MSG_PEEK), 1);
+  EXPECT_EQ(first, 22) << "rank 0 sent something other than a TLS handshake after the answer";
+  braid::base::tls::Session tls(mine, fd, true);
+  const auto deadline = Clock::now() + kDeadline;
+  braid::base::tls::Session::Step step = tls.handshake();
+  while (step != braid::base::tls::Session::Step::done && step != braid::base::tls::Session::Step::failed &&
+         Clock::now() < deadline) {
+    pollfd w{fd, static_cast<short>(step == braid::base::tls::Session::Step::want_write ? POLLOUT : POLLIN), 0};
+    ::poll(&w, 1, 100);
+    step = tls.handshake();
+  }
+  ASSERT_EQ(step, braid::base::tls::Session::Step::done) << tls.error();
+  std::string got(wire::kPartHeaderBytes + message.size(), '\0');
+  std::size_t have = 0;
+  while (have < got.size() && Clock::now() < deadline) {
+    const ssize_t r = tls.read(&got[have], got.size() - have);
+    if (r > 0) {
+      have += static_cast<std::size_t>(r);
+    } else {
+      ASSERT_TRUE(r < 0 && errno == EAGAIN) << "read: " << r << " " << tls.error();
+      pollfd w{fd, POLLIN, 0};
+      ::poll(&w, 1, 100);
+    }
+  }
+  ASSERT_EQ(have, got.size());
+  const wire::PartHeader h = wire::decode_part(reinterpret_cast<const unsigned char*>(got.data()));
+  EXPECT_EQ(h.magic, wire::kPartMagic);
+  EXPECT_EQ(h.tag, 9u);
+  EXPECT_EQ(got.substr(wire::kPartHeaderBytes), message);
+  done = true;
+  t0.join();
+  ::close(fd);
+  ::close(lfd);
+}
+
+TEST(TcpTls, APeerWithoutTlsOrWithAStrangersCertificateGetsAClearError) {
+  braid::test::TestPki pki;
+  const auto member0 = std::make_shared<const braid::base::tls::Context>(pki.member("rank0"));
+  const auto member1 = std::make_shared<const braid::base::tls::Context>(pki.member("rank1"));
+  const auto stranger = std::make_shared<const braid::base::tls::Context>(pki.stranger());
+  struct Case {
+    const char* name;
+    std::shared_ptr<const braid::base::tls::Context> tls0, tls1;
+    int tls_rank;  // the rank whose error must name TLS
+  };
+  for (const Case& k : {Case{"rank 1 without TLS", member0, nullptr, 0}, Case{"rank 0 without TLS", nullptr, member1, 1},
+                        Case{"rank 1 with a stranger's certificate", member0, stranger, 0}}) {
+    SCOPED_TRACE(k.name);
+    MemDirectory dir;
+    bt::Request q0, q1;
+    std::uint64_t a = 1, b = 0;
+    auto run = [&](int rank, bt::Request* q) {
+      bt::TcpOptions o = options(rank, 2);
+      o.tls = rank == 0 ? k.tls0 : k.tls1;
+      o.connect_timeout = 5s;
+      Rank r(dir, o);
+      if (rank == 0) {
+        r.to(1)->send(&a, sizeof a, 3, q);
+      } else {
+        r.to(0)->recv(&b, sizeof b, 3, q);
+      }
+      EXPECT_TRUE(r.drive({q}, 20s)) << "a mismatch must end in an error, not a hang";
+    };
+    std::thread t1([&] { run(1, &q1); });
+    run(0, &q0);
+    t1.join();
+    EXPECT_EQ(q1.state, State::failed) << "rank 1 received from a peer it could not authenticate";
+    EXPECT_EQ(b, 0u);
+    const bt::Request& named = k.tls_rank == 0 ? q0 : q1;
+    EXPECT_EQ(named.state, State::failed);
+    EXPECT_TRUE(contains(named.error, "TLS")) << named.error;
+    EXPECT_TRUE(contains(named.error, k.tls_rank == 0 ? "rank 1" : "rank 0")) << named.error;
+    // The rank without TLS is told that its peer speaks it.
+    if (!k.tls1) {
+      EXPECT_TRUE(contains(q1.error, "speaks TLS")) << q1.error;
+    }
+    if (!k.tls0) {
+      EXPECT_TRUE(contains(q1.error, "rank 0 does not speak TLS")) << q1.error;
+    }
+  }
 }
 
 TEST(TcpTransport, InvalidOptionsAndPeersAreRejected) {

@@ -727,12 +727,17 @@ bool TcpTransport::tls_ready(TcpConnection& c, Sock& s, bool* moved) {
       s.writable = false;
       set_want_out(s, true);
       return false;
-    case base::tls::Session::Step::failed:
+    case base::tls::Session::Step::failed: {
+      const std::string& why = s.tls->error();
+      const bool plain = why.find("wrong version number") != std::string::npos;
       fail(c, c.who() + ": the TLS handshake on socket " + std::to_string(s.index) + (c.connector_ ? " to " : " from ") +
-                  (c.addr_text_.empty() ? std::string("the peer") : c.addr_text_) + " failed: " + s.tls->error() +
-                  " (BRAID_TLS, BRAID_TLS_CERT and BRAID_TLS_CA must fit on every rank)",
+                  (c.addr_text_.empty() ? std::string("the peer") : c.addr_text_) + " failed: " +
+                  (plain ? "rank " + std::to_string(c.peer_) + " does not speak TLS (" + why +
+                               "): set BRAID_TLS=1 on every rank, or on none"
+                         : why + " (BRAID_TLS, BRAID_TLS_CERT and BRAID_TLS_CA must fit on every rank)"),
            false, c.peer_);
       return false;
+    }
   }
   return false;
 }
@@ -761,6 +766,12 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     if (!s.hdr_decoded) {
       s.cur = wire::decode_part(s.hdr);
       if (!wire::part_header_valid(s.cur)) {
+        if (!s.tls && s.hdr[0] == 22 && s.hdr[1] == 3) {  // a TLS handshake record
+          fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " speaks TLS on socket " + std::to_string(s.index) +
+                      " and this rank does not: set BRAID_TLS=1 (with its certificate) on every rank, or on none",
+               false, c.peer_);
+          return total;
+        }
         fail(c, c.who() + ": corrupt message header on socket " + std::to_string(s.index) +
                     " (magic " + hex(s.cur.magic) + ", version " + std::to_string(s.cur.version) +
                     "; expected magic " + hex(wire::kPartMagic) + ", version " +
