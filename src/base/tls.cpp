@@ -126,6 +126,11 @@ Context::Context(const Files& files) : files_(files) {
   // stream (braid closes sockets without close_notify; a close inside a message is still
   // an error, seen by the message framing).
   SSL_CTX_set_num_tickets(c, 0);
+  // Read ahead: one recv takes whatever records have arrived (64 KiB at a time) instead of
+  // two per record (header, then body). A read that must wait still means the socket is
+  // drained, which is what the callers' edge-triggered loops rely on.
+  SSL_CTX_set_read_ahead(c, 1);
+  SSL_CTX_set_default_read_buffer_len(c, 64 * 1024);
   SSL_CTX_set_options(c, SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF);
   if (SSL_CTX_use_certificate_chain_file(c, files.cert.c_str()) != 1)
     fail("BRAID_TLS_CERT '" + files.cert + "' is not a PEM certificate chain");
