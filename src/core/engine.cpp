@@ -660,7 +660,12 @@ std::exception_ptr Engine::peer_error(const Exec& ex, std::uint32_t i) {
   const transport::Request& r = ex.req[i];
   int blame = r.failed_peer >= 0 ? r.failed_peer : ex.plan->steps[i].peer;
   std::string msg = ex.where(i) + " failed: " + r.error;
-  if (r.peer_closed && blame >= 0) {
+  if (r.peer_told) {
+    // The peer said why before closing (Transport::tell_peers): its words are in the error
+    // and failed_peer is whom it blamed; no store needed. A peer that blamed this rank (its
+    // deadline fired waiting on us while we waited elsewhere) is itself the one to name.
+    if (blame < 0 || blame >= opt_.size || blame == opt_.rank) blame = ex.plan->steps[i].peer;
+  } else if (r.peer_closed && blame >= 0) {
     // The peer may have closed because it failed first; it leaves its reason (and the
     // rank it blames) in the store before closing its connections.
     const std::string b = std::to_string(blame);
@@ -752,6 +757,8 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   // Leave the reason for neighbours before closing the connections they will see drop
   // (within the board's budget: a store that does not answer delays no report).
   board_->publish_failure(blame, reason);
+  // The peers hear it directly too, before the close (the store may be the failure).
+  for (auto& t : transports_) t->tell_peers(blame, reason);
   for (auto& t : transports_) t->close_all(reason);
   // Callers make `error` in a statement of their own, never as
   // fail_current(std::make_exception_ptr(E(...)), ...): std::runtime_error shares its

@@ -29,11 +29,12 @@ inline void start_request(Request* req) {
 }
 
 /// Fails a request with `msg`, blaming rank `blame`.
-inline void fail_request(Request* req, const std::string& msg, int blame, bool closed) {
+inline void fail_request(Request* req, const std::string& msg, int blame, bool closed, bool told = false) {
   req->state = Request::State::failed;
   req->error = msg;
   req->failed_peer = blame;
   req->peer_closed = closed;
+  req->peer_told = told;
 }
 
 /// Throws InvalidUsage for a null request, or a null buffer with bytes to move.

@@ -116,17 +116,44 @@ struct Failure {
   std::string error;
   bool closed = false;  ///< the peer closed or reset (as opposed to bad data or a deadline)
   int blame = -1;       ///< rank blamed, -1 for none (close_all)
+  /// The notice the peer sent before closing (Transport::tell_peers), if any: a failure
+  /// that is the peer's close then carries its words and its blame.
+  bool told = false;
+  int told_from = -1, told_blame = -1;
+  std::string told_reason;
 
-  /// Records the first failure; false when the connection had already failed.
+  /// Records a peer's notice (the first one counts).
+  void note(int from, int blamed, const std::string& reason) {
+    if (told || failed) return;
+    told = true;
+    told_from = from;
+    told_blame = blamed;
+    // "braid Timeout: allreduce #7 ..." -> "allreduce #7 ...": the error around it says braid.
+    const auto colon = reason.find(": ");
+    told_reason = reason.rfind("braid ", 0) == 0 && colon != std::string::npos ? reason.substr(colon + 2) : reason;
+  }
+  /// Records the first failure; false when the connection had already failed. A close
+  /// after the peer's notice says what the peer said.
   bool set(const std::string& msg, bool peer_closed, int blamed) {
     if (failed) return false;
     failed = true;
     error = msg;
     closed = peer_closed;
     blame = blamed;
+    if (told && peer_closed) {
+      error += told_words();
+      blame = told_blamed_or(blamed);
+    } else {
+      told = false;
+    }
     return true;
   }
-  void apply(Request* req) const { fail_request(req, error, blame, closed); }
+  void apply(Request* req) const { fail_request(req, error, blame, closed, told); }
+  int told_blamed_or(int fallback) const { return told_blame >= 0 ? told_blame : fallback; }
+  /// "; rank P said before closing: <its reason>", or "" without a notice.
+  std::string told_words() const {
+    return told ? "; rank " + std::to_string(told_from) + " said before closing: " + told_reason : std::string();
+  }
   /// Connection::broken(): whether it failed, and why into *why (when given).
   bool report(std::string* why) const {
     if (failed && why != nullptr) *why = error;

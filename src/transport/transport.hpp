@@ -64,7 +64,13 @@ struct Request {
   int failed_peer = -1;
   /// True when the failure was a closed/reset connection (as opposed to bad data).
   bool peer_closed = false;
+  /// True when the peer said why before it closed (Transport::tell_peers): `error` ends
+  /// with its words and `failed_peer` is the rank it blamed (or the peer itself).
+  bool peer_told = false;
 };
+
+/// What a failing rank tells the peers it is connected to before it closes (bounded).
+constexpr std::size_t kMaxNoticeBytes = 1024;
 
 /// An ordered, bidirectional message channel to one peer.
 class Connection {
@@ -129,6 +135,11 @@ class Transport {
   /// Fails every pending request with `reason` and closes every connection.
   /// Called on abort and shutdown. Idempotent.
   virtual void close_all(const std::string& reason) = 0;
+  /// Before close_all on a failure: tells every peer with an established connection why,
+  /// and whom this rank blames (-1: none), so that each can report it without the store
+  /// (docs/reliability.md, "Failure handling"). Best effort and never blocking: a peer whose
+  /// connection cannot take the notice at once (mid-message, or full) sees only the close.
+  virtual void tell_peers(int /*blame*/, const std::string& /*reason*/) {}
   /// Called by the engine right before it blocks in Poller::wait. A transport whose
   /// peers signal it without file descriptors (shared memory) arms its wake-ups here
   /// and returns false if work arrived meanwhile, in which case the engine does not

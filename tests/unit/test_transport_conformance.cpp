@@ -417,6 +417,52 @@ TEST_P(Conformance, PeerClosedWhileIdleIsReportedOnTheNextRequest) {
   }
 }
 
+TEST_P(Conformance, AFailingPeerSaysWhyBeforeItCloses) {
+  // Rank 1 fails (as the engine does: tell_peers, then close_all) while rank 0 waits on it.
+  // tcp and shm carry its words and blame to rank 0 without any store; the other
+  // transports (ucx, ibverbs: not yet) report the close alone.
+  const bool tells = GetParam().transport == "tcp" || GetParam().transport == "shm";
+  MemDirectory dir;
+  std::atomic<bool> posted{false}, gone{false};
+  bt::Request pending;
+  std::thread t1([&] {
+    RankDirectory d(dir, 1);
+    auto r = rank(d, opts(1, 3));
+    std::uint32_t v = 1;
+    bt::Request s;
+    r->to(0)->send(&v, sizeof v, 1, &s);
+    EXPECT_TRUE(r->drive({&s}));
+    const auto deadline = Clock::now() + kTransportDeadline;
+    while (!posted && Clock::now() < deadline) r->step();
+    r->step_for(20ms);
+    r->transport->tell_peers(2, "braid Timeout: allreduce #7 timed out waiting on rank 2");
+    r->transport->close_all("rank 1 failed");
+    gone = true;
+  });
+  RankDirectory d(dir, 0);
+  auto r = rank(d, opts(0, 3));
+  std::uint32_t v = 0;
+  bt::Request g;
+  r->to(1)->recv(&v, sizeof v, 1, &g);
+  ASSERT_TRUE(r->drive({&g}));
+  ASSERT_DONE(g);
+  r->to(1)->recv(&v, sizeof v, 2, &pending);
+  posted = true;
+  EXPECT_TRUE(r->drive({&pending}, 10s)) << "the close was not seen";
+  t1.join();
+  ASSERT_EQ(pending.state, State::failed);
+  EXPECT_TRUE(pending.peer_closed) << pending.error;
+  if (tells) {
+    EXPECT_TRUE(pending.peer_told) << pending.error;
+    EXPECT_TRUE(contains(pending.error, "rank 1 said before closing: allreduce #7 timed out waiting on rank 2"))
+        << pending.error;
+    EXPECT_EQ(pending.failed_peer, 2) << "the rank the failing peer blamed";
+  } else {
+    EXPECT_FALSE(pending.peer_told);
+    EXPECT_EQ(pending.failed_peer, 1);
+  }
+}
+
 TEST_P(Conformance, CloseAllFailsPendingRequestsAndIsIdempotent) {
   MemDirectory dir;
   RankDirectory d(dir, 1);

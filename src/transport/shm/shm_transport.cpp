@@ -270,7 +270,7 @@ class ShmConnection final : public Connection {
     // read: they are in our mapping, and a receive can still take them.
     if (eof_ && in_pending_.empty() &&
         (in_.ctl == nullptr || in_.ctl->head.load(std::memory_order_acquire) == in_taken_)) {
-      if (why) *why = who() + " closed by peer";
+      if (why) *why = who() + " closed by peer" + failure_.told_words();
       return true;
     }
     return false;
@@ -327,6 +327,7 @@ class ShmConnection final : public Connection {
 
   Failure failure_;
   bool eof_ = false;  // the peer's socket reached EOF
+  std::string notice_;  // a failure notice being read from the doorbell socket (wire::kNotice...)
 };
 
 sockaddr_un abstract_addr(const std::string& name, socklen_t* len) {
@@ -412,6 +413,9 @@ class ShmTransport final : public Skeleton {
   void watch_conn(ShmConnection& c);
   void cleanup_names() noexcept;
   void ring_bell(ShmConnection& c) noexcept;
+  void tell_peers(int blame, const std::string& reason) override;
+  /// Takes the doorbell socket's bytes: bells, or a peer's notice (kept in c.failure_).
+  bool take_socket_bytes(ShmConnection& c, const unsigned char* p, std::size_t n);
   void bell_if_flagged(ShmConnection& c, std::atomic<std::uint32_t>& flag) noexcept;
 
   bool progress_connection(ShmConnection& c);
@@ -955,12 +959,7 @@ bool ShmTransport::service_socket(ShmConnection& c) {
     unsigned char buf[256];
     const ssize_t r = ::recv(c.fd_, buf, sizeof buf, MSG_DONTWAIT);
     if (r > 0) {
-      for (ssize_t i = 0; i < r; ++i) {
-        if (buf[i] != wire::kBell) {
-          protocol_error(c, "unexpected byte " + std::to_string(buf[i]) + " on the doorbell socket");
-          return true;
-        }
-      }
+      if (!take_socket_bytes(c, buf, static_cast<std::size_t>(r))) return true;
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
@@ -976,6 +975,48 @@ bool ShmTransport::service_socket(ShmConnection& c) {
     return true;
   }
   return moved;
+}
+
+bool ShmTransport::take_socket_bytes(ShmConnection& c, const unsigned char* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (c.notice_.empty()) {
+      if (p[i] == wire::kBell) continue;
+      if (p[i] != wire::kNotice) {
+        protocol_error(c, "unexpected byte " + std::to_string(p[i]) + " on the doorbell socket");
+        return false;
+      }
+    }
+    c.notice_.push_back(static_cast<char>(p[i]));
+    if (c.notice_.size() < wire::kNoticeHeader) continue;
+    const auto* h = reinterpret_cast<const unsigned char*>(c.notice_.data());
+    const std::size_t len = h[1] | (std::size_t{h[2]} << 8);
+    if (len > kMaxNoticeBytes) {
+      protocol_error(c, "a failure notice of " + std::to_string(len) + " bytes on the doorbell socket");
+      return false;
+    }
+    if (c.notice_.size() < wire::kNoticeHeader + len) continue;
+    const auto blamed = static_cast<std::int32_t>(std::uint32_t{h[3]} | (std::uint32_t{h[4]} << 8) |
+                                                  (std::uint32_t{h[5]} << 16) | (std::uint32_t{h[6]} << 24));
+    // The close follows; what it fails carries these words (Failure::note).
+    c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? blamed : -1, c.notice_.substr(wire::kNoticeHeader));
+    c.notice_.clear();
+  }
+  return true;
+}
+
+void ShmTransport::tell_peers(int blame, const std::string& reason) {
+  const std::string why = reason.substr(0, kMaxNoticeBytes);
+  std::string frame(wire::kNoticeHeader, '\0');
+  frame[0] = static_cast<char>(wire::kNotice);
+  frame[1] = static_cast<char>(why.size() & 0xff);
+  frame[2] = static_cast<char>(why.size() >> 8);
+  const auto b = static_cast<std::uint32_t>(static_cast<std::int32_t>(blame));
+  for (int k = 0; k < 4; ++k) frame[3 + k] = static_cast<char>((b >> (8 * k)) & 0xff);
+  frame += why;
+  for (ShmConnection* c : conns_.all()) {
+    if (c->failure_.failed || c->setup_ != ShmConnection::Setup::up || c->fd_ < 0) continue;
+    (void)::send(c->fd_, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // never waits
+  }
 }
 
 void ShmTransport::on_eof(ShmConnection& c) {

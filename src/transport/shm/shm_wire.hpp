@@ -34,6 +34,11 @@ constexpr std::uint16_t kVersion = 2;  ///< 2: the device ring (SegmentHeader, A
 constexpr std::uint64_t kSegmentMagic = 0x4745534449415242ull;  // "BRAIDSEG"
 /// After the handshake the socket carries only this byte: "look at the rings".
 constexpr unsigned char kBell = 0xB1;
+/// ...or, once, from a rank that failed (Transport::tell_peers), before it closes: this
+/// byte, the reason's length (u16) and the rank it blames (i32, -1 for none), little-endian,
+/// then the reason (at most kMaxNoticeBytes).
+constexpr unsigned char kNotice = 0xB2;
+constexpr std::size_t kNoticeHeader = 1 + 2 + 4;
 
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kLine = 128;  // two cache lines: no false sharing via the adjacent-line prefetcher

@@ -25,6 +25,9 @@
 //   above, in clear (they carry no secret); then both ends run a TLS 1.3 handshake with
 //   certificates on that socket (the connector as client), and every part after it
 //   travels inside TLS records. The connector queues nothing until its TLS is up.
+// - A rank that fails sends each peer, on every socket that is between parts, a notice
+//   (a part header with magic "BRDN": whom it blames, and its reason) before it closes;
+//   the peer reports those words when it sees the close (Transport::tell_peers).
 //
 // The listener, accepted sockets waiting for their hello, the hello's authentication,
 // the peer-address lookup and the set-up deadlines are the Skeleton's
@@ -143,6 +146,8 @@ struct Sock {
   // TLS (opts_.tls): the session, made once the hello and the answer have passed.
   std::unique_ptr<base::tls::Session> tls;
   bool tls_wants_write = false;  // the handshake's last step waited for room to write
+  // A failure notice being read (its header is `cur`): the reason so far.
+  std::string notice;
   // Send side.
   Fifo<SendPart> sendq;
   // Dead-peer detection (check_acks): when this socket was first seen with data
@@ -285,6 +290,7 @@ class TcpTransport final : public Skeleton {
     return true;
   }
   Connection* connection(int peer) override;
+  void tell_peers(int blame, const std::string& reason) override;
 
   /// Fails every pending request of `c` with `msg` and closes its sockets; later
   /// requests fail with the same message.
@@ -765,6 +771,28 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
     }
     if (!s.hdr_decoded) {
       s.cur = wire::decode_part(s.hdr);
+      if (wire::notice_header_valid(s.cur, kMaxNoticeBytes)) {
+        // The peer failed and says why before closing: read its reason, then treat this
+        // socket as at its end (the close follows; the failure it causes carries the words).
+        s.notice.assign(s.cur.part_bytes, '\0');
+        std::size_t got = 0;
+        while (got < s.notice.size()) {
+          iovec v{&s.notice[got], s.notice.size() - got};
+          const ssize_t r = sock_readv(s, &v, 1);
+          if (r > 0) {
+            got += static_cast<std::size_t>(r);
+            continue;
+          }
+          if (r < 0 && errno == EINTR) continue;
+          break;  // the close (or an error) comes next; the notice stays unread in part
+        }
+        if (got == s.notice.size()) {
+          const auto blamed = static_cast<std::int64_t>(s.cur.tag);
+          c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? static_cast<int>(blamed) : -1, s.notice);
+        }
+        on_eof(c, s, true);
+        return total;
+      }
       if (!wire::part_header_valid(s.cur)) {
         if (!s.tls && s.hdr[0] == 22 && s.hdr[1] == 3) {  // a TLS handshake record
           fail(c, c.who() + ": rank " + std::to_string(c.peer_) + " speaks TLS on socket " + std::to_string(s.index) +
@@ -950,6 +978,28 @@ bool TcpTransport::complete(TcpConnection& c) {
     any = true;
   }
   return any;
+}
+
+void TcpTransport::tell_peers(int blame, const std::string& reason) {
+  const std::string why = reason.substr(0, kMaxNoticeBytes);
+  wire::PartHeader h;
+  h.magic = wire::kNoticeMagic;
+  h.tag = static_cast<std::uint64_t>(static_cast<std::int64_t>(blame));
+  h.msg_bytes = h.part_bytes = why.size();
+  unsigned char head[kHeader];
+  wire::encode(h, head);
+  for (TcpConnection* c : conns_.all()) {
+    if (c->failure_.failed) continue;
+    for (auto& sp : c->socks_) {
+      Sock& s = *sp;
+      // Only between parts, after the hello (and TLS), so that the peer reads it as a header.
+      if (s.phase != Sock::Phase::up || s.fd < 0 || s.hello_sent < s.hello.size()) continue;
+      if (opts_.tls && !(s.tls && s.tls->established())) continue;
+      if (!s.sendq.empty() && s.sendq.front().sent > 0) continue;
+      iovec iov[2] = {{head, kHeader}, {const_cast<char*>(why.data()), why.size()}};
+      (void)sock_writev(s, iov, 2);  // never waits: a full socket gets only the close
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -22,6 +22,10 @@ namespace braid::transport::tcp_wire {
 
 constexpr std::uint32_t kHelloMagic = 0x48445242u;  // "BRDH"
 constexpr std::uint32_t kPartMagic = 0x4d445242u;   // "BRDM"
+/// A failure notice (Transport::tell_peers): a part header with this magic, `tag` the rank
+/// the sender blames (as a signed 64-bit value, -1 for none), `msg_bytes` = `part_bytes` =
+/// the length of its reason (at most kMaxNoticeBytes), then the reason; the sender closes.
+constexpr std::uint32_t kNoticeMagic = 0x4e445242u;  // "BRDN"
 constexpr std::uint16_t kVersion = 1;
 
 /// Largest auth token a hello may carry; longer ones are refused unread.
@@ -105,6 +109,11 @@ inline PartHeader decode_part(const unsigned char* in) {
 
 /// A part header of this protocol and version (any other is a corrupt stream).
 inline bool part_header_valid(const PartHeader& h) { return h.magic == kPartMagic && h.version == kVersion; }
+
+/// A failure notice's header, well formed (its reason follows).
+inline bool notice_header_valid(const PartHeader& h, std::size_t max_reason) {
+  return h.magic == kNoticeMagic && h.version == kVersion && h.part_bytes == h.msg_bytes && h.part_bytes <= max_reason;
+}
 
 /// How a part header compares with the part the receiver expects next on its socket.
 enum class PartMatch {
