@@ -72,6 +72,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       unsigned char part[w::kPartHeaderBytes];
       w::encode(ph, part);
       FUZZ_CHECK(std::memcmp(part, at, w::kPartHeaderBytes) == 0);
+      if (w::notice_header_valid(ph, braid::transport::kMaxNoticeBytes)) {
+        // A failure notice: its reason is read whole (bounded), then the socket ends.
+        FUZZ_CHECK(!w::part_header_valid(ph) && ph.part_bytes <= braid::transport::kMaxNoticeBytes);
+        return 0;
+      }
       if (!w::part_header_valid(ph)) return 0;  // corrupt stream: the connection fails
       if (w::match_part(ph, seq, i, tag, bytes, len) != w::PartMatch::ok) return 0;
       FUZZ_CHECK(ph.part_bytes == len && ph.msg_bytes == bytes);

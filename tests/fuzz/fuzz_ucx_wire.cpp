@@ -5,6 +5,7 @@
 #include "fuzz_common.hpp"
 
 #include "base/text.hpp"
+#include "transport/transport.hpp"
 #include "transport/ucx/ucx_wire.hpp"
 
 #include <algorithm>
@@ -41,6 +42,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<unsigned char> addr;
   if (v.addr != nullptr) addr.assign(v.addr, v.addr + v.h.addr_bytes);
   FUZZ_CHECK((v.addr == nullptr) == (v.h.addr_bytes == 0));
+  // A bye's payload read as a failure notice (bounded), and made again the same.
+  if (v.addr != nullptr) {
+    int blame = 0;
+    std::string why;
+    if (w::decode_notice(v.addr, v.h.addr_bytes, braid::transport::kMaxNoticeBytes, &blame, &why)) {
+      FUZZ_CHECK(why.size() <= braid::transport::kMaxNoticeBytes && why.size() + 4 == v.h.addr_bytes);
+      FUZZ_CHECK(w::encode_notice(blame, why) == addr);
+    }
+  }
   // Encoding what was decoded gives the same fields back (the proof is fresh each time).
   if (v.h.token_bytes == braid::base::auth::kProofBytes) {
     const std::vector<unsigned char> again = w::encode_control(v.h, kToken, addr);

@@ -395,6 +395,10 @@ class UcxTransport final : public Transport {
   }
   bool progress() override;
   void close_all(const std::string& reason) override;
+  /// Kept for close_all, whose byes carry it (ucx_wire: a bye's payload is the notice).
+  void tell_peers(int blame, const std::string& reason) override {
+    notice_ = ucx_wire::encode_notice(blame, reason.substr(0, kMaxNoticeBytes));
+  }
   bool prepare_sleep() override {
     if (worker_ == nullptr) return true;
     if (changed_) return false;
@@ -469,7 +473,8 @@ class UcxTransport final : public Transport {
     }
     return true;
   }
-  std::vector<unsigned char> control(Kind kind, int to, std::uint32_t session, std::uint32_t echo, bool with_addr) {
+  std::vector<unsigned char> control(Kind kind, int to, std::uint32_t session, std::uint32_t echo, bool with_addr,
+                                     const std::vector<unsigned char>* payload = nullptr) {
     Control h;
     h.kind = kind;
     h.comm_id = common_.comm_id;
@@ -477,7 +482,8 @@ class UcxTransport final : public Transport {
     h.to = to;
     h.session = session;
     h.echo = echo;
-    return ucx_wire::encode_control(h, common_.auth_token, with_addr ? address_ : std::vector<unsigned char>());
+    return ucx_wire::encode_control(h, common_.auth_token,
+                                    payload != nullptr ? *payload : with_addr ? address_ : std::vector<unsigned char>());
   }
   /// Sends a control message on `ep`; the op waits in controls_ until it completes.
   void send_control(ucp_ep_h ep, Kind kind, std::vector<unsigned char> payload) {
@@ -555,6 +561,7 @@ class UcxTransport final : public Transport {
   bool changed_ = false;
   bool closed_ = false;
   std::string closed_reason_;
+  std::vector<unsigned char> notice_;  // tell_peers: what every bye carries (empty: none)
 };
 
 // --- Connections -------------------------------------------------------------------------
@@ -768,7 +775,12 @@ bool UcxTransport::on_control() {
     c->peer_session_ = h.session;
     c->deadline_ = Clock::time_point::max();
   } else if (h.kind == kBye && c != nullptr && c->state_ == S::established && h.session == c->peer_session_) {
-    // The peer is gone once we have received what it sent before its bye (its count).
+    // The peer is gone once we have received what it sent before its bye (its count). A
+    // peer that failed says why in its bye (Transport::tell_peers).
+    int blamed = -1;
+    std::string why;
+    if (addr != nullptr && ucx_wire::decode_notice(addr, h.addr_bytes, kMaxNoticeBytes, &blamed, &why))
+      c->failure_.note(c->peer_, blamed >= 0 && blamed < common_.size ? blamed : -1, why);
     c->bye_ = true;
     c->bye_count_ = h.echo;
     changed_ = true;
@@ -861,7 +873,8 @@ void UcxTransport::close_all(const std::string& reason) {
   // peer that does not answer within a second is not waited for.
   for (UcxConnection* c : conns_.all()) {
     if (c->state_ == UcxConnection::State::established && c->ep_ != nullptr && !c->ep_error_ && !c->bye_) {
-      send_control(c->ep_, kBye, control(kBye, c->peer_, c->session_, c->sent_, false));
+      send_control(c->ep_, kBye,
+                   control(kBye, c->peer_, c->session_, c->sent_, false, notice_.empty() ? nullptr : &notice_));
       c->bye_sent_ = true;
     }
   }
