@@ -56,8 +56,10 @@ class BRAID_API TcpStoreServer {
   /// picks a free one, the same on each; "0.0.0.0" binds every interface). With a `token`,
   /// serves only clients that prove they know it (mutual HMAC-SHA-256 challenge and
   /// response; the token never travels): others are refused and logged at WARN. Limits
-  /// from BRAID_STORE_HELLO_TIMEOUT, _MAX_PENDING, _MAX_KEYS, _MAX_BYTES. Throws
-  /// Error(Network) when an address cannot be bound.
+  /// from BRAID_STORE_HELLO_TIMEOUT, _MAX_PENDING, _MAX_KEYS, _MAX_BYTES. With BRAID_TLS=1
+  /// every connection must first complete a TLS handshake (mutual, against BRAID_TLS_CA),
+  /// within the same hello deadline. Throws Error(Network) when an address cannot be
+  /// bound, InvalidUsage when a BRAID_TLS_* file does not fit.
   TcpStoreServer(const std::string& bind_addr, std::uint16_t port, const std::string& token = {});
   /// Stops serving and closes every client connection.
   ~TcpStoreServer();
@@ -69,6 +71,9 @@ class BRAID_API TcpStoreServer {
 
   /// Private implementation.
   struct Impl;
+  /// braid's own: a server made inside the library with settings given rather than
+  /// configured (TLS credentials); users cannot make an Impl.
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -82,8 +87,11 @@ class BRAID_API TcpStore : public Store {
   /// without a token it uses only a server that has none. With `is_server` it first starts
   /// a TcpStoreServer on that port in this process, with `token`, listening on the
   /// addresses `host` resolves to (BRAID_STORE_BIND overrides; never every interface
-  /// unless told), and connects to it. Throws Error(Network) / TimeoutError, and
-  /// InvalidUsage when the server refuses this client or cannot prove it knows the token.
+  /// unless told), and connects to it. With BRAID_TLS=1 the connection (and a hosted
+  /// server) runs through TLS, the token's handshake inside it. Throws Error(Network) /
+  /// TimeoutError (a failed TLS handshake included), and InvalidUsage when the server
+  /// refuses this client or cannot prove it knows the token, when it uses TLS and this
+  /// client does not, or when a BRAID_TLS_* file does not fit.
   TcpStore(const std::string& host, std::uint16_t port, bool is_server = false,
            std::chrono::milliseconds connect_timeout = std::chrono::seconds(60), const std::string& token = {});
   /// Closes the connection (and stops an owned server). Never throws.
@@ -101,6 +109,9 @@ class BRAID_API TcpStore : public Store {
 
   /// Private implementation.
   struct Impl;
+  /// braid's own: a client made inside the library with settings given rather than
+  /// configured (TLS credentials); users cannot make an Impl.
+  explicit TcpStore(std::unique_ptr<Impl> impl);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -116,8 +116,10 @@ class Decoder {
 
 /// The u16 after magic and version in the client's hello.
 enum HelloFlags : std::uint16_t { kHasToken = 1 };
-/// The server's answer to a hello (the u16 after magic and version).
-enum HelloAnswer : std::uint16_t { kAccepted = 0, kRefused = 1, kChallenge = 2 };
+/// The server's answer to a hello (the u16 after magic and version). kTlsRequired is the
+/// one answer sent in plaintext by a server that uses TLS, to a client whose first bytes
+/// were a plaintext hello, so that the client can say why before the server closes.
+enum HelloAnswer : std::uint16_t { kAccepted = 0, kRefused = 1, kChallenge = 2, kTlsRequired = 3 };
 
 /// The client's hello: the 8-byte head with its HelloFlags, then its nonce.
 constexpr std::size_t kClientHelloSize = kHelloSize + base::auth::kNonceBytes;

@@ -16,6 +16,11 @@
 //            Until its handshake is done a connection may send nothing else; one that
 //            has not finished it within BRAID_STORE_HELLO_TIMEOUT is closed, and beyond
 //            BRAID_STORE_MAX_PENDING such connections a newer one is refused at once.
+//   TLS      with BRAID_TLS=1 (base/tls.hpp) every connection is a TLS 1.3 session with
+//            certificates both ways, and everything above travels inside it; the hello
+//            deadline and the pending cap cover the TLS handshake too. A server with TLS
+//            answers a client whose first bytes are a plaintext hello with the one
+//            plaintext answer 3 (TLS required), then closes, so that client can say why.
 //   frame    u32 body length (1 .. kMaxFrame), then the body.
 //   request  u8 op, u32 id, fields; a string is u32 length + bytes (key <= 4 KiB,
 //            value <= 64 MiB): SET key value | GET key u64 timeout_ms |
@@ -43,8 +48,10 @@
 #include "base/logging.hpp"
 #include "base/poller.hpp"
 #include "base/text.hpp"
+#include "base/tls.hpp"
 #include "core/config.hpp"
 #include "core/store_limits.hpp"
+#include "core/store_tls.hpp"
 #include "core/store_wire.hpp"
 #include "transport/interfaces.hpp"
 #include "transport/common.hpp"
@@ -179,11 +186,13 @@ std::string store_bind_addresses(const std::string& host) {
 // Server.
 
 struct TcpStoreServer::Impl {
-  Impl(const std::string& bind_addr, std::uint16_t port, std::string token);
+  Impl(const std::string& bind_addr, std::uint16_t port, std::string token,
+       std::shared_ptr<const base::tls::Context> tls);
   ~Impl();
 
   std::string addr;  // "bind_addr:port" for messages
   const std::string token;  // what a client must present ("" = any)
+  const std::shared_ptr<const base::tls::Context> tls;  // null: plain TCP
   std::uint16_t port = 0;
   std::vector<Fd> listeners;  // one per address it listens on
   base::Poller poller;
@@ -191,10 +200,12 @@ struct TcpStoreServer::Impl {
   std::thread thread;
 
   // --- Everything below belongs to the server thread. ---
-  // A connection's handshake: its hello, then (with a token) its proof, then requests.
-  enum class Stage { hello, proof, ready };
+  // A connection's handshake: (with TLS) TLS's, its hello, then (with a token) its proof,
+  // then requests.
+  enum class Stage { tls, hello, proof, ready };
   struct Conn {
     Fd fd;
+    std::unique_ptr<base::tls::Session> session;  // with TLS, from the client's first byte
     Stage stage = Stage::hello;
     std::string client_nonce, server_nonce;
     bool dead = false;
@@ -228,11 +239,29 @@ struct TcpStoreServer::Impl {
   std::size_t refused_newcomers = 0;
   std::size_t stored_bytes = 0;     // keys and values in `data`
   std::deque<std::pair<Clock::time_point, std::uint64_t>> hellos;  // handshake deadlines, in accept order
+  // TLS connections that stopped reading at the round limit: plaintext may wait inside the
+  // session, where epoll cannot see it, so they are read again without waiting.
+  std::vector<std::uint64_t> read_again;
 
   void run() noexcept;
   void accept_all(int listen_fd);
   void set_accepting(bool on);
   void on_conn(std::uint64_t id, std::uint32_t events);
+  /// Advances connection `id`'s TLS handshake; true once it is done.
+  bool tls_step(std::uint64_t id, Conn& c);
+  /// Watches for writability too (`out`) or not; false when the connection was dropped.
+  bool watch_out(std::uint64_t id, Conn& c, bool out);
+  ssize_t conn_read(Conn& c, char* buf, std::size_t n) {
+    return c.session ? c.session->read(buf, n) : ::recv(c.fd.get(), buf, n, 0);
+  }
+  ssize_t conn_write(Conn& c, const char* bytes, std::size_t n) {
+    return c.session ? c.session->write(bytes, n) : ::send(c.fd.get(), bytes, n, MSG_NOSIGNAL);
+  }
+  /// Why a read or write failed with `e` ("recv failed: ...", or TLS's reason).
+  std::string io_failure(const Conn& c, const char* call, int e) const {
+    if (c.session && e == EPROTO) return "TLS: " + c.session->error();
+    return std::string(call) + " failed: " + errno_text(e);
+  }
   /// Watches connection `id`'s socket for `events`; throws Error(System).
   void watch_conn(std::uint64_t id, int fd, std::uint32_t events) {
     poller.watch(fd, events, [this, id](std::uint32_t ready) { on_conn(id, ready); });
@@ -268,8 +297,9 @@ struct TcpStoreServer::Impl {
   }
 };
 
-TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port, std::string token_)
-    : token(std::move(token_)) {
+TcpStoreServer::Impl::Impl(const std::string& bind_addr, std::uint16_t want_port, std::string token_,
+                           std::shared_ptr<const base::tls::Context> tls_)
+    : token(std::move(token_)), tls(std::move(tls_)) {
   const base::Settings& settings = core::Config::global().settings;
   hello_timeout = settings.duration("BRAID_STORE_HELLO_TIMEOUT");
   max_pending = static_cast<std::size_t>(settings.integer("BRAID_STORE_MAX_PENDING").value_or(64));
@@ -334,8 +364,12 @@ void TcpStoreServer::Impl::run() noexcept {
         int resume = ms_until(accept_resume);
         timeout = timeout < 0 ? resume : std::min(timeout, resume);
       }
+      if (!read_again.empty()) timeout = 0;
       poller.wait(timeout);  // runs accept_all() and on_conn() for what is ready
       if (stopping) break;
+      std::vector<std::uint64_t> again;
+      again.swap(read_again);
+      for (std::uint64_t id : again) on_conn(id, EPOLLIN);
       expire();
       for (std::uint64_t id : closing) close_conn(id);
       closing.clear();
@@ -378,6 +412,7 @@ void TcpStoreServer::Impl::accept_all(int listen_fd) {
     std::uint64_t id = next_conn++;
     Conn& c = conns[id];
     c.fd.reset(fd);
+    if (tls) c.stage = Stage::tls;
     ++unauthenticated;
     hellos.emplace_back(Clock::now() + hello_timeout, id);
     try {
@@ -401,12 +436,18 @@ void TcpStoreServer::Impl::on_conn(std::uint64_t id, std::uint32_t events) {
   auto it = conns.find(id);
   if (it == conns.end() || it->second.dead) return;
   Conn& c = it->second;
+  if (c.stage == Stage::tls) {
+    if (!tls_step(id, c)) return;
+    events |= EPOLLIN;  // the client's hello may have come with its last handshake record
+  }
   if (events & EPOLLOUT) flush(id, c);
   if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
     // Bounded per wake-up so that one busy client cannot starve the others.
     char buf[65536];
-    for (int round = 0; round < 16 && !c.dead; ++round) {
-      ssize_t r = ::recv(c.fd.get(), buf, sizeof buf, 0);
+    constexpr int kRounds = 16;
+    int round = 0;
+    for (; round < kRounds && !c.dead; ++round) {
+      ssize_t r = conn_read(c, buf, sizeof buf);
       if (r > 0) {
         c.in.append(buf, static_cast<std::size_t>(r));
         process_input(id, c);
@@ -417,11 +458,72 @@ void TcpStoreServer::Impl::on_conn(std::uint64_t id, std::uint32_t events) {
       } else if (errno == EINTR) {
         continue;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        drop(id, c, "recv failed: " + errno_text(errno));
+        drop(id, c, io_failure(c, "recv", errno));
       }
       break;
     }
+    if (round == kRounds && c.session && !c.dead) read_again.push_back(id);
   }
+}
+
+bool TcpStoreServer::Impl::tls_step(std::uint64_t id, Conn& c) {
+  if (!c.session) {
+    // A client without TLS opens with the store's plaintext hello: tell it, in the one
+    // plaintext answer, rather than let OpenSSL close on it without a word.
+    char first[kClientHelloSize];
+    const ssize_t r = ::recv(c.fd.get(), first, sizeof first, MSG_PEEK);
+    if (r == 0) {
+      drop(id, c, "");
+      return false;
+    }
+    if (r < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) drop(id, c, io_failure(c, "recv", errno));
+      return false;
+    }
+    if (first[0] == static_cast<char>(kMagic & 0xff)) {
+      // Take the hello off the socket first: closing on unread bytes would reset the
+      // connection, and the client might lose the answer.
+      (void)::recv(c.fd.get(), first, static_cast<std::size_t>(r), 0);
+      send(id, c, answer_bytes(kTlsRequired));
+      drop(id, c, "refused a client without TLS (this store uses TLS, BRAID_TLS=1: set it on every rank)");
+      return false;
+    }
+    try {
+      c.session = std::make_unique<base::tls::Session>(*tls, c.fd.get(), true);
+    } catch (const Error& e) {
+      drop(id, c, e.what());
+      return false;
+    }
+  }
+  switch (c.session->handshake()) {
+    case base::tls::Session::Step::done:
+      c.stage = Stage::hello;
+      BRAID_LOG(trace, "TcpStoreServer " << addr << ": TLS with a client: " << c.session->describe());
+      return watch_out(id, c, false);
+    case base::tls::Session::Step::want_read:
+      watch_out(id, c, false);
+      return false;
+    case base::tls::Session::Step::want_write:
+      watch_out(id, c, true);
+      return false;
+    case base::tls::Session::Step::failed:
+      break;
+  }
+  drop(id, c, "TLS handshake failed: " + c.session->error());
+  return false;
+}
+
+bool TcpStoreServer::Impl::watch_out(std::uint64_t id, Conn& c, bool out) {
+  if (c.dead) return false;
+  if (out == c.want_write) return true;
+  try {
+    watch_conn(id, c.fd.get(), EPOLLIN | (out ? std::uint32_t{EPOLLOUT} : 0u));
+  } catch (const Error& e) {
+    drop(id, c, e.what());
+    return false;
+  }
+  c.want_write = out;
+  return true;
 }
 
 void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
@@ -436,6 +538,10 @@ void TcpStoreServer::Impl::process_input(std::uint64_t id, Conn& c) {
         case Hello::more:
           break;
         case Hello::not_a_store:
+          // 0x16: a TLS handshake record, from a client that uses TLS.
+          if (!tls && avail > 0 && p[0] == 0x16)
+            return drop(id, c, "a client began a TLS handshake, and this store does not use TLS (set BRAID_TLS=1 "
+                               "on it as on the ranks)");
           return drop(id, c, "bad hello (not a braid store client)");
         case Hello::version:
           return drop(id, c,
@@ -688,8 +794,8 @@ void TcpStoreServer::Impl::send(std::uint64_t id, Conn& c, std::string frame) {
 
 void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
   while (!c.dead && c.out_off < c.out.size()) {
-    ssize_t r =
-        ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+    // After EAGAIN TLS wants the same bytes again: c.out keeps them from out_off on.
+    ssize_t r = conn_write(c, c.out.data() + c.out_off, c.out.size() - c.out_off);
     if (r >= 0) {
       c.out_off += static_cast<std::size_t>(r);
     } else if (errno == EINTR) {
@@ -697,8 +803,7 @@ void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       break;
     } else {
-      return drop(id, c,
-                  errno == EPIPE || errno == ECONNRESET ? "" : "send failed: " + errno_text(errno));
+      return drop(id, c, errno == EPIPE || errno == ECONNRESET ? "" : io_failure(c, "send", errno));
     }
   }
   if (c.dead) return;
@@ -710,14 +815,7 @@ void TcpStoreServer::Impl::flush(std::uint64_t id, Conn& c) {
     c.out.erase(0, c.out_off);
     c.out_off = 0;
   }
-  if (pending != c.want_write) {
-    try {
-      watch_conn(id, c.fd.get(), EPOLLIN | (pending ? std::uint32_t{EPOLLOUT} : 0u));
-    } catch (const Error& e) {
-      return drop(id, c, e.what());
-    }
-    c.want_write = pending;
-  }
+  watch_out(id, c, pending);
 }
 
 void TcpStoreServer::Impl::drop(std::uint64_t id, Conn& c, const std::string& why) {
@@ -738,7 +836,9 @@ void TcpStoreServer::Impl::close_conn(std::uint64_t id) {
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& bind_addr, std::uint16_t port, const std::string& token)
-    : impl_(std::make_unique<Impl>(bind_addr, port, token)) {}
+    : impl_(std::make_unique<Impl>(bind_addr, port, token, core::tls_context(core::Config::global()))) {}
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TcpStoreServer::~TcpStoreServer() = default;
 
@@ -748,45 +848,6 @@ std::uint16_t TcpStoreServer::port() const noexcept { return impl_->port; }
 // Client.
 
 namespace {
-
-/// Sends all of `data` on a non-blocking socket by `deadline`; "" or the reason it failed.
-std::string send_all(int fd, const char* data, std::size_t n, Clock::time_point deadline) {
-  std::size_t off = 0;
-  while (off < n) {
-    ssize_t r = ::send(fd, data + off, n - off, MSG_NOSIGNAL);
-    if (r >= 0) {
-      off += static_cast<std::size_t>(r);
-      continue;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return "send failed: " + errno_text(errno);
-    pollfd pfd{fd, POLLOUT, 0};
-    int pr = ::poll(&pfd, 1, ms_until(deadline));
-    if (pr == 0) return "timed out sending to the server";
-    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
-  }
-  return {};
-}
-
-/// Receives exactly `n` bytes by `deadline`; "" or the reason it failed.
-std::string recv_exact(int fd, char* data, std::size_t n, Clock::time_point deadline) {
-  std::size_t off = 0;
-  while (off < n) {
-    ssize_t r = ::recv(fd, data + off, n - off, 0);
-    if (r > 0) {
-      off += static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r == 0) return "the server closed the connection";
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return "recv failed: " + errno_text(errno);
-    pollfd pfd{fd, POLLIN, 0};
-    int pr = ::poll(&pfd, 1, ms_until(deadline));
-    if (pr == 0) return "timed out waiting for the server";
-    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
-  }
-  return {};
-}
 
 /// One non-blocking connect attempt, waiting up to `deadline`. Returns -1 and sets `err`.
 Fd connect_once(const sockaddr_in& sa, Clock::time_point deadline, std::string* err) {
@@ -836,7 +897,7 @@ Fd connect_once(const sockaddr_in& sa, Clock::time_point deadline, std::string* 
 
 struct TcpStore::Impl {
   Impl(const std::string& host, std::uint16_t port, bool is_server, milliseconds connect_timeout,
-       const std::string& token);
+       const std::string& token, std::shared_ptr<const base::tls::Context> tls);
   ~Impl() = default;
 
   // Declared first so that it is destroyed last, after our own socket.
@@ -845,6 +906,12 @@ struct TcpStore::Impl {
   std::uint16_t port = 0;
   milliseconds io_timeout{};
   Fd fd;
+  // With TLS, every byte goes through `session`. An OpenSSL session is not safe for two
+  // threads at once, and a sender and the reading caller may be two: tls_mu is held for
+  // each call on it, never while waiting in poll.
+  std::shared_ptr<const base::tls::Context> tls;
+  std::unique_ptr<base::tls::Session> session;
+  std::mutex tls_mu;
 
   std::mutex send_mu;  // one frame at a time on the socket
   std::mutex mu;       // guards everything below
@@ -877,13 +944,26 @@ struct TcpStore::Impl {
                 "TcpStore " + addr + ": " + what + ": malformed reply from the server");
   }
   Clock::time_point io_deadline() const { return Clock::now() + io_timeout; }
-  /// The store handshake on a connected socket (tcp_store.cpp's opening comment); throws.
-  void handshake(int s, const std::string& token, Clock::time_point deadline) const;
+  /// The TLS handshake on the connected `fd`, by `deadline`; throws.
+  void tls_handshake(Clock::time_point deadline);
+  /// The store handshake on the connected `fd` (tcp_store.cpp's opening comment); throws.
+  void handshake(const std::string& token, Clock::time_point deadline);
+  /// As send(2) / recv(2) on `fd`, through the session with TLS.
+  ssize_t sock_send(const char* data, std::size_t n);
+  ssize_t sock_recv(char* data, std::size_t n);
+  /// Why sock_send or sock_recv failed with `e`.
+  std::string io_failure(const char* call, int e);
+  /// Sends all of `data` by `deadline`; "" or the reason it failed.
+  std::string send_all(const char* data, std::size_t n, Clock::time_point deadline);
+  /// Receives exactly `n` bytes by `deadline`; "" or the reason it failed.
+  std::string recv_exact(char* data, std::size_t n, Clock::time_point deadline);
   void check_key(const std::string& key, const char* op) const { core::check_store_key("TcpStore", addr, key, op); }
 };
 
 TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_server,
-                     milliseconds connect_timeout, const std::string& token) {
+                     milliseconds connect_timeout, const std::string& token,
+                     std::shared_ptr<const base::tls::Context> tls_)
+    : tls(std::move(tls_)) {
   if (token.size() > kMaxToken)
     throw Error(ErrorCode::InvalidUsage, "TcpStore: a store token of " + std::to_string(token.size()) +
                                              " bytes is longer than " + std::to_string(kMaxToken));
@@ -891,7 +971,7 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
   port = want_port;
   std::string connect_host = host;
   if (is_server) {
-    server = std::make_unique<TcpStoreServer>(core::store_bind_addresses(host), want_port, token);
+    server = core::make_store_server(core::store_bind_addresses(host), want_port, token, tls);
     port = server->port();
     connect_host = "127.0.0.1";  // our own server: loopback always reaches it
   }
@@ -907,8 +987,9 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
       if (s.get() >= 0) {
         // Once connected, allow the handshake a little time even if connect_timeout is short.
         auto hello_deadline = std::max(deadline, Clock::now() + milliseconds(5000));
-        handshake(s.get(), token, hello_deadline);
         fd = std::move(s);
+        if (tls) tls_handshake(hello_deadline);
+        handshake(token, hello_deadline);
         return;
       }
     }
@@ -923,18 +1004,119 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
   }
 }
 
-void TcpStore::Impl::handshake(int s, const std::string& token, Clock::time_point deadline) const {
+ssize_t TcpStore::Impl::sock_send(const char* data, std::size_t n) {
+  if (!session) return ::send(fd.get(), data, n, MSG_NOSIGNAL);
+  std::lock_guard<std::mutex> lk(tls_mu);
+  return session->write(data, n);
+}
+
+ssize_t TcpStore::Impl::sock_recv(char* data, std::size_t n) {
+  if (!session) return ::recv(fd.get(), data, n, 0);
+  std::lock_guard<std::mutex> lk(tls_mu);
+  return session->read(data, n);
+}
+
+std::string TcpStore::Impl::io_failure(const char* call, int e) {
+  if (session && e == EPROTO) {
+    std::lock_guard<std::mutex> lk(tls_mu);
+    return "TLS: " + session->error();
+  }
+  return std::string(call) + " failed: " + errno_text(e);
+}
+
+std::string TcpStore::Impl::send_all(const char* data, std::size_t n, Clock::time_point deadline) {
+  // With TLS, after EAGAIN the same bytes are offered again (the session has sealed them).
+  std::size_t off = 0;
+  while (off < n) {
+    ssize_t r = sock_send(data + off, n - off);
+    if (r >= 0) {
+      off += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return io_failure("send", errno);
+    pollfd pfd{fd.get(), POLLOUT, 0};
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    if (pr == 0) return "timed out sending to the server";
+    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
+  }
+  return {};
+}
+
+std::string TcpStore::Impl::recv_exact(char* data, std::size_t n, Clock::time_point deadline) {
+  // Reads before it polls: with TLS the bytes may already wait inside the session.
+  std::size_t off = 0;
+  while (off < n) {
+    ssize_t r = sock_recv(data + off, n - off);
+    if (r > 0) {
+      off += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r == 0) return "the server closed the connection";
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return io_failure("recv", errno);
+    pollfd pfd{fd.get(), POLLIN, 0};
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    if (pr == 0) return "timed out waiting for the server";
+    if (pr < 0 && errno != EINTR) return "poll failed: " + errno_text(errno);
+  }
+  return {};
+}
+
+void TcpStore::Impl::tls_handshake(Clock::time_point deadline) {
+  const auto start = Clock::now();
+  const std::string hint =
+      " (this client uses TLS, BRAID_TLS=1: the store server must too, with a certificate that this client's "
+      "BRAID_TLS_CA signed, and accept this client's BRAID_TLS_CERT)";
+  // No other thread has this store yet; the lock is for the rule (held per call, never
+  // across poll) rather than for a race.
+  std::unique_lock<std::mutex> lk(tls_mu);
+  session = std::make_unique<base::tls::Session>(*tls, fd.get(), false);
+  for (;;) {
+    if (!lk.owns_lock()) lk.lock();
+    const base::tls::Session::Step step = session->handshake();
+    if (step == base::tls::Session::Step::done) {
+      BRAID_LOG(trace, "TcpStore " << addr << ": " << session->describe());
+      return;
+    }
+    if (step == base::tls::Session::Step::failed)
+      throw Error(ErrorCode::Network,
+                  "TcpStore: the TLS handshake with the store server at " + addr + " failed: " + session->error() + hint);
+    lk.unlock();
+    pollfd pfd{fd.get(), static_cast<short>(step == base::tls::Session::Step::want_read ? POLLIN : POLLOUT), 0};
+    const int pr = ::poll(&pfd, 1, ms_until(deadline));
+    if (pr == 0)
+      throw TimeoutError("TcpStore: the store server at " + addr + " did not complete the TLS handshake within " +
+                         std::to_string(std::chrono::duration_cast<milliseconds>(Clock::now() - start).count()) +
+                         " ms" + hint);
+    if (pr < 0 && errno != EINTR)
+      throw Error(ErrorCode::Network, "TcpStore: TLS handshake with " + addr + ": poll failed: " + errno_text(errno));
+  }
+}
+
+void TcpStore::Impl::handshake(const std::string& token, Clock::time_point deadline) {
   auto failed = [&](const std::string& why) {
+    if (session)
+      return Error(ErrorCode::Network,
+                   "TcpStore: " + addr + " did not complete the store handshake over TLS (" + why +
+                       "): the store server may have refused this client's certificate (BRAID_TLS_CERT must be "
+                       "signed by the CA the store trusts; the server's log says why), or it is not a braid store "
+                       "server of this protocol version");
     return Error(ErrorCode::Network, "TcpStore: " + addr + " did not complete the store handshake (" + why +
                                          "): it is not a braid store server, or one of another protocol version");
   };
   const std::string nonce = base::auth::random_bytes(base::auth::kNonceBytes);
   const std::string hello = hello_bytes(!token.empty(), nonce);
-  std::string err = send_all(s, hello.data(), hello.size(), deadline);
+  std::string err = send_all(hello.data(), hello.size(), deadline);
   char head[kHelloSize];
-  if (err.empty()) err = recv_exact(s, head, sizeof head, deadline);
+  if (err.empty()) err = recv_exact(head, sizeof head, deadline);
   if (!err.empty()) throw failed(err);
   const std::string answer(head, sizeof head);
+  if (answer == answer_bytes(kTlsRequired))
+    throw Error(ErrorCode::InvalidUsage,
+                "TcpStore: the store server at " + addr +
+                    " uses TLS (BRAID_TLS=1 there) and this client does not: set BRAID_TLS=1, BRAID_TLS_CERT, "
+                    "BRAID_TLS_KEY and BRAID_TLS_CA on every rank as on the store");
   const Error refused(ErrorCode::InvalidUsage,
                       "TcpStore: the store server at " + addr +
                           " refused this client: it serves a job with a token (BRAID_AUTH_TOKEN) and this client "
@@ -952,7 +1134,7 @@ void TcpStore::Impl::handshake(int s, const std::string& token, Clock::time_poin
   }
   if (answer != answer_bytes(kChallenge) || token.empty()) throw failed("unexpected reply");
   char rest[kChallengeSize - kHelloSize];
-  err = recv_exact(s, rest, sizeof rest, deadline);
+  err = recv_exact(rest, sizeof rest, deadline);
   if (!err.empty()) throw failed(err);
   const std::string server_nonce(rest, base::auth::kNonceBytes);
   const std::string want = server_proof(token, nonce, server_nonce);
@@ -964,8 +1146,8 @@ void TcpStore::Impl::handshake(int s, const std::string& token, Clock::time_poin
                     "(BRAID_AUTH_TOKEN) differs between this rank and the store, or this is another job's store or "
                     "a program in its place; refusing to use it");
   const std::string proof = client_proof(token, nonce, server_nonce);
-  err = send_all(s, proof.data(), proof.size(), deadline);
-  if (err.empty()) err = recv_exact(s, head, sizeof head, deadline);
+  err = send_all(proof.data(), proof.size(), deadline);
+  if (err.empty()) err = recv_exact(head, sizeof head, deadline);
   if (!err.empty()) throw failed(err);
   if (std::string(head, sizeof head) == answer_bytes(kRefused)) throw refused;
   if (std::string(head, sizeof head) != answer_bytes(kAccepted)) throw failed("unexpected reply");
@@ -974,16 +1156,12 @@ void TcpStore::Impl::handshake(int s, const std::string& token, Clock::time_poin
 void TcpStore::Impl::read_replies(Clock::time_point deadline,
                                   std::vector<std::pair<std::uint32_t, Reply>>* got,
                                   std::string* err) {
-  pollfd pfd{fd.get(), POLLIN, 0};
-  int pr = ::poll(&pfd, 1, ms_until(deadline));
-  if (pr < 0) {
-    if (errno != EINTR) *err = "poll failed: " + errno_text(errno);
-    return;
-  }
-  if (pr == 0) return;
+  // Reads first and polls only when nothing is there: with TLS, a read that filled the
+  // buffer may leave plaintext inside the session, which poll cannot see.
   char buf[65536];
+  bool waited = false;
   for (int round = 0; round < 64; ++round) {
-    ssize_t r = ::recv(fd.get(), buf, sizeof buf, 0);
+    ssize_t r = sock_recv(buf, sizeof buf);
     if (r > 0) {
       in.append(buf, static_cast<std::size_t>(r));
       if (static_cast<std::size_t>(r) < sizeof buf) break;
@@ -994,7 +1172,15 @@ void TcpStore::Impl::read_replies(Clock::time_point deadline,
     } else if (errno == EINTR) {
       continue;
     } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *err = "recv failed: " + errno_text(errno);
+      *err = io_failure("recv", errno);
+    } else if (round == 0 && !waited) {
+      pollfd pfd{fd.get(), POLLIN, 0};
+      const int pr = ::poll(&pfd, 1, ms_until(deadline));
+      if (pr < 0 && errno != EINTR) *err = "poll failed: " + errno_text(errno);
+      if (pr <= 0) return;
+      waited = true;
+      --round;  // the read after the wait is the first
+      continue;
     }
     break;
   }
@@ -1021,7 +1207,7 @@ Reply TcpStore::Impl::call(Encoder& e, Clock::time_point deadline, const std::st
   std::string err;
   {
     std::lock_guard<std::mutex> lk(send_mu);
-    err = send_all(fd.get(), frame.data(), frame.size(), deadline);
+    err = send_all(frame.data(), frame.size(), deadline);
   }
   std::unique_lock<std::mutex> lk(mu);
   if (!err.empty()) {
@@ -1060,7 +1246,10 @@ Reply TcpStore::Impl::call(Encoder& e, Clock::time_point deadline, const std::st
 
 TcpStore::TcpStore(const std::string& host, std::uint16_t port, bool is_server,
                    std::chrono::milliseconds connect_timeout, const std::string& token)
-    : impl_(std::make_unique<Impl>(host, port, is_server, connect_timeout, token)) {}
+    : impl_(std::make_unique<Impl>(host, port, is_server, connect_timeout, token,
+                                   core::tls_context(core::Config::global()))) {}
+
+TcpStore::TcpStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TcpStore::~TcpStore() = default;
 
@@ -1161,4 +1350,21 @@ bool TcpStore::remove(const std::string& key) {
   return removed;
 }
 
+namespace core {
+
+std::unique_ptr<TcpStoreServer> make_store_server(const std::string& bind_addr, std::uint16_t port,
+                                                  const std::string& token,
+                                                  std::shared_ptr<const base::tls::Context> tls) {
+  return std::make_unique<TcpStoreServer>(
+      std::make_unique<TcpStoreServer::Impl>(bind_addr, port, token, std::move(tls)));
+}
+
+std::unique_ptr<TcpStore> make_store_client(const std::string& host, std::uint16_t port, bool is_server,
+                                            std::chrono::milliseconds connect_timeout, const std::string& token,
+                                            std::shared_ptr<const base::tls::Context> tls) {
+  return std::make_unique<TcpStore>(
+      std::make_unique<TcpStore::Impl>(host, port, is_server, connect_timeout, token, std::move(tls)));
+}
+
+}  // namespace core
 }  // namespace braid
