@@ -29,8 +29,10 @@ trap 'rm -rf "$pki"' EXIT
 run() {  # run TLS(0|1) bench args... -> "time_us busbw"
   local tls=$1
   shift
-  timeout -k 5 180 "$braidrun" -n 2 --timeout 150 --env BRAID_TRANSPORT=tcp --env BRAID_TLS="$tls" \
-    --env BRAID_TLS_CERT="$pki/host.pem" --env BRAID_TLS_KEY="$pki/host.key" --env BRAID_TLS_CA="$pki/ca.pem" \
+  # In braidrun's own environment: its store serves the ranks over TLS too, and the ranks
+  # inherit the variables.
+  BRAID_TRANSPORT=tcp BRAID_TLS="$tls" BRAID_TLS_CERT="$pki/host.pem" BRAID_TLS_KEY="$pki/host.key" \
+    BRAID_TLS_CA="$pki/ca.pem" timeout -k 5 180 "$braidrun" -n 2 --timeout 150 \
     -- "$bench" --quiet "$@" 2>/dev/null | awk '$1 ~ /^[0-9]+$/ { print $5, $7; exit }'
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
