@@ -3,7 +3,7 @@
 # every test and the performance guard (scripts/perf_guard.sh), then builds with
 # AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/ and runs the suite again
 # there, then builds with ThreadSanitizer into build-tsan/ and runs its default selection
-# (scripts/tsan.sh: the engine, stores, transports and multirank tests), then runs every fuzz target for a short while
+# (scripts/tsan.sh: the engine, stores, transports, multirank tests and part of the fault matrix), then runs every fuzz target for a short while
 # (scripts/fuzz.sh, build-fuzz/). Exits non-zero on any failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

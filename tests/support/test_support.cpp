@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -34,8 +35,18 @@ namespace braid::test {
 // test does not name another libibverbs: the grids and the conformance suite take every
 // registered transport, and these machines have no RDMA device. A test binary sets it for
 // the ranks it spawns too (they inherit the environment).
+//
+// Under ThreadSanitizer the fake is also loaded here, before main: gcc's TSan symbolizes with
+// libbacktrace, which reads the list of loaded libraries once, at the process's first
+// symbolization (any report, a suppressed one included), and never again, so the frames of
+// a library dlopen'ed after that print as "<null> (libfakeverbs.so+0x...)" and no
+// suppression or reader can name them. Loaded now, the fake is in that list; the
+// transport's own dlopen of the same path later finds it loaded. (The fake starts no
+// thread until a device is opened, so forked ranks still fork a single-threaded process.)
 [[maybe_unused]] const bool kFakeVerbs = [] {
   ::setenv("BRAID_IBVERBS_LIBRARY", BRAID_FAKEVERBS_LIBRARY, 0);
+  if (kThreadSanitizer && std::strcmp(std::getenv("BRAID_IBVERBS_LIBRARY"), BRAID_FAKEVERBS_LIBRARY) == 0)
+    (void)::dlopen(BRAID_FAKEVERBS_LIBRARY, RTLD_NOW | RTLD_LOCAL);  // never closed, like the transport's
   return true;
 }();
 #endif

@@ -114,19 +114,23 @@ class GridTest : public ::testing::TestWithParam<GridPoint> {
 /// Unix socket paths), skipping any an earlier process of the same pid left behind.
 std::string temp_path(const std::string& stem);
 
-/// What a test multiplies its wall-clock bounds by, and the delays they are measured
-/// against (so that what it tells apart stays apart): 10 under ThreadSanitizer
-/// (scripts/tsan.sh), which runs braid 5 to 15 times slower, else 1.
+/// Whether this build runs under ThreadSanitizer (scripts/tsan.sh): gcc's macro or clang's
+/// feature.
 #if defined(__SANITIZE_THREAD__)
-inline constexpr int kTimeScale = 10;
+inline constexpr bool kThreadSanitizer = true;
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-inline constexpr int kTimeScale = 10;
+inline constexpr bool kThreadSanitizer = true;
 #else
-inline constexpr int kTimeScale = 1;
+inline constexpr bool kThreadSanitizer = false;
 #endif
 #else
-inline constexpr int kTimeScale = 1;
+inline constexpr bool kThreadSanitizer = false;
 #endif
+
+/// What a test multiplies its wall-clock bounds by, and the delays they are measured
+/// against (so that what it tells apart stays apart): 10 under ThreadSanitizer, which runs
+/// braid 5 to 15 times slower, else 1.
+inline constexpr int kTimeScale = kThreadSanitizer ? 10 : 1;
 
 }  // namespace braid::test

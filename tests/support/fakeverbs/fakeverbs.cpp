@@ -90,6 +90,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -445,15 +446,29 @@ Mr* find_mr(Ctx* c, std::uint32_t key, ibv_pd* pd, std::uint64_t addr, std::uint
 // The memory behind `addr` of an MR find_mr returned for it: the HCA's address translation.
 std::uint8_t* host_of(const Mr* m, std::uint64_t addr) { return m->host + (addr - m->iova); }
 
-// Target side of one data packet (ctx->mu held). `from` is the sender QP's socket path.
-// What the "HCA" writes into a process's registered memory: its DMA. The program may read
-// those bytes without a lock (a credit word polled as the NIC updates it), as it may with a
-// real NIC; ThreadSanitizer is told so by name (tests/tsan.supp), so this stays a function
-// of its own.
+// What the "HCA" writes into a process's registered memory: its DMA, as a NIC's lands. Each
+// naturally aligned 8-byte word lands whole (the CPU never sees half of one), in no order
+// among the words and with no synchronisation with the CPU: the words are relaxed atomic
+// stores, the unaligned ends plain bytes. A program may poll a word while a write to it
+// lands (the verbs transport's credit word, read with an atomic load), as on hardware; under
+// ThreadSanitizer that is an atomic against an atomic, so it needs no suppression, while a
+// plain read of bytes that a write may still be landing in (no completion in between) is
+// reported, as it should be. A function of its own, so that a report names it.
 __attribute__((noinline)) void fakeverbs_dma_write(void* dst, const void* src, std::size_t n) {
-  std::memcpy(dst, src, n);
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* s = static_cast<const std::uint8_t*>(src);
+  const std::size_t head = std::min<std::size_t>(n, (8 - reinterpret_cast<std::uintptr_t>(d) % 8) % 8);
+  std::memcpy(d, s, head);
+  d += head, s += head, n -= head;
+  for (; n >= 8; d += 8, s += 8, n -= 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s, 8);
+    __atomic_store_n(reinterpret_cast<std::uint64_t*>(d), w, __ATOMIC_RELAXED);
+  }
+  std::memcpy(d, s, n);
 }
 
+// Target side of one data packet (ctx->mu held). `from` is the sender QP's socket path.
 void on_data(Ctx* c, Qp* qp, const Packet& h, const std::uint8_t* data, const std::string& from) {
   if (qp->ib.state != IBV_QPS_RTR && qp->ib.state != IBV_QPS_RTS) return;  // dropped: sender times out
   if (h.src_qpn != qp->attr.dest_qp_num) return;                            // not our peer: dropped
