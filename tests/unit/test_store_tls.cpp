@@ -178,6 +178,7 @@ class Relay {
       for (int fd : fds) p.push_back({fd, POLLIN, 0});
       if (::poll(p.data(), p.size(), -1) < 0) continue;
       if (p[0].revents != 0) break;
+      const std::size_t polled = fds.size();  // a connection accepted below waits for the next poll
       if (p[1].revents & POLLIN) {
         const int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
         const int s = c >= 0 ? connect_loopback(target_) : -1;
@@ -188,7 +189,7 @@ class Relay {
           ::close(c);
         }
       }
-      for (std::size_t i = 0; i < fds.size(); ++i) {
+      for (std::size_t i = 0; i < polled; ++i) {
         if (fds[i] < 0 || p[2 + i].revents == 0) continue;
         char buf[65536];
         const ssize_t r = ::recv(fds[i], buf, sizeof buf, 0);
