@@ -8,6 +8,7 @@
 
 #include <braid/error.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -130,5 +131,24 @@ void get_fields(const unsigned char* in, const std::tuple<T&...>& fields) {
       fields);
 }
 }  // namespace le
+
+/// A failure notice's body (Transport::tell_peers), as ucx's bye and shm's doorbell carry
+/// it: the rank the sender blames (i32, -1 for none, little-endian), then its reason.
+inline std::vector<unsigned char> encode_notice(int blame, const std::string& reason) {
+  std::vector<unsigned char> out(4 + reason.size());
+  le::put(out.data(), static_cast<std::uint32_t>(static_cast<std::int32_t>(blame)), 4);
+  std::copy(reason.begin(), reason.end(), out.begin() + 4);
+  return out;
+}
+
+/// Reads a notice body of `n` bytes; false when it is shorter than its rank or its reason
+/// is longer than `max_reason`.
+inline bool decode_notice(const unsigned char* p, std::size_t n, std::size_t max_reason, int* blame,
+                          std::string* reason) {
+  if (n < 4 || n - 4 > max_reason) return false;
+  *blame = static_cast<std::int32_t>(static_cast<std::uint32_t>(le::get(p, 4)));
+  reason->assign(reinterpret_cast<const char*>(p) + 4, n - 4);
+  return true;
+}
 
 }  // namespace braid::transport

@@ -989,16 +989,17 @@ bool ShmTransport::take_socket_bytes(ShmConnection& c, const unsigned char* p, s
     c.notice_.push_back(static_cast<char>(p[i]));
     if (c.notice_.size() < wire::kNoticeHeader) continue;
     const auto* h = reinterpret_cast<const unsigned char*>(c.notice_.data());
-    const std::size_t len = h[1] | (std::size_t{h[2]} << 8);
+    const auto len = static_cast<std::size_t>(le::get(h + 1, 2));
     if (len > kMaxNoticeBytes) {
       protocol_error(c, "a failure notice of " + std::to_string(len) + " bytes on the doorbell socket");
       return false;
     }
     if (c.notice_.size() < wire::kNoticeHeader + len) continue;
-    const auto blamed = static_cast<std::int32_t>(std::uint32_t{h[3]} | (std::uint32_t{h[4]} << 8) |
-                                                  (std::uint32_t{h[5]} << 16) | (std::uint32_t{h[6]} << 24));
+    int blamed = -1;
+    std::string why;
+    (void)decode_notice(h + 3, 4 + len, kMaxNoticeBytes, &blamed, &why);  // sizes checked above
     // The close follows; what it fails carries these words (Failure::note).
-    c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? blamed : -1, c.notice_.substr(wire::kNoticeHeader));
+    c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? blamed : -1, why);
     c.notice_.clear();
   }
   return true;
@@ -1006,13 +1007,11 @@ bool ShmTransport::take_socket_bytes(ShmConnection& c, const unsigned char* p, s
 
 void ShmTransport::tell_peers(int blame, const std::string& reason) {
   const std::string why = reason.substr(0, kMaxNoticeBytes);
-  std::string frame(wire::kNoticeHeader, '\0');
-  frame[0] = static_cast<char>(wire::kNotice);
-  frame[1] = static_cast<char>(why.size() & 0xff);
-  frame[2] = static_cast<char>(why.size() >> 8);
-  const auto b = static_cast<std::uint32_t>(static_cast<std::int32_t>(blame));
-  for (int k = 0; k < 4; ++k) frame[3 + k] = static_cast<char>((b >> (8 * k)) & 0xff);
-  frame += why;
+  std::vector<unsigned char> frame(3);
+  frame[0] = wire::kNotice;
+  le::put(&frame[1], why.size(), 2);
+  const std::vector<unsigned char> body = encode_notice(blame, why);
+  frame.insert(frame.end(), body.begin(), body.end());
   for (ShmConnection* c : conns_.all()) {
     if (c->failure_.failed || c->setup_ != ShmConnection::Setup::up || c->fd_ < 0) continue;
     (void)::send(c->fd_, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // never waits

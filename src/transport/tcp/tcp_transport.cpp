@@ -146,8 +146,6 @@ struct Sock {
   // TLS (opts_.tls): the session, made once the hello and the answer have passed.
   std::unique_ptr<base::tls::Session> tls;
   bool tls_wants_write = false;  // the handshake's last step waited for room to write
-  // A failure notice being read (its header is `cur`): the reason so far.
-  std::string notice;
   // Send side.
   Fifo<SendPart> sendq;
   // Dead-peer detection (check_acks): when this socket was first seen with data
@@ -579,6 +577,8 @@ bool TcpTransport::progress_connection(TcpConnection& c) {
 std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
   std::size_t total = 0;
   iovec iov[kMaxIov];
+  // With TLS, parts go only through the session (the hello before it, in clear).
+  const bool parts = !opts_.tls || (s.tls && s.tls->established());
   while (total < kIoBudget) {
     const std::size_t budget = kIoBudget - total;
     int n = 0;
@@ -587,8 +587,6 @@ std::size_t TcpTransport::write_some(TcpConnection& c, Sock& s) {
       iov[n++] = {&s.hello[s.hello_sent], s.hello.size() - s.hello_sent};
       want += s.hello.size() - s.hello_sent;
     }
-    // With TLS, parts go only through the session (the hello before it, in clear).
-    const bool parts = !opts_.tls || (s.tls && s.tls->established());
     for (std::size_t i = 0; parts && i < s.sendq.size() && n + 2 <= kMaxIov && want < budget; ++i) {
       SendPart& p = s.sendq[i];
       if (p.sent < kHeader) {
@@ -774,10 +772,10 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
       if (wire::notice_header_valid(s.cur, kMaxNoticeBytes)) {
         // The peer failed and says why before closing: read its reason, then treat this
         // socket as at its end (the close follows; the failure it causes carries the words).
-        s.notice.assign(s.cur.part_bytes, '\0');
+        std::string notice(s.cur.part_bytes, '\0');
         std::size_t got = 0;
-        while (got < s.notice.size()) {
-          iovec v{&s.notice[got], s.notice.size() - got};
+        while (got < notice.size()) {
+          iovec v{&notice[got], notice.size() - got};
           const ssize_t r = sock_readv(s, &v, 1);
           if (r > 0) {
             got += static_cast<std::size_t>(r);
@@ -786,9 +784,9 @@ std::size_t TcpTransport::read_some(TcpConnection& c, Sock& s) {
           if (r < 0 && errno == EINTR) continue;
           break;  // the close (or an error) comes next; the notice stays unread in part
         }
-        if (got == s.notice.size()) {
+        if (got == notice.size()) {
           const auto blamed = static_cast<std::int64_t>(s.cur.tag);
-          c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? static_cast<int>(blamed) : -1, s.notice);
+          c.failure_.note(c.peer_, blamed >= 0 && blamed < opts_.size ? static_cast<int>(blamed) : -1, notice);
         }
         on_eof(c, s, true);
         return total;

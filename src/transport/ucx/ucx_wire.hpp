@@ -81,25 +81,10 @@ inline bool decode_control(const unsigned char* b, std::size_t len, ControlView*
   return true;
 }
 
-/// A failure notice, carried as a bye's payload (where a hello carries its address): the
-/// rank the sender blames (i32, -1 for none, little-endian), then its reason.
-inline std::vector<unsigned char> encode_notice(int blame, const std::string& reason) {
-  std::vector<unsigned char> out(4 + reason.size());
-  const auto b = static_cast<std::uint32_t>(static_cast<std::int32_t>(blame));
-  for (int k = 0; k < 4; ++k) out[static_cast<std::size_t>(k)] = static_cast<unsigned char>((b >> (8 * k)) & 0xff);
-  std::copy(reason.begin(), reason.end(), out.begin() + 4);
-  return out;
-}
-
-/// Reads a notice of `n` bytes; false when it is shorter than its rank or its reason is
-/// longer than `max_reason`.
-inline bool decode_notice(const unsigned char* p, std::size_t n, std::size_t max_reason, int* blame, std::string* reason) {
-  if (n < 4 || n - 4 > max_reason) return false;
-  *blame = static_cast<std::int32_t>(std::uint32_t{p[0]} | (std::uint32_t{p[1]} << 8) | (std::uint32_t{p[2]} << 16) |
-                                     (std::uint32_t{p[3]} << 24));
-  reason->assign(reinterpret_cast<const char*>(p) + 4, n - 4);
-  return true;
-}
+/// A failure notice rides in a bye's payload (where a hello carries its address): the
+/// common body (transport/common.hpp).
+using transport::decode_notice;
+using transport::encode_notice;
 
 /// An authentic message for rank `rank` of a world of `size` in communicator `comm_id`
 /// whose token is `token`: this communicator, addressed to `rank`, from another rank of
