@@ -599,7 +599,10 @@ void survive(Communicator& c, Store& side, int r, std::chrono::milliseconds dead
       } else {
         EXPECT_TRUE(names_failed) << "the error does not name rank " << f << ": " << msg;
       }
-      if (!want.store_words.empty()) {
+      // A neighbour that failed first may say why before it closes (Transport::tell_peers):
+      // its words replace the store's, which this rank then never asks.
+      const bool told = msg.find(" said before closing: ") != std::string::npos;
+      if (!want.store_words.empty() && !told) {
         EXPECT_NE(msg.find(want.store_words), std::string::npos) << "the error does not say '" << want.store_words
                                                                  << "': " << msg;
       }
@@ -737,6 +740,7 @@ TEST_P(StoreLost, EverySurvivorNamesTheFailedRankInTime) {
     want.failed = victim;
     // Whoever asks the store hears that it does not answer; rank 0, which still reaches it
     // when only rank 2 is cut off, reads the store's answer (no record: the rank died).
+    // Rank 2 may instead hear rank 0's reason over their connection, and not ask the store.
     if (loss != StoreLoss::cut_from_rank2 || r == 2) want.store_words = "the store";
     // Without the store a rank sees only its own connections and deadlines: a neighbour that
     // failed because of rank 1 may close on it first, and whom the ranks wait on cannot be
