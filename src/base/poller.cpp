@@ -23,11 +23,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace braid::base {
@@ -35,6 +37,7 @@ namespace braid::base {
 namespace {
 
 constexpr std::uint64_t kWakeKey = ~std::uint64_t{0};
+constexpr std::uint64_t kTimerKey = ~std::uint64_t{0} - 1;  // wake_at()'s timerfd
 constexpr int kMaxEvents = 64;
 
 std::string fd_error(const char* what, int fd, int err) {
@@ -52,6 +55,9 @@ struct Poller::Impl {
 
   int epfd = -1;
   int wakefd = -1;
+  int timerfd = -1;                      // wake_at()'s
+  std::atomic<bool> timer_armed{false};    // timerfd is armed (at wake_ns or earlier)
+  std::atomic<long long> wake_ns{0};       // the time last asked for (steady clock)
   std::uint32_t next_generation = 1;
   std::vector<Entry> entries;  // indexed by fd
   std::mutex pending_mu;                // guards `pending` only
@@ -70,18 +76,25 @@ Poller::Poller() : impl_(std::make_unique<Impl>()) {
     ::close(impl_->epfd);
     throw Error(ErrorCode::System, std::string("eventfd: ") + errno_text(err));
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeKey;
-  if (::epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, impl_->wakefd, &ev) != 0) {
-    int err = errno;
+  impl_->timerfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  const auto fail = [&](const std::string& what, int err) {
+    if (impl_->timerfd >= 0) ::close(impl_->timerfd);
     ::close(impl_->wakefd);
     ::close(impl_->epfd);
-    throw Error(ErrorCode::System, fd_error("epoll_ctl(ADD) of the wake-up eventfd", impl_->wakefd, err));
+    throw Error(ErrorCode::System, what + ": " + errno_text(err));
+  };
+  if (impl_->timerfd < 0) fail("timerfd_create", errno);
+  for (const auto& [fd, key] : {std::pair{impl_->wakefd, kWakeKey}, std::pair{impl_->timerfd, kTimerKey}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = key;
+    if (::epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+      fail("epoll_ctl(ADD) of the poller's own fd " + std::to_string(fd), errno);
   }
 }
 
 Poller::~Poller() {
+  if (impl_->timerfd >= 0) ::close(impl_->timerfd);
   if (impl_->wakefd >= 0) ::close(impl_->wakefd);
   if (impl_->epfd >= 0) ::close(impl_->epfd);
 }
@@ -125,17 +138,54 @@ void Poller::unwatch(int fd) {
 
 int Poller::collect(int timeout_ms) { return collect_counting(timeout_ms, nullptr); }
 
+bool Poller::timer_fired_early() noexcept {
+  std::uint64_t value;
+  while (::read(impl_->timerfd, &value, sizeof value) > 0) {
+  }
+  impl_->timer_armed.store(false, std::memory_order_release);
+  const auto at = impl_->wake_ns.load(std::memory_order_acquire);
+  if (at <= std::chrono::steady_clock::now().time_since_epoch().count()) return false;
+  // A later time was asked for since the timer was armed: sleep on until then.
+  if (!impl_->timer_armed.exchange(true, std::memory_order_acq_rel))
+    arm_timerfd(impl_->timerfd, std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(at)));
+  return true;
+}
+
 int Poller::collect_counting(int timeout_ms, int* wakes) {
   epoll_event events[kMaxEvents];
-  const int n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
-  if (n < 0) {
-    if (errno == EINTR) return 0;
-    throw Error(ErrorCode::System, std::string("epoll_wait: ") + errno_text(errno));
+  const auto start = std::chrono::steady_clock::now();
+  const int total_ms = timeout_ms;
+  int n = 0;
+  bool timer_seen = false;  // the timer fired alone and was cleared, on time
+  for (;;) {
+    n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
+    if (n < 0) {
+      if (errno == EINTR) return 0;
+      throw Error(ErrorCode::System, std::string("epoll_wait: ") + errno_text(errno));
+    }
+    // wake_at()'s timer alone, before the time last asked for: not a wake-up.
+    if (!(n == 1 && events[0].data.u64 == kTimerKey)) break;
+    if (!timer_fired_early()) {
+      timer_seen = true;
+      break;
+    }
+    if (total_ms > 0) {
+      const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      if (spent.count() >= total_ms) return 0;
+      timeout_ms = total_ms - static_cast<int>(spent.count());
+    } else if (total_ms == 0) {
+      return 0;
+    }
   }
   int fetched = 0;
   std::lock_guard<std::mutex> lock(impl_->pending_mu);
   for (int i = 0; i < n; ++i) {
     ++fetched;
+    if (events[i].data.u64 == kTimerKey) {
+      // Early among other events: those woke us, and the timer is armed again.
+      if ((timer_seen || !timer_fired_early()) && wakes) ++*wakes;
+      continue;
+    }
     if (events[i].data.u64 == kWakeKey) {
       std::uint64_t value;
       while (::read(impl_->wakefd, &value, sizeof value) > 0) {
@@ -188,6 +238,11 @@ void Poller::wake() noexcept {
   // EAGAIN means the counter is saturated, i.e. a wake-up is already pending.
   ssize_t r = ::write(impl_->wakefd, &one, sizeof one);
   (void)r;
+}
+
+void Poller::wake_at(std::chrono::steady_clock::time_point when) noexcept {
+  impl_->wake_ns.store(when.time_since_epoch().count(), std::memory_order_release);
+  if (!impl_->timer_armed.exchange(true, std::memory_order_acq_rel)) arm_timerfd(impl_->timerfd, when);
 }
 
 void arm_timerfd(int fd, std::chrono::steady_clock::time_point when) noexcept {

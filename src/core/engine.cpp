@@ -408,20 +408,25 @@ void Engine::submit(Operation op) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!failed_.load() && !stop_) {
-      if (opt_.wait_helps) op.work->helper = gate_;
+      // Small: a collective or send/receive of at most inline_bytes that the caller's
+      // thread may drive. Its Work helps whoever waits on it (the thread that will need
+      // the result drives, instead of sleeping until the engine thread wakes it).
+      const bool small = opt_.inline_bytes > 0 && !no_helpers_.load(std::memory_order_acquire) && !op.task &&
+                         op.plan && !op.deferred &&
+                         op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
+                         std::this_thread::get_id() != thread_.get_id();
+      if (opt_.wait_helps || small) op.work->helper = gate_;
       if (op.gate) {
         const auto now = Clock::now();
         if (op.timeout < std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
           op.gate_deadline = now + op.timeout;
       }
-      // Inline: a small collective, the engine idle (nothing queued or running, no
-      // helper inside), and not the engine's own thread (which must not wait on itself).
-      const bool run_here = opt_.inline_bytes > 0 && !no_helpers_.load(std::memory_order_acquire) && !op.task &&
-                            !op.p2p && op.plan &&
-                            !op.deferred && !busy_ &&
-                            op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
-                            helpers_.load(std::memory_order_acquire) == 0 &&
-                            std::this_thread::get_id() != thread_.get_id();
+      // Inline, on this thread: a small collective that finds the engine idle (nothing
+      // queued or running, no helper inside) runs until it completes or stalls; a small
+      // send or receive takes one pass if no other thread drives (posting must not block:
+      // a receive whose data has not come must not hold up the send posted next).
+      const bool p2p = op.p2p;
+      const bool run_here = small && helpers_.load(std::memory_order_acquire) == 0 && (p2p || !busy_);
       auto work = op.work;
       queue_.push_back(std::move(op));
       busy_ = true;
@@ -430,9 +435,7 @@ void Engine::submit(Operation op) {
         return;
       }
       lock.unlock();
-      // help() leaves once the work is done or stalls, and wakes the engine thread
-      // when anything is left.
-      help(*work, Clock::time_point::max());
+      help(*work, p2p ? Help::one_pass : Help::inline_call);
       return;
     }
   }
@@ -1336,13 +1339,25 @@ namespace {
 constexpr auto kHelpPollOnly = std::chrono::microseconds(20);
 }  // namespace
 
-void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
+void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept { help(w, Help::waiter, until); }
+
+void Engine::help(detail::WorkState& w, Help how, Clock::time_point until) noexcept {
   if (std::this_thread::get_id() == thread_.get_id()) return;
   if (no_helpers_.load(std::memory_order_acquire)) return;  // the waiter sleeps; the engine drives
+  if (how == Help::one_pass) until = Clock::now();
   helpers_.fetch_add(1, std::memory_order_acq_rel);
   bool more = false;
   {
-    std::lock_guard<std::mutex> drive(drive_mu_);
+    std::unique_lock<std::mutex> drive(drive_mu_, std::defer_lock);
+    if (how == Help::one_pass) {
+      if (!drive.try_lock()) {  // another thread drives and will admit it
+        helpers_.fetch_sub(1, std::memory_order_acq_rel);
+        poller_->wake();
+        return;
+      }
+    } else {
+      drive.lock();
+    }
     base::set_log_rank(opt_.rank);
     // A helper yields while it polls, so it may poll even where the engine thread must
     // not spin (more local ranks than cores, BRAID_SPIN_US=auto -> 0).
@@ -1389,7 +1404,17 @@ void Engine::help(detail::WorkState& w, Clock::time_point until) noexcept {
     more = more || !active_.empty() || !queue_.empty();
   }
   helpers_.fetch_sub(1, std::memory_order_acq_rel);
-  if (more) poller_->wake();  // hand the rest back to the engine thread
+  if (!more) return;
+  // Hand the rest back to the engine thread. A waiter leaves because nothing moved for
+  // the spin time: wake it now. A call run inline returns to its caller, who most likely
+  // waits for it next and drives it then: wake the engine thread only if nobody has
+  // finished it by the grace time (each such call moves the time on), so that a blocking
+  // small call costs no thread hand-off, and an unwaited one still progresses.
+  if (how == Help::waiter) {
+    poller_->wake();
+    return;
+  }
+  poller_->wake_at(Clock::now() + std::chrono::microseconds(opt_.help_spin_us));
 }
 
 }  // namespace braid::core

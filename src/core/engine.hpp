@@ -199,6 +199,14 @@ class Engine {
   void help(detail::WorkState& w, std::chrono::steady_clock::time_point until) noexcept;
 
  private:
+  /// Who drives in help(): a thread waiting for its work (until it is done or nothing
+  /// moves for the spin time; then the engine thread is woken at once); a small call run
+  /// inline by submit() (the same, but the engine thread is woken only after a grace,
+  /// as the caller will most likely wait and drive); or one pass of a small send or
+  /// receive, only if no other thread is driving.
+  enum class Help { waiter, inline_call, one_pass };
+  void help(detail::WorkState& w, Help how,
+            std::chrono::steady_clock::time_point until = std::chrono::steady_clock::time_point::max()) noexcept;
   struct Exec;
   class Gate;
   // Not noexcept: a store callback into foreign code (a Python store) may end the

@@ -69,7 +69,10 @@ if [ "$transport" = ucx ]; then
   # No UCX_NET_DEVICES: braid hands UCX the interface it chose (BRAID_SOCKET_IFNAME=eth0,
   # which the vcluster agent sets), so UCX neither advertises nor tries each host's
   # loopback, which another host's 127.0.0.1 cannot reach.
-  transport_env=(-x BRAID_TRANSPORT=ucx)
+  # UCX_TLS=tcp,self: one rank per emulated host, so UCX's shared-memory transports have
+  # nothing to carry, yet each rank made their segments; under a parallel ctest with other
+  # suites using /dev/shm, ucp_ep_create once failed with "Shared memory error".
+  transport_env=(-x BRAID_TRANSPORT=ucx -x UCX_TLS=tcp,self)
 fi
 run_bench=("$bench")
 if [ "$transport" = ibverbs ]; then

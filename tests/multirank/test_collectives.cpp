@@ -431,6 +431,35 @@ TEST(Inline, ACallWhosePeerIsLateReturnsAtOnceAndCompletesLater) {
   }
 }
 
+// A small send or receive takes one pass on the calling thread and leaves the rest to
+// whoever waits for it; one nobody waits for still completes: the engine thread is woken
+// once the caller has not finished it within the grace time. Rank 0 polls test(), which
+// drives nothing, while rank 1 sends only 50 ms later and receives what rank 0 sent.
+TEST(Inline, ASmallSendOrReceiveNobodyWaitsForStillCompletes) {
+  Group g(2);
+  for (int round = 0; round < 3; ++round) {
+    run_threads(2, [&](int r) {
+      std::vector<float> out(512, static_cast<float>(10 * round + r + 1)), in(512, 0.0f);
+      if (r == 0) {
+        Work rv = g[r].recv(in.data(), in.size(), DataType::f32, 1);
+        Work sd = g[r].send(out.data(), out.size(), DataType::f32, 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!(rv.test() && sd.test()) && std::chrono::steady_clock::now() - t0 < 5s * test::kTimeScale)
+          std::this_thread::sleep_for(1ms);
+        ASSERT_TRUE(rv.test() && sd.test()) << "round " << round << ": unwaited send/receive never completed";
+        rv.wait();
+        sd.wait();
+      } else {
+        std::this_thread::sleep_for(50ms);
+        Work sd = g[r].send(out.data(), out.size(), DataType::f32, 0);
+        g[r].recv(in.data(), in.size(), DataType::f32, 0).wait();
+        sd.wait();
+      }
+      for (float v : in) ASSERT_EQ(v, static_cast<float>(10 * round + (1 - r) + 1));
+    });
+  }
+}
+
 TEST(Topology, DescribesHostsAndTransports) {
   Group g(4, 2);
   std::string text;

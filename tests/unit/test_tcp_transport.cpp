@@ -190,6 +190,30 @@ TEST(Poller, WakeFromAnotherThreadEndsWait) {
   EXPECT_EQ(p.wait(0), 0) << "the wake-up must be consumed";
 }
 
+// wake_at(): a sleeping thread wakes at the latest time asked for, not at an earlier one
+// that a later call moved on, and not again once it has woken for it.
+TEST(Poller, WakeAtWakesAtTheLatestTimeAskedFor) {
+  bt::Poller p;
+  auto t0 = Clock::now();
+  p.wake_at(t0 + 30ms);
+  p.wake_at(t0 + 150ms);  // moves it on: the timer armed for 30 ms fires early
+  EXPECT_EQ(p.wait(5000), 1);
+  const auto woke = Clock::now() - t0;
+  EXPECT_GE(woke, 150ms);
+  EXPECT_LT(woke, 2s);
+  t0 = Clock::now();
+  EXPECT_EQ(p.wait(100), 0) << "woken twice for one time";
+  EXPECT_GE(Clock::now() - t0, 90ms) << "a wait with a timeout ended early";
+  // A time already past wakes at once; from another thread too.
+  p.wake_at(Clock::now() - 1ms);
+  EXPECT_EQ(p.wait(5000), 1);
+  std::thread t([&] { p.wake_at(Clock::now() + 20ms); });
+  t0 = Clock::now();
+  EXPECT_EQ(p.wait(5000), 1);
+  t.join();
+  EXPECT_LT(Clock::now() - t0, 2s);
+}
+
 TEST(Poller, RunsHandlerWithEventMaskAndStopsAfterUnwatch) {
   bt::Poller p;
   Pipe a;

@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -193,6 +194,7 @@ struct Options {
   bool prefix = false;
   double timeout_s = 0;
   std::vector<std::string> env;
+  std::string bind_to = "auto";
   std::vector<std::string> command;
   std::vector<std::string> host_ids;  // one per rank, empty when no host ids were given
 };
@@ -231,6 +233,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                  "Deadline for the whole job in seconds (0: none); on expiry exit 124");
   app.add_option("--env", o.env, "KEY=VALUE added to every rank's environment (repeatable)")
       ->allow_extra_args(false);
+  app.add_option("--bind-to", o.bind_to,
+                 "cores: each rank runs on its own share of the cores braidrun may use (rank r on the "
+                 "r-th slice, as mpirun --bind-to core); none: the scheduler places them; auto (default): "
+                 "cores when there are no more ranks than cores, else none")
+      ->check(CLI::IsMember({"auto", "cores", "none"}));
   // Everything from the first positional argument (or after "--") is the program.
   app.prefix_command();
 
@@ -315,6 +322,8 @@ struct Stream {
 
 struct Rank {
   int rank = 0;
+  bool bound = false;  // run on `cpus` (--bind-to)
+  cpu_set_t cpus;
   pid_t pid = -1;
   bool running = false;
   std::string prefix;
@@ -330,6 +339,9 @@ class Launcher {
 
  private:
   void build_environments(const std::string& addr, std::uint16_t port);
+  /// --bind-to: gives each rank its slice of the cores braidrun may run on. False after
+  /// saying why when `cores` was asked for more ranks than there are cores.
+  bool bind_ranks();
   // Starts rank `r`. Returns 0, or the exit code for braidrun when it could not
   // (kExitExec when the program cannot be executed; the message is printed).
   int spawn(Rank& r);
@@ -421,6 +433,41 @@ void Launcher::build_environments(const std::string& addr, std::uint16_t port) {
   }
 }
 
+bool Launcher::bind_ranks() {
+  if (o_.bind_to == "none") return true;
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) {
+    say(std::string("--bind-to: cannot read braidrun's cores (") + std::strerror(errno) + "); ranks are not bound");
+    return o_.bind_to == "auto";
+  }
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) cpus.push_back(c);
+  const int n = o_.nproc, k = static_cast<int>(cpus.size());
+  if (n > k) {
+    // More ranks than cores: binding would only fix which ranks share a core; the
+    // scheduler moves them to whichever core is free.
+    if (o_.bind_to == "auto") return true;
+    say("--bind-to cores: " + std::to_string(n) + " ranks but braidrun may use only " + std::to_string(k) +
+        " core(s); use --bind-to none to run them anyway");
+    return false;
+  }
+  // Rank r gets the r-th of n nearly equal slices, in the order the kernel numbers the
+  // cores (the first k % n ranks one core more), so that a rank's threads stay together
+  // and no two ranks wait for one core while another idles: with two ranks on two cores
+  // under load, an unbound pair sharing a core took 50 us per 4 KiB all-reduce.
+  int next = 0;
+  for (int r = 0; r < n; ++r) {
+    const int take = k / n + (r < k % n ? 1 : 0);
+    Rank& rk = ranks_[static_cast<std::size_t>(r)];
+    CPU_ZERO(&rk.cpus);
+    for (int i = 0; i < take; ++i) CPU_SET(cpus[static_cast<std::size_t>(next++)], &rk.cpus);
+    rk.bound = true;
+  }
+  return true;
+}
+
 // Moves `fd` onto `target` in a child (between fork and exec: async-signal-safe only).
 void child_move_fd(int fd, int target) {
   if (fd == target) {
@@ -499,6 +546,7 @@ int Launcher::spawn(Rank& r) {
         ::close(dn);
       }
     }
+    if (r.bound) ::sched_setaffinity(0, sizeof r.cpus, &r.cpus);  // threads made later inherit it
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     ::execvpe(argv_[0], argv_.data(), r.envp.data());
     int e = errno;
@@ -814,6 +862,7 @@ int Launcher::run() {
   std::string advertise = o_.master_addr;
   if (advertise == "0.0.0.0" || advertise == "::" || advertise == "[::]") advertise = "127.0.0.1";
   build_environments(advertise, server->port());
+  if (!bind_ranks()) return kExitUsage;
 
   if (o_.timeout_s > 0)
     job_deadline_ = Clock::now() +
