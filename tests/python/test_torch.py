@@ -71,6 +71,23 @@ def test_completer_stop_waits_for_its_helper_threads():
     assert ran == [1]
 
 
+def test_completer_finishes_works_already_done_on_the_callers_thread():
+    # A small call runs on the caller's thread and has finished when braid returns its Work:
+    # its futures complete at once, there, without a dispatcher thread's hand-off.
+    import threading
+
+    import braid
+    import braid.torch as bt
+
+    c = bt._Completer("inline")
+    try:
+        src, out = c.submit([braid._C.Work()], lambda: threading.current_thread().name)
+        assert out.done() and src.done()
+        assert out.value() == threading.current_thread().name
+    finally:
+        c.stop()
+
+
 def test_backend_is_registered_for_cpu_and_cuda_and_names_what_it_refuses():
     # One braid group serves CPU and CUDA tensors (torch keeps a ProcessGroup subclass as
     # the group itself). CUDA tensors cannot be made here (no GPU): a device neither CPU
