@@ -25,6 +25,7 @@
 #include <iosfwd>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -104,6 +105,7 @@ class Compressor {
   /// Codec auto: 1 when every rank is on one host (auto never compresses), 0 when not,
   /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
   std::atomic<int> auto_one_host_{-1};
+  std::optional<compression::CodecSpec> configured_;  ///< BRAID_CODEC parsed (empty: it does not parse)
 };
 
 }  // namespace braid::core
