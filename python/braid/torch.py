@@ -95,6 +95,17 @@ def _unwrap(src: Future) -> Any:
     return value
 
 
+def _settle(err, finish: Callable[[], Any]) -> tuple:
+    """(error, value) of a finished set of Works: their first error, else finish()'s value
+    (or what it raised)."""
+    if err is not None:
+        return (err, None)
+    try:
+        return (None, finish())
+    except BaseException as e:  # noqa: BLE001 — handed to the future
+        return (e, None)
+
+
 class _Completer:
     """Completes torch futures as braid's Works finish.
 
@@ -127,19 +138,13 @@ class _Completer:
         the hand-off to a dispatcher thread that would cost the call tens of microseconds."""
         src: Future = Future()
         if works and all(w.test() for w in works):
-            err = next((e for e in (w.exception() for w in works) if e is not None), None)
-            if err is None:
-                try:
-                    value = finish()
-                except BaseException as e:  # noqa: BLE001 — handed to the future
-                    err = e
-            if err is None:
-                src.set_result((None, value))
-                out: Future = Future()
-                out.set_result(value)
-                return src, out
-            src.set_result((err, None))
-            return src, src.then(_unwrap)
+            done = _settle(next((e for e in (w.exception() for w in works) if e is not None), None), finish)
+            src.set_result(done)
+            if done[0] is not None:
+                return src, src.then(_unwrap)
+            out: Future = Future()
+            out.set_result(done[1])
+            return src, out
         out = src.then(_unwrap)
         self._q.watch(works, (src, finish))
         return src, out
@@ -180,14 +185,7 @@ class _Completer:
                     self._spawn()  # this set's callbacks may wait for a later one
             (src, finish), err = item
             item = None
-            done: tuple
-            if err is None:
-                try:
-                    done = (None, finish())
-                except BaseException as e:  # noqa: BLE001 — handed to the future
-                    done = (e, None)
-            else:
-                done = (err, None)
+            done = _settle(err, finish)
             src.set_result(done)  # runs the callbacks (DDP's, a comm hook's) on this thread
             src = finish = done = None
             with self._lock:

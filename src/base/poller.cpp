@@ -77,19 +77,19 @@ Poller::Poller() : impl_(std::make_unique<Impl>()) {
     throw Error(ErrorCode::System, std::string("eventfd: ") + errno_text(err));
   }
   impl_->timerfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-  const auto fail = [&](const std::string& what, int err) {
+  const auto fail = [&](const std::string& message) {  // message made first: it reads errno
     if (impl_->timerfd >= 0) ::close(impl_->timerfd);
     ::close(impl_->wakefd);
     ::close(impl_->epfd);
-    throw Error(ErrorCode::System, what + ": " + errno_text(err));
+    throw Error(ErrorCode::System, message);
   };
-  if (impl_->timerfd < 0) fail("timerfd_create", errno);
+  if (impl_->timerfd < 0) fail(std::string("timerfd_create: ") + errno_text(errno));
   for (const auto& [fd, key] : {std::pair{impl_->wakefd, kWakeKey}, std::pair{impl_->timerfd, kTimerKey}}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = key;
     if (::epoll_ctl(impl_->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
-      fail("epoll_ctl(ADD) of the poller's own fd " + std::to_string(fd), errno);
+      fail(fd_error("epoll_ctl(ADD) of the poller's own eventfd/timerfd", fd, errno));
   }
 }
 
@@ -155,47 +155,44 @@ int Poller::collect_counting(int timeout_ms, int* wakes) {
   epoll_event events[kMaxEvents];
   const auto start = std::chrono::steady_clock::now();
   const int total_ms = timeout_ms;
-  int n = 0;
-  bool timer_seen = false;  // the timer fired alone and was cleared, on time
   for (;;) {
-    n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
+    const int n = ::epoll_wait(impl_->epfd, events, kMaxEvents, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) return 0;
       throw Error(ErrorCode::System, std::string("epoll_wait: ") + errno_text(errno));
     }
-    // wake_at()'s timer alone, before the time last asked for: not a wake-up.
-    if (!(n == 1 && events[0].data.u64 == kTimerKey)) break;
-    if (!timer_fired_early()) {
-      timer_seen = true;
-      break;
+    int fetched = 0;
+    bool early_timer_alone = n > 0;  // wake_at()'s timer before the time last asked for, and nothing else
+    {
+      std::lock_guard<std::mutex> lock(impl_->pending_mu);
+      for (int i = 0; i < n; ++i) {
+        ++fetched;
+        if (events[i].data.u64 == kTimerKey) {
+          if (timer_fired_early()) continue;  // armed again for the later time
+          early_timer_alone = false;
+          if (wakes) ++*wakes;
+          continue;
+        }
+        early_timer_alone = false;
+        if (events[i].data.u64 == kWakeKey) {
+          std::uint64_t value;
+          while (::read(impl_->wakefd, &value, sizeof value) > 0) {
+          }
+          if (wakes) ++*wakes;
+          continue;
+        }
+        impl_->pending.push_back(events[i]);
+      }
     }
+    if (!early_timer_alone) return fetched;
+    // Not a wake-up: wait on for what is left of the timeout.
+    if (total_ms == 0) return 0;
     if (total_ms > 0) {
       const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       if (spent.count() >= total_ms) return 0;
       timeout_ms = total_ms - static_cast<int>(spent.count());
-    } else if (total_ms == 0) {
-      return 0;
     }
   }
-  int fetched = 0;
-  std::lock_guard<std::mutex> lock(impl_->pending_mu);
-  for (int i = 0; i < n; ++i) {
-    ++fetched;
-    if (events[i].data.u64 == kTimerKey) {
-      // Early among other events: those woke us, and the timer is armed again.
-      if ((timer_seen || !timer_fired_early()) && wakes) ++*wakes;
-      continue;
-    }
-    if (events[i].data.u64 == kWakeKey) {
-      std::uint64_t value;
-      while (::read(impl_->wakefd, &value, sizeof value) > 0) {
-      }
-      if (wakes) ++*wakes;
-      continue;
-    }
-    impl_->pending.push_back(events[i]);
-  }
-  return fetched;
 }
 
 int Poller::dispatch() {
