@@ -770,6 +770,36 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)
       .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
+      .def("dump_trace", &braid::Communicator::dump_trace, py::call_guard<py::gil_scoped_release>())
+      .def("metrics",
+           [](const braid::Communicator& c) {
+             braid::Metrics m;
+             {
+               py::gil_scoped_release nogil;
+               m = c.metrics();
+             }
+             py::list ops;
+             for (const auto& o : m.operations) {
+               py::dict d;
+               d["collective"] = o.collective;
+               d["algorithm"] = o.algorithm;
+               d["codec"] = o.codec;
+               d["calls"] = o.calls;
+               d["errors"] = o.errors;
+               d["bytes"] = o.bytes;
+               d["wire_bytes"] = o.wire_bytes;
+               d["seconds"] = o.seconds;
+               d["histogram"] = o.histogram;
+               ops.append(d);
+             }
+             py::dict out;
+             out["comm"] = m.comm;
+             out["rank"] = m.rank;
+             out["size"] = m.size;
+             out["operations"] = ops;
+             out["prometheus"] = m.prometheus();
+             return out;
+           })
       .def("explain_allreduce", &braid::Communicator::explain_allreduce, py::arg("count"), py::arg("dtype"),
            py::arg("op") = braid::ReduceOp::sum, py::arg("deterministic") = false,
            py::call_guard<py::gil_scoped_release>())

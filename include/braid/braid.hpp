@@ -6,6 +6,7 @@
 #include <braid/device.hpp>
 #include <braid/error.hpp>
 #include <braid/info.hpp>
+#include <braid/metrics.hpp>
 #include <braid/options.hpp>
 #include <braid/store.hpp>
 #include <braid/types.hpp>

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <braid/export.hpp>
+#include <braid/metrics.hpp>
 #include <braid/options.hpp>
 #include <braid/store.hpp>
 #include <braid/types.hpp>
@@ -211,6 +212,18 @@ class BRAID_API Communicator {
 
   /// True once the communicator has failed or been aborted.
   bool failed() const noexcept;
+
+  /// The flight recorder's dump of this rank (JSON, docs/observability.md): the last
+  /// operations (BRAID_TRACE_ENTRIES), then what is running, with each peer's progress,
+  /// and what is queued. Also written into BRAID_TRACE_DIR when it is set; `braid_trace`
+  /// merges the ranks' files. Local, thread-safe, callable after a failure. Throws
+  /// braid::Error(Timeout) if the progress engine does not answer within 10 s.
+  std::string dump_trace() const;
+
+  /// This rank's counters since the communicator was made: calls, errors, bytes and a
+  /// time histogram per collective, algorithm and codec (docs/observability.md);
+  /// Metrics::prometheus() gives them in Prometheus' text format. Local, thread-safe.
+  Metrics metrics() const;
 
   /// Human-readable topology: hosts, their ranks, and the transport each pair of
   /// ranks uses. Waits until every rank has joined (up to the timeout).

@@ -434,6 +434,20 @@ class Communicator:
     def describe_topology(self) -> str:
         return self._impl.describe_topology()
 
+    def dump_trace(self) -> dict:
+        """The flight recorder's dump of this rank (docs/observability.md): the last operations,
+        then what is running, with each peer's progress, and what is queued. Also written into
+        BRAID_TRACE_DIR when set; `braid_trace DIR` merges the ranks' files into a report."""
+        import json
+        return json.loads(self._impl.dump_trace())
+
+    def metrics(self) -> dict:
+        """This rank's counters since the communicator was made (docs/observability.md): under
+        "operations", per collective, algorithm and codec, the calls, errors, bytes, bytes sent,
+        seconds and a time histogram (bucket k: calls of at most 2**k microseconds); under
+        "prometheus", the same in Prometheus' text format."""
+        return self._impl.metrics()
+
     def explain_allreduce(self, x: Any, op: Union[str, ReduceOp] = "sum", *, deterministic: bool = False) -> str:
         """The algorithm an all-reduce of `x`'s size and type runs, and why: the cost model's
         prices and, once a call of this size has run, the measured trial times and verdict."""

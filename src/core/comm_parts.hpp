@@ -37,6 +37,7 @@ struct Posting {
   DeferredPlan deferred;                 ///< plan decided later (the measuring tuner's verdict)
   bool automatic = false;  ///< the caller asked for Algorithm::automatic: BRAID_CHECK_ARGS signs "auto"
   bool internal = false;   ///< the library's own call (tuner trials, exchange): not argument-checked
+  bool barrier = false;    ///< Communicator::barrier (an all-reduce of one element): metrics name it so
   /// Compressed plans: error-feedback residuals and the RNG's step (core::Operation).
   float* feedback[2] = {nullptr, nullptr};
   std::uint64_t codec_step = 0;

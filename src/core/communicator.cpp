@@ -110,6 +110,8 @@ core::EngineOptions engine_options(const core::Config& cfg, const core::Membersh
   eo.spin_us = cfg.spin_us;
   eo.wait_helps = cfg.wait_helps;
   eo.inline_bytes = cfg.inline_bytes;
+  eo.trace_entries = cfg.trace_entries;
+  eo.trace_dir = cfg.trace_dir;
   if (eo.spin_us < 0) {
     // Spinning pays when every rank of this host can have a core for its progress
     // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB
@@ -127,6 +129,10 @@ core::EngineOptions engine_options(const core::Config& cfg, const core::Membersh
   eo.transport_mode = cfg.transport;
   eo.settings = &cfg.settings;
   eo.topology = member.topology;
+  // One endpoint per process, on the port of its rank on this host (the launcher's local
+  // rank; else this communicator's, when its topology is known).
+  if (cfg.metrics_port > 0)
+    eo.metrics_port = cfg.metrics_port + cfg.local_rank.value_or(member.topology ? member.topology->layout().local_rank : 0);
   return eo;
 }
 
@@ -283,6 +289,7 @@ Work Communicator::Impl::post(core::Posting p) {
   o.timeout = p.timeout.count() > 0 ? clamp_timeout(p.timeout) : timeout;
   o.work = std::make_shared<detail::WorkState>();
   o.keepalive = std::move(p.keepalive);
+  o.barrier = p.barrier;
   // Plain concatenation: this runs on every call, and a stream costs a microsecond.
   o.name.reserve(96);
   o.name.append(what).append(" #").append(std::to_string(o.seq)).append(" (");
@@ -607,6 +614,7 @@ Work Communicator::barrier(const BarrierOptions& options) {
   p.dtype = DataType::i32;
   p.timeout = options.timeout;
   p.what = "barrier";
+  p.barrier = true;
   p.keepalive = std::move(buf);
   return impl_->post(std::move(p));
 }
@@ -646,7 +654,8 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
   // Messages carry the user tag (and a p2p marker) so that mismatched pairs are caught.
   o.tag_base = (1ull << 63) | (static_cast<std::uint64_t>(options.tag) << 24);
   std::ostringstream os;
-  os << what << " #" << next_p2p++ << " (" << count << " x " << to_string(dtype) << ", tag " << options.tag << ") "
+  o.p2p_seq = next_p2p++;
+  os << what << " #" << o.p2p_seq << " (" << count << " x " << to_string(dtype) << ", tag " << options.tag << ") "
      << (is_send ? "to" : "from") << " rank " << peer << " on rank " << rank << "/" << size;
   o.name = os.str();
   Work w(o.work);
@@ -751,6 +760,12 @@ void Communicator::restore_error_feedback(std::istream& is, const std::string& k
 }
 void Communicator::reset_error_feedback(const std::string& ef_key) { impl_->compressor->reset_feedback(ef_key); }
 std::size_t Communicator::error_feedback_bytes() const { return impl_->compressor->feedback_bytes(); }
+
+std::string Communicator::dump_trace() const {
+  return impl_->engine->dump_trace("dump_trace()", std::chrono::seconds(10));
+}
+
+Metrics Communicator::metrics() const { return impl_->engine->metrics(); }
 
 std::string Communicator::describe_topology() const {
   Impl& im = *impl_;

@@ -124,6 +124,21 @@ std::vector<Setting> make_table() {
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
+      {"BRAID_TRACE_ENTRIES", SettingType::integer, "1000",
+       "Flight recorder: operations each communicator keeps (the last ones; collectives, sends and "
+       "receives), dumped with what is running and queued on a failure, on SIGUSR1 or on "
+       "Communicator::dump_trace() (docs/observability.md). 0 turns it off.",
+       true, 0, 1'000'000},
+      {"BRAID_METRICS_PORT", SettingType::integer, "0",
+       "Counters of every communicator of the process (calls, errors, bytes, time histograms per "
+       "collective, algorithm and codec) in Prometheus' text format, served over HTTP on "
+       "127.0.0.1:PORT+local rank (/metrics). 0: no endpoint; Communicator::metrics() reads them "
+       "either way (docs/observability.md).",
+       true, 0, 65535},
+      {"BRAID_TRACE_DIR", SettingType::text, "",
+       "Flight recorder: directory of its dumps, one JSON file per rank and communicator, written when "
+       "a communicator fails or times out and on SIGUSR1 (unless the program handles that signal); "
+       "`braid_trace DIR` merges them into a report. Empty: no files (dump_trace() still returns one)."},
   };
   // Each transport's rows, declared in its folder.
   for (const auto* e : transport::registry()) t.insert(t.end(), e->settings.begin(), e->settings.end());
@@ -284,6 +299,9 @@ Config Config::parse(const Lookup& lookup) {
   c.inline_bytes = s.bytes("BRAID_INLINE_BYTES");
   c.plan_cache = static_cast<std::size_t>(*s.integer("BRAID_PLAN_CACHE"));
   c.check_args = s.boolean("BRAID_CHECK_ARGS");
+  c.trace_entries = static_cast<std::size_t>(*s.integer("BRAID_TRACE_ENTRIES"));
+  c.trace_dir = s.text("BRAID_TRACE_DIR");
+  c.metrics_port = static_cast<int>(*s.integer("BRAID_METRICS_PORT"));
   c.deterministic = s.boolean("BRAID_DETERMINISTIC");
   c.cost_model = s.text("BRAID_COST_MODEL");
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");

@@ -54,6 +54,9 @@ struct Config {
   std::size_t inline_bytes = 0;  ///< BRAID_INLINE_BYTES
   std::size_t plan_cache = 0;
   bool check_args = false;
+  std::size_t trace_entries = 0;  ///< BRAID_TRACE_ENTRIES (flight recorder)
+  std::string trace_dir;          ///< BRAID_TRACE_DIR
+  int metrics_port = 0;           ///< BRAID_METRICS_PORT (0: no endpoint)
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens

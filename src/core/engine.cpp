@@ -199,6 +199,7 @@ struct Engine::Exec {
   ScratchPool::Lease scratch;  ///< Plan::scratch_count elements, then the packed payloads
   std::byte* packed = nullptr;
   std::size_t frame = 1, frame_bytes = 0;  ///< compressed plans: Plan::packed_frame, its bytes
+  std::uint64_t sent_bytes = 0;  ///< what the plan sends, summed at admission (metrics)
   bool routed = false;  ///< every peer has a connection
   std::byte* scratch_base = nullptr;  ///< the scratch lease's, or device memory (direct device path)
 
@@ -325,7 +326,7 @@ class Engine::Gate final : public detail::WorkHelper {
 };
 
 Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
-    : opt_(options), store_(std::move(store)) {
+    : opt_(options), store_(std::move(store)), recorder_(options.trace_entries) {
   poller_ = std::make_unique<base::Poller>();
   // A healthy store answers in well under a millisecond; a report waits for it a second
   // at most (docs/reliability.md, "Failure handling").
@@ -385,9 +386,13 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
   order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
   gate_ = std::make_shared<Gate>(this);
   thread_ = std::thread([this] { run(); });
+  if (!opt_.trace_dir.empty()) dump_listener_ = add_dump_listener([this] { request_dump("SIGUSR1"); });
+  metrics_source_ = add_metrics_source(opt_.metrics_port, [this] { return metrics(); });
 }
 
 Engine::~Engine() {
+  if (dump_listener_ >= 0) remove_dump_listener(dump_listener_);
+  remove_metrics_source(metrics_source_);
   drain();
   gate_->detach();
   {
@@ -622,6 +627,7 @@ bool Engine::admit() {
       }
       const auto pos = static_cast<std::size_t>(std::lower_bound(p.peers.begin(), p.peers.end(), s.peer) - p.peers.begin());
       (s.kind == StepKind::send ? e.sendq : e.recvq)[pos].push_back(i);
+      if (s.kind == StepKind::send) e.sent_bytes += e.bytes(s.src);
     }
     BRAID_LOG(trace, "start " << e.op.name << " with " << p.steps.size() << " steps");
   }
@@ -743,6 +749,179 @@ std::exception_ptr same_kind(const std::exception_ptr& cause, const std::string&
 
 }  // namespace
 
+namespace {
+
+/// The call's fields of a trace record or ring entry (everything but state, times,
+/// progress and name).
+template <class Record>
+void describe_call(const Operation& op, Record& r) {
+  r.seq = op.seq;
+  r.p2p_seq = op.p2p_seq;
+  r.dtype = op.dtype;
+  r.op = op.op;
+  r.task = static_cast<bool>(op.task) || op.gate != nullptr;
+  r.root = -1;
+  r.count = 0;
+  r.codec = {};
+  r.algorithm = "";
+  const Plan* p = op.plan.get();
+  if (r.task || p == nullptr) return;
+  r.count = p->request.count;
+  r.codec = p->request.codec;
+  if (op.p2p) {
+    r.algorithm = "p2p";
+    if (!p->steps.empty()) r.root = p->steps.front().peer;
+    return;
+  }
+  r.algorithm = op.deferred && !*op.deferred ? "auto" : p->name();
+  if (p->request.collective == collectives::Collective::broadcast ||
+      p->request.collective == collectives::Collective::reduce)
+    r.root = p->request.root;
+}
+
+/// Per peer, the messages and bytes of `ex` done and to do (a record of an unfinished operation).
+template <class ExecT>
+void describe_progress(const ExecT& ex, TraceRecord& r) {
+  const Plan& p = *ex.plan;
+  r.steps = static_cast<std::uint32_t>(p.steps.size());
+  r.steps_done = static_cast<std::uint32_t>(ex.done);
+  r.peers.assign(p.peers.size(), PeerProgress{});
+  for (std::size_t q = 0; q < p.peers.size(); ++q) {
+    PeerProgress& pp = r.peers[q];
+    pp.rank = p.peers[q];
+    for (std::size_t k = 0; k < ex.sendq[q].size(); ++k) {
+      const std::uint32_t i = ex.sendq[q][k];
+      const std::uint64_t b = ex.bytes(p.steps[i].src);
+      ++pp.sends;
+      pp.bytes_to_send += b;
+      if (k < ex.send_head[q]) ++pp.sends_posted;
+      if (ex.state[i] == kDone) {
+        ++pp.sends_done;
+        pp.bytes_sent += b;
+      } else if (pp.next_send_step < 0) {
+        pp.next_send_step = i;
+      }
+    }
+    for (std::size_t k = 0; k < ex.recvq[q].size(); ++k) {
+      const std::uint32_t i = ex.recvq[q][k];
+      const std::uint64_t b = ex.bytes(p.steps[i].dst);
+      ++pp.recvs;
+      pp.bytes_to_recv += b;
+      if (k < ex.recv_head[q]) ++pp.recvs_posted;
+      // A receive that has landed counts as received even while its reduction waits.
+      if (ex.state[i] == kDone || (ex.state[i] == kPosted && ex.req[i].state == transport::Request::State::done)) {
+        ++pp.recvs_done;
+        pp.bytes_received += b;
+      } else if (pp.next_recv_step < 0) {
+        pp.next_recv_step = i;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+MetricSeries* Engine::series_of(const Exec& ex) {
+  if (ex.op.task || ex.plan == nullptr) return nullptr;
+  const Plan& p = *ex.plan;
+  if (ex.op.p2p) {
+    const bool send = !p.steps.empty() && p.steps.front().kind == StepKind::send;
+    return &metrics_.series(send ? "send" : "recv", "p2p", p.request.codec);
+  }
+  return &metrics_.series(ex.op.barrier ? "barrier" : collectives::to_string(p.request.collective), p.name(),
+                          p.request.codec);
+}
+
+TraceEntry* Engine::record_done(const Exec& ex) noexcept {
+  TraceEntry* e = recorder_.next();
+  if (e == nullptr) return nullptr;
+  const Operation& op = ex.op;
+  describe_call(op, *e);
+  e->set_name(op.name);
+  e->started = op.work ? op.work->started : Clock::time_point{};
+  e->ended = Clock::time_point{};
+  return e;
+}
+
+/// Queued operations a dump lists (the rest are counted).
+constexpr std::size_t kTraceQueued = 100;
+
+void Engine::write_dump(const std::string& reason) noexcept {
+  std::string json;
+  std::string path;
+  try {
+    std::vector<TraceRecord> live;
+    for (const auto& ex : active_) {
+      TraceRecord& r = live.emplace_back();
+      describe_call(ex->op, r);
+      r.state = TraceRecord::State::running;
+      r.name = ex->op.name;
+      if (ex->op.work) r.started = ex->op.work->started;
+      if (ex->plan != nullptr && !ex->op.task) describe_progress(*ex, r);
+    }
+    TraceHeader h;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The first ones (a program that never waits can queue without bound).
+      for (const Operation& op : queue_) {
+        if (h.queued_more > 0 || live.size() >= active_.size() + kTraceQueued) {
+          ++h.queued_more;
+          continue;
+        }
+        TraceRecord& r = live.emplace_back();
+        describe_call(op, r);
+        r.state = TraceRecord::State::queued;
+        r.name = op.name;
+      }
+      if (failed_.load()) h.engine_error = reason_;
+    }
+    h.rank = opt_.rank;
+    h.size = opt_.size;
+    h.comm = opt_.comm_name;
+    h.comm_id = opt_.comm_id;
+    h.reason = reason;
+    json = trace_json(h, recorder_, live);
+    if (!opt_.trace_dir.empty()) {
+      path = write_trace(opt_.trace_dir, h, json);
+      BRAID_LOG(warn, "rank " << opt_.rank << ": flight recorder (" << reason.substr(0, 80)
+                              << (reason.size() > 80 ? "..." : "") << "): wrote " << path);
+    }
+  } catch (const std::exception& e) {
+    BRAID_LOG(warn, "rank " << opt_.rank << ": flight recorder: no dump: " << e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_dump_ = std::move(json);
+    ++dumps_done_;
+  }
+  dump_cv_.notify_all();
+}
+
+void Engine::request_dump(const std::string& reason) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    dump_reason_ = reason;
+  } catch (...) {
+  }
+  dump_requested_.store(true);
+  poller_->wake();
+}
+
+std::string Engine::dump_trace(const std::string& reason, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t target = dumps_done_ + 1;
+  dump_reason_ = reason;
+  dump_requested_.store(true);
+  lock.unlock();
+  poller_->wake();
+  lock.lock();
+  BRAID_CHECK(dump_cv_.wait_for(lock, wait, [&] { return dumps_done_ >= target; }), Timeout,
+              "dump_trace on rank " << opt_.rank << ": the progress engine did not answer within " << wait.count()
+                                    << " ms (held up outside braid?)");
+  BRAID_CHECK(!last_dump_.empty(), System, "dump_trace on rank " << opt_.rank << ": the dump failed (see the log)");
+  return last_dump_;
+}
+
 void Engine::fail_current(std::exception_ptr error, const std::string& reason, Exec* culprit) {
   int blame = timeout_blame_;
   try {
@@ -787,15 +966,30 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
                                               "failure; the callers' streams are released anyway");
   }
   // The operation that failed gets the error itself; others running beside it
-  // (point-to-point) are aborted with the reason.
+  // (point-to-point) are aborted with the reason. The recorder keeps where each stood.
+  const auto now = Clock::now();
   for (auto& ex : active_) {
-    if (ex.get() == culprit || (culprit == nullptr && ex == active_.front()))
+    const bool own = ex.get() == culprit || (culprit == nullptr && ex == active_.front());
+    if (MetricSeries* series = series_of(*ex)) metrics_.count(*series, 0, 0, {}, false);
+    if (recorder_.capacity() > 0) {
+      TraceRecord r;
+      describe_call(ex->op, r);
+      r.state = TraceRecord::State::failed;
+      r.name = ex->op.name;
+      if (ex->op.work) r.started = ex->op.work->started;
+      r.ended = now;
+      if (ex->plan != nullptr && !ex->op.task) describe_progress(*ex, r);
+      r.error = own ? reason : "aborted: the communicator failed";
+      recorder_.keep_ended(std::move(r));
+    }
+    if (own)
       ex->op.work->complete(error);
     else
       ex->op.work->complete(same_kind(kind, ex->op.name + " aborted: the communicator failed: " + reason));
   }
   active_.clear();
   fail_all(reason, kind);
+  if (!opt_.trace_dir.empty()) write_dump(reason);
 }
 
 void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
@@ -804,7 +998,16 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
     std::lock_guard<std::mutex> lock(mu_);
     q.swap(queue_);
   }
-  for (auto& op : q) op.work->complete(same_kind(cause, op.name + " not run: the communicator failed earlier: " + why));
+  for (auto& op : q) {
+    if (recorder_.capacity() > 0) {  // issued here, never started: what this rank was asked to do next
+      TraceRecord r;
+      describe_call(op, r);
+      r.state = TraceRecord::State::not_run;
+      r.name = op.name;
+      recorder_.keep_ended(std::move(r));
+    }
+    op.work->complete(same_kind(cause, op.name + " not run: the communicator failed earlier: " + why));
+  }
 }
 
 void Engine::finish_step(Exec& ex, std::uint32_t i) {
@@ -1181,6 +1384,14 @@ bool Engine::step(bool& unrouted) {
   std::exception_ptr failure;
   std::string failure_reason;
   try {
+    if (dump_requested_.load(std::memory_order_relaxed) && dump_requested_.exchange(false)) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        why.swap(dump_reason_);
+      }
+      write_dump(why);
+    }
     if (abort_requested_.load() && !failed_.load()) {
       const std::string why = reason();
       // Made in a statement of its own (see fail_current): the temporary dies before the hand-over.
@@ -1209,6 +1420,7 @@ bool Engine::step(bool& unrouted) {
         ex.op.task();
         BRAID_LOG(trace, "done " << ex.op.name);
         ex.op.work->complete();
+        if (TraceEntry* e = record_done(ex)) e->ended = ex.op.work->ended;
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
         progressed = true;
         continue;
@@ -1223,6 +1435,9 @@ bool Engine::step(bool& unrouted) {
       if (ex.done == ex.plan->steps.size()) {
         BRAID_LOG(trace, "done " << ex.op.name);
         const std::shared_ptr<detail::WorkState> work = ex.op.work;
+        TraceEntry* rec = record_done(ex);
+        MetricSeries* series = series_of(ex);
+        const std::uint64_t bytes = ex.plan->request.count * ex.elem, wire = ex.sent_bytes;
         active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
         // Idle before the caller hears of it: its next small call then runs inline
         // (submit) instead of finding the engine busy and handing itself to this thread,
@@ -1230,6 +1445,8 @@ bool Engine::step(bool& unrouted) {
         // took twice as long, run after run; issue 32).
         settle_if_idle();
         work->complete();
+        if (rec != nullptr) rec->ended = work->ended;  // still ours: only the driving thread records
+        if (series != nullptr) metrics_.count(*series, bytes, wire, work->ended - work->started, true);
         if (!learned_after_first_) {
           // Every rank has made its communicator by now, the one serving the store too.
           learned_after_first_ = true;
@@ -1241,6 +1458,9 @@ bool Engine::step(bool& unrouted) {
       mark_unposted(ex);
       if (ex.routed && !progressed) check_peers(ex);
       if (Clock::now() > ex.deadline) {
+        // The dump first: deadline_error() may wait a grace for the peers' records, and a
+        // launcher that sees another rank fail meanwhile may kill this one.
+        if (!opt_.trace_dir.empty()) write_dump(ex.op.name + " timed out (the dump at the deadline)");
         const std::string msg = deadline_error(ex);
         std::exception_ptr err = std::make_exception_ptr(TimeoutError(msg));
         fail_current(std::move(err), msg, &ex);

@@ -31,6 +31,8 @@
 #include "collectives/plan.hpp"
 #include "core/config.hpp"
 #include "core/failure.hpp"
+#include "core/flight_recorder.hpp"
+#include "core/metrics.hpp"
 #include "core/router.hpp"
 #include "core/topology.hpp"
 #include "core/work_state.hpp"
@@ -81,6 +83,8 @@ struct Operation {
   /// messages carry `tag_base` instead of the collective sequence number.
   bool p2p = false;
   std::uint64_t tag_base = 0;
+  std::uint64_t p2p_seq = 0;  ///< point-to-point: its number among this rank's sends and receives
+  bool barrier = false;       ///< Communicator::barrier (its plan is an all-reduce): metrics say "barrier"
   /// A host step (no plan): runs on the engine (or a helping waiter) in issue order,
   /// once everything issued before it has completed, and before anything issued after
   /// it starts; e.g. the measuring tuner reading its trials' times. An exception from
@@ -161,6 +165,12 @@ struct EngineOptions {
   /// This rank's process serves the store (core::serves_store): recorded for the others,
   /// who then name this rank when the store stops answering in a failure.
   bool serves_store = false;
+  /// The flight recorder (core/flight_recorder.hpp): operations kept (BRAID_TRACE_ENTRIES)
+  /// and where dumps go on a failure or SIGUSR1 (BRAID_TRACE_DIR; "": nowhere).
+  std::size_t trace_entries = 0;
+  std::string trace_dir;
+  /// The metrics endpoint's port (BRAID_METRICS_PORT + local rank; 0: none).
+  int metrics_port = 0;
 };
 
 class Engine {
@@ -197,6 +207,15 @@ class Engine {
   std::function<void()> waker() const;
   /// Drives progress on the calling (waiting) thread; see detail::WorkHelper::help.
   void help(detail::WorkState& w, std::chrono::steady_clock::time_point until) noexcept;
+  /// The flight recorder's dump (JSON), made by the driving thread, which is woken for it;
+  /// also written into BRAID_TRACE_DIR when set. Throws braid::Error(Timeout) when no
+  /// thread made it within `wait` (the engine held up outside braid, e.g. in a store
+  /// callback). Thread-safe.
+  std::string dump_trace(const std::string& reason, std::chrono::milliseconds wait);
+  /// Asks for a dump into BRAID_TRACE_DIR without waiting for it (SIGUSR1). Thread-safe.
+  void request_dump(const std::string& reason) noexcept;
+  /// The counters so far (core/metrics.hpp). Thread-safe.
+  Metrics metrics() const { return metrics_.snapshot(opt_.comm_name, opt_.rank, opt_.size); }
 
  private:
   /// Who drives in help(): a thread waiting for its work (until it is done or nothing
@@ -248,6 +267,12 @@ class Engine {
   /// peer's failure: RemoteError naming it; a deadline: TimeoutError; else Aborted).
   void fail_all(const std::string& reason, const std::exception_ptr& cause = nullptr);
   std::exception_ptr peer_error(const Exec& ex, std::uint32_t step);
+  /// Records `ex`, just finished, in the flight recorder; returns its slot (null when
+  /// recording is off) for the end time. Driving thread only.
+  TraceEntry* record_done(const Exec& ex) noexcept;
+  /// Makes the dump (running and queued operations live) and writes it into
+  /// opt_.trace_dir when set; wakes dump_trace() callers. Driving thread only.
+  void write_dump(const std::string& reason) noexcept;
 
   EngineOptions opt_;
   std::shared_ptr<Store> store_;
@@ -308,6 +333,19 @@ class Engine {
   std::vector<std::uint64_t> order_mark_;
   std::uint64_t order_gen_ = 0;
   int timeout_blame_ = -1;  ///< peer blamed in the abort record of a timeout
+
+  // --- the flight recorder (driving thread), and dumps asked for from other threads ---
+  FlightRecorder recorder_;
+  std::atomic<bool> dump_requested_{false};
+  std::string dump_reason_;     ///< under mu_
+  std::uint64_t dumps_done_ = 0;  ///< under mu_
+  std::string last_dump_;       ///< under mu_
+  std::condition_variable dump_cv_;
+  int dump_listener_ = -1;  ///< SIGUSR1 (add_dump_listener), with a trace directory
+  MetricsTable metrics_;     ///< written by the driving thread
+  int metrics_source_ = -1;  ///< add_metrics_source's handle
+  /// The series of `ex` (null for host tasks). Driving thread only.
+  MetricSeries* series_of(const Exec& ex);
   std::thread thread_;
 };
 
