@@ -163,13 +163,16 @@ def analyse(group: List[dict]) -> Tuple[List[str], List[str], List[dict]]:
             waiters[p].add(r)
     blocked = [r for r, rk in ranks.items() if rk.waits_on()]
 
-    def why_stuck(r: int, seq: int) -> Tuple[Optional[str], Optional[int]]:
-        """Why rank r holds up a rank waiting in collective `seq`: (reason, None) when r is
-        the cause, (None, s) to follow r's own waits in collective s, (None, None) when r
-        does not hold it up (it is past `seq`: the dumps were not taken at one instant)."""
+    def why_stuck(r: int, seq: int, since_us: int) -> Tuple[Optional[str], Optional[int]]:
+        """Why rank r holds up a rank waiting in collective `seq` since `since_us`: (reason,
+        None) when r is the cause, (None, s) to follow r's own waits in collective s,
+        (None, None) when r does not hold it up (it is past `seq`, or its dump was taken
+        too soon after the wait began to tell: dumps are not taken at one instant)."""
         if r in missing:
             return "left no dump (stopped, hung outside braid, or killed before it could write one)", None
         rk = ranks[r]
+        if rk.d.get("time_us", 0) - since_us < kBehindUs:
+            return None, None
         if rk.current is None:
             last = rk.last_done["seq"] if rk.last_done else 0
             if last >= seq:
@@ -196,8 +199,9 @@ def analyse(group: List[dict]) -> Tuple[List[str], List[str], List[dict]]:
             nxt = ranks[r].waits_on()
             if not nxt:
                 break
+            since = ranks[r].current.get("start_us", 0) if ranks[r].current else 0
             # Prefer a peer that explains the wait (absent, or not in the collective).
-            verdict = [(p, why_stuck(p, seq)) for p in nxt]
+            verdict = [(p, why_stuck(p, seq, since)) for p in nxt]
             causes = [(p, v[0]) for p, v in verdict if v[0] is not None]
             if causes:
                 for p, why in causes:
@@ -236,7 +240,71 @@ def analyse(group: List[dict]) -> Tuple[List[str], List[str], List[dict]]:
         verdicts.append(f"{ranks_text(c)} wait on each other in a cycle (ranks that issued their sends and "
                         "receives in an order that cannot complete?): see each rank's line")
         data.append({"kind": "cycle", "ranks": c})
+    link_verdicts(ranks, verdicts, data)
     return lines, verdicts, data
+
+
+def median(xs: List[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return 0.0 if n == 0 else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
+# A link slower than this fraction of its class's median is named, as is a rank whose data
+# comes this many times later than the median rank's (and at least kLateMs late).
+kSlowFraction = 1 / 3
+# A rank is behind only if its dump, taken this long after another began to wait on it,
+# shows it has not got there (a periodic dump of each rank is taken at its own instant).
+kBehindUs = 500_000
+kLateFactor = 3.0
+kLateMs = 1.0
+kMinBytes = 4 << 20  # a link's rate counts once this much went over it
+
+
+def link_verdicts(ranks: Dict[int, "Rank"], verdicts: List[str], data: List[dict]) -> None:
+    """Slow links (measured throughput of large sends far below the other links of the same
+    class in the job) and late ranks (their first data of large collectives reaching their
+    peers far later than other ranks' does), from the dumps' "links"."""
+    links = []  # (from, to, class, MB/s, model MB/s)
+    lags = defaultdict(list)  # peer -> mean lag (ms) as each observer saw it
+    for r, rk in ranks.items():
+        for l in rk.d.get("links", []):
+            if l.get("bytes", 0) >= kMinBytes and l.get("MBps", 0) > 0:
+                cls = l["class"] if l.get("transport", l["class"]) == l["class"] else f"{l['transport']} over {l['class']}"
+                links.append((r, l["peer"], cls, l["MBps"], l.get("model_MBps", 0)))
+            if l.get("arrivals", 0) > 0:
+                lags[l["peer"]].append(l["mean_lag_ms"])
+    by_class = defaultdict(list)
+    for x in links:
+        by_class[x[2]].append(x[3])
+    slow = []
+    for src, dst, cls, rate, model in links:
+        m = median(by_class[cls])
+        if len(by_class[cls]) >= 3 and rate < kSlowFraction * m:
+            slow.append((src, dst, cls, rate, m, model))
+    for src, dst, cls, rate, m, model in sorted(slow):
+        text = (f"slow link: rank {src} -> rank {dst} ({cls}) moved {rate:.1f} MB/s, {rate / m:.2f}x the median of "
+                f"the job's {len(by_class[cls])} {cls} links ({m:.1f} MB/s)")
+        if model > 0:
+            text += f"; the cost model expects {model:.0f} MB/s"
+        verdicts.append(text)
+        data.append({"kind": "slow_link", "from": src, "to": dst, "class": cls, "MBps": rate,
+                     "class_median_MBps": m, "model_MBps": model})
+    if slow:
+        common = set.intersection(*[{s[0], s[1]} for s in slow])
+        if len(slow) > 1 and len(common) == 1:
+            r = common.pop()
+            verdicts.append(f"every slow link touches rank {r}: its host's link (or NIC) is the likely cause")
+            data.append({"kind": "slow_host", "rank": r})
+    seen = {p: sum(v) / len(v) for p, v in lags.items()}
+    m = median(list(seen.values()))
+    for p, lag in sorted(seen.items()):
+        if len(seen) >= 3 and lag > kLateMs and lag > kLateFactor * m:
+            slow_too = any(p in (s[0], s[1]) for s in slow)
+            verdicts.append(f"late rank: rank {p}'s first data reaches its peers {lag:.1f} ms after they start "
+                            f"(median of the ranks: {m:.1f} ms)" +
+                            ("; its links are slow too, which may be the whole reason" if slow_too else ""))
+            data.append({"kind": "late_rank", "rank": p, "lag_ms": lag, "median_ms": m})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -244,7 +312,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("paths", nargs="+", help="directories (BRAID_TRACE_DIR) or dump files")
     ap.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     ap.add_argument("--all", action="store_true", help="list every rank even when nothing is wrong")
+    ap.add_argument("--live", type=float, nargs="?", const=10.0, metavar="SECONDS",
+                    help="report again every SECONDS (default 10) from the latest dumps, as a job with "
+                         "BRAID_REPORT_SECONDS writes them, until interrupted")
     a = ap.parse_args(argv)
+    if a.live:
+        import time
+        try:
+            while True:
+                print(time.strftime("--- %H:%M:%S"), flush=True)
+                report(a)
+                sys.stdout.flush()
+                time.sleep(a.live)
+        except KeyboardInterrupt:
+            return 0
+    return report(a)
+
+
+def report(a) -> int:
     try:
         dumps = load(a.paths)
     except SystemExit as e:

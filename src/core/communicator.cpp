@@ -112,6 +112,7 @@ core::EngineOptions engine_options(const core::Config& cfg, const core::Membersh
   eo.inline_bytes = cfg.inline_bytes;
   eo.trace_entries = cfg.trace_entries;
   eo.trace_dir = cfg.trace_dir;
+  eo.report_period = std::chrono::seconds(cfg.report_seconds);
   if (eo.spin_us < 0) {
     // Spinning pays when every rank of this host can have a core for its progress
     // thread (the caller's thread sleeps in Work::wait): 2 ranks on 2 cores, 4 KiB
@@ -214,6 +215,10 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   }
   engine = std::make_unique<core::Engine>(eo, store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
+  {
+    const auto [intra, inter] = tuner->modelled_link_rates();
+    engine->set_link_model(intra, inter);
+  }
   compressor = std::make_unique<core::Compressor>(cfg, member, *tuner, plans, *this);
   if (device >= 0)
     staging = std::make_unique<core::DeviceStaging>(

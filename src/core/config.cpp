@@ -135,6 +135,12 @@ std::vector<Setting> make_table() {
        "127.0.0.1:PORT+local rank (/metrics). 0: no endpoint; Communicator::metrics() reads them "
        "either way (docs/observability.md).",
        true, 0, 65535},
+      {"BRAID_REPORT_SECONDS", SettingType::integer, "0",
+       "Every this many seconds, each rank logs at INFO the throughput of its large sends per peer "
+       "(beside what the cost model expects) and how long after its own start each peer's first data "
+       "came, and writes a flight-recorder dump into BRAID_TRACE_DIR when set, for `braid_trace --live` "
+       "to name a late rank or a slow link. 0: never.",
+       true, 0, 86400},
       {"BRAID_TRACE_DIR", SettingType::text, "",
        "Flight recorder: directory of its dumps, one JSON file per rank and communicator, written when "
        "a communicator fails or times out and on SIGUSR1 (unless the program handles that signal); "
@@ -302,6 +308,7 @@ Config Config::parse(const Lookup& lookup) {
   c.trace_entries = static_cast<std::size_t>(*s.integer("BRAID_TRACE_ENTRIES"));
   c.trace_dir = s.text("BRAID_TRACE_DIR");
   c.metrics_port = static_cast<int>(*s.integer("BRAID_METRICS_PORT"));
+  c.report_seconds = static_cast<int>(*s.integer("BRAID_REPORT_SECONDS"));
   c.deterministic = s.boolean("BRAID_DETERMINISTIC");
   c.cost_model = s.text("BRAID_COST_MODEL");
   c.ucx_library = s.text("BRAID_UCX_LIBRARY");

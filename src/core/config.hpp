@@ -57,6 +57,7 @@ struct Config {
   std::size_t trace_entries = 0;  ///< BRAID_TRACE_ENTRIES (flight recorder)
   std::string trace_dir;          ///< BRAID_TRACE_DIR
   int metrics_port = 0;           ///< BRAID_METRICS_PORT (0: no endpoint)
+  int report_seconds = 0;         ///< BRAID_REPORT_SECONDS (0: no report)
   bool deterministic = false;
   std::string cost_model;  ///< file with a serialized cost model (BRAID_COST_MODEL)
   std::string ucx_library;  ///< BRAID_UCX_LIBRARY: what the UCX loader opens

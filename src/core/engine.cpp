@@ -176,6 +176,10 @@ StagingNeed staging_need(const Plan& plan, std::size_t elem_bytes, const void* i
 }
 
 /// Execution state of the running operation.
+/// Operations of at least this many bytes feed the link report (Engine::LinkStats): big
+/// enough that a send's time is the link's, not the per-message cost.
+constexpr std::uint64_t kLinkStatsBytes = 64 * 1024;
+
 struct Engine::Exec {
   Operation op;
   const Plan* plan = nullptr;
@@ -200,6 +204,11 @@ struct Engine::Exec {
   std::byte* packed = nullptr;
   std::size_t frame = 1, frame_bytes = 0;  ///< compressed plans: Plan::packed_frame, its bytes
   std::uint64_t sent_bytes = 0;  ///< what the plan sends, summed at admission (metrics)
+  /// Large operations (kLinkStatsBytes) time their sends and the first arrival from each
+  /// peer for the link report; small ones pay nothing for it.
+  bool measure = false;
+  std::vector<Clock::time_point> posted_at;  ///< measure: per step, when its send was posted
+  std::vector<std::uint8_t> heard;           ///< measure: per plan peer, a receive from it is done
   bool routed = false;  ///< every peer has a connection
   std::byte* scratch_base = nullptr;  ///< the scratch lease's, or device memory (direct device path)
 
@@ -385,6 +394,9 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<Store> store)
   scratch_pool_ = std::make_shared<ScratchPool>();
   order_mark_.assign(2 * static_cast<std::size_t>(opt_.size), 0);
   gate_ = std::make_shared<Gate>(this);
+  links_.assign(static_cast<std::size_t>(opt_.size), LinkStats{});
+  next_report_ = Clock::now() + opt_.report_period;
+  // Last: the thread reads everything above.
   thread_ = std::thread([this] { run(); });
   if (!opt_.trace_dir.empty()) dump_listener_ = add_dump_listener([this] { request_dump("SIGUSR1"); });
   metrics_source_ = add_metrics_source(opt_.metrics_port, [this] { return metrics(); });
@@ -401,6 +413,9 @@ Engine::~Engine() {
   }
   poller_->wake();
   if (thread_.joinable()) thread_.join();
+  // The last report: what came since the previous one (this thread drives now: the engine
+  // thread is gone).
+  if (opt_.report_period.count() > 0) report();
   // Peers that still need this rank see its connections close; without a record they
   // would say it probably died. Written before the connections close, waited for briefly.
   if (!failed_.load())
@@ -619,6 +634,11 @@ bool Engine::admit() {
     e.packed = e.scratch_base + scratch_bytes;
     e.staging = e.scratch_base + staging_at;
     for (std::size_t k = staging.slots; k > 0; --k) e.free_staging.push_back(static_cast<int>(k - 1));
+    if (!e.op.on_device && p.request.count * e.elem >= kLinkStatsBytes) {
+      e.measure = true;
+      e.posted_at.assign(p.steps.size(), Clock::time_point{});
+      e.heard.assign(p.peers.size(), 0);
+    }
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
       if (collectives::is_local(s.kind)) {
@@ -846,6 +866,86 @@ TraceEntry* Engine::record_done(const Exec& ex) noexcept {
 /// Queued operations a dump lists (the rest are counted).
 constexpr std::size_t kTraceQueued = 100;
 
+void Engine::link_sent(int peer, std::uint64_t bytes, Clock::time_point posted) noexcept {
+  LinkStats& l = links_[static_cast<std::size_t>(peer)];
+  // Sends to one peer complete in order, and a send posted while earlier ones still move
+  // waits for them: count each stretch of time once.
+  const Clock::time_point from = std::max(posted, l.last_done);
+  if (pass_now_ > from)
+    l.busy_ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(pass_now_ - from).count());
+  l.last_done = std::max(l.last_done, pass_now_);
+  l.bytes += bytes;
+}
+
+namespace {
+
+double mb_per_s(std::uint64_t bytes, std::uint64_t ns) { return ns > 0 ? static_cast<double>(bytes) * 1e3 / ns : 0; }
+double ms(std::uint64_t ns) { return static_cast<double>(ns) * 1e-6; }
+
+}  // namespace
+
+std::string Engine::links_json() {
+  std::ostringstream os;
+  os << "[";
+  bool first = true;
+  for (int p = 0; p < opt_.size; ++p) {
+    const LinkStats& l = links_[static_cast<std::size_t>(p)];
+    if (l.bytes == 0 && l.arrivals == 0) continue;
+    const int t = route_[static_cast<std::size_t>(p)];
+    const bool routed = t >= 0 && static_cast<std::size_t>(t) < router_->entries().size();
+    // Routed peers' hosts are known (no store round trip).
+    const auto same = routed && opt_.topology ? opt_.topology->same_host(p) : std::optional<bool>();
+    const double model = model_rate_[same.value_or(false) ? 0 : 1].load() * 1e-6;
+    os << (first ? "" : ",") << "{\"peer\":" << p << ",\"transport\":\""
+       << (routed ? router_->entries()[static_cast<std::size_t>(t)]->name : "?") << "\",\"class\":\""
+       << (routed ? router_->entries()[static_cast<std::size_t>(t)]->link_class : "?") << "\",\"same_host\":"
+       << (same.value_or(false) ? "true" : "false") << ",\"bytes\":" << l.bytes << ",\"busy_us\":" << l.busy_ns / 1000
+       << ",\"MBps\":" << mb_per_s(l.bytes, l.busy_ns) << ",\"model_MBps\":" << model
+       << ",\"recent_MBps\":" << mb_per_s(l.bytes - l.mark_bytes, l.busy_ns - l.mark_busy_ns)
+       << ",\"arrivals\":" << l.arrivals << ",\"mean_lag_ms\":" << (l.arrivals ? ms(l.lag_ns) / l.arrivals : 0)
+       << ",\"max_lag_ms\":" << ms(l.lag_max_ns) << ",\"recent_mean_lag_ms\":"
+       << (l.arrivals > l.mark_arrivals ? ms(l.lag_ns - l.mark_lag_ns) / (l.arrivals - l.mark_arrivals) : 0) << "}";
+    first = false;
+  }
+  os << "]";
+  return os.str();
+}
+
+std::string Engine::links_line() {
+  std::ostringstream os;
+  os << std::fixed;
+  os.precision(1);
+  for (int p = 0; p < opt_.size; ++p) {
+    const LinkStats& l = links_[static_cast<std::size_t>(p)];
+    const std::uint64_t bytes = l.bytes - l.mark_bytes, busy = l.busy_ns - l.mark_busy_ns;
+    const std::uint64_t arrivals = l.arrivals - l.mark_arrivals, lag = l.lag_ns - l.mark_lag_ns;
+    if (bytes == 0 && arrivals == 0) continue;
+    os << "; rank " << p << ":";
+    if (bytes > 0) {
+      const auto same = route_[static_cast<std::size_t>(p)] >= 0 && opt_.topology ? opt_.topology->same_host(p)
+                                                                                   : std::optional<bool>();
+      os << " sent " << mb_per_s(bytes, busy) << " MB/s (model " << model_rate_[same.value_or(false) ? 0 : 1].load() * 1e-6
+         << ")";
+    }
+    if (arrivals > 0) os << " first data " << ms(lag) / arrivals << " ms after this rank started (" << arrivals << " calls)";
+  }
+  return os.str();
+}
+
+void Engine::report() {
+  next_report_ = Clock::now() + opt_.report_period;
+  const std::string line = links_line();
+  if (line.empty()) return;  // nothing large since the last report
+  BRAID_LOG(info, "rank " << opt_.rank << " links over the last " << opt_.report_period.count() << " s" << line);
+  if (!opt_.trace_dir.empty()) write_dump("periodic report (BRAID_REPORT_SECONDS)");
+  for (LinkStats& l : links_) {
+    l.mark_bytes = l.bytes;
+    l.mark_busy_ns = l.busy_ns;
+    l.mark_arrivals = l.arrivals;
+    l.mark_lag_ns = l.lag_ns;
+  }
+}
+
 void Engine::write_dump(const std::string& reason) noexcept {
   std::string json;
   std::string path;
@@ -880,11 +980,15 @@ void Engine::write_dump(const std::string& reason) noexcept {
     h.comm = opt_.comm_name;
     h.comm_id = opt_.comm_id;
     h.reason = reason;
+    h.links = links_json();
     json = trace_json(h, recorder_, live);
     if (!opt_.trace_dir.empty()) {
       path = write_trace(opt_.trace_dir, h, json);
-      BRAID_LOG(warn, "rank " << opt_.rank << ": flight recorder (" << reason.substr(0, 80)
-                              << (reason.size() > 80 ? "..." : "") << "): wrote " << path);
+      // Loud after a failure (where to look); the asked-for and periodic ones at INFO.
+      const std::string what = "rank " + std::to_string(opt_.rank) + ": flight recorder (" + reason.substr(0, 80) +
+                               (reason.size() > 80 ? "..." : "") + "): wrote " + path;
+      if (h.engine_error.empty()) BRAID_LOG(info, what);
+      else BRAID_LOG(warn, what);
     }
   } catch (const std::exception& e) {
     BRAID_LOG(warn, "rank " << opt_.rank << ": flight recorder: no dump: " << e.what());
@@ -1149,6 +1253,7 @@ bool Engine::post_ready(Exec& ex) {
         continue;
       }
       ex.state[i] = kPosted;
+      if (ex.measure) ex.posted_at[i] = pass_now_;
       if (device_conn)  // the connection reads the device buffer itself
         ex.conns[q]->send_device(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
       else
@@ -1247,6 +1352,24 @@ bool Engine::reap(Exec& ex) {
     }
     if (st == transport::Request::State::failed) std::rethrow_exception(peer_error(ex, i));
     const Step& s = ex.plan->steps[i];
+    if (ex.measure) {
+      if (s.kind == StepKind::send) {
+        link_sent(s.peer, ex.bytes(s.src), ex.posted_at[i]);
+      } else if (!ex.op.p2p) {
+        // The first message from a peer: how long after this rank started did it come?
+        const auto q = static_cast<std::size_t>(
+            std::lower_bound(ex.plan->peers.begin(), ex.plan->peers.end(), s.peer) - ex.plan->peers.begin());
+        if (!ex.heard[q] && ex.op.work) {
+          ex.heard[q] = 1;
+          LinkStats& l = links_[static_cast<std::size_t>(s.peer)];
+          const auto lag = static_cast<std::uint64_t>(
+              std::max<std::int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(pass_now_ - ex.op.work->started).count()));
+          ++l.arrivals;
+          l.lag_ns += lag;
+          l.lag_max_ns = std::max(l.lag_max_ns, lag);
+        }
+      }
+    }
     if (ex.dev && s.kind != StepKind::send && (ex.slot[i] || s.kind == StepKind::recv_reduce || s.finalize))
       enqueue_device(ex, i);  // slot to device, reduce, divide; done when the stream has run it
     else
@@ -1425,6 +1548,7 @@ bool Engine::step(bool& unrouted) {
         progressed = true;
         continue;
       }
+      if (ex.measure) pass_now_ = Clock::now();
       if (!ex.routed && !route(ex)) unrouted = true;
       if (ex.routed) {
         if (ex.dev) progressed |= reap_device(ex);
@@ -1457,7 +1581,7 @@ bool Engine::step(bool& unrouted) {
       }
       mark_unposted(ex);
       if (ex.routed && !progressed) check_peers(ex);
-      if (Clock::now() > ex.deadline) {
+      if ((ex.measure ? pass_now_ : Clock::now()) > ex.deadline) {
         // The dump first: deadline_error() may wait a grace for the peers' records, and a
         // launcher that sees another rank fail meanwhile may kill this one.
         if (!opt_.trace_dir.empty()) write_dump(ex.op.name + " timed out (the dump at the deadline)");
@@ -1506,6 +1630,7 @@ void Engine::run() {
       if (stop_ && queue_.empty()) break;
     }
     const auto now = Clock::now();
+    if (opt_.report_period.count() > 0 && now >= next_report_) report();
     if (progressed) {
       last_progress = now;
       route_backoff = std::chrono::milliseconds(1);

@@ -171,6 +171,9 @@ struct EngineOptions {
   std::string trace_dir;
   /// The metrics endpoint's port (BRAID_METRICS_PORT + local rank; 0: none).
   int metrics_port = 0;
+  /// BRAID_REPORT_SECONDS: a line per link (throughput, peers' arrival lag) at INFO this
+  /// often, and a dump into trace_dir; 0: never.
+  std::chrono::seconds report_period{0};
 };
 
 class Engine {
@@ -214,6 +217,13 @@ class Engine {
   std::string dump_trace(const std::string& reason, std::chrono::milliseconds wait);
   /// Asks for a dump into BRAID_TRACE_DIR without waiting for it (SIGUSR1). Thread-safe.
   void request_dump(const std::string& reason) noexcept;
+  /// What the cost model expects of one direction of a link inside a host and between
+  /// hosts, in bytes per second (dumps and reports show it beside the measured rate).
+  /// Thread-safe.
+  void set_link_model(double intra_bytes_per_s, double inter_bytes_per_s) noexcept {
+    model_rate_[0].store(intra_bytes_per_s);
+    model_rate_[1].store(inter_bytes_per_s);
+  }
   /// The counters so far (core/metrics.hpp). Thread-safe.
   Metrics metrics() const { return metrics_.snapshot(opt_.comm_name, opt_.rank, opt_.size); }
 
@@ -342,6 +352,28 @@ class Engine {
   std::string last_dump_;       ///< under mu_
   std::condition_variable dump_cv_;
   int dump_listener_ = -1;  ///< SIGUSR1 (add_dump_listener), with a trace directory
+  // --- links: throughput of large sends per peer and the peers' arrival lag (driving thread) ---
+  struct LinkStats {
+    std::uint64_t bytes = 0;    ///< large sends completed
+    std::uint64_t busy_ns = 0;  ///< the union of their post-to-completion intervals
+    std::chrono::steady_clock::time_point last_done{};  ///< the latest completion counted
+    std::uint64_t arrivals = 0, lag_ns = 0, lag_max_ns = 0;  ///< first arrivals in large collectives
+    std::uint64_t mark_bytes = 0, mark_busy_ns = 0, mark_arrivals = 0, mark_lag_ns = 0;  ///< at the last report
+  };
+  std::vector<LinkStats> links_;  ///< per peer rank
+  /// The time of the current pass of step() over an operation (read once, for its deadline;
+  /// large operations also time their sends and arrivals with it).
+  std::chrono::steady_clock::time_point pass_now_{};
+  std::atomic<double> model_rate_[2] = {0.0, 0.0};  ///< set_link_model: inside a host, between hosts
+  std::chrono::steady_clock::time_point next_report_{};
+  /// Counts a large send to `peer` done now (posted at `posted`). Driving thread only.
+  void link_sent(int peer, std::uint64_t bytes, std::chrono::steady_clock::time_point posted) noexcept;
+  /// The links as a JSON array (totals, and figures since the last report); and the
+  /// latter in words, for the report line. Driving thread only.
+  std::string links_json();
+  std::string links_line();
+  /// BRAID_REPORT_SECONDS: logs links_line() and writes a dump. Driving thread only.
+  void report();
   MetricsTable metrics_;     ///< written by the driving thread
   int metrics_source_ = -1;  ///< add_metrics_source's handle
   /// The series of `ex` (null for host tasks). Driving thread only.

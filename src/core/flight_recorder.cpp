@@ -179,7 +179,7 @@ std::string trace_json(const TraceHeader& h, const FlightRecorder& recorder, con
   os << ",\"failed\":" << (h.engine_error.empty() ? "false" : "true") << ",\"error\":";
   json_string(os, h.engine_error);
   os << ",\"capacity\":" << recorder.capacity() << ",\"recorded\":" << recorder.recorded()
-     << ",\"ended_not_listed\":" << recorder.ended_not_kept() << ",\"entries\":[\n";
+     << ",\"ended_not_listed\":" << recorder.ended_not_kept() << ",\"links\":" << h.links << ",\"entries\":[\n";
   bool first = true;
   auto one = [&](const TraceRecord& r) {
     if (!first) os << ",\n";

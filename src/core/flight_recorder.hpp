@@ -124,6 +124,7 @@ struct TraceHeader {
   std::string reason;        ///< "timeout", "SIGUSR1", "dump_trace()", the failure's message
   std::string engine_error;  ///< the communicator's failure, "" while healthy
   std::size_t queued_more = 0;  ///< queued operations left out of the dump
+  std::string links = "[]";  ///< the engine's links, a JSON array (Engine::links_json)
 };
 
 /// The dump as JSON: the header, then the ring's operations (oldest first), then `live`

@@ -264,6 +264,20 @@ collectives::Tuner& MeasuredTuner::tuner_ref() {
   return *tuner_;
 }
 
+std::pair<double, double> MeasuredTuner::modelled_link_rates() const noexcept {
+  try {
+    const collectives::CostModel m = cost_model();
+    const Router router(cfg_.transport);
+    auto rate = [&](bool same_host) {
+      const double beta = m[link_class_of(router, same_host)].beta;
+      return beta > 0 ? 1.0 / beta : 0.0;
+    };
+    return {rate(true), rate(false)};
+  } catch (const std::exception&) {
+    return {0.0, 0.0};
+  }
+}
+
 collectives::CostModel MeasuredTuner::cost_model() const {
   if (cfg_.cost_model.empty()) return collectives::CostModel::defaults();
   std::ifstream f(cfg_.cost_model);

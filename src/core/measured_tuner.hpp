@@ -67,6 +67,10 @@ class MeasuredTuner {
   /// whole bucket at its first call, which must be the same call on every rank, while
   /// this may be asked on one rank only).
   std::string explain(const collectives::PlanRequest& req);
+  /// Bytes per second the cost model gives one direction of a link inside a host and
+  /// between hosts (the link report shows them beside the measured rates); 0 when the
+  /// model cannot be read (the first call then says why).
+  std::pair<double, double> modelled_link_rates() const noexcept;
   /// The tuner, made on first use (every rank prices with the same topology and model).
   collectives::Tuner& tuner_ref();
 

@@ -122,7 +122,8 @@ mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts, from the s
 checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
   local what=$1 hosts=$2 np=$3 out rc
   shift 3
-  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT="${CHECKED_TIMEOUT:-60s}" "${run_bench[@]}" --quiet "$@" 2>&1)
+  out=$(mpi "$hosts" "$np" -x BRAID_TIMEOUT="${CHECKED_TIMEOUT:-60s}" "${CHECKED_ENV[@]+"${CHECKED_ENV[@]}"}" \
+    "${run_bench[@]}" --quiet "$@" 2>&1)
   rc=$?
   if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
     grep -v setpgid <<<"$out" | tail -n 30
@@ -288,7 +289,8 @@ case $case in
       on_switch tc qdisc change dev "$host-br" "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms &&
         ip netns exec "$host" tc qdisc change dev eth0 "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms
     }
-    trap 'shape_link "$rate" || echo "slowpeer: could not restore $host to $rate (scripts/vcluster.sh status)"' EXIT
+    tracedir=$(mktemp -d /tmp/braid-slowpeer-trace.XXXXXX)
+    trap 'shape_link "$rate" || echo "slowpeer: could not restore $host to $rate (scripts/vcluster.sh status)"; rm -rf "$tracedir"' EXIT
     h4=vc1:1,vc2:1,vc3:1,vc4:1
     args=(4 -b 1M -e 8M -f 2 -n 1 -w 0 -c 1 --algo ring)
     secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -298,8 +300,18 @@ case $case in
     shape_link "$slow" || fail "cannot reshape $host's link"
     on_switch tc qdisc show dev "$host-br" | grep -q "rate ${slow%mbit}Mbit" || fail "$host-br is not at $slow: $(on_switch tc qdisc show dev "$host-br")"
     t=$(date +%s.%N)
+    # With the link report (docs/observability.md): every second and at the end each rank
+    # dumps its links' measured throughput; braid_trace must name the slow links, and only
+    # links of rank 2 (vc3's).
+    CHECKED_ENV=(-x BRAID_TRACE_DIR="$tracedir" -x BRAID_REPORT_SECONDS=1)
     CHECKED_TIMEOUT=10s checked_run "4 hosts x 1, $host's link $slow" "$h4" "${args[@]}"
+    CHECKED_ENV=()
     slowed=$(secs "$t")
+    report=$(python3 "$src/python/braid/trace.py" "$tracedir" 2>&1)
+    echo "braid_trace on the slowed job's dumps:"
+    echo "$report"
+    grep -q "^=> slow link: " <<<"$report" || fail "braid_trace named no slow link"
+    if grep "^=> slow link: " <<<"$report" | grep -vq "rank 2 "; then fail "braid_trace named a link that is not rank 2's"; fi
     echo "rank 0's table with $host at $slow (time in us per call):"
     grep -E "^# +size|^ +[0-9]" <<<"$last_out"
     echo "checked ring all-reduces 1..8 MiB (BRAID_TIMEOUT 10 s): ${normal} s on $rate links, ${slowed} s with $host at $slow"

@@ -130,5 +130,20 @@ def metrics():
     print(f"rank {r}: metrics ok")
 
 
+def late():
+    """Rank 1 computes 30 ms longer than the others before each large all-reduce; the
+    periodic reports (BRAID_REPORT_SECONDS) and the last one at close give braid_trace what
+    it needs to name it."""
+    comm = braid.init(timeout=20.0)
+    x = np.ones(1 << 18, np.float32)  # 1 MiB: large enough for the link report
+    for _ in range(30):
+        if comm.rank == 1:
+            time.sleep(0.03)
+        comm.allreduce(x, algorithm="ring")
+    r = comm.rank
+    comm.close()
+    print(f"rank {r}: late ok")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -67,6 +67,17 @@ def test_metrics_count_per_collective_algorithm_and_codec_and_are_served_over_ht
     assert p.stdout.count("metrics ok") == 3, p.stdout + p.stderr
 
 
+def test_a_rank_that_is_consistently_late_is_named(run_ranks, tmp_path):
+    run_ranks(4, "ranks_trace.py", "late", tmp_path, timeout=60,
+              env={"BRAID_TRACE_DIR": str(tmp_path), "BRAID_REPORT_SECONDS": "1", "BRAID_TUNE": "model"})
+    r = braid_trace(tmp_path)
+    late = [v for v in r.stdout.splitlines() if v.startswith("=> late rank:")]
+    assert len(late) == 1 and late[0].startswith("=> late rank: rank 1's first data"), r.stdout + r.stderr
+    j = json.loads(braid_trace(tmp_path, "--json").stdout)
+    kinds = [v["kind"] for v in j[0]["verdicts"]]
+    assert kinds == ["late_rank"], j  # nothing else: no rank behind, no slow link
+
+
 def test_braid_trace_refuses_what_is_not_a_dump(tmp_path):
     (tmp_path / "braid_trace.x.rank0.json").write_text('{"something": 1}')
     r = braid_trace(tmp_path)
