@@ -782,7 +782,7 @@ void describe_call(const Operation& op, Record& r) {
   r.task = static_cast<bool>(op.task) || op.gate != nullptr;
   r.root = -1;
   r.count = 0;
-  r.codec = {};
+  r.codec = compression::CodecSpec{};
   r.algorithm = "";
   const Plan* p = op.plan.get();
   if (r.task || p == nullptr) return;
@@ -857,7 +857,7 @@ TraceEntry* Engine::record_done(const Exec& ex) noexcept {
   if (e == nullptr) return nullptr;
   const Operation& op = ex.op;
   describe_call(op, *e);
-  e->set_name(op.name);
+  e->set_call(op.name);
   e->started = op.work ? op.work->started : Clock::time_point{};
   e->ended = Clock::time_point{};
   return e;

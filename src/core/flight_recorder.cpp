@@ -22,14 +22,44 @@
 
 namespace braid::core {
 
-void TraceEntry::set_name(const std::string& n) noexcept {
-  if (n.size() < kNameBytes) {
-    std::memcpy(name, n.data(), n.size());
-    name[n.size()] = '\0';
+TraceEntry::Codec& TraceEntry::Codec::operator=(const compression::CodecSpec& c) noexcept {
+  kind = c.kind;
+  rounding = c.rounding;
+  block = static_cast<std::uint16_t>(c.block);
+  topk_ratio = static_cast<float>(c.topk_ratio);
+  seed = c.seed;
+  return *this;
+}
+
+compression::CodecSpec TraceEntry::Codec::spec() const noexcept {
+  compression::CodecSpec c;
+  c.kind = kind;
+  c.rounding = rounding;
+  c.block = block;
+  c.topk_ratio = topk_ratio;
+  c.seed = seed;
+  return c;
+}
+
+void TraceEntry::set_call(const std::string& name) noexcept {
+  const std::size_t n = std::min(name.find(" #"), name.size());
+  if (n < kCallBytes) {
+    std::memcpy(call, name.data(), n);
+    call[n] = '\0';
     return;
   }
-  std::memcpy(name, n.data(), kNameBytes - 4);
-  std::memcpy(name + kNameBytes - 4, "...", 4);
+  std::memcpy(call, name.data(), kCallBytes - 4);
+  std::memcpy(call + kCallBytes - 4, "...", 4);
+}
+
+std::string TraceEntry::name() const {
+  std::string n = call;
+  if (task) return n + " #" + std::to_string(seq);
+  if (p2p_seq > 0)
+    return n + " #" + std::to_string(p2p_seq) + " (" + std::to_string(count) + " x " + std::string(to_string(dtype)) +
+           ") " + (n == "send" ? "to" : "from") + " rank " + std::to_string(root);
+  return n + " #" + std::to_string(seq) + " (" + algorithm + ", " + std::to_string(count) + " x " +
+         std::string(to_string(dtype)) + ", " + std::string(to_string(op)) + ")";
 }
 
 void FlightRecorder::keep_ended(TraceRecord r) {
@@ -53,12 +83,12 @@ void FlightRecorder::for_each(const std::function<void(const TraceRecord&)>& f) 
     r.p2p_seq = e.p2p_seq;
     r.task = e.task;
     r.algorithm = e.algorithm;
-    r.name = e.name;
+    r.name = e.name();
     r.count = e.count;
     r.dtype = e.dtype;
     r.op = e.op;
     r.root = e.root;
-    r.codec = e.codec;
+    r.codec = e.codec.spec();
     r.started = e.started;
     r.ended = e.ended;
     f(r);

@@ -63,23 +63,39 @@ struct TraceRecord {
   std::string error;  ///< failed: why
 };
 
-/// A finished operation as the ring keeps it: fixed size, no pointer to free, so that
-/// recording writes one sequential stream of memory (the hardware prefetches it) and
-/// overwriting frees nothing; a 1,000-entry ring of heap-allocated names cost 50-100 ns
-/// per 4 KiB all-reduce in cache misses (docs/observability.md, "Cost").
-struct TraceEntry {
-  static constexpr std::size_t kNameBytes = 112;
+/// A finished operation as the ring keeps it: two cache lines, no pointer to free, so
+/// that recording writes one sequential stream of memory and overwriting frees nothing.
+/// The name is not kept, only the call's words ("allreduce", "broadcast (tuner trial)");
+/// dumps rebuild the rest from the fields. A ring of std::string names cost 50-100 ns per
+/// 4 KiB all-reduce in cache misses, one of 200-byte entries with the whole name about 20
+/// (docs/observability.md, "Cost").
+struct alignas(64) TraceEntry {
+  static constexpr std::size_t kCallBytes = 56;
   std::uint64_t seq = 0, p2p_seq = 0, count = 0;
   std::chrono::steady_clock::time_point started{}, ended{};
   const char* algorithm = "";
-  compression::CodecSpec codec;
+  /// compression::CodecSpec in 16 bytes.
+  struct Codec {
+    compression::CodecKind kind = compression::CodecKind::none;
+    compression::Rounding rounding = compression::Rounding::nearest;
+    std::uint16_t block = 0;
+    float topk_ratio = 0;
+    std::uint64_t seed = 0;
+    Codec& operator=(const compression::CodecSpec& c) noexcept;
+    compression::CodecSpec spec() const noexcept;
+  } codec;
   std::int32_t root = -1;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   bool task = false;
-  char name[kNameBytes] = {};  ///< TraceRecord::name, cut to kNameBytes - 4 bytes with "..."
-  void set_name(const std::string& n) noexcept;
+  char call[kCallBytes] = {};  ///< the name's words before " #", cut with "..." when longer
+  /// Keeps the call's words of an operation's name ("allreduce #5 (...)" -> "allreduce").
+  void set_call(const std::string& name) noexcept;
+  /// The name as dumps give it: "allreduce #5 (ring, 1024 x f32, sum)",
+  /// "send #3 (64 x f64) to rank 1", "tuner: verdict #9".
+  std::string name() const;
 };
+static_assert(sizeof(TraceEntry) == 128, "a ring entry is two cache lines");
 
 /// The ring of finished operations, and the operations a failure ended (failed, or never
 /// started), kept in full. Not thread-safe: the engine's driving thread owns it.

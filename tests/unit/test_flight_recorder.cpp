@@ -25,7 +25,9 @@ void put(FlightRecorder& f, std::uint64_t seq) {
   braid::core::TraceEntry* e = f.next();
   ASSERT_NE(e, nullptr);
   e->seq = seq;
-  e->set_name("allreduce #" + std::to_string(seq) + " (ring, 4 x f32, sum) on rank 0/2");
+  e->set_call("allreduce #" + std::to_string(seq) + " (ring, 4 x f32, sum) on rank 0/2");
+  e->algorithm = "ring";
+  e->count = 4;
 }
 
 std::vector<std::uint64_t> seqs(const FlightRecorder& f) {
@@ -72,14 +74,33 @@ TEST(FlightRecorder, OperationsAFailureEndedComeAfterTheRingAndAreBounded) {
   EXPECT_EQ(f.ended_not_kept(), 5u);
 }
 
-TEST(FlightRecorder, LongNamesAreCutNotOverrun) {
+TEST(FlightRecorder, EntriesKeepTheCallAndRebuildTheName) {
   braid::core::TraceEntry e;
-  e.set_name(std::string(500, 'x'));
-  const std::string got = e.name;
-  EXPECT_EQ(got.size(), braid::core::TraceEntry::kNameBytes - 1);
-  EXPECT_EQ(got.substr(got.size() - 3), "...");
-  e.set_name("short");
-  EXPECT_EQ(std::string(e.name), "short");
+  e.set_call(std::string(500, 'x') + " #1");
+  EXPECT_EQ(std::string(e.call).size(), braid::core::TraceEntry::kCallBytes - 1);
+  EXPECT_EQ(std::string(e.call).substr(braid::core::TraceEntry::kCallBytes - 4), "...");
+  e.set_call("broadcast (tuner trial) #9 (tree, 256 x f32, sum) on rank 0/3");
+  e.seq = 9;
+  e.algorithm = "tree";
+  e.count = 256;
+  EXPECT_EQ(e.name(), "broadcast (tuner trial) #9 (tree, 256 x f32, sum)");
+  e.set_call("send #3 (64 x f64, tag 7) to rank 1 on rank 0/2");
+  e.p2p_seq = 3;
+  e.count = 64;
+  e.dtype = braid::DataType::f64;
+  e.root = 1;
+  EXPECT_EQ(e.name(), "send #3 (64 x f64) to rank 1");
+  e.set_call("tuner: verdict #12 on rank 0/2");
+  e.task = true;
+  e.seq = 12;
+  EXPECT_EQ(e.name(), "tuner: verdict #12");
+  braid::compression::CodecSpec c;
+  c.kind = braid::compression::CodecKind::int8;
+  c.block = 128;
+  c.rounding = braid::compression::Rounding::stochastic;
+  c.seed = 42;
+  e.codec = c;
+  EXPECT_EQ(braid::compression::name(e.codec.spec()), braid::compression::name(c));
 }
 
 TEST(FlightRecorder, DumpEscapesNamesAndGivesTheProgressOfUnfinishedOperations) {
