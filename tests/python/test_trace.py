@@ -76,6 +76,16 @@ def test_a_rank_that_is_consistently_late_is_named(run_ranks, tmp_path):
     j = json.loads(braid_trace(tmp_path, "--json").stdout)
     kinds = [v["kind"] for v in j[0]["verdicts"]]
     assert kinds == ["late_rank"], j  # nothing else: no rank behind, no slow link
+    # --live reads the directory again every period until interrupted.
+    exe = Path(sys.executable).parent / "braid_trace"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, str(TOOL)]
+    live = subprocess.Popen(cmd + ["--live", "0.2", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    import signal
+    import time
+    time.sleep(1.0)
+    live.send_signal(signal.SIGINT)
+    out, _ = live.communicate(timeout=30)
+    assert live.returncode == 0 and out.count("=> late rank: rank 1") >= 2, out
 
 
 def test_braid_trace_refuses_what_is_not_a_dump(tmp_path):
