@@ -858,6 +858,7 @@ TraceEntry* Engine::record_done(const Exec& ex) noexcept {
   const Operation& op = ex.op;
   describe_call(op, *e);
   e->set_call(op.name);
+  e->bytes_sent = ex.sent_bytes;
   e->started = op.work ? op.work->started : Clock::time_point{};
   e->ended = Clock::time_point{};
   return e;

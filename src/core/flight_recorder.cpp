@@ -89,6 +89,7 @@ void FlightRecorder::for_each(const std::function<void(const TraceRecord&)>& f) 
     r.op = e.op;
     r.root = e.root;
     r.codec = e.codec.spec();
+    r.bytes_sent = e.bytes_sent;
     r.started = e.started;
     r.ended = e.ended;
     f(r);
@@ -155,6 +156,7 @@ void write_record(std::ostream& os, const TraceRecord& r, const WallClock& clock
        << "\",\"root\":" << r.root << ",\"codec\":";
     json_string(os, r.codec.kind == compression::CodecKind::none ? std::string("none") : compression::name(r.codec));
   }
+  if (r.state == TraceRecord::State::done) os << ",\"bytes_sent\":" << r.bytes_sent;
   const Clock::time_point unknown{};
   if (r.started != unknown) os << ",\"start_us\":" << clock.us(r.started);
   if (r.ended != unknown) os << ",\"end_us\":" << clock.us(r.ended);

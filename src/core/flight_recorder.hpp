@@ -56,6 +56,7 @@ struct TraceRecord {
   ReduceOp op = ReduceOp::sum;
   int root = -1;  ///< broadcast and reduce: the root; send/recv: the peer
   compression::CodecSpec codec;
+  std::uint64_t bytes_sent = 0;  ///< done: what this rank sent for it, to all peers (unfinished: per peer)
   std::chrono::steady_clock::time_point started{}, ended{};  ///< {} when unknown
   /// Not finished when recorded (failed, running): the plan's progress.
   std::uint32_t steps = 0, steps_done = 0;
@@ -70,8 +71,9 @@ struct TraceRecord {
 /// 4 KiB all-reduce in cache misses, one of 200-byte entries with the whole name about 20
 /// (docs/observability.md, "Cost").
 struct alignas(64) TraceEntry {
-  static constexpr std::size_t kCallBytes = 56;
+  static constexpr std::size_t kCallBytes = 48;
   std::uint64_t seq = 0, p2p_seq = 0, count = 0;
+  std::uint64_t bytes_sent = 0;  ///< what this rank sent for it, to all peers
   std::chrono::steady_clock::time_point started{}, ended{};
   const char* algorithm = "";
   /// compression::CodecSpec in 16 bytes.

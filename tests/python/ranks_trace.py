@@ -78,6 +78,7 @@ def dump():
     assert b and b[0]["root"] == 1 and b[0]["count"] == 256 and b[0]["dtype"] == "f32", b
     a = [e for e in es if e["call"] == "allreduce" and e["count"] == 256][-1]
     assert a["op"] == "sum" and a["codec"] == "none" and a["end_us"] >= a["start_us"], a
+    assert a["bytes_sent"] >= 1024 * (n - 1) // n, a  # at least (n-1)/n of the 1 KiB buffer
     if r < 2:
         p = [e for e in es if e["call"] in ("send", "recv")]
         assert len(p) == 1 and p[0]["p2p_seq"] == 1 and p[0]["root"] == 1 - r and p[0]["dtype"] == "f64", p
