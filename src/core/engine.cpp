@@ -839,6 +839,23 @@ void describe_progress(const ExecT& ex, TraceRecord& r) {
   }
 }
 
+/// A dump's record of an operation not finished: queued (or never run), or running (or
+/// failed) with each peer's progress.
+TraceRecord unfinished(const Operation& op, TraceRecord::State state) {
+  TraceRecord r;
+  describe_call(op, r);
+  r.state = state;
+  r.name = op.name;
+  if (op.work) r.started = op.work->started;
+  return r;
+}
+template <class ExecT>
+TraceRecord unfinished(const ExecT& ex, TraceRecord::State state) {
+  TraceRecord r = unfinished(ex.op, state);
+  if (ex.plan != nullptr && !ex.op.task) describe_progress(ex, r);
+  return r;
+}
+
 }  // namespace
 
 MetricSeries* Engine::series_of(const Exec& ex) {
@@ -885,6 +902,13 @@ double ms(std::uint64_t ns) { return static_cast<double>(ns) * 1e-6; }
 
 }  // namespace
 
+double Engine::model_mb_per_s(int peer) {
+  // A routed peer's host is known (no store round trip).
+  const auto same = route_[static_cast<std::size_t>(peer)] >= 0 && opt_.topology ? opt_.topology->same_host(peer)
+                                                                                 : std::optional<bool>();
+  return model_rate_[same.value_or(false) ? 0 : 1].load() * 1e-6;
+}
+
 std::string Engine::links_json() {
   std::ostringstream os;
   os << "[";
@@ -894,14 +918,12 @@ std::string Engine::links_json() {
     if (l.bytes == 0 && l.arrivals == 0) continue;
     const int t = route_[static_cast<std::size_t>(p)];
     const bool routed = t >= 0 && static_cast<std::size_t>(t) < router_->entries().size();
-    // Routed peers' hosts are known (no store round trip).
     const auto same = routed && opt_.topology ? opt_.topology->same_host(p) : std::optional<bool>();
-    const double model = model_rate_[same.value_or(false) ? 0 : 1].load() * 1e-6;
     os << (first ? "" : ",") << "{\"peer\":" << p << ",\"transport\":\""
        << (routed ? router_->entries()[static_cast<std::size_t>(t)]->name : "?") << "\",\"class\":\""
        << (routed ? router_->entries()[static_cast<std::size_t>(t)]->link_class : "?") << "\",\"same_host\":"
        << (same.value_or(false) ? "true" : "false") << ",\"bytes\":" << l.bytes << ",\"busy_us\":" << l.busy_ns / 1000
-       << ",\"MBps\":" << mb_per_s(l.bytes, l.busy_ns) << ",\"model_MBps\":" << model
+       << ",\"MBps\":" << mb_per_s(l.bytes, l.busy_ns) << ",\"model_MBps\":" << model_mb_per_s(p)
        << ",\"recent_MBps\":" << mb_per_s(l.bytes - l.mark_bytes, l.busy_ns - l.mark_busy_ns)
        << ",\"arrivals\":" << l.arrivals << ",\"mean_lag_ms\":" << (l.arrivals ? ms(l.lag_ns) / l.arrivals : 0)
        << ",\"max_lag_ms\":" << ms(l.lag_max_ns) << ",\"recent_mean_lag_ms\":"
@@ -922,12 +944,7 @@ std::string Engine::links_line() {
     const std::uint64_t arrivals = l.arrivals - l.mark_arrivals, lag = l.lag_ns - l.mark_lag_ns;
     if (bytes == 0 && arrivals == 0) continue;
     os << "; rank " << p << ":";
-    if (bytes > 0) {
-      const auto same = route_[static_cast<std::size_t>(p)] >= 0 && opt_.topology ? opt_.topology->same_host(p)
-                                                                                   : std::optional<bool>();
-      os << " sent " << mb_per_s(bytes, busy) << " MB/s (model " << model_rate_[same.value_or(false) ? 0 : 1].load() * 1e-6
-         << ")";
-    }
+    if (bytes > 0) os << " sent " << mb_per_s(bytes, busy) << " MB/s (model " << model_mb_per_s(p) << ")";
     if (arrivals > 0) os << " first data " << ms(lag) / arrivals << " ms after this rank started (" << arrivals << " calls)";
   }
   return os.str();
@@ -952,14 +969,7 @@ void Engine::write_dump(const std::string& reason) noexcept {
   std::string path;
   try {
     std::vector<TraceRecord> live;
-    for (const auto& ex : active_) {
-      TraceRecord& r = live.emplace_back();
-      describe_call(ex->op, r);
-      r.state = TraceRecord::State::running;
-      r.name = ex->op.name;
-      if (ex->op.work) r.started = ex->op.work->started;
-      if (ex->plan != nullptr && !ex->op.task) describe_progress(*ex, r);
-    }
+    for (const auto& ex : active_) live.push_back(unfinished(*ex, TraceRecord::State::running));
     TraceHeader h;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -969,10 +979,7 @@ void Engine::write_dump(const std::string& reason) noexcept {
           ++h.queued_more;
           continue;
         }
-        TraceRecord& r = live.emplace_back();
-        describe_call(op, r);
-        r.state = TraceRecord::State::queued;
-        r.name = op.name;
+        live.push_back(unfinished(op, TraceRecord::State::queued));
       }
       if (failed_.load()) h.engine_error = reason_;
     }
@@ -1015,10 +1022,8 @@ void Engine::request_dump(const std::string& reason) noexcept {
 std::string Engine::dump_trace(const std::string& reason, std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t target = dumps_done_ + 1;
-  dump_reason_ = reason;
-  dump_requested_.store(true);
   lock.unlock();
-  poller_->wake();
+  request_dump(reason);
   lock.lock();
   BRAID_CHECK(dump_cv_.wait_for(lock, wait, [&] { return dumps_done_ >= target; }), Timeout,
               "dump_trace on rank " << opt_.rank << ": the progress engine did not answer within " << wait.count()
@@ -1077,13 +1082,8 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
     const bool own = ex.get() == culprit || (culprit == nullptr && ex == active_.front());
     if (MetricSeries* series = series_of(*ex)) metrics_.count(*series, 0, 0, {}, false);
     if (recorder_.capacity() > 0) {
-      TraceRecord r;
-      describe_call(ex->op, r);
-      r.state = TraceRecord::State::failed;
-      r.name = ex->op.name;
-      if (ex->op.work) r.started = ex->op.work->started;
+      TraceRecord r = unfinished(*ex, TraceRecord::State::failed);
       r.ended = now;
-      if (ex->plan != nullptr && !ex->op.task) describe_progress(*ex, r);
       r.error = own ? reason : "aborted: the communicator failed";
       recorder_.keep_ended(std::move(r));
     }
@@ -1104,13 +1104,8 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
     q.swap(queue_);
   }
   for (auto& op : q) {
-    if (recorder_.capacity() > 0) {  // issued here, never started: what this rank was asked to do next
-      TraceRecord r;
-      describe_call(op, r);
-      r.state = TraceRecord::State::not_run;
-      r.name = op.name;
-      recorder_.keep_ended(std::move(r));
-    }
+    // Issued here, never started: what this rank was asked to do next.
+    if (recorder_.capacity() > 0) recorder_.keep_ended(unfinished(op, TraceRecord::State::not_run));
     op.work->complete(same_kind(cause, op.name + " not run: the communicator failed earlier: " + why));
   }
 }

@@ -372,6 +372,8 @@ class Engine {
   /// latter in words, for the report line. Driving thread only.
   std::string links_json();
   std::string links_line();
+  /// The cost model's rate for the link to `peer`, in MB/s (0: unknown).
+  double model_mb_per_s(int peer);
   /// BRAID_REPORT_SECONDS: logs links_line() and writes a dump. Driving thread only.
   void report();
   MetricsTable metrics_;     ///< written by the driving thread
