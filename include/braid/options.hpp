@@ -34,7 +34,8 @@ struct AllreduceOptions : CollectiveOptions {
   /// "none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1",
   /// "topk:RATIO" or "auto" (compress only when the cost model says it is faster, with
   /// codecs inside BRAID_CODEC_MAX_ERROR), with optional suffixes such as ":sr"
-  /// (stochastic rounding) or ":block=128". Compressed all-reduce takes f32 buffers
+  /// (stochastic rounding) or ":block=128". Compressed all-reduce takes f32 buffers,
+  /// or bf16/f16 ones (f32 inside, the result rounded once to their type; docs/codecs.md),
   /// and sum or avg; the result is bitwise identical on every rank.
   std::string codec;
   /// Error-feedback bucket key: the library keeps this bucket's residuals (what the

@@ -5,6 +5,7 @@
 #include "base/text.hpp"
 #include "collectives/tuner.hpp"
 #include "gpu/runtime.hpp"
+#include "kernels/host/codec_kernels.hpp"
 
 #include <braid/error.hpp>
 
@@ -252,9 +253,14 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
   const std::string codec = compression::name(spec);
   const std::string what = "allreduce[" + codec + "]";
   // Everything is checked here, before any byte moves.
-  BRAID_CHECK(dtype == DataType::f32, InvalidUsage,
-              what << ": compressed all-reduce takes f32 buffers, got " << to_string(dtype)
-                   << "; convert to f32 or pass codec \"none\"");
+  const bool half = dtype == DataType::bf16 || dtype == DataType::f16;
+  BRAID_CHECK(dtype == DataType::f32 || half, InvalidUsage,
+              what << ": compressed all-reduce takes f32, bf16 or f16 buffers, got " << to_string(dtype)
+                   << "; pass codec \"none\" for " << to_string(dtype));
+  BRAID_CHECK(!half || device < 0, Unsupported,
+              what << ": " << to_string(dtype)
+                   << " buffers are not compressed on the direct device path (BRAID_DEVICE_PATH=direct) yet; the "
+                      "staged path (the default) compresses them");
   BRAID_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, InvalidUsage,
               what << ": compressed all-reduce supports sum and avg, got " << to_string(op)
                    << "; pass codec \"none\" for " << to_string(op));
@@ -271,11 +277,37 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
     BRAID_CHECK(send != nullptr && recv != nullptr, InvalidUsage, what << ": null buffer with count " << count);
     const auto* s = static_cast<const std::byte*>(send);
     const auto* r = static_cast<const std::byte*>(recv);
-    const std::size_t n = count * sizeof(float);
+    const std::size_t n = count * dtype_size(dtype);
     BRAID_CHECK(s == r || s + n <= r || r + n <= s, InvalidUsage,
                 what << ": send and recv overlap partially; pass the same pointer for in place or disjoint buffers");
   }
+  if (half) {
+    // fp32 inside (docs/codecs.md, "bf16 and fp16 buffers"): the input widened (exactly)
+    // into a buffer of the library's, the f32 compressed all-reduce in place there, the
+    // result rounded to the caller's type (nearest even) into recv. Widening and narrowing
+    // are host tasks in issue order, so that on the staged device path they run once the
+    // stream has staged the input, and after the all-reduce.
+    const auto fmt = dtype == DataType::bf16 ? kernels::HalfFormat::bf16 : kernels::HalfFormat::fp16;
+    auto wide = std::make_shared<std::vector<float>>(count);
+    const std::string type = std::string(to_string(dtype));
+    poster_.post_task(
+        [wide, send, count, fmt] {
+          if (count > 0) kernels::half_decode(fmt, static_cast<const std::uint8_t*>(send), count, wide->data(), false);
+        },
+        what + " (" + type + " to f32)", wide);
+    post(wide->data(), wide->data(), count, op, spec, options, device, what);
+    return poster_.post_task(
+        [wide, recv, count, fmt] {
+          if (count > 0)
+            kernels::half_narrow(fmt, wide->data(), nullptr, count, static_cast<std::uint8_t*>(recv), nullptr);
+        },
+        what + " (f32 to " + type + ")", wide);
+  }
+  return post(send, recv, count, op, spec, options, device, what);
+}
 
+Work Compressor::post(const void* send, void* recv, std::size_t count, ReduceOp op, const CodecSpec& spec,
+                      const AllreduceOptions& options, int device, const std::string& what) {
   collectives::PlanRequest req = poster_.request(Collective::allreduce, count, sizeof(float), op);
   req.algorithm = Algorithm::automatic;  // the codec's own
   req.codec = spec;

@@ -52,7 +52,8 @@ class Compressor {
   compression::CodecSpec resolve_codec(const AllreduceOptions& options, std::size_t count, DataType dtype,
                                        ReduceOp op);
   /// Compressed all-reduce with codec `spec` (not none): checks everything before any
-  /// byte moves, finds the error-feedback residuals and posts the compressed plan.
+  /// byte moves, finds the error-feedback residuals and posts the compressed plan. f32,
+  /// or bf16/f16 through an f32 copy (widened and rounded back by host tasks around it).
   /// `device` >= 0: the call runs on the direct device path (docs/gpu.md) on that GPU,
   /// so its error-feedback residuals live in that GPU's memory.
   Work allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
@@ -69,6 +70,10 @@ class Compressor {
   std::size_t feedback_bytes() const;
 
  private:
+  /// The compressed plan of a checked f32 call: its residuals found (or made) and the
+  /// operation posted. `what` names the call.
+  Work post(const void* send, void* recv, std::size_t count, ReduceOp op, const compression::CodecSpec& spec,
+            const AllreduceOptions& options, int device, const std::string& what);
   /// Codec rates for `auto`, measured by rank 0 and shared through the store.
   const std::vector<compression::CodecRates>& codec_rates();
 

@@ -6,6 +6,7 @@
 // before any byte moves; residuals survive save/restore; a data-parallel least-squares
 // run reaches the uncompressed loss within 1% with int8 and with sign1 + error feedback.
 #include "compression/reference.hpp"
+#include "kernels/host/reduce.hpp"
 #include "test_support.hpp"
 
 #include <braid/braid.hpp>
@@ -108,6 +109,74 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CompressedWorlds,
                          ::testing::ValuesIn(test::grid({2, 3, 4}, {{"shm", {1, 2, 3, 4}}, {"auto", {}}})),
                          test::grid_name);
 
+// bf16 and fp16 buffers: the f32 compressed all-reduce of the widened inputs (exact),
+// rounded once to the caller's type; bitwise identical on every rank; error feedback in
+// f32 as for f32 buffers (the same reference residuals).
+TEST(Compressed, HalfBuffersAreTheF32ResultRoundedOnceAndIdenticalOnEveryRank) {
+  const int n = 3;
+  Group g(n);
+  struct Half {
+    DataType dtype;
+    std::uint16_t (*narrow)(float);
+    float (*widen)(std::uint16_t);
+  };
+  const Half halves[] = {{DataType::bf16, kernels::float_to_bf16, kernels::bf16_to_float},
+                         {DataType::f16, kernels::float_to_half, kernels::half_to_float}};
+  const Case cases[] = {{"int8", true}, {"fp16", false}, {"sign1", true}, {"topk:0.1", true}};
+  std::map<std::string, std::uint64_t> calls;
+  for (const Half& h : halves) {
+    for (const Case& c : cases) {
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{257}, std::size_t{10007}}) {
+        SCOPED_TRACE(std::string(to_string(h.dtype)) + " " + c.codec + " count " + std::to_string(count));
+        const std::string key = c.feedback ? std::string("half-") + std::string(to_string(h.dtype)) + "-" + c.codec +
+                                                 "-" + std::to_string(count)
+                                           : std::string();
+        std::vector<compression::ErrorFeedbackStore> ref_stores(static_cast<std::size_t>(n));
+        std::vector<compression::ErrorFeedbackStore*> ref_ptrs;
+        for (auto& st : ref_stores) ref_ptrs.push_back(&st);
+        for (int step = 0; step < 2; ++step) {
+          // Inputs representable in the half type, so that widening is exact.
+          std::vector<std::vector<float>> wide(static_cast<std::size_t>(n));
+          std::vector<std::vector<std::uint16_t>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+          for (int r = 0; r < n; ++r) {
+            auto& w = wide[static_cast<std::size_t>(r)];
+            w = gradient(r, step, count);
+            for (float& x : w) {
+              in[static_cast<std::size_t>(r)].push_back(h.narrow(x));
+              x = h.widen(in[static_cast<std::size_t>(r)].back());
+            }
+          }
+          run_threads(n, [&](int r) {
+            AllreduceOptions o;
+            o.codec = c.codec;
+            o.ef_key = key;
+            auto& x = in[static_cast<std::size_t>(r)];
+            auto& y = out[static_cast<std::size_t>(r)];
+            if (r % 2 == 0) {
+              y = x;
+              g[r].allreduce(y.data(), y.data(), count, h.dtype, ReduceOp::sum, o).wait();
+            } else {
+              y.assign(count, 0xffff);
+              g[r].allreduce(x.data(), y.data(), count, h.dtype, ReduceOp::sum, o).wait();
+            }
+          });
+          compression::ReferenceStep rs;
+          rs.spec = compression::parse_codec(c.codec);
+          rs.step = calls[key]++;
+          rs.key = key;
+          const auto ref = compression::reference_allreduce(rs, wide, ref_ptrs);
+          for (int r = 0; r < n; ++r) {
+            const auto& y = out[static_cast<std::size_t>(r)];
+            ASSERT_EQ(y, out[0]) << "rank " << r << " differs from rank 0 at step " << step;
+            for (std::size_t i = 0; i < count; ++i)
+              ASSERT_EQ(y[i], h.narrow(ref[static_cast<std::size_t>(r)][i])) << "rank " << r << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Compressed, BadCallsAreRefusedBeforeAnyByteMoves) {
   Group g(2);
   run_threads(2, [&](int r) {
@@ -124,7 +193,7 @@ TEST(Compressed, BadCallsAreRefusedBeforeAnyByteMoves) {
     };
     AllreduceOptions o;
     o.codec = "int8";
-    refused([&] { g[r].allreduce(d.data(), d.data(), d.size(), DataType::f64, ReduceOp::sum, o); }, "f32");
+    refused([&] { g[r].allreduce(d.data(), d.data(), d.size(), DataType::f64, ReduceOp::sum, o); }, "f32, bf16 or f16");
     refused([&] { g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::max, o); }, "sum and avg");
     o.codec = "int9";
     refused([&] { g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::sum, o); }, "int8");

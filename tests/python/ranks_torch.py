@@ -133,20 +133,20 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
 
 
-def _train(pg, hook=None, steps=6):
+def _train(pg, hook=None, steps=6, dtype=torch.float32):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     r = dist.get_rank()
-    model = DDP(_model(), process_group=pg, bucket_cap_mb=0.004)  # several buckets
+    model = DDP(_model().to(dtype), process_group=pg, bucket_cap_mb=0.004)  # several buckets
     if hook is not None:
         model.register_comm_hook(pg, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(7 + r)
     for _ in range(steps):
-        x = torch.randn(32, 64, generator=g)
+        x = torch.randn(32, 64, generator=g).to(dtype)
         y = torch.randint(0, 10, (32,), generator=g)
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         loss.backward()
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
@@ -176,6 +176,18 @@ def ddp_compressed(braid_pg, gloo_pg):
     err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, ref))
     assert err < 0.05, f"int8 DDP drifted from gloo by {err}"
     print(f"rank {dist.get_rank()}: int8-compressed DDP within {err:.4f} of gloo")
+    # bf16 gradients (a bf16 model): compressed inside braid with f32 accumulation, against
+    # the same model's uncompressed bf16 DDP on braid.
+    comm = bt.get_communicator(braid_pg)
+    before = sum(o["calls"] for o in comm.metrics()["operations"] if o["codec"].startswith("int8"))
+    ref16 = _train(braid_pg, None, steps=10, dtype=torch.bfloat16)
+    got16 = _train(braid_pg, bt.compression_hook("int8"), steps=10, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in got16)
+    after = sum(o["calls"] for o in comm.metrics()["operations"] if o["codec"].startswith("int8"))
+    assert after - before >= 10, f"the bf16 buckets were not compressed ({after - before} int8 calls)"
+    err16 = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(got16, ref16))
+    assert err16 < 0.05, f"int8 DDP of a bf16 model drifted from uncompressed by {err16}"
+    print(f"rank {dist.get_rank()}: int8-compressed DDP of a bf16 model within {err16:.4f} of uncompressed")
 
 
 class _UsedOutOfOrder(torch.nn.Module):

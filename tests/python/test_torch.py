@@ -35,6 +35,7 @@ def test_ddp_int8_hook(run_ranks):
     if p.returncode != 0 and "SKIP:" in p.stdout:
         pytest.skip(p.stdout.split("SKIP:", 1)[1].splitlines()[0].strip())
     assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("int8-compressed DDP of a bf16 model within") == 2, p.stdout
 
 
 def test_monitored_barrier_names_the_ranks_that_did_not_arrive(run_ranks):

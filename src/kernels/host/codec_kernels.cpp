@@ -615,6 +615,12 @@ std::size_t half_payload_bytes(std::size_t n) noexcept { return (2 * n + 3) & ~s
 
 void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n, std::uint8_t* out,
                  float* residual) noexcept {
+  half_narrow(f, in, add, n, out, residual);
+  std::memset(out + 2 * n, 0, half_payload_bytes(n) - 2 * n);
+}
+
+void half_narrow(HalfFormat f, const float* in, const float* add, std::size_t n, std::uint8_t* out,
+                 float* residual) noexcept {
   if (f == HalfFormat::bf16) {
 #if BRAID_CODEC_X86
     if (use_avx2())
@@ -630,7 +636,6 @@ void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n,
 #endif
       fp16_encode_scalar(in, add, n, out, residual);
   }
-  std::memset(out + 2 * n, 0, half_payload_bytes(n) - 2 * n);
 }
 
 void half_decode(HalfFormat f, const std::uint8_t* in, std::size_t n, float* out, bool accumulate) noexcept {

@@ -50,7 +50,11 @@ std::size_t half_payload_bytes(std::size_t n) noexcept;
 /// Encodes n values (+ add) to little-endian 16-bit floats, round to nearest even.
 void half_encode(HalfFormat f, const float* in, const float* add, std::size_t n, std::uint8_t* out,
                  float* residual) noexcept;
-/// Decodes (or accumulates) n 16-bit floats.
+/// half_encode without the payload's padding: exactly 2n bytes, so `out` may be a caller's
+/// array of n fp16/bf16 values (the narrowing of a compressed all-reduce's f32 result).
+void half_narrow(HalfFormat f, const float* in, const float* add, std::size_t n, std::uint8_t* out,
+                 float* residual) noexcept;
+/// Decodes (or accumulates) n 16-bit floats (from any 2-byte aligned or unaligned array).
 void half_decode(HalfFormat f, const std::uint8_t* in, std::size_t n, float* out, bool accumulate) noexcept;
 
 /// Bytes of a top-k payload with k entries: k u32 indices then k f32 values.
