@@ -515,6 +515,47 @@ TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
                                        << ": the values left the GPU before they were encoded";
 }
 
+// bf16 device buffers with a codec: the staged path (the default) widens them once the
+// stream has staged the input, compresses in f32 and rounds back, so the result has the
+// bits of the same call on host buffers; the direct path refuses them, naming the staged
+// one, and leaves the caller's stream free.
+TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const bool direct = core::Config::global().device_direct;
+  const std::size_t count = 3001;
+  test::Group g(2);
+  run_threads(2, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(count * 2);
+    PinnedHost<std::uint16_t> in(count, 0), back(count, 0);
+    for (std::size_t i = 0; i < count; ++i)
+      in[i] = kernels::float_to_bf16(std::sin(0.1f * static_cast<float>(i) + static_cast<float>(r)));
+    rt().copy_async(buf.data(), in.data(), count * 2, s.s);
+    AllreduceOptions o;
+    o.stream = s.s;
+    o.codec = "int8";
+    if (direct) {
+      try {
+        g[r].allreduce(buf.data(), buf.data(), count, DataType::bf16, ReduceOp::sum, o).wait();
+        ADD_FAILURE() << "the direct path took bf16 buffers with a codec";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
+        EXPECT_NE(std::string(e.what()).find("staged"), std::string::npos) << e.what();
+      }
+      rt().synchronize(s.s);  // nothing of the refused call holds the stream
+      return;
+    }
+    g[r].allreduce(buf.data(), buf.data(), count, DataType::bf16, ReduceOp::sum, o).wait();
+    rt().copy_async(back.data(), buf.data(), count * 2, s.s);
+    rt().synchronize(s.s);
+    std::vector<std::uint16_t> host(in.data(), in.data() + count);
+    AllreduceOptions ho;
+    ho.codec = "int8";
+    g[r].allreduce(host.data(), host.data(), count, DataType::bf16, ReduceOp::sum, ho).wait();
+    EXPECT_EQ(std::vector<std::uint16_t>(back.data(), back.data() + count), host);
+  });
+}
+
 // Error feedback on the direct path keeps its residuals in GPU memory. The same calls
 // under a device key and a host key leave the same residuals (their checkpoints are the
 // same bytes); a checkpoint restored brings the device residuals back; a key keeps to
