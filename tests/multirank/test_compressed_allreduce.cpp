@@ -43,6 +43,37 @@ struct Case {
   bool feedback;
 };
 
+/// One compressed all-reduce on every rank of `g`, of in[r] into out[r]: in place on even
+/// ranks, out of place on odd ones (out[r] first filled with `poison`).
+template <class T>
+void allreduce_every_rank(Group& g, int n, std::vector<std::vector<T>>& in, std::vector<std::vector<T>>& out,
+                          std::size_t count, DataType dtype, ReduceOp op, const Case& c, const std::string& key,
+                          T poison) {
+  run_threads(n, [&](int r) {
+    AllreduceOptions o;
+    o.codec = c.codec;
+    o.ef_key = key;
+    auto& x = in[static_cast<std::size_t>(r)];
+    auto& y = out[static_cast<std::size_t>(r)];
+    if (r % 2 == 0) {
+      y = x;
+      g[r].allreduce(y.data(), y.data(), count, dtype, op, o).wait();
+    } else {
+      y.assign(count, poison);
+      g[r].allreduce(x.data(), y.data(), count, dtype, op, o).wait();
+    }
+  });
+}
+
+/// One reference residual store per rank, and the pointers reference_allreduce takes.
+struct RefStores {
+  explicit RefStores(int n) : stores(static_cast<std::size_t>(n)) {
+    for (auto& st : stores) ptrs.push_back(&st);
+  }
+  std::vector<compression::ErrorFeedbackStore> stores;
+  std::vector<compression::ErrorFeedbackStore*> ptrs;
+};
+
 const Case kCases[] = {{"fp16", false},   {"bf16", false}, {"fp8e4m3", false}, {"fp8e5m2", false},
                        {"int8", false},   {"int8", true},  {"int8:sr", false}, {"int4:block=64", false},
                        {"sign1", true},   {"topk:0.1", true}};
@@ -63,32 +94,17 @@ TEST_P(CompressedWorlds, EveryCodecMatchesTheReferenceAndIsIdenticalOnEveryRank)
         SCOPED_TRACE(std::string(c.codec) + (c.feedback ? "+ef" : "") + " count " + std::to_string(count) + " " + std::string(to_string(op)));
         const std::string key = c.feedback ? std::string("bucket-") + c.codec + "-" + std::to_string(count) + "-" + std::string(to_string(op))
                                            : std::string();
-        std::vector<compression::ErrorFeedbackStore> ref_stores(static_cast<std::size_t>(n));
-        std::vector<compression::ErrorFeedbackStore*> ref_ptrs;
-        for (auto& s : ref_stores) ref_ptrs.push_back(&s);
+        RefStores ref_stores(n);
         for (int step = 0; step < 3; ++step) {
           std::vector<std::vector<float>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
           for (int r = 0; r < n; ++r) in[static_cast<std::size_t>(r)] = gradient(r, step, count);
-          run_threads(n, [&](int r) {
-            AllreduceOptions o;
-            o.codec = c.codec;
-            o.ef_key = key;
-            auto& x = in[static_cast<std::size_t>(r)];
-            auto& y = out[static_cast<std::size_t>(r)];
-            if (r % 2 == 0) {  // in place on even ranks, out of place on odd ones
-              y = x;
-              g[r].allreduce(y.data(), y.data(), count, DataType::f32, op, o).wait();
-            } else {
-              y.assign(count, -1.0f);
-              g[r].allreduce(x.data(), y.data(), count, DataType::f32, op, o).wait();
-            }
-          });
+          allreduce_every_rank(g, n, in, out, count, DataType::f32, op, c, key, -1.0f);
           compression::ReferenceStep rs;
           rs.spec = compression::parse_codec(c.codec);
           rs.average = op == ReduceOp::avg;
           rs.step = calls[key]++;
           rs.key = key;
-          const auto ref = compression::reference_allreduce(rs, in, ref_ptrs);
+          const auto ref = compression::reference_allreduce(rs, in, ref_stores.ptrs);
           for (int r = 0; r < n; ++r) {
             const auto& y = out[static_cast<std::size_t>(r)];
             ASSERT_TRUE(same_bits(y, out[0])) << "rank " << r << " differs from rank 0 at step " << step;
@@ -131,9 +147,7 @@ TEST(Compressed, HalfBuffersAreTheF32ResultRoundedOnceAndIdenticalOnEveryRank) {
         const std::string key = c.feedback ? std::string("half-") + std::string(to_string(h.dtype)) + "-" + c.codec +
                                                  "-" + std::to_string(count)
                                            : std::string();
-        std::vector<compression::ErrorFeedbackStore> ref_stores(static_cast<std::size_t>(n));
-        std::vector<compression::ErrorFeedbackStore*> ref_ptrs;
-        for (auto& st : ref_stores) ref_ptrs.push_back(&st);
+        RefStores ref_stores(n);
         for (int step = 0; step < 2; ++step) {
           // Inputs representable in the half type, so that widening is exact.
           std::vector<std::vector<float>> wide(static_cast<std::size_t>(n));
@@ -146,25 +160,12 @@ TEST(Compressed, HalfBuffersAreTheF32ResultRoundedOnceAndIdenticalOnEveryRank) {
               x = h.widen(in[static_cast<std::size_t>(r)].back());
             }
           }
-          run_threads(n, [&](int r) {
-            AllreduceOptions o;
-            o.codec = c.codec;
-            o.ef_key = key;
-            auto& x = in[static_cast<std::size_t>(r)];
-            auto& y = out[static_cast<std::size_t>(r)];
-            if (r % 2 == 0) {
-              y = x;
-              g[r].allreduce(y.data(), y.data(), count, h.dtype, ReduceOp::sum, o).wait();
-            } else {
-              y.assign(count, 0xffff);
-              g[r].allreduce(x.data(), y.data(), count, h.dtype, ReduceOp::sum, o).wait();
-            }
-          });
+          allreduce_every_rank(g, n, in, out, count, h.dtype, ReduceOp::sum, c, key, std::uint16_t{0xffff});
           compression::ReferenceStep rs;
           rs.spec = compression::parse_codec(c.codec);
           rs.step = calls[key]++;
           rs.key = key;
-          const auto ref = compression::reference_allreduce(rs, wide, ref_ptrs);
+          const auto ref = compression::reference_allreduce(rs, wide, ref_stores.ptrs);
           for (int r = 0; r < n; ++r) {
             const auto& y = out[static_cast<std::size_t>(r)];
             ASSERT_EQ(y, out[0]) << "rank " << r << " differs from rank 0 at step " << step;
