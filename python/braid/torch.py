@@ -219,17 +219,14 @@ class _Work(dist.Work):
     def get_future(self) -> Future:
         return self._fut
 
+    # From the source future, as wait() is: the one handed out (get_future) completes a
+    # moment later, from src's callbacks, so after wait() it could still read as running
+    # (PyTorch's test_isend caught it).
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._src.done()
 
     def is_success(self) -> bool:
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.value()
-        except Exception:  # noqa: BLE001
-            return False
-        return True
+        return self._src.done() and self._src.value()[0] is None
 
     def exception(self):
         return self._src.value()[0] if self._src.done() else None
@@ -256,12 +253,6 @@ class _StreamWork(_Work):
                 raise err
         self._fut.wait()  # the caller's current stream waits on the recorded events
         return True
-
-    def is_completed(self) -> bool:
-        return self._src.done()
-
-    def is_success(self) -> bool:
-        return self._src.done() and self._src.value()[0] is None
 
     def synchronize(self) -> None:
         self._fut.wait()

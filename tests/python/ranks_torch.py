@@ -120,6 +120,18 @@ def vs_gloo(braid_pg, gloo_pg):
     res = fut.then(lambda f: f.value()[0] * 2).wait()
     same(res, torch.full((1000,), 2.0 * n), "async all_reduce future", exact=True)
     assert w.is_completed()
+    # A work that wait() returned from reads as completed at once (as PyTorch's test_isend
+    # asks), every time: its future completes a moment later, from callbacks.
+    for k in range(200):
+        t = torch.full((8,), float(k))
+        if r == 0:
+            req = dist.isend(t, dst=n - 1, group=braid_pg)
+        elif r == n - 1:
+            req = dist.irecv(t, src=0, group=braid_pg)
+        else:
+            continue
+        req.wait()
+        assert req.is_completed() and req.is_success(), f"isend/irecv {k}: done but not completed"
     dist.barrier(group=braid_pg)
     # bfloat16 / float16 tensors through the braid group (gloo has no bf16 sum on CPU in every build)
     h = torch.full((33,), 1.5, dtype=torch.bfloat16)
