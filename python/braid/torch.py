@@ -296,6 +296,23 @@ class BraidProcessGroup(dist.ProcessGroup):
     def name(self) -> str:
         return "braid"
 
+    # torch names a group through its per-device backends (ProcessGroup::setGroupName),
+    # which a Python group does not register: without these, group_name raised "ProcessGroup
+    # name not set" and destroy_process_group(group) failed (PyTorch's test_destroy_group).
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     def _get_backend(self, device=None):  # noqa: ARG002
         # torch asks a group for its per-device backend (batch_isend_irecv, ...); this
         # group is its own CPU backend and does not coalesce.

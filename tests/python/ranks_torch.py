@@ -488,6 +488,21 @@ def monitored(braid_pg, gloo_pg):
     os._exit(0)  # the gloo group would wait for ranks 2 and 3 at shutdown
 
 
+def groups(braid_pg, gloo_pg):
+    """Named groups that can be destroyed one by one (PyTorch's test_destroy_group): the
+    names torch gives, a group destroyed while the others keep working."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    sub = dist.new_group(backend="braid")
+    names = {braid_pg.group_name, sub.group_name, gloo_pg.group_name}
+    assert len(names) == 3 and "" not in names, names
+    t = torch.ones(4)
+    dist.all_reduce(t, group=sub)
+    dist.destroy_process_group(sub)
+    dist.all_reduce(t, group=braid_pg)  # the other braid group still works
+    same(t, torch.full((4,), float(n * n)), "all_reduce after destroying another group", exact=True)
+    print(f"rank {r}: named groups destroyed one by one")
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")

@@ -21,6 +21,7 @@ SCENARIOS = [
     ("coalesced_and_uneven_collectives_equal_gloo_3", 3, "coalesced_and_uneven",
      "coalesced and uneven collectives == gloo", 3, 150),
     ("work_wait_honors_its_timeout", 2, "wait_timeout", "Work.wait(timeout) ok", 2, 120),
+    ("groups_are_named_and_destroyed_one_by_one", 2, "groups", "named groups destroyed one by one", 2, 120),
 ]
 
 
