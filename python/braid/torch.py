@@ -460,6 +460,36 @@ class BraidProcessGroup(dist.ProcessGroup):
 
         return self._work([w], finish)
 
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """One all-gather of the flattened inputs (one dtype): output_lists[j][k] receives
+        rank j's input k (torch.distributed.all_gather_coalesced, as gloo's)."""
+        n = self.size()
+        if len(output_lists) != n:
+            raise _braid._usage(f"allgather_coalesced: {len(output_lists)} output lists for a group of {n}")
+        for j, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise _braid._usage(f"allgather_coalesced: output list {j} has {len(outs)} tensors for "
+                                    f"{len(input_list)} inputs")
+            for k, (o, t) in enumerate(zip(outs, input_list)):
+                _check(o, f"allgather_coalesced output {j}.{k}")
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise _braid._usage(f"allgather_coalesced: output {j}.{k} is {o.numel()} x {o.dtype}, input "
+                                        f"{k} is {t.numel()} x {t.dtype}; sizes and dtypes must match")
+        flat_in = self._flat(input_list, "allgather_coalesced")
+        flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
+        i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
+        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
+        total = flat_in.numel()
+
+        def finish():
+            _ = flat_in  # alive until done
+            blocks = flat_out.view(n, total)
+            for j, outs in enumerate(output_lists):
+                _unflatten(blocks[j], outs)
+            return output_lists
+
+        return self._work([w], finish)
+
     def allgather(self, output_tensors, input_tensors, opts=None):
         works, finishers = [], []
         for k, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):

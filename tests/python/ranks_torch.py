@@ -410,6 +410,18 @@ def coalesced_and_uneven(braid_pg, gloo_pg):
     dist.all_to_all_single(ref, torch.cat(ins_l), [s + 1 for s in out_splits], [s + 1 for s in in_splits],
                            group=gloo_pg)
     same(torch.cat(outs_a), ref, "all_to_all of uneven tensors", exact=True)
+    # all_gather_coalesced (PyTorch's test_all_gather_coalesced_*: an empty tensor too)
+    ins = [data((3,), torch.float32, r, 11), data((2, 4), torch.float32, r, 12), torch.empty(0)]
+    oa = [[torch.empty(3), torch.empty(2, 4), torch.empty(0)] for _ in range(n)]
+    ob = [[torch.empty(3), torch.empty(2, 4), torch.empty(0)] for _ in range(n)]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "will be deprecated"
+        dist.all_gather_coalesced(oa, ins, group=braid_pg)
+        dist.all_gather_coalesced(ob, ins, group=gloo_pg)
+    for j in range(n):
+        for k in range(3):
+            same(oa[j][k], ob[j][k], f"all_gather_coalesced rank {j} tensor {k}", exact=True)
     try:
         braid_pg.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)])
     except braid.InvalidUsageError as e:
