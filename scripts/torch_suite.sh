@@ -13,14 +13,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${BRAID_PYTHON:-$root/build-py/venv/bin/python}
 world=2 backend=braid
-while getopts "n:b:" o; do
-  case $o in
-    n) world=$OPTARG ;;
-    b) backend=$OPTARG ;;
-    *) echo "usage: scripts/torch_suite.sh [-n WORLD_SIZE] [-b BACKEND] [unittest args...]" >&2; exit 2 ;;
+while [ $# -ge 2 ]; do  # -n and -b first; everything after them goes to unittest
+  case $1 in
+    -n) world=$2; shift 2 ;;
+    -b) backend=$2; shift 2 ;;
+    *) break ;;
   esac
 done
-shift $((OPTIND - 1))
 [ -x "$py" ] || { echo "no Python at $py: run scripts/setup.sh, then pip install . into build-py/venv" >&2; exit 2; }
 "$py" -c "import expecttest, hypothesis" 2>/dev/null || "$py" -m pip install -q expecttest hypothesis
 tmp=$(mktemp -d /tmp/braid-torch-suite.XXXXXX)
