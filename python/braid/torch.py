@@ -440,17 +440,9 @@ class BraidProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         """One all-gather for several (output, input) pairs: output k is the group's
         inputs k, rank after rank."""
-        n = self.size()
         self._check_pairs("allgather_into_tensor_coalesced", outputs, "output", inputs, "input")
-        flat_in = self._flat(inputs, "allgather_into_tensor_coalesced")
-        flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
-        i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
-        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
-        total = flat_in.numel()
 
-        def finish():
-            _ = flat_in  # alive until done
-            blocks = flat_out.view(n, total)
+        def finish(blocks):
             off = 0
             for out, inp in zip(outputs, inputs):
                 m = inp.numel()
@@ -458,7 +450,21 @@ class BraidProcessGroup(dist.ProcessGroup):
                 off += m
             return list(outputs)
 
-        return self._work([w], finish)
+        return self._allgather_flat(inputs, "allgather_into_tensor_coalesced", finish)
+
+    def _allgather_flat(self, inputs, what: str, finish: Callable[[torch.Tensor], Any]) -> "dist.Work":
+        """One all-gather of the flattened `inputs` (one dtype); finish(blocks) gets the
+        result as a (group size, elements per rank) view once it is done."""
+        flat_in = self._flat(inputs, what)
+        flat_out = torch.empty(self.size() * flat_in.numel(), dtype=flat_in.dtype)
+        i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
+        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
+
+        def done():
+            _ = flat_in  # alive until done
+            return finish(flat_out.view(self.size(), flat_in.numel()))
+
+        return self._work([w], done)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """One all-gather of the flattened inputs (one dtype): output_lists[j][k] receives
@@ -475,20 +481,12 @@ class BraidProcessGroup(dist.ProcessGroup):
                 if o.numel() != t.numel() or o.dtype != t.dtype:
                     raise _braid._usage(f"allgather_coalesced: output {j}.{k} is {o.numel()} x {o.dtype}, input "
                                         f"{k} is {t.numel()} x {t.dtype}; sizes and dtypes must match")
-        flat_in = self._flat(input_list, "allgather_coalesced")
-        flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
-        i, o = self._buf(flat_in, "allgather staging"), self._buf(flat_out, "allgather staging")
-        w = self._c.allgather(i.ptr, o.ptr, i.count, i.dtype, self._timeout)
-        total = flat_in.numel()
-
-        def finish():
-            _ = flat_in  # alive until done
-            blocks = flat_out.view(n, total)
+        def finish(blocks):
             for j, outs in enumerate(output_lists):
                 _unflatten(blocks[j], outs)
             return output_lists
 
-        return self._work([w], finish)
+        return self._allgather_flat(input_list, "allgather_coalesced", finish)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         works, finishers = [], []
