@@ -809,33 +809,30 @@ void describe_progress(const ExecT& ex, TraceRecord& r) {
   for (std::size_t q = 0; q < p.peers.size(); ++q) {
     PeerProgress& pp = r.peers[q];
     pp.rank = p.peers[q];
-    for (std::size_t k = 0; k < ex.sendq[q].size(); ++k) {
-      const std::uint32_t i = ex.sendq[q][k];
-      const std::uint64_t b = ex.bytes(p.steps[i].src);
-      ++pp.sends;
-      pp.bytes_to_send += b;
-      if (k < ex.send_head[q]) ++pp.sends_posted;
-      if (ex.state[i] == kDone) {
-        ++pp.sends_done;
-        pp.bytes_sent += b;
-      } else if (pp.next_send_step < 0) {
-        pp.next_send_step = i;
+    // One direction: its messages, how many are posted (before `head`), done, and their bytes.
+    const auto tally = [&](const std::vector<std::uint32_t>& queue, std::size_t head, bool send,
+                           std::uint32_t& count, std::uint32_t& posted, std::uint32_t& done, std::uint64_t& to_move,
+                           std::uint64_t& moved, std::int64_t& next) {
+      for (std::size_t k = 0; k < queue.size(); ++k) {
+        const std::uint32_t i = queue[k];
+        const std::uint64_t b = ex.bytes(send ? p.steps[i].src : p.steps[i].dst);
+        ++count;
+        to_move += b;
+        if (k < head) ++posted;
+        // A receive that has landed counts as received even while its reduction waits.
+        if (ex.state[i] == kDone ||
+            (!send && ex.state[i] == kPosted && ex.req[i].state == transport::Request::State::done)) {
+          ++done;
+          moved += b;
+        } else if (next < 0) {
+          next = i;
+        }
       }
-    }
-    for (std::size_t k = 0; k < ex.recvq[q].size(); ++k) {
-      const std::uint32_t i = ex.recvq[q][k];
-      const std::uint64_t b = ex.bytes(p.steps[i].dst);
-      ++pp.recvs;
-      pp.bytes_to_recv += b;
-      if (k < ex.recv_head[q]) ++pp.recvs_posted;
-      // A receive that has landed counts as received even while its reduction waits.
-      if (ex.state[i] == kDone || (ex.state[i] == kPosted && ex.req[i].state == transport::Request::State::done)) {
-        ++pp.recvs_done;
-        pp.bytes_received += b;
-      } else if (pp.next_recv_step < 0) {
-        pp.next_recv_step = i;
-      }
-    }
+    };
+    tally(ex.sendq[q], ex.send_head[q], true, pp.sends, pp.sends_posted, pp.sends_done, pp.bytes_to_send,
+          pp.bytes_sent, pp.next_send_step);
+    tally(ex.recvq[q], ex.recv_head[q], false, pp.recvs, pp.recvs_posted, pp.recvs_done, pp.bytes_to_recv,
+          pp.bytes_received, pp.next_recv_step);
   }
 }
 
