@@ -15,6 +15,9 @@
 #   device_collectives     tests/multirank test_device_collectives, BRAID_GPU_BACKEND=cuda:
 #                          several ranks on the one GPU as threads, and process ranks
 #   device_collectives_direct  the same with BRAID_DEVICE_PATH=direct (plans on the device)
+#   device_hazards         tests/multirank test_device_hazards on CUDA: every collective with
+#                          CUDA_DEVICE_MAX_CONNECTIONS=1 and 8 and a cudaFree loop, process
+#                          ranks; budgets (no host function, no sync in a call); killed rank
 #   gpu_runtime            tests/unit test_gpu_runtime: the dma-buf export of a cudaMalloc
 #                          allocation, the GPUDirect RDMA flush (or the driver's reason), and
 #                          legacy CUDA IPC of an allocation into a child process
@@ -235,7 +238,7 @@ EOF
   [ -n "$prefix_path" ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix_path")
   [ "$have_tests" = 0 ] && cmake_args+=(-DBRAID_BUILD_TESTS=OFF)
   targets="braid braid_info braidrun allreduce_bench"
-  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_gpu_runtime test_device_exec"
+  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_device_hazards test_gpu_runtime test_device_exec"
   echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels"
   fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
 else
@@ -260,6 +263,7 @@ bg_step arch_check 60 "'$root/tests/check_cuda_arch.sh' \"\$(command -v cuobjdum
 if [ "$have_tests" = 1 ]; then
   bg_step ctest_gpu 200 "cd '$bd' && $require ctest -L gpu --output-on-failure -j 4 --timeout 190"
   bg_step device_collectives 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
+  bg_step device_hazards 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_hazards'"
   bg_step device_collectives_direct 200 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
   bg_step gpu_runtime 60 "$require '$bd/tests/test_gpu_runtime'"
   bg_step device_exec 60 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_exec'"
@@ -267,6 +271,7 @@ else
   skip ctest_gpu "tests not built (no GoogleTest)"
   skip device_collectives "tests not built (no GoogleTest)"
   skip device_collectives_direct "tests not built (no GoogleTest)"
+  skip device_hazards "tests not built (no GoogleTest)"
   skip gpu_runtime "tests not built (no GoogleTest)"
   skip device_exec "tests not built (no GoogleTest)"
 fi

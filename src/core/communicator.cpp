@@ -188,6 +188,8 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     device = options.device >= 0 ? options.device : rt.current_device();
     BRAID_CHECK(device < rt.device_count(), InvalidUsage,
                 "CommOptions::device " << device << " does not exist: the device runtime is " << rt.describe());
+    // Before the ranks meet: at any rank's first device call, all of this process's count.
+    seat = std::make_unique<core::DeviceSeat>(device);
   }
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   check_config(cfg);
@@ -276,6 +278,10 @@ namespace {
 /// Set while a direct device call posts its operations (Impl::device_call): Impl::post
 /// marks them as running on the device. Per thread: calls on other threads are their own.
 thread_local bool t_posting_on_device = false;
+/// Set with t_posting_on_device on the device path (BRAID_DEVICE_PATH=stream): the caller's
+/// stream, which the programs Impl::post enqueues are joined to.
+thread_local bool t_posting_program = false;
+thread_local gpu::Stream t_program_stream = nullptr;
 }  // namespace
 
 Work Communicator::Impl::post(core::Posting p) {
@@ -305,12 +311,28 @@ Work Communicator::Impl::post(core::Posting p) {
   o.feedback[0] = p.feedback[0];
   o.feedback[1] = p.feedback[1];
   o.codec_step = p.codec_step;
-  if (t_posting_on_device && !p.internal) {  // the library's own calls (tuner trials) use host memory
+  const bool program = t_posting_on_device && t_posting_program && !p.internal;
+  if (t_posting_on_device && !p.internal && !program) {  // the library's own calls (tuner trials) use host memory
     o.on_device = true;
     o.device = staging->device();
   }
   o.name.append(" x ").append(to_string(p.dtype)).append(", ").append(to_string(p.op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
+  if (program) {
+    // The whole program goes on the stream now, before the engine sees the call: its plan
+    // is the one posted (device calls are never deferred: Impl::collective).
+    o.deferred.reset();
+    core::FlowCall call;
+    call.input = o.input;
+    call.output = o.output;
+    call.dtype = o.dtype;
+    call.op = o.op;
+    call.feedback[0] = o.feedback[0];
+    call.feedback[1] = o.feedback[1];
+    call.codec_step = o.codec_step;
+    call.name = &o.name;
+    o.flow = flow->enqueue(*o.plan, call, t_program_stream);
+  }
   Work w(o.work);
   if (p.state) *p.state = o.work;
   engine->submit(std::move(o));
@@ -468,7 +490,8 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = topology->host_of();
   core::MeasuredTuner::Pick pick;
-  if (algo == Algorithm::automatic) pick = tuner->choose_algorithm(req);
+  // A device-path call enqueues its program when it is issued: the model decides, at once.
+  if (algo == Algorithm::automatic) pick = tuner->choose_algorithm(req, t_posting_program);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
   core::Posting p;
   p.in = need_send ? call.send : nullptr;
@@ -511,7 +534,30 @@ void Communicator::Impl::refuse_device_memory(const char* what) const {
 }
 
 Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
-                                     const std::function<Work(const void*, void*)>& host, bool direct) {
+                                     const std::function<Work(const void*, void*)>& host, core::Config::DevicePath path) {
+  if (path == core::Config::DevicePath::stream) {
+    // No copy, no gate, no host wait on the caller's stream: each operation the call posts
+    // enqueues its program joined to options.stream (Impl::post, core::DeviceFlow).
+    if (!flow)
+      flow = std::make_shared<core::DeviceFlow>(core::gpu_runtime(), staging->device(),
+                                                "rank " + std::to_string(rank) + " of communicator '" + name + "'");
+    struct Flag {
+      bool was = t_posting_on_device, was_program = t_posting_program;
+      gpu::Stream was_stream = t_program_stream;
+      explicit Flag(gpu::Stream s) {
+        t_posting_on_device = true;
+        t_posting_program = true;
+        t_program_stream = s;
+      }
+      ~Flag() {
+        t_posting_on_device = was;
+        t_posting_program = was_program;
+        t_program_stream = was_stream;
+      }
+    } flag(options.stream);
+    return host(b.send, b.recv);
+  }
+  bool direct = path == core::Config::DevicePath::direct;
   auto post_gate = [&](std::shared_ptr<std::atomic<bool>> gate) {
     BRAID_CHECK(!engine->failed(), Aborted,
                 what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
@@ -547,6 +593,10 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   const auto buffers = [&] { return impl_->buffers_of(Collective::allreduce, send, recv, count, dtype, 0); };
   const auto spec = impl_->compressor->resolve_codec(options, count, dtype, op);
   const bool compressed = spec.kind != compression::CodecKind::none;
+  // bf16/f16 with a codec go through f32 copies made by host tasks (Compressor), which only
+  // the staged path can give them: the stream path stages such calls by itself.
+  const bool half_codec = compressed && (dtype == DataType::bf16 || dtype == DataType::f16) &&
+                          impl_->cfg.device_path == core::Config::DevicePath::stream;
   return impl_->device_or_host("allreduce", options, send, recv, buffers, [&](const void* s, void* r) {
     if (compressed)  // on the direct path the codecs run on the GPU, and so do the residuals
       return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options,
@@ -556,7 +606,7 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     call.algorithm = options.algorithm;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
-  });
+  }, half_codec);
 }
 
 Work Communicator::broadcast(const void* send, void* recv, std::size_t count, DataType dtype,
@@ -678,8 +728,8 @@ std::size_t p2p_bytes(std::size_t count, DataType dtype) {
 
 Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
   const auto buffers = [&] { return core::CallBuffers{buf, p2p_bytes(count, dtype), nullptr, 0}; };
-  // Staged on the direct path too: point-to-point operations run beside each other (a
-  // group), and the engine's one device stream orders the operations it runs alone.
+  // Staged on every device path: point-to-point operations run beside each other (a
+  // group) and are posted to the engine by p2p(), not as programs (docs/gpu.md).
   return impl_->device_or_host(
       "send", options, buf, nullptr, buffers,
       [&](const void* s, void*) { return impl_->p2p(true, s, count, dtype, peer, options); }, true);
@@ -687,9 +737,11 @@ Work Communicator::send(const void* buf, std::size_t count, DataType dtype, int 
 
 Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options) {
   const auto buffers = [&] { return core::CallBuffers{nullptr, 0, buf, p2p_bytes(count, dtype)}; };
-  return impl_->device_or_host("recv", options, nullptr, buf, buffers, [&](const void*, void* r) {
-    return impl_->p2p(false, r, count, dtype, peer, options);
-  });
+  // Staged like send: p2p() posts to the engine directly, which would write device memory
+  // from the host, unordered with the stream.
+  return impl_->device_or_host(
+      "recv", options, nullptr, buf, buffers,
+      [&](const void*, void* r) { return impl_->p2p(false, r, count, dtype, peer, options); }, true);
 }
 
 Communicator Communicator::split(int color, int key) { return impl_->split_impl(color, key); }

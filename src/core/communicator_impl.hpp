@@ -13,6 +13,7 @@
 #include "core/comm_parts.hpp"
 #include "core/compressor.hpp"
 #include "core/config.hpp"
+#include "core/device_flow.hpp"
 #include "core/device_staging.hpp"
 #include "core/engine.hpp"
 #include "core/measured_tuner.hpp"
@@ -72,6 +73,10 @@ struct Communicator::Impl final : core::Poster {
   std::unique_ptr<core::Compressor> compressor;  ///< codecs, error feedback, compressed all-reduce
   /// Device buffers: staged through pinned memory, stream-ordered (null without a device runtime).
   std::unique_ptr<core::DeviceStaging> staging;
+  /// This rank's place among the ranks of this process on its device (core::DeviceFlow).
+  std::unique_ptr<core::DeviceSeat> seat;
+  /// The device path's programs (core::DeviceFlow): made at the first device call.
+  std::shared_ptr<core::DeviceFlow> flow;
 
   // --- calls so far: every rank counts alike, since every rank calls in the same order ---
   std::atomic<std::uint64_t> next_seq{1};
@@ -109,14 +114,15 @@ struct Communicator::Impl final : core::Poster {
     }
     const core::CallBuffers b = buffers();
     if (!staging->on_device(what, b, options.memory, options.stream)) return host(send, recv);
-    return device_call(what, b, options, host, cfg.device_direct && !staged_only);
+    return device_call(what, b, options, host, staged_only ? core::Config::DevicePath::staged : cfg.device_path);
   }
   [[noreturn]] void refuse_device_memory(const char* what) const;
-  /// The device path of device_or_host.
-  /// `direct`: the call's operations run on the device buffers (BRAID_DEVICE_PATH=direct);
-  /// else on pinned copies.
+  /// The device path of device_or_host, by `path` (BRAID_DEVICE_PATH): stream, the call's
+  /// operations enqueue their programs on the communicator's stream (core::DeviceFlow) as
+  /// they are posted; direct, they run on the device buffers driven by the engine; staged,
+  /// on pinned copies.
   Work device_call(const char* what, const core::CallBuffers& b, const CollectiveOptions& options,
-                   const std::function<Work(const void*, void*)>& host, bool direct);
+                   const std::function<Work(const void*, void*)>& host, core::Config::DevicePath path);
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);

@@ -114,13 +114,34 @@ std::vector<Setting> make_table() {
        "else none: every buffer is host memory), cuda, none, or emulated (tests only: device memory "
        "emulated in host memory, streams as threads; docs/gpu.md). Read once per process.",
        true, 0, 0, "auto|cuda|emulated|none"},
-      {"BRAID_DEVICE_PATH", SettingType::choice, "staged",
-       "How collectives on device buffers run: staged (the whole input copied to pinned host memory, "
-       "the host path, the result copied back) or direct (the plan runs on the device: reductions as "
-       "braid's kernels on the communicator's stream, codecs encoding on the GPU so that only compressed "
-       "bytes leave it, each transfer through a pinned slot of its own where the connection takes host "
-       "memory). direct has not been measured on a GPU yet (docs/gpu.md).",
-       true, 0, 0, "staged|direct"},
+      {"BRAID_EMU_HW_QUEUES", SettingType::integer, "8",
+       "Emulated device runtime only (tests): hardware queues per emulated device, each a FIFO "
+       "executor thread that streams are mapped onto round-robin in creation order, as "
+       "CUDA_DEVICE_MAX_CONNECTIONS maps streams onto a GPU's queues (8 by default there too). A "
+       "stream wait blocks every stream of its queue; 1 models CUDA_DEVICE_MAX_CONNECTIONS=1 (what "
+       "Megatron and NeMo set). Read once per process.",
+       true, 1, 128},
+      {"BRAID_EMU_HOSTFN_US", SettingType::integer, "5",
+       "Emulated device runtime only (tests): microseconds the emulated driver's one host-callback "
+       "thread waits before each host function (launch_host), the low end of a GPU's host-function "
+       "round trip (5-10 us), so that a path that leans on callbacks is slow in CI too. 0: none. "
+       "Read once per process.",
+       true, 0, 1'000'000},
+      {"CUDA_DEVICE_MAX_CONNECTIONS", SettingType::integer, "8",
+       "CUDA: hardware queues per GPU that the driver maps streams onto (it reads the variable "
+       "itself). braid reads it to know whether ranks that are threads of one process on one GPU can "
+       "wait for each other on their streams (a stream wait blocks its whole queue).",
+       false, 1, 32},
+      {"BRAID_DEVICE_PATH", SettingType::choice, "stream",
+       "How collectives on device buffers run: stream (the default: at the call, the rank's whole "
+       "program is enqueued on the communicator's stream, joined to the caller's by events; copies "
+       "into pinned slots, braid's kernels, and waits on words that the progress thread sets when a "
+       "message has landed, so no host callback and no host wait on the caller's stream), staged (the "
+       "whole input copied to pinned host memory, the host path, the result copied back; the caller's "
+       "stream waits for the host) or direct (the engine enqueues the plan step by step as it goes, "
+       "learning progress through host callbacks; kept for comparison, to be removed). Point-to-point "
+       "calls are staged. None has been measured on a GPU yet (docs/gpu.md).",
+       true, 0, 0, "stream|staged|direct"},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -317,7 +338,21 @@ Config Config::parse(const Lookup& lookup) {
   c.nvml_library = s.text("BRAID_NVML_LIBRARY");
   c.pmix_namespace = s.text("PMIX_NAMESPACE");
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
-  c.device_direct = base::lower(s.text("BRAID_DEVICE_PATH")) == "direct";
+  c.gpu_options.emulation.hw_queues = static_cast<int>(*s.integer("BRAID_EMU_HW_QUEUES"));
+  c.gpu_options.emulation.hostfn_us = static_cast<int>(*s.integer("BRAID_EMU_HOSTFN_US"));
+  // The driver's variable, which braid only reads: a value outside 1-32 is the driver's
+  // business, not an error of braid's configuration; braid then assumes the default 8.
+  try {
+    c.gpu_options.cuda_max_connections = static_cast<int>(s.integer("CUDA_DEVICE_MAX_CONNECTIONS").value_or(8));
+  } catch (const Error&) {
+  }
+  {
+    const std::string path = base::lower(s.text("BRAID_DEVICE_PATH"));
+    c.device_path = path == "direct"   ? Config::DevicePath::direct
+                    : path == "staged" ? Config::DevicePath::staged
+                                       : Config::DevicePath::stream;
+    c.device_direct = c.device_path == Config::DevicePath::direct;
+  }
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.tls = s.boolean("BRAID_TLS");
   c.tls_files = {s.text("BRAID_TLS_CERT"), s.text("BRAID_TLS_KEY"), s.text("BRAID_TLS_CA")};
@@ -389,7 +424,7 @@ const Config& Config::global() {
   return config;
 }
 
-gpu::Runtime& gpu_runtime() { return gpu::runtime(Config::global().gpu_backend); }
+gpu::Runtime& gpu_runtime() { return gpu::runtime(Config::global().gpu_backend, Config::global().gpu_options); }
 
 std::shared_ptr<const base::tls::Context> tls_context(const Config& cfg) {
   if (!cfg.tls) return nullptr;

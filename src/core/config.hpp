@@ -11,6 +11,7 @@
 #include "base/logging.hpp"
 #include "base/settings.hpp"
 #include "base/tls.hpp"
+#include "gpu/runtime.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -20,10 +21,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-namespace braid::gpu {
-class Runtime;
-}  // namespace braid::gpu
 
 namespace braid::core {
 
@@ -64,8 +61,15 @@ struct Config {
   std::string ibverbs_library;  ///< BRAID_IBVERBS_LIBRARY: what the libibverbs loader opens
   std::string pmix_library;  ///< BRAID_PMIX_LIBRARY: what the PMIx loader opens
   std::string gpu_backend;  ///< BRAID_GPU_BACKEND: auto, cuda, emulated or none
-  bool device_direct = false;
-  std::string nvml_library;  ///< BRAID_NVML_LIBRARY  ///< BRAID_DEVICE_PATH=direct: device plans run on the device
+  gpu::RuntimeOptions gpu_options;  ///< BRAID_EMU_HW_QUEUES, BRAID_EMU_HOSTFN_US, CUDA_DEVICE_MAX_CONNECTIONS
+  /// BRAID_DEVICE_PATH: how collectives on device buffers run (docs/gpu.md). stream: the
+  /// whole program enqueued at call time on the communicator's stream (core::DeviceFlow);
+  /// staged: through pinned copies of the whole buffers and the host path; direct: the
+  /// engine drives the plan on the device step by step (host callbacks; being retired).
+  enum class DevicePath : std::uint8_t { stream, staged, direct };
+  DevicePath device_path = DevicePath::stream;
+  bool device_direct = false;  ///< device_path == direct
+  std::string nvml_library;  ///< BRAID_NVML_LIBRARY
   // --- identity and security ---
   std::string auth_token;
   /// BRAID_TLS: TLS on the TCP transport's and the store's connections, with these files.

@@ -39,6 +39,18 @@ void enqueue_host(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
   }
 }
 
+/// The emulated backend's stand-in for a kernel: the host kernel on the stream's executor,
+/// counted as a launch, not as a host callback (it has no host round trip on a GPU).
+void enqueue_kernel(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
+  auto* h = new HostFn{std::move(fn)};
+  try {
+    rt.launch_emulated_kernel(s, &HostFn::run, h);
+  } catch (...) {
+    delete h;
+    throw;
+  }
+}
+
 constexpr std::size_t kRound = 4096;
 
 std::atomic<int> g_made{0};
@@ -173,13 +185,14 @@ void DeviceExec::reduce(DataType dtype, ReduceOp op, void* dst, const void* a, c
     args.a = a;
     args.b = b;
     args.n = n;
+    gpu::count_launch();
     const auto st = kernels::cuda::reduce(args, static_cast<kernels::cuda::Stream>(stream_));
     BRAID_CHECK(st == 0, Cuda, "device reduce of " << n << " x " << to_string(dtype) << " failed: "
                                                    << kernels::cuda::status_string(st));
     return;
   }
 #endif
-  enqueue_host(rt_, stream_, [=] { kernels::reduce(dtype, op, dst, a, b, n); });
+  enqueue_kernel(rt_, stream_, [=] { kernels::reduce(dtype, op, dst, a, b, n); });
 }
 
 void DeviceExec::divide(DataType dtype, void* buf, std::size_t n, int divisor) {
@@ -192,13 +205,14 @@ void DeviceExec::divide(DataType dtype, void* buf, std::size_t n, int divisor) {
     args.buf = buf;
     args.n = n;
     args.divisor = divisor;
+    gpu::count_launch();
     const auto st = kernels::cuda::divide(args, static_cast<kernels::cuda::Stream>(stream_));
     BRAID_CHECK(st == 0, Cuda, "device divide of " << n << " x " << to_string(dtype) << " failed: "
                                                    << kernels::cuda::status_string(st));
     return;
   }
 #endif
-  enqueue_host(rt_, stream_, [=] { kernels::divide(dtype, buf, n, divisor); });
+  enqueue_kernel(rt_, stream_, [=] { kernels::divide(dtype, buf, n, divisor); });
 }
 
 void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, const float* x, float* residual,
@@ -225,6 +239,7 @@ void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, c
         BRAID_CHECK(a.workspace_bytes > 0, Cuda, "device topk encode of " << m << " values: no workspace size");
         std::byte* ws = take_device(a.workspace_bytes);
         a.workspace = ws;
+        gpu::count_launch();
         const auto st = kc::topk_encode(a, stream);
         give_device(ws);  // reused only by work enqueued later on this stream
         check_launch(st, "topk encode", m);
@@ -241,12 +256,13 @@ void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, c
       a.n = m;
       a.out = out + b / frame * fb;
       a.residual = residual ? residual + b : nullptr;
+      gpu::count_launch();
       check_launch(kc::encode(a, stream), "encode", m);
     }
     return;
   }
 #endif
-  enqueue_host(rt_, stream_, [this, spec, frame, x, residual, n, out, step, offset] {
+  enqueue_kernel(rt_, stream_, [this, spec, frame, x, residual, n, out, step, offset] {
     try {
       compression::encode_framed(spec, frame, x, residual, n, out, step, offset);
     } catch (const std::exception& e) {
@@ -288,6 +304,7 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
         a.out = out + b;
         a.accumulate = add;
         a.status = topk_status_;  // pinned and mapped: the kernel writes it, the host function reads it
+        gpu::count_launch();
         check_launch(kc::topk_decode(a, stream), "topk decode", m);
         int* status = topk_status_;
         enqueue_host(rt_, stream_, [this, status, what] {
@@ -307,12 +324,13 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
       a.n = m;
       a.out = out + b;
       a.accumulate = add;
+      gpu::count_launch();
       check_launch(kc::decode(a, stream), "decode", m);
     }
     return;
   }
 #endif
-  enqueue_host(rt_, stream_, [this, spec, frame, in, n, out, accumulate, sum_start, what] {
+  enqueue_kernel(rt_, stream_, [this, spec, frame, in, n, out, accumulate, sum_start, what] {
     try {
       if (accumulate)
         compression::decode_add_framed(spec, frame, in, n, out);

@@ -45,6 +45,8 @@ class DeviceExec {
   DeviceExec& operator=(const DeviceExec&) = delete;
 
   int device() const noexcept { return device_; }
+  /// The stream everything is enqueued on (core::DeviceFlow adds its waits and words there).
+  gpu::Stream stream() const noexcept { return stream_; }
   /// How many DeviceExecs this process has made (tests: that the direct path ran).
   static int made() noexcept;
   /// How many pinned slots this process's DeviceExecs have handed out (tests: that a

@@ -3,6 +3,7 @@
 
 #include "core/config.hpp"
 #include "core/device_exec.hpp"
+#include "core/device_flow.hpp"
 #include "core/failure.hpp"
 #include "base/check.hpp"
 
@@ -180,6 +181,12 @@ StagingNeed staging_need(const Plan& plan, std::size_t elem_bytes, const void* i
 /// enough that a send's time is the link's, not the per-message cost.
 constexpr std::uint64_t kLinkStatsBytes = 64 * 1024;
 
+/// How often the engine looks at the words of a device program that it waits for when
+/// nothing else moves: a stream's write wakes nobody (it is a store into pinned memory), so
+/// this bounds how late a filled slot is sent; it costs a wake-up per period only while a
+/// device call waits for its stream.
+constexpr auto kFlowPoll = std::chrono::microseconds(20);
+
 struct Engine::Exec {
   Operation op;
   const Plan* plan = nullptr;
@@ -217,6 +224,8 @@ struct Engine::Exec {
   // stream order, with what comes next for each.
   DeviceExec* dev = nullptr;
   std::byte* dev_scratch = nullptr;
+  /// The device path (op.flow): the stream runs the program; the engine moves messages.
+  FlowOp* flow = nullptr;
   std::vector<std::byte*> slot;  ///< per step: a transfer's pinned slot, or null
   struct OnDevice {
     std::uint32_t step;
@@ -431,8 +440,10 @@ void Engine::submit(Operation op) {
       // Small: a collective or send/receive of at most inline_bytes that the caller's
       // thread may drive. Its Work helps whoever waits on it (the thread that will need
       // the result drives, instead of sleeping until the engine thread wakes it).
+      // Not a device program: it completes when its stream has run it, which the caller's
+      // thread must not wait for inside the call.
       const bool small = opt_.inline_bytes > 0 && !no_helpers_.load(std::memory_order_acquire) && !op.task &&
-                         op.plan && !op.deferred &&
+                         op.plan && !op.deferred && !op.flow &&
                          op.plan->request.count * dtype_size(op.dtype) <= opt_.inline_bytes &&
                          std::this_thread::get_id() != thread_.get_id();
       if (opt_.wait_helps || small) op.work->helper = gate_;
@@ -616,7 +627,9 @@ bool Engine::admit() {
     Exec& e = *ex;
     active_.push_back(std::move(ex));
     any = true;
-    if (e.op.on_device) {
+    if (e.op.flow) {
+      e.flow = e.op.flow.get();  // device scratch and slots are the program's own
+    } else if (e.op.on_device) {
       BRAID_CHECK(!e.op.p2p, Internal, e.op.name << ": point-to-point on the direct device path (sends are staged)");
       if (!device_exec_)
         device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), e.op.device, waker(), thread_.get_id());
@@ -642,6 +655,11 @@ bool Engine::admit() {
     for (std::uint32_t i = 0; i < p.steps.size(); ++i) {
       const Step& s = p.steps[i];
       if (collectives::is_local(s.kind)) {
+        if (e.flow) {  // the stream's, enqueued with the program
+          e.state[i] = kDone;
+          ++e.done;
+          continue;
+        }
         e.localq.push_back(i);
         continue;
       }
@@ -1109,6 +1127,13 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
 
 void Engine::finish_step(Exec& ex, std::uint32_t i) {
   const Step& s = ex.plan->steps[i];
+  if (ex.flow) {
+    // A message is in its pinned slot: the stream may go past its wait (a host store).
+    if (s.kind != StepKind::send) ex.flow->landed(i);
+    ex.state[i] = kDone;
+    ++ex.done;
+    return;
+  }
   if (ex.dev) {
     // The device work (reduction, division) has run: give back the step's buffers.
     if (ex.slot[i]) {
@@ -1224,8 +1249,42 @@ bool Engine::reap_device(Exec& ex) {
   return true;
 }
 
+// The device path: a send goes once the stream has filled its slot; every receive is
+// posted at once into its own slot (the stream, not the engine, orders what reads it).
+// No device call: the words are host memory.
+bool Engine::post_flow(Exec& ex) {
+  bool any = false;
+  const Plan& p = *ex.plan;
+  for (std::size_t q = 0; q < p.peers.size(); ++q) {
+    const auto peer2 = 2 * static_cast<std::size_t>(p.peers[q]);
+    while (order_mark_[peer2] != order_gen_ && ex.send_head[q] < ex.sendq[q].size()) {
+      const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+      if (!ex.flow->filled(i)) {
+        awaiting_stream_ = true;
+        break;
+      }
+      ex.state[i] = kPosted;
+      if (ex.measure) ex.posted_at[i] = pass_now_;
+      ex.conns[q]->send(ex.flow->slot(i), ex.bytes(p.steps[i].src), ex.tag(ex.send_head[q]), &ex.req[i]);
+      ex.inflight.push_back(i);
+      ++ex.send_head[q];
+      any = true;
+    }
+    while (order_mark_[peer2 + 1] != order_gen_ && ex.recv_head[q] < ex.recvq[q].size()) {
+      const std::uint32_t i = ex.recvq[q][ex.recv_head[q]];
+      ex.state[i] = kPosted;
+      ex.conns[q]->recv(ex.flow->slot(i), ex.bytes(p.steps[i].dst), ex.tag(ex.recv_head[q]), &ex.req[i]);
+      ex.inflight.push_back(i);
+      ++ex.recv_head[q];
+      any = true;
+    }
+  }
+  return any;
+}
+
 // Starts every queue head whose dependencies are met; returns whether any started.
 bool Engine::post_ready(Exec& ex) {
+  if (ex.flow) return post_flow(ex);
   bool any = false;
   const Plan& p = *ex.plan;
   for (std::size_t q = 0; q < p.peers.size(); ++q) {
@@ -1407,6 +1466,20 @@ std::string Engine::deadline_error(Exec& ex) {
   } else if (ex.inflight.empty() && ex.on_device_head == ex.on_device.size()) {
     os << " nothing posted (dependencies)";
   }
+  if (ex.flow && ex.done == ex.plan->steps.size()) {
+    os << "; every message has moved, but the device stream has not run the program to its end (other work of the "
+          "GPU may hold it up)";
+  } else if (ex.flow) {
+    for (std::size_t q = 0; q < ex.sendq.size(); ++q) {
+      if (ex.send_head[q] >= ex.sendq[q].size()) continue;
+      const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
+      if (ex.flow->filled(i)) continue;
+      os << "; step " << i << " (send to rank " << ex.plan->steps[i].peer
+         << ") waits for the device stream to fill its slot: the stream has not reached it (work enqueued before "
+            "the call on the caller's stream has not finished) or other work of the GPU holds it up";
+      break;
+    }
+  }
   if (ex.on_device_head < ex.on_device.size())
     os << "; " << (ex.on_device.size() - ex.on_device_head) << " step(s) wait for the engine's device stream (step "
        << ex.on_device[ex.on_device_head].step << " first: other work of the GPU may hold it up)";
@@ -1528,6 +1601,7 @@ bool Engine::step(bool& unrouted) {
       for (auto& t : transports_) progressed |= t->progress();
     }
     ++order_gen_;  // no connection is held back yet in this pass
+    awaiting_stream_ = false;
     for (std::size_t k = 0; k < active_.size();) {
       Exec& ex = *active_[k];
       running = &ex;
@@ -1549,7 +1623,15 @@ bool Engine::step(bool& unrouted) {
         progressed |= post_ready(ex);
         if (ex.dev) flag_tail(ex);
       }
-      if (ex.done == ex.plan->steps.size()) {
+      bool finished = ex.done == ex.plan->steps.size();
+      if (finished && ex.flow) {
+        // Every message has moved; the stream may still be reducing the last ones.
+        finished = ex.flow->ended();
+        if (!finished) awaiting_stream_ = true;
+        if (finished)
+          if (const std::string why = ex.flow->failure(); !why.empty()) throw Error(ErrorCode::Network, why);
+      }
+      if (finished) {
         BRAID_LOG(trace, "done " << ex.op.name);
         const std::shared_ptr<detail::WorkState> work = ex.op.work;
         TraceEntry* rec = record_done(ex);
@@ -1601,6 +1683,7 @@ bool Engine::step(bool& unrouted) {
 
 void Engine::run() {
   base::set_log_rank(opt_.rank);
+  gpu::mark_progress_thread();  // its device runtime calls count against the progress budget
   const auto spin = std::chrono::microseconds(opt_.spin_us);
   auto last_progress = Clock::now();
   auto route_backoff = std::chrono::milliseconds(1);
@@ -1632,6 +1715,13 @@ void Engine::run() {
     try {
       if (now - last_progress < spin) {
         poller_->collect(0);  // step() dispatches
+        continue;
+      }
+      if (awaiting_stream_) {
+        // A device program's words are host memory that nothing signals: look again soon.
+        drive.unlock();
+        poller_->collect(0);
+        std::this_thread::sleep_for(kFlowPoll);
         continue;
       }
       long long wait_ms = -1;

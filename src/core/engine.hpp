@@ -66,6 +66,8 @@ class Runtime;
 
 namespace braid::core {
 
+class FlowOp;
+
 /// One collective queued on the engine.
 struct Operation {
   std::uint64_t seq = 0;
@@ -111,6 +113,12 @@ struct Operation {
   /// caller's stream has finished the work issued before the call.
   bool on_device = false;
   int device = -1;
+  /// The device path (core::DeviceFlow): the call's stream program was enqueued when it
+  /// was issued; the engine only moves its messages between pinned slots, posting a send
+  /// once the stream has filled its slot and telling the stream when a message landed,
+  /// and completes the operation once the stream has run the whole program. Its local
+  /// steps are the stream's.
+  std::shared_ptr<FlowOp> flow;
 };
 
 /// Receive buffers an operation holds for its in-place receive-and-reduces: a receive
@@ -250,6 +258,7 @@ class Engine {
   /// before it still has unposted messages of the same direction on (per-connection
   /// issue order; see order_mark_).
   bool post_ready(Exec& ex);
+  bool post_flow(Exec& ex);
   /// Records the connections on which `ex` still has messages to post (call after
   /// post_ready(ex), in admission order).
   void mark_unposted(const Exec& ex);
@@ -343,6 +352,10 @@ class Engine {
   std::vector<std::uint64_t> order_mark_;
   std::uint64_t order_gen_ = 0;
   int timeout_blame_ = -1;  ///< peer blamed in the abort record of a timeout
+  /// Set by a pass that left a device-path operation waiting for its stream (a slot not
+  /// filled yet, or the program's end): the stream writes host memory and wakes nobody,
+  /// so the engine polls instead of sleeping on its poller (kFlowPoll).
+  bool awaiting_stream_ = false;
 
   // --- the flight recorder (driving thread), and dumps asked for from other threads ---
   FlightRecorder recorder_;

@@ -36,7 +36,7 @@ collectives::LinkClass link_class_of(const Router& router, bool same_host) {
 MeasuredTuner::MeasuredTuner(const Config& cfg, Membership member, PlanCache& plans, Poster& poster)
     : cfg_(cfg), member_(std::move(member)), plans_(plans), poster_(poster) {}
 
-MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req) {
+MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req, bool model_only) {
   Pick pick;
   // Collectives with a single plan need no tuning.
   if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
@@ -55,7 +55,7 @@ MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req) {
     return pick;
   }
   pick.algorithm = model->algorithm;
-  if (!cfg_.tune_measure) {
+  if (!cfg_.tune_measure || model_only) {
     if (first) BRAID_LOG(info, "tuner: " << model->explanation);
     return pick;
   }

@@ -52,7 +52,9 @@ class MeasuredTuner {
   /// The algorithm of an automatic call. Under BRAID_TUNE=measure the first call of a
   /// size bucket runs the model's choice and is followed by the trials (measure());
   /// until their verdict is in, the bucket's calls are deferred.
-  Pick choose_algorithm(const collectives::PlanRequest& req);
+  /// `model_only`: the model's choice, never deferred nor measured (device-path calls,
+  /// whose programs are enqueued when they are issued, so their plan must be known then).
+  Pick choose_algorithm(const collectives::PlanRequest& req, bool model_only = false);
   /// After the call of `pick` was posted: issues its trials, if it asked for them, on a
   /// scratch buffer, then an operation that reads their times, an all-reduce that
   /// exchanges them and one that takes the verdict and fills the waiting calls' plans;

@@ -1,9 +1,13 @@
 // The CUDA device backend: the CUDA runtime, linked statically (it dlopens libcuda.so
 // itself, so libbraid.so keeps no NEEDED entry on a CUDA library and loads on hosts
 // without a driver). The stream wait on a host word is cuStreamWaitValue32, a driver
-// entry point obtained at run time through the runtime (as NCCL's cudawrap); where the
-// driver refuses stream memory operations, a one-thread kernel waits on the word instead
-// (UCC's fallback): it sleeps between reads and waits on the host, never on a peer GPU.
+// entry point obtained at run time through the runtime (as NCCL's cudawrap), and so is the
+// stream write of a word (cuStreamWriteValue32); where the driver refuses stream memory
+// operations, one-thread kernels wait on the word (UCC's fallback: it sleeps between reads)
+// and store it instead. Events are created with timing off (cudaEventDisableTiming), as
+// NCCL's and PyTorch's stream joins. Every method that is a driver call counts itself
+// (Counts in runtime.hpp) on entry; internal calls between methods go through private
+// helpers, so that one method call counts once.
 // GPUDirect RDMA takes four more driver entry points, obtained the same way: the dma-buf
 // export of an allocation (cuMemGetAddressRange, cuMemGetHandleForAddressRange; CUDA 11.7+
 // drivers), whether the device can export one (cuDeviceGetAttribute) and the flush of NIC
@@ -43,11 +47,26 @@ void check(cudaError_t e, const char* what) {
   throw Error(ErrorCode::Cuda, std::string(what) + " failed: " + cuda_text(e));
 }
 
+/// The fallback of wait_value: spins, sleeping between reads, until the word has reached
+/// `value` in the cyclic order of CU_STREAM_WAIT_VALUE_GEQ.
 __global__ void wait_word_kernel(const volatile std::uint32_t* word, std::uint32_t value) {
-  while (*word != value) __nanosleep(2000);
+  while (static_cast<std::int32_t>(*word - value) < 0) __nanosleep(2000);
+  __threadfence_system();  // acquire: what the writer stored before the word is seen after
 }
 
-using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+/// The fallback of write_value: the fence makes the work before it (stream order puts every
+/// earlier operation of the stream before this kernel) visible system-wide first, so the
+/// store is a release as cuStreamWriteValue32's default flush makes it.
+__global__ void write_word_kernel(volatile std::uint32_t* word, std::uint32_t value) {
+  __threadfence_system();
+  *word = value;
+}
+
+/// cuStreamWaitValue32 and cuStreamWriteValue32 have this one signature.
+using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+/// Counts a runtime call (Counts): the first statement of every method that is a driver call.
+#define COUNT_API() ::braid::gpu::detail::count_api()
 
 /// A driver entry point as of CUDA 12.0's ABI (the version the runtime's own calls use),
 /// or null where this driver lacks it. Never throws.
@@ -81,13 +100,9 @@ struct RdmaEntryPoints {
 
 class Cuda final : public Runtime {
  public:
-  explicit Cuda(int devices) : devices_(devices) {
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    void* fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      wait_value_.store(reinterpret_cast<WaitValue32>(fn));
-    cudaGetLastError();
+  Cuda(int devices, int max_connections) : devices_(devices), max_connections_(max_connections) {
+    wait_value_.store(driver_entry_point<StreamValue32>("cuStreamWaitValue32"));
+    write_value_.store(driver_entry_point<StreamValue32>("cuStreamWriteValue32"));
     // At 12.0's ABI "cuMemGetAddressRange" is cuMemGetAddressRange_v2 (64-bit sizes).
     rdma_.get_address_range = driver_entry_point<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange");
     rdma_.get_handle_for_address_range =
@@ -106,16 +121,24 @@ class Cuda final : public Runtime {
   std::string describe() const override {
     return "cuda: " + std::to_string(devices_) + (devices_ == 1 ? " device" : " devices") + " (" + name_ +
            "), driver " + std::to_string(driver_ / 1000) + "." + std::to_string(driver_ % 1000 / 10) +
-           ", stream waits by " + (wait_value_.load() ? "cuStreamWaitValue32" : "a wait kernel");
+           ", stream waits by " + (wait_value_.load() ? "cuStreamWaitValue32" : "a wait kernel") + ", writes by " +
+           (write_value_.load() ? "cuStreamWriteValue32" : "a write kernel") + ", " +
+           std::to_string(max_connections_) + " hardware queues per GPU";
   }
   int device_count() const noexcept override { return devices_; }
   int current_device() override {
-    int d = 0;
-    check(cudaGetDevice(&d), "cudaGetDevice");
-    return d;
+    COUNT_API();
+    return device_now();
   }
-  void set_device(int device) override { check(cudaSetDevice(device), "cudaSetDevice"); }
+  void set_device(int device) override {
+    COUNT_API();
+    make_current(device);
+  }
   PointerInfo classify(const void* p) override {
+    COUNT_API();
+    return classify_now(p);
+  }
+  PointerInfo classify_now(const void* p) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
       cudaGetLastError();  // unregistered host memory on old drivers
@@ -125,6 +148,7 @@ class Cuda final : public Runtime {
     return {};
   }
   std::string pci_bus_id(int device) override {
+    COUNT_API();
     char id[32] = {};
     if (cudaDeviceGetPCIBusId(id, sizeof id, device) != cudaSuccess) {
       cudaGetLastError();
@@ -133,6 +157,7 @@ class Cuda final : public Runtime {
     return sysfs_pci_address(id);  // as sysfs names the device
   }
   bool can_access_peer(int device, int peer) override {
+    COUNT_API();
     int ok = 0;
     if (device == peer || cudaDeviceCanAccessPeer(&ok, device, peer) != cudaSuccess) {
       cudaGetLastError();
@@ -141,13 +166,15 @@ class Cuda final : public Runtime {
     return ok != 0;
   }
   bool capturing(Stream s) override {
+    COUNT_API();
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(static_cast<cudaStream_t>(s), &st), "cudaStreamIsCapturing");
     return st != cudaStreamCaptureStatusNone;
   }
   void* alloc_device(std::size_t bytes, int device) override {
-    int old = current_device();
-    if (old != device) set_device(device);
+    COUNT_API();
+    int old = device_now();
+    if (old != device) make_current(device);
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
     if (old != device) cudaSetDevice(old);
@@ -155,56 +182,108 @@ class Cuda final : public Runtime {
     return p;
   }
   void free_device(void* p) noexcept override {
+    COUNT_API();
+    detail::count(detail::Kind::sync);  // cudaFree waits for the device
     if (p) cudaFree(p);
   }
   void* alloc_pinned(std::size_t bytes) override {
+    COUNT_API();
     void* p = nullptr;
     check(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable | cudaHostAllocMapped),
           ("cudaHostAlloc of " + std::to_string(bytes) + " bytes").c_str());
     return p;
   }
   void free_pinned(void* p) noexcept override {
+    COUNT_API();
     if (p) cudaFreeHost(p);
   }
   Stream create_stream() override {
+    COUNT_API();
     cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     return s;
   }
   void destroy_stream(Stream s) noexcept override {
+    COUNT_API();
     if (s) cudaStreamDestroy(static_cast<cudaStream_t>(s));
   }
   void copy_async(void* dst, const void* src, std::size_t bytes, Stream s) override {
+    COUNT_API();
     if (bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s)), "cudaMemcpyAsync");
   }
   void zero_async(void* dst, std::size_t bytes, Stream s) override {
+    COUNT_API();
     if (bytes == 0) return;
     check(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(s)), "cudaMemsetAsync");
   }
   void launch_host(Stream s, void (*fn)(void*), void* arg) override {
+    COUNT_API();
+    detail::count(detail::Kind::hostfn);
     check(cudaLaunchHostFunc(static_cast<cudaStream_t>(s), fn, arg), "cudaLaunchHostFunc");
   }
   void wait_value(Stream s, std::uint32_t* word, std::uint32_t value) override {
-    void* dev = nullptr;
-    check(cudaHostGetDevicePointer(&dev, word, 0), "cudaHostGetDevicePointer");
-    if (const WaitValue32 wait = wait_value_.load()) {
-      const CUresult r = wait(static_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dev), value,
-                                     CU_STREAM_WAIT_VALUE_EQ);
+    COUNT_API();
+    detail::count(detail::Kind::memops);
+    const CUdeviceptr dev = device_address(word);
+    if (const StreamValue32 wait = wait_value_.load()) {
+      const CUresult r = wait(static_cast<CUstream>(s), dev, value, CU_STREAM_WAIT_VALUE_GEQ);
       if (r == CUDA_SUCCESS) return;
       // Stream memory operations off in this driver: fall back to the kernel for good.
       wait_value_.store(nullptr);
     }
-    wait_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(s)>>>(static_cast<const std::uint32_t*>(dev), value);
+    wait_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(s)>>>(reinterpret_cast<const std::uint32_t*>(dev), value);
     check(cudaGetLastError(), "launching the stream wait kernel");
+  }
+  void write_value(Stream s, std::uint32_t* word, std::uint32_t value) override {
+    COUNT_API();
+    detail::count(detail::Kind::memops);
+    const CUdeviceptr dev = device_address(word);
+    if (const StreamValue32 write = write_value_.load()) {
+      // The default flags flush the stream's earlier writes before the word: a release.
+      const CUresult r = write(static_cast<CUstream>(s), dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r == CUDA_SUCCESS) return;
+      write_value_.store(nullptr);  // as for waits: the kernel from here on
+    }
+    write_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(s)>>>(reinterpret_cast<std::uint32_t*>(dev), value);
+    check(cudaGetLastError(), "launching the stream write kernel");
   }
   void signal(std::uint32_t* word, std::uint32_t value) noexcept override {
     __atomic_store_n(word, value, __ATOMIC_RELEASE);
   }
+  Event create_event() override {
+    COUNT_API();
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  void destroy_event(Event e) noexcept override {
+    COUNT_API();
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  void record_event(Event e, Stream s) override {
+    COUNT_API();
+    check(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)), "cudaEventRecord");
+  }
+  void wait_event(Stream s, Event e) override {
+    COUNT_API();
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0), "cudaStreamWaitEvent");
+  }
+  int hw_queues() const noexcept override { return max_connections_; }
+  void launch_emulated_kernel(Stream, void (*)(void*), void*) override {
+    COUNT_API();
+    throw Error(ErrorCode::Internal,
+                "launch_emulated_kernel on the CUDA backend: host functions are the emulated runtime's stand-in "
+                "for kernels; on a GPU launch braid's CUDA kernels (src/kernels/cuda)");
+  }
   void synchronize(Stream s) override {
+    COUNT_API();
+    detail::count(detail::Kind::sync);
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
+    COUNT_API();
+    detail::count(detail::Kind::sync);
     if (bytes == 0) return;
     // Not cudaMemcpy: from pageable host memory it returns once the source is staged,
     // before the DMA has landed, and it runs on the legacy stream, which orders nothing
@@ -218,16 +297,22 @@ class Cuda final : public Runtime {
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize (synchronous copy)");
   }
   void begin_capture(Stream s) override {
+    COUNT_API();
     check(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeRelaxed),
           "cudaStreamBeginCapture");
   }
   void end_capture(Stream s) override {
+    COUNT_API();
     cudaGraph_t g = nullptr;
     check(cudaStreamEndCapture(static_cast<cudaStream_t>(s), &g), "cudaStreamEndCapture");
     if (g) cudaGraphDestroy(g);
   }
 
   std::string dmabuf_support(int device) override {
+    COUNT_API();
+    return dmabuf_why(device);
+  }
+  std::string dmabuf_why(int device) {
     if (device < 0 || device >= devices_)
       return "GPU " + std::to_string(device) + " does not exist (this process sees " + std::to_string(devices_) + ")";
     if (!rdma_.get_address_range)
@@ -250,10 +335,11 @@ class Cuda final : public Runtime {
     return "";
   }
   int export_dmabuf(const void* p, std::size_t bytes, std::uintptr_t* base, std::size_t* size) override {
-    const PointerInfo info = classify(p);
+    COUNT_API();
+    const PointerInfo info = classify_now(p);
     BRAID_CHECK(info.kind == MemoryKind::device, InvalidUsage,
                 "export_dmabuf: " << p << " is not device memory (host memory registers with ibv_reg_mr)");
-    const std::string why = dmabuf_support(info.device);
+    const std::string why = dmabuf_why(info.device);
     BRAID_CHECK(why.empty(), Unsupported,
                 "export_dmabuf: no dma-buf for device memory of GPU " << info.device << ": " << why
                     << " (GPUDirect RDMA then needs nvidia-peermem, or staging through host memory)");
@@ -266,8 +352,8 @@ class Cuda final : public Runtime {
     const std::uintptr_t lo = reinterpret_cast<std::uintptr_t>(p) / page * page;
     const std::uintptr_t hi = (reinterpret_cast<std::uintptr_t>(p) + std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
     // The driver calls act on the current context: the memory's device's, as alloc_device.
-    const int old = current_device();
-    if (old != info.device) set_device(info.device);
+    const int old = device_now();
+    if (old != info.device) make_current(info.device);
     int fd = -1;
     const CUresult r = rdma_.get_handle_for_address_range(&fd, static_cast<CUdeviceptr>(lo), hi - lo,
                                                           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
@@ -281,6 +367,7 @@ class Cuda final : public Runtime {
     return fd;
   }
   void flush_rdma_writes(int device) override {
+    COUNT_API();
     const auto flush = rdma_.flush_rdma_writes;
     BRAID_CHECK(flush != nullptr, Unsupported,
                 "the CUDA driver does not export cuFlushGPUDirectRDMAWrites (CUDA 11.3+ driver needed), so NIC "
@@ -288,8 +375,8 @@ class Cuda final : public Runtime {
                 "through host memory");
     // The flush acts on the calling thread's current context: the device the NIC wrote
     // (the thread may be a user thread helping the engine, current on another GPU).
-    const int old = current_device();
-    if (old != device) set_device(device);
+    const int old = device_now();
+    if (old != device) make_current(device);
     const CUresult r =
         flush(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX, CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
     if (old != device) cudaSetDevice(old);
@@ -302,6 +389,7 @@ class Cuda final : public Runtime {
   // (int64, little-endian), so that ipc_open can refuse this process's own handles (the
   // driver fails those with an unhelpful error).
   IpcHandle ipc_export(const void* p) override {
+    COUNT_API();
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
       cudaGetLastError();
@@ -316,8 +404,8 @@ class Cuda final : public Runtime {
                 "ipc_export: the driver does not export cuMemGetAddressRange at CUDA 12.0's ABI (CUDA 12.0+ "
                 "driver needed), so the allocation that holds "
                     << p << " cannot be checked");
-    const int old = current_device();
-    if (old != a.device) set_device(a.device);
+    const int old = device_now();
+    if (old != a.device) make_current(a.device);
     CUdeviceptr base = 0;
     std::size_t size = 0;
     const CUresult r = rdma_.get_address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p));
@@ -341,6 +429,7 @@ class Cuda final : public Runtime {
     return h;
   }
   void* ipc_open(IpcHandle h, std::size_t bytes) override {
+    COUNT_API();
     if (h.fd >= 0) ::close(h.fd);  // taken over; a CUDA handle carries none
     cudaIpcMemHandle_t handle{};
     BRAID_CHECK(h.bytes.size() == sizeof handle + 8, InvalidUsage,
@@ -355,7 +444,7 @@ class Cuda final : public Runtime {
                     << static_cast<std::int64_t>(pid)
                     << "), which cannot open its own handles (CUDA refuses them): ranks that are threads of one "
                        "process use the pointer itself");
-    const int device = current_device();
+    const int device = device_now();
     void* p = nullptr;
     check(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess),
           ("ipc_open: cudaIpcOpenMemHandle on GPU " + std::to_string(device)).c_str());
@@ -375,6 +464,7 @@ class Cuda final : public Runtime {
     return p;
   }
   void ipc_close(void* p) noexcept override {
+    COUNT_API();
     int device = -1;
     {
       std::lock_guard<std::mutex> lock(ipc_mu_);
@@ -401,10 +491,30 @@ class Cuda final : public Runtime {
       return std::string(name) + " (" + std::to_string(static_cast<int>(r)) + ")";
     return "CUresult " + std::to_string(static_cast<int>(r));
   }
+  int device_now() {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  void make_current(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  /// The address the device uses for a stream memory operation on `word`: the mapped
+  /// pointer of pinned host memory, or the word itself where it is device memory (this
+  /// GPU's, or a peer's mapped by CUDA IPC), which has no host mapping to look up.
+  CUdeviceptr device_address(std::uint32_t* word) {
+    void* dev = nullptr;
+    if (cudaHostGetDevicePointer(&dev, word, 0) == cudaSuccess) return reinterpret_cast<CUdeviceptr>(dev);
+    cudaGetLastError();
+    const PointerInfo info = classify_now(word);
+    BRAID_CHECK(info.kind == MemoryKind::device, InvalidUsage,
+                "a stream memory operation on " << static_cast<void*>(word)
+                                                << ", which is neither pinned host memory (alloc_pinned) nor "
+                                                   "device memory");
+    return reinterpret_cast<CUdeviceptr>(word);
+  }
   /// The calling thread's current device's stream for copy(), created on first use and
   /// kept for the life of the process.
   cudaStream_t copy_stream() {
-    const int d = current_device();
+    const int d = device_now();
     std::lock_guard<std::mutex> lock(copy_mu_);
     auto& s = copy_streams_[d];
     if (!s) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copy stream)");
@@ -416,16 +526,18 @@ class Cuda final : public Runtime {
   std::mutex copy_mu_;
   std::map<int, cudaStream_t> copy_streams_;
   int devices_ = 0;
+  int max_connections_ = 8;
   int driver_ = 0;
   std::string name_ = "unknown";
-  std::atomic<WaitValue32> wait_value_{nullptr};
+  std::atomic<StreamValue32> wait_value_{nullptr};
+  std::atomic<StreamValue32> write_value_{nullptr};
   RdmaEntryPoints rdma_;  ///< set once by the constructor
   std::atomic<std::uint64_t> flushes_{0};
 };
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu) {
+std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu, int max_connections) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
@@ -451,7 +563,7 @@ std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu) {
     if (why) *why = text;
     return nullptr;
   }
-  return std::make_unique<Cuda>(n);
+  return std::make_unique<Cuda>(n, max_connections);
 }
 
 }  // namespace braid::gpu

@@ -8,12 +8,15 @@
 //   needs beyond the runtime (cuStreamWaitValue32) comes from
 //   cudaGetDriverEntryPointByVersion, as NCCL's cudawrap does.
 // * emulated (tests only; BRAID_GPU_BACKEND=emulated): "device" memory is host memory
-//   recorded as device memory of device 0 or 1, a stream is a FIFO worker thread, a
-//   wait on a host word is a condition-variable wait. It runs the whole device data path
-//   of the library (memory-kind dispatch, staging, stream join, release on failure) on a
-//   machine without a GPU, which is what CI has. Each device allocation is its own memfd
-//   mapping, so that export_dmabuf() has a file descriptor to hand out whose mmap aliases
-//   the allocation, as a NIC's registration of a real dma-buf does.
+//   recorded as device memory of device 0 or 1; streams are mapped round-robin onto a
+//   few FIFO executor threads per device (the hardware queues, BRAID_EMU_HW_QUEUES), so
+//   that a stream wait blocks every stream of its queue as on a GPU; host functions run
+//   on one process-wide callback thread, and free_device waits for the whole device
+//   (emulated.cpp says what else it models). It runs the whole device data path of the
+//   library on a machine without a GPU, which is what CI has, and fails where a GPU
+//   would. Each device allocation is its own memfd mapping, so that export_dmabuf() has a
+//   file descriptor to hand out whose mmap aliases the allocation, as a NIC's
+//   registration of a real dma-buf does.
 //
 // GPUDirect RDMA (a NIC reading and writing device memory) takes two primitives here:
 // export_dmabuf() for the registration (ibv_reg_dmabuf_mr, no nvidia-peermem needed) and
@@ -59,6 +62,91 @@ struct PointerInfo {
   MemoryKind kind = MemoryKind::host;  ///< host (pageable or pinned) or device (device, managed)
   int device = -1;                     ///< its device (device memory only)
 };
+
+/// An event handle: cudaEvent_t for the CUDA backend (made with timing off), the emulated
+/// backend's own event otherwise.
+using Event = void*;
+
+/// What the device runtime of this process has been asked to do, counted per kind for the
+/// budgets of the device path (docs/gpu.md, "Budgets"): runtime calls made on threads
+/// marked as progress threads (mark_progress_thread) and on all others, host functions
+/// enqueued (launch_host), host synchronisations (synchronize, copy), kernel launches
+/// (count_launch, called by whoever launches), and stream memory operations (write_value,
+/// wait_value). Process-wide, monotonic; tests and allreduce_bench take differences.
+/// A runtime call is a call of any Runtime method that is a driver call on CUDA, refused
+/// or not: all but backend, describe, device_count, hw_queues, rdma_flushes, emulation and
+/// signal (a host store: the progress thread writes flags with it at no driver cost).
+struct Counts {
+  std::uint64_t progress_api = 0;  ///< runtime calls on a progress thread (an engine's)
+  std::uint64_t caller_api = 0;    ///< runtime calls on any other thread
+  std::uint64_t hostfn = 0;        ///< host functions enqueued on streams
+  std::uint64_t sync = 0;          ///< host waits for a stream or the device (synchronize, copy, free_device)
+  std::uint64_t launch = 0;        ///< kernel launches
+  std::uint64_t memops = 0;        ///< stream write/wait value operations
+};
+/// The process's counts so far (any backend).
+Counts counts() noexcept;
+/// Marks the calling thread as a progress thread (its runtime calls count as progress_api)
+/// for the rest of its life.
+void mark_progress_thread() noexcept;
+/// Counts one kernel launch (the launcher calls it: kernels are not runtime methods).
+void count_launch() noexcept;
+namespace detail {
+/// Counts one runtime call on the calling thread (backends call it on entry).
+void count_api() noexcept;
+/// Counts one event of a kind (hostfn, sync, memops) besides the call itself.
+enum class Kind : std::uint8_t { hostfn, sync, memops };
+void count(Kind k) noexcept;
+}  // namespace detail
+
+/// Settings of the emulated backend (tests only): BRAID_EMU_HW_QUEUES and
+/// BRAID_EMU_HOSTFN_US of the configuration table (docs/configuration.md).
+struct EmulationOptions {
+  int hw_queues = 8;  ///< executors (hardware queues) per device, as CUDA_DEVICE_MAX_CONNECTIONS; >= 1
+  int hostfn_us = 5;  ///< latency before each host function, microseconds (0: none)
+};
+
+/// What the process's runtime is made with (runtime(); core::gpu_runtime() fills it from
+/// the configuration table, since only src/core/config.cpp reads the environment).
+struct RuntimeOptions {
+  /// CUDA_DEVICE_MAX_CONNECTIONS as the driver reads it (8 when unset): the hardware queues
+  /// that the CUDA backend's hw_queues() reports. The driver applies the variable itself.
+  int cuda_max_connections = 8;
+  EmulationOptions emulation;
+};
+
+class Runtime;
+
+/// What tests of the emulated backend may do to it besides the Runtime interface: the
+/// hazards of a real driver that a test provokes on purpose. Other backends have none
+/// (emulation_hooks() returns null).
+class EmulationHooks {
+ public:
+  virtual ~EmulationHooks() = default;
+  /// Begins a capture of `s` in cudaStreamCaptureModeGlobal: until end_global_capture, a
+  /// call that is unsafe during a global capture (alloc_device, alloc_pinned, free_device,
+  /// free_pinned, synchronize, copy) made by any thread (another thread's, and as CUDA
+  /// also the capturing thread's own) invalidates the capture and throws Error(Cuda)
+  /// naming it (free_* cannot throw: they leave the memory allocated); end_global_capture then throws too, as
+  /// cudaStreamEndCapture returns cudaErrorStreamCaptureInvalidated.
+  virtual void begin_global_capture(Stream s) = 0;
+  virtual void end_global_capture(Stream s) = 0;
+  /// Makes `device` fail as after a sticky error (an illegal address in a kernel): every
+  /// later runtime call that touches the device throws Error(Cuda) saying "sticky", and
+  /// host functions enqueued on its streams are no longer called (as CUDA documents).
+  virtual void inject_sticky_error(int device) = 0;
+  /// Device contexts made in this runtime: a device's is made the first time any thread
+  /// makes it current or allocates on it (CUDA's primary context), once per process.
+  virtual std::uint64_t contexts_made() const noexcept = 0;
+  /// Whether a thread is inside free_device's quiesce, holding the driver lock (tests wait
+  /// for it before provoking the deadlock it causes).
+  virtual bool quiescing() const noexcept = 0;
+  /// Clears the sticky errors and ends the global captures (between tests).
+  virtual void reset_hooks() noexcept = 0;
+};
+
+/// The hooks of `rt` when it is the emulated backend, else null.
+EmulationHooks* emulation_hooks(Runtime& rt) noexcept;
 
 /// What another process needs to map a device allocation (Runtime::ipc_export): opaque
 /// bytes (CUDA: the cudaIpcMemHandle_t) and, for the emulated backend, a file descriptor
@@ -112,11 +200,37 @@ class Runtime {
   /// Enqueues fn(arg) on `s`: it runs once everything enqueued before it has run, on a
   /// runtime thread, and must not call the runtime (CUDA forbids CUDA calls there).
   virtual void launch_host(Stream s, void (*fn)(void*), void* arg) = 0;
-  /// Enqueues a wait: work enqueued on `s` after it runs only once *word == value.
-  /// `word` lies in pinned memory; set it with signal().
+  /// Enqueues a wait: work enqueued on `s` after it runs only once *word has reached
+  /// `value`, compared cyclically: (int32_t)(*word - value) >= 0 (CU_STREAM_WAIT_VALUE_GEQ),
+  /// so a word that counts up passes every wait for a value it has reached, and an abort
+  /// value far ahead releases every wait. `word` lies in pinned memory; the host sets it
+  /// with signal(), a stream with write_value(). The wait holds its stream and, as on a
+  /// GPU, the hardware queue the stream is mapped to (hw_queues()): enqueue it only behind
+  /// work that cannot depend on what sets the word.
   virtual void wait_value(Stream s, std::uint32_t* word, std::uint32_t value) = 0;
+  /// Enqueues *word = value (release order, after the work enqueued on `s` before it):
+  /// cuStreamWriteValue32. `word` lies in pinned memory; the host reads it with acquire
+  /// loads, and other streams may wait on it.
+  virtual void write_value(Stream s, std::uint32_t* word, std::uint32_t value) = 0;
   /// Sets *word = value (release order) so that wait_value() waiters may go on.
   virtual void signal(std::uint32_t* word, std::uint32_t value) noexcept = 0;
+  /// Events (cudaEventCreateWithFlags(cudaEventDisableTiming)): record_event captures the
+  /// work enqueued on `s` so far; wait_event makes work enqueued on `s` afterwards wait for
+  /// the last capture recorded before the call (none recorded: no wait).
+  virtual Event create_event() = 0;
+  virtual void destroy_event(Event e) noexcept = 0;
+  virtual void record_event(Event e, Stream s) = 0;
+  virtual void wait_event(Stream s, Event e) = 0;
+  /// How many hardware queues of a device streams share (CUDA_DEVICE_MAX_CONNECTIONS, 8
+  /// by default; emulated: BRAID_EMU_HW_QUEUES). A stream wait blocks everything behind it
+  /// in its queue, so ranks that are threads of one process on one device can only wait
+  /// for each other if their streams do not share a queue.
+  virtual int hw_queues() const noexcept = 0;
+  /// Enqueues fn(arg) as a kernel on `s` (counted as a launch): the emulated backend runs
+  /// it on the stream's executor, in stream order, as its stand-in for a device kernel
+  /// (braid's host kernels); the CUDA backend refuses it (kernels are launched through
+  /// src/kernels/cuda). fn must not call the runtime.
+  virtual void launch_emulated_kernel(Stream s, void (*fn)(void*), void* arg) = 0;
   /// Blocks until everything enqueued on `s` has run.
   virtual void synchronize(Stream s) = 0;
   /// Synchronous copy of `bytes` bytes, any direction: complete when it returns, so work
@@ -161,6 +275,9 @@ class Runtime {
   virtual void* ipc_open(IpcHandle h, std::size_t bytes) = 0;
   /// Unmaps what ipc_open returned. Never throws.
   virtual void ipc_close(void* p) noexcept = 0;
+
+  /// The emulated backend's test hooks (null for the others): use emulation_hooks().
+  virtual EmulationHooks* emulation() noexcept { return nullptr; }
 };
 
 /// Makes `device` current on the calling thread for its lifetime (nothing for device < 0)
@@ -193,19 +310,22 @@ class ScopedDevice {
 
 /// The process's runtime. The first call picks the backend from `choice` ("auto": cuda
 /// when this build has CUDA and a device is present, else none; "cuda", "emulated",
-/// "none"); later calls return the same runtime whatever they pass. Throws
-/// InvalidUsage for "cuda" without a usable CUDA device, naming the reason.
-Runtime& runtime(const std::string& choice);
+/// "none"); later calls return the same runtime whatever they pass. `options` configure the
+/// backend (the first call's count). Throws InvalidUsage for "cuda" without a usable CUDA
+/// device, naming the reason.
+Runtime& runtime(const std::string& choice, const RuntimeOptions& options = {});
 
 /// A PCI address as sysfs names the device ("0000:1b:00.0"): lower case, the domain with
 /// at least 4 digits (CUDA and NVML write 8: "00000000:1B:00.0"; a domain beyond 16 bits,
 /// as VMD makes, keeps its digits: "10000:01:00.0").
 std::string sysfs_pci_address(const std::string& address);
 
-/// The emulated backend (tests call it through runtime("emulated")).
-std::unique_ptr<Runtime> make_emulated();
+/// The emulated backend (the library reaches it through runtime("emulated"); tests may
+/// make their own, with the options they test).
+std::unique_ptr<Runtime> make_emulated(const EmulationOptions& options = {});
 /// The CUDA backend, or null with *why set (not built with CUDA, no driver, no device).
-std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu = nullptr);
+/// `max_connections`: what hw_queues() reports (RuntimeOptions::cuda_max_connections).
+std::unique_ptr<Runtime> make_cuda(std::string* why, bool* unusable_gpu = nullptr, int max_connections = 8);
 /// The backend with no device; `why` is what describe() reports.
 std::unique_ptr<Runtime> make_none(std::string why);
 

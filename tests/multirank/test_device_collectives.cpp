@@ -19,6 +19,7 @@
 
 #include "core/config.hpp"
 #include "core/device_exec.hpp"
+#include "core/device_flow.hpp"
 #include "gpu/runtime.hpp"
 #include "kernels/host/reduce.hpp"
 
@@ -53,10 +54,22 @@ const bool kBackendSet = [] {
   // one rank's staging never ran (docs/gpu.md, "Several ranks on one GPU"). As many queues
   // as CUDA allows, read when the context is made, so before any CUDA call. Unverified.
   ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  // The emulated runtime: a hardware queue per stream. Ranks here are threads of one
+  // process on one device, which a GPU's queues cannot keep apart: besides the ranks' own
+  // streams (two each, which the device path checks against the queues), the runtime's
+  // private streams (a synchronous copy's) land in the same round-robin, and a rank's wait
+  // there holds up another rank's copy. The queue hazards are tested with process ranks, as
+  // jobs run (test_device_hazards, with 1 and 8 queues).
+  ::setenv("BRAID_EMU_HW_QUEUES", "128", 0);
   return true;
 }();
 
 gpu::Runtime& rt() { return core::gpu_runtime(); }
+
+using DevicePath = core::Config::DevicePath;
+DevicePath path() { return core::Config::global().device_path; }
+/// Bytes that device calls moved through pinned slots, on whichever path runs plans.
+long long slot_bytes() { return core::DeviceExec::slot_bytes() + core::DeviceFlow::slot_bytes(); }
 
 bool skip_without_device() {
   return rt().device_count() == 0;
@@ -368,7 +381,10 @@ TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
     // Later work: read the result back on the stream, without waiting on the host.
     rt().copy_async(back.data(), buf.data(), count * 4, s.s);
     rt().synchronize(s.s);
-    EXPECT_TRUE(w.test()) << "the stream went on before the Work completed";
+    // Staged, the stream waits for the host to finish the call; the device path never makes
+    // a stream wait for the host, and its Work completes once the progress thread has seen
+    // the program's end, a moment after the stream passed it.
+    if (path() != DevicePath::stream) EXPECT_TRUE(w.test()) << "the stream went on before the Work completed";
     w.wait();
     for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(back[i], 6.f) << "element " << i << " on rank " << r;
   });
@@ -391,20 +407,23 @@ void ring_sum_of_ranks(Communicator& c, int r, int n, std::size_t count) {
   for (std::size_t i = 0; i < count; i += 101) ASSERT_EQ(back[i], want) << "element " << i << " on rank " << r;
 }
 
-// The path BRAID_DEVICE_PATH names is the one that runs the call: with direct, each
-// rank's engine makes its device stream (core::DeviceExec) for its first device call;
-// staged makes none. (CI runs this file under both: test_device_collectives and
-// test_device_collectives_direct.)
+// The path BRAID_DEVICE_PATH names is the one that runs the call: stream (the default)
+// enqueues a program per call (core::DeviceFlow, whose stream is a DeviceExec's); direct
+// makes each rank's engine a device stream (core::DeviceExec) and no program; staged makes
+// neither. (CI runs this file with stream, direct and staged.)
 TEST(DevicePath, TheConfiguredPathRunsTheCall) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   const int n = 2;
   const std::size_t count = 4096;
-  const bool direct = core::Config::global().device_direct;
   test::Group g(n);
   const int before = core::DeviceExec::made();
+  const long programs = core::DeviceFlow::programs();
   run_threads(n, [&](int r) { ring_sum_of_ranks(g[r], r, n, count); });
-  EXPECT_EQ(core::DeviceExec::made() - before, direct ? n : 0)
-      << "BRAID_DEVICE_PATH=" << (direct ? "direct" : "staged") << ", but the other path ran the call";
+  EXPECT_EQ(core::DeviceExec::made() - before, path() == DevicePath::staged ? 0 : n);
+  if (path() == DevicePath::stream)
+    EXPECT_GE(core::DeviceFlow::programs() - programs, n) << "BRAID_DEVICE_PATH=stream, but no program was enqueued";
+  else
+    EXPECT_EQ(core::DeviceFlow::programs() - programs, 0) << "a program was enqueued on another path";
 }
 
 // On the direct path, a connection that takes device memory (ucx: a UCX built with CUDA,
@@ -484,12 +503,12 @@ TEST(DevicePath, CommunicatorsMadeAndDestroyedLeaveNoDeviceMemory) {
 // scale a block of 256).
 TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  if (!core::Config::global().device_direct)
-    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (compressed calls are staged there): test_device_collectives_direct runs this";
+  if (path() == DevicePath::staged)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (compressed calls are staged there): test_device_collectives runs this";
   const std::size_t count = 1 << 16;
   test::Group g(2, {}, 0, "tcp");
   const auto run = [&](const std::string& codec) {
-    const long long bytes = core::DeviceExec::slot_bytes();
+    const long long bytes = slot_bytes();
     const long steps = core::DeviceExec::codec_steps();
     run_threads(2, [&](int r) {
       OwnStream s;
@@ -504,7 +523,7 @@ TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
       rt().synchronize(s.s);
       for (std::size_t i = 0; i < count; i += 97) ASSERT_NEAR(back[i], 3.0f, 0.05f) << codec << ", element " << i;
     });
-    return std::make_pair(core::DeviceExec::slot_bytes() - bytes, core::DeviceExec::codec_steps() - steps);
+    return std::make_pair(slot_bytes() - bytes, core::DeviceExec::codec_steps() - steps);
   };
   const auto raw = run("none");
   const auto int8 = run("int8");
@@ -515,13 +534,13 @@ TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
                                        << ": the values left the GPU before they were encoded";
 }
 
-// bf16 device buffers with a codec: the staged path (the default) widens them once the
-// stream has staged the input, compresses in f32 and rounds back, so the result has the
-// bits of the same call on host buffers; the direct path refuses them, naming the staged
-// one, and leaves the caller's stream free.
+// bf16 device buffers with a codec: staged (the stream path stages them by itself, as the
+// staged path does) they are widened once the stream has staged the input, compressed in
+// f32 and rounded back, so the result has the bits of the same call on host buffers; the
+// direct path refuses them, naming the staged one, and leaves the caller's stream free.
 TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  const bool direct = core::Config::global().device_direct;
+  const bool direct = path() == DevicePath::direct;
   const std::size_t count = 3001;
   test::Group g(2);
   run_threads(2, [&](int r) {
@@ -562,10 +581,11 @@ TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
 // one memory kind until it is reset.
 TEST(DevicePath, ErrorFeedbackResidualsLiveOnTheGpuAndCheckpointAsHostOnes) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  if (!core::Config::global().device_direct)
-    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (residuals stay on the host there): test_device_collectives_direct runs this";
+  if (path() == DevicePath::staged)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (residuals stay on the host there): test_device_collectives runs this";
   const std::size_t count = 5000;
   test::Group g(2);
+  std::atomic<int> restore_ready{0}, restored{0};
   run_threads(2, [&](int r) {
     Communicator& c = g[r];
     OwnStream s;
@@ -605,8 +625,15 @@ TEST(DevicePath, ErrorFeedbackResidualsLiveOnTheGpuAndCheckpointAsHostOnes) {
     // Both keys' worker residuals (count values each) at least: the GPU's are counted too.
     EXPECT_GE(c.error_feedback_bytes(), 2 * count * sizeof(float));
     const auto third = on_device(2, "d/bucket");
+    // Restoring frees the key's GPU residuals, and a free waits for every stream of the
+    // device: the other rank (a thread of this process, on the same device) must not be in
+    // its next call already, whose program waits for this rank's (as with NCCL kernels).
+    restore_ready.fetch_add(1);
+    while (restore_ready.load() < 2) std::this_thread::sleep_for(1ms);
     std::istringstream restore(dev_ckpt.str());
     c.restore_error_feedback(restore, "d/");
+    restored.fetch_add(1);  // nor start it before the other rank has freed
+    while (restored.load() < 2) std::this_thread::sleep_for(1ms);
     EXPECT_EQ(on_device(2, "d/bucket"), third) << "the restored checkpoint did not bring the GPU residuals back";
     try {
       on_host(3, "d/bucket");

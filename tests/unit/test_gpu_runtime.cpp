@@ -18,6 +18,14 @@
 //   export of a pointer that is not an allocation's start are refused with InvalidUsage;
 //   the fd of the handle is closed whatever ipc_open does, and 200 rounds leak none. On a
 //   GPU: the same across a re-executed child process with CUDA IPC.
+// * the emulation of a GPU's hazards: with 1 hardware queue a stream wait blocks another
+//   stream's copy (the default stream's wait too) and signal() releases both, with 2 it
+//   does not, and streams map round-robin; write_value releases a wait on another stream,
+//   except behind it on the same queue; waits compare cyclically (>=); an event orders two
+//   streams by the generation recorded before the wait; host functions run on one thread
+//   and the stream waits for them; free_device waits for its device while holding the
+//   driver lock (another thread's runtime call blocks: the deadlock, released by a host
+//   store); the counts; sticky errors, global-mode capture and contexts per device.
 #include "gpu/runtime.hpp"
 
 #include <braid/error.hpp>
@@ -32,12 +40,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <iostream>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace braid;
@@ -606,4 +620,394 @@ TEST(CudaIpc, ChildSide) {
   rt->copy(p, host.data(), host.size());
   rt->ipc_close(p);
   rt->ipc_close(p);  // unknown now: ignored
+}
+
+// ---- The emulation of a GPU's hazards (issue 33, item 6) and the counts (item 7) ----
+//
+// Each test makes its own emulated runtime with the queues and callback latency it needs
+// (EmulationOptions), so one process runs them all. Every wait is bounded: work that
+// blocks runs on a std::async thread whose future the test polls with a deadline, and the
+// test releases what blocks (signal, which needs no runtime call) before it joins.
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// How long a test waits for something that must happen (generous: CI under load).
+constexpr auto kMust = 10s;
+/// How long a test watches something that must not happen.
+constexpr auto kMustNot = 300ms;
+
+bool done_within(std::future<void>& f, std::chrono::milliseconds ms) {
+  return f.wait_for(ms) == std::future_status::ready;
+}
+bool done_within(std::future<void>& f, std::chrono::seconds s) {
+  return done_within(f, std::chrono::duration_cast<std::chrono::milliseconds>(s));
+}
+
+gpu::EmulationOptions queues(int n, int hostfn_us = 5) {
+  gpu::EmulationOptions o;
+  o.hw_queues = n;
+  o.hostfn_us = hostfn_us;
+  return o;
+}
+
+/// A pinned word, released (set far ahead, as an abort value) when the test ends, so that
+/// no executor is left waiting on it whatever failed.
+struct Word {
+  explicit Word(gpu::Runtime& runtime)
+      : rt(runtime), p(static_cast<std::uint32_t*>(runtime.alloc_pinned(sizeof(std::uint32_t)))) {
+    *p = 0;
+  }
+  ~Word() { rt.signal(p, 0x40000000u); }  // pinned memory leaked: executors may read it late
+  gpu::Runtime& rt;
+  std::uint32_t* p;
+};
+
+}  // namespace
+
+TEST(EmulatedQueues, OneQueueAWaitBlocksAnotherStreamsCopy) {
+  auto rt = gpu::make_emulated(queues(1));
+  EXPECT_EQ(rt->hw_queues(), 1);
+  Word word(*rt);
+  gpu::Stream waiting = rt->create_stream(), other = rt->create_stream();
+  int src = 42, dst = 0;
+  rt->wait_value(waiting, word.p, 1);
+  rt->copy_async(&dst, &src, sizeof src, other);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(other); });
+  EXPECT_FALSE(done_within(sync, kMustNot)) << "one hardware queue: the copy must wait behind the other stream's wait";
+  EXPECT_EQ(__atomic_load_n(&dst, __ATOMIC_ACQUIRE), 0);
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(sync, kMust)) << "signal() must release both streams";
+  EXPECT_EQ(dst, 42);
+  rt->synchronize(waiting);
+  rt->destroy_stream(waiting);
+  rt->destroy_stream(other);
+}
+
+TEST(EmulatedQueues, TheDefaultStreamIsMappedToo) {
+  auto rt = gpu::make_emulated(queues(1));
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();
+  rt->wait_value(nullptr, word.p, 1);  // the default stream of device 0, on its one queue
+  int one = 1, out = 0;
+  rt->copy_async(&out, &one, sizeof one, s);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(s); });
+  EXPECT_FALSE(done_within(sync, kMustNot));
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(sync, kMust));
+  EXPECT_EQ(out, 1);
+  rt->synchronize(nullptr);
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedQueues, TwoQueuesKeepTwoStreamsApart) {
+  auto rt = gpu::make_emulated(queues(2));
+  EXPECT_EQ(rt->hw_queues(), 2);
+  Word word(*rt);
+  gpu::Stream waiting = rt->create_stream(), other = rt->create_stream();  // queues 0 and 1
+  int src = 7, dst = 0;
+  rt->wait_value(waiting, word.p, 1);
+  rt->copy_async(&dst, &src, sizeof src, other);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(other); });
+  ASSERT_TRUE(done_within(sync, kMust)) << "streams on different queues must not block each other";
+  EXPECT_EQ(dst, 7);
+  auto sync_waiting = std::async(std::launch::async, [&] { rt->synchronize(waiting); });
+  EXPECT_FALSE(done_within(sync_waiting, kMustNot)) << "the waiting stream itself still waits";
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(sync_waiting, kMust));
+  // A third stream wraps round onto queue 0: blocked by a wait there again.
+  gpu::Stream third = rt->create_stream();
+  rt->wait_value(waiting, word.p, 2);
+  rt->copy_async(&dst, &src, sizeof src, third);
+  auto sync_third = std::async(std::launch::async, [&] { rt->synchronize(third); });
+  EXPECT_FALSE(done_within(sync_third, kMustNot)) << "streams map round-robin: the third shares queue 0";
+  rt->signal(word.p, 2);
+  ASSERT_TRUE(done_within(sync_third, kMust));
+  for (gpu::Stream s : {waiting, other, third}) rt->destroy_stream(s);
+}
+
+TEST(EmulatedStreamMemops, WriteValueReleasesAWaitOnAnotherStream) {
+  auto rt = gpu::make_emulated(queues(2));
+  Word word(*rt);
+  gpu::Stream waiter = rt->create_stream(), writer = rt->create_stream();
+  int src = 5, dst = 0;
+  rt->wait_value(waiter, word.p, 3);
+  rt->copy_async(&dst, &src, sizeof src, waiter);
+  rt->write_value(writer, word.p, 3);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(waiter); });
+  ASSERT_TRUE(done_within(sync, kMust));
+  EXPECT_EQ(dst, 5);
+  EXPECT_EQ(__atomic_load_n(word.p, __ATOMIC_ACQUIRE), 3u);
+  rt->synchronize(writer);
+  for (gpu::Stream s : {waiter, writer}) rt->destroy_stream(s);
+}
+
+TEST(EmulatedStreamMemops, WaitsCompareCyclically) {
+  auto rt = gpu::make_emulated(queues(2));
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();
+  rt->signal(word.p, 5);
+  // Reached: equal, behind, and behind across the wrap (0xfffffff0 + 21 == 5 mod 2^32).
+  for (std::uint32_t v : {5u, 3u, 0xfffffff0u}) rt->wait_value(s, word.p, v);
+  auto passed = std::async(std::launch::async, [&] { rt->synchronize(s); });
+  ASSERT_TRUE(done_within(passed, kMust)) << "a word at 5 has reached 5, 3 and 0xfffffff0";
+  rt->wait_value(s, word.p, 6);  // ahead: waits
+  auto ahead = std::async(std::launch::async, [&] { rt->synchronize(s); });
+  EXPECT_FALSE(done_within(ahead, kMustNot));
+  rt->signal(word.p, 0x40000000u);  // an abort value far ahead releases it
+  ASSERT_TRUE(done_within(ahead, kMust));
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedStreamMemops, OneQueueAWriteBehindTheWaitNeverComes) {
+  // The hazard of call-time enqueue on one queue: the write that would release a wait is
+  // enqueued on another stream of the same queue after it, so it never runs (a GPU hangs
+  // here with CUDA_DEVICE_MAX_CONNECTIONS=1); only the host can release it.
+  auto rt = gpu::make_emulated(queues(1));
+  Word word(*rt);
+  gpu::Stream waiter = rt->create_stream(), writer = rt->create_stream();
+  rt->wait_value(waiter, word.p, 1);
+  rt->write_value(writer, word.p, 1);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(waiter); });
+  EXPECT_FALSE(done_within(sync, kMustNot)) << "the write must queue behind the wait";
+  EXPECT_EQ(__atomic_load_n(word.p, __ATOMIC_ACQUIRE), 0u);
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(sync, kMust));
+  rt->synchronize(writer);
+  for (gpu::Stream s : {waiter, writer}) rt->destroy_stream(s);
+}
+
+TEST(EmulatedEvents, AnEventOrdersTwoStreams) {
+  auto rt = gpu::make_emulated(queues(4));
+  Word word(*rt);
+  gpu::Stream first = rt->create_stream(), second = rt->create_stream(), third = rt->create_stream();
+  gpu::Event e = rt->create_event();
+  rt->wait_event(second, e);  // nothing recorded yet: no wait
+  auto unrecorded = std::async(std::launch::async, [&] { rt->synchronize(second); });
+  ASSERT_TRUE(done_within(unrecorded, kMust)) << "a wait on an event never recorded does not wait";
+  int a = 9, b = 0, c = 0;
+  rt->wait_value(first, word.p, 1);
+  rt->copy_async(&b, &a, sizeof a, first);
+  rt->record_event(e, first);  // generation 1: behind the wait
+  rt->wait_event(second, e);
+  rt->copy_async(&c, &b, sizeof b, second);
+  rt->record_event(e, third);  // generation 2, complete at once: the wait is for generation 1
+  rt->synchronize(third);
+  auto sync = std::async(std::launch::async, [&] { rt->synchronize(second); });
+  EXPECT_FALSE(done_within(sync, kMustNot)) << "the second stream waits for the capture recorded before its wait";
+  EXPECT_EQ(__atomic_load_n(&c, __ATOMIC_ACQUIRE), 0);
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(sync, kMust));
+  EXPECT_EQ(c, 9);
+  rt->destroy_event(e);
+  for (gpu::Stream s : {first, second, third}) rt->destroy_stream(s);
+}
+
+namespace {
+struct HostFnProbe {
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  std::atomic<int> returned{0};
+  std::atomic<int> seen_before_kernel{-1};
+};
+void host_fn(void* arg) {
+  auto* p = static_cast<HostFnProbe*>(arg);
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->threads.insert(std::this_thread::get_id());
+  }
+  std::this_thread::sleep_for(20ms);
+  p->returned.fetch_add(1);
+}
+void after_host_fn(void* arg) {
+  auto* p = static_cast<HostFnProbe*>(arg);
+  p->seen_before_kernel.store(p->returned.load());
+}
+}  // namespace
+
+TEST(EmulatedHostFunctions, RunOnOneThreadAndTheStreamWaitsForThem) {
+  auto rt = gpu::make_emulated(queues(4, 50));
+  HostFnProbe probe;
+  std::vector<gpu::Stream> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(rt->create_stream());
+  for (gpu::Stream s : streams) rt->launch_host(s, host_fn, &probe);
+  rt->launch_emulated_kernel(streams[0], after_host_fn, &probe);
+  auto sync = std::async(std::launch::async, [&] {
+    for (gpu::Stream s : streams) rt->synchronize(s);
+  });
+  ASSERT_TRUE(done_within(sync, kMust));
+  EXPECT_EQ(probe.returned.load(), 3);
+  EXPECT_EQ(probe.threads.size(), 1u) << "host functions of every stream run on the one callback thread";
+  EXPECT_EQ(probe.threads.count(std::this_thread::get_id()), 0u);
+  EXPECT_GE(probe.seen_before_kernel.load(), 1) << "the stream goes on only once its host function has returned";
+  for (gpu::Stream s : streams) rt->destroy_stream(s);
+}
+
+TEST(EmulatedQuiesce, FreeDeviceWaitsForTheDeviceAndHoldsTheDriverLock) {
+  auto rt = gpu::make_emulated(queues(2));
+  gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
+  ASSERT_NE(hooks, nullptr);
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();
+  void* dev = rt->alloc_device(4096, 0);
+  rt->wait_value(s, word.p, 1);
+  // The thread that would release the stream, but only after one more runtime call: the
+  // progress thread of a path that waits on the host (the deadlock of issue 33).
+  std::atomic<bool> freed{false}, released{false};
+  auto freer = std::async(std::launch::async, [&] {
+    rt->free_device(dev);
+    freed = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + kMust;
+  while (!hooks->quiescing() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(hooks->quiescing()) << "free_device must be waiting for the device";
+  auto releaser = std::async(std::launch::async, [&] {
+    (void)rt->classify(&released);  // blocks at the driver lock
+    rt->signal(word.p, 1);
+    released = true;
+  });
+  EXPECT_FALSE(done_within(freer, kMustNot)) << "free_device must wait for the waiting stream";
+  EXPECT_FALSE(done_within(releaser, std::chrono::milliseconds(10)))
+      << "another thread's runtime call must block while free_device holds the driver lock";
+  EXPECT_FALSE(freed.load());
+  EXPECT_FALSE(released.load());
+  // Deadlocked, as on a GPU. A host store needs no driver call: the test releases it.
+  rt->signal(word.p, 1);
+  ASSERT_TRUE(done_within(freer, kMust));
+  ASSERT_TRUE(done_within(releaser, kMust));
+  EXPECT_EQ(rt->classify(dev).kind, MemoryKind::host) << "freed";
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedQuiesce, FreeDeviceOfAnotherDeviceDoesNotWait) {
+  auto rt = gpu::make_emulated(queues(1));
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();  // device 0
+  rt->wait_value(s, word.p, 1);
+  void* dev = rt->alloc_device(4096, 1);
+  auto freer = std::async(std::launch::async, [&] { rt->free_device(dev); });
+  ASSERT_TRUE(done_within(freer, kMust)) << "the quiesce is of the allocation's device only";
+  rt->signal(word.p, 1);
+  rt->synchronize(s);
+  rt->destroy_stream(s);
+}
+
+TEST(GpuCounts, EachKindCountsWhatItShould) {
+  auto rt = gpu::make_emulated(queues(2, 0));
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();
+  HostFnProbe probe;
+  const gpu::Counts before = gpu::counts();
+  rt->launch_host(s, host_fn, &probe);                   // api, hostfn
+  rt->write_value(s, word.p, 1);                         // api, memops
+  rt->wait_value(s, word.p, 1);                          // api, memops
+  rt->launch_emulated_kernel(s, after_host_fn, &probe);  // api, launch
+  rt->synchronize(s);                                    // api, sync
+  int a = 1, b = 0;
+  rt->copy(&b, &a, sizeof a);  // api, sync
+  rt->signal(word.p, 2);       // a host store: nothing
+  (void)rt->hw_queues();       // no driver call: nothing
+  gpu::count_launch();         // a launch of a real kernel: launch only
+  const gpu::Counts after = gpu::counts();
+  EXPECT_EQ(after.caller_api - before.caller_api, 6u);
+  EXPECT_EQ(after.progress_api - before.progress_api, 0u);
+  EXPECT_EQ(after.hostfn - before.hostfn, 1u);
+  EXPECT_EQ(after.memops - before.memops, 2u);
+  EXPECT_EQ(after.launch - before.launch, 2u);
+  EXPECT_EQ(after.sync - before.sync, 2u);
+  std::thread([&] {
+    gpu::mark_progress_thread();
+    (void)rt->current_device();
+    (void)rt->classify(&a);
+  }).join();
+  const gpu::Counts last = gpu::counts();
+  EXPECT_EQ(last.progress_api - after.progress_api, 2u);
+  EXPECT_EQ(last.caller_api - after.caller_api, 0u);
+  // The backend without a device counts its calls too, refused or not.
+  auto none = gpu::make_none("a test");
+  EXPECT_EQ(none->hw_queues(), 0);
+  EXPECT_THROW(none->create_stream(), Error);
+  EXPECT_THROW(none->write_value(nullptr, word.p, 1), Error);
+  EXPECT_EQ(gpu::counts().caller_api - last.caller_api, 2u);
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedHazards, AStickyErrorFailsItsDeviceOnly) {
+  auto rt = gpu::make_emulated(queues(2));
+  gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
+  ASSERT_NE(hooks, nullptr);
+  EXPECT_EQ(gpu::emulation_hooks(*gpu::make_none("a test")), nullptr);
+  Word word(*rt);
+  gpu::Stream s = rt->create_stream();  // device 0
+  HostFnProbe probe;
+  rt->wait_value(s, word.p, 1);
+  rt->launch_host(s, host_fn, &probe);  // queued behind the wait: never called
+  hooks->inject_sticky_error(0);
+  const std::string says = message_of([&] { rt->synchronize(s); });
+  EXPECT_NE(says.find("sticky"), std::string::npos) << says;
+  EXPECT_EQ(code_of([&] { rt->alloc_device(64, 0); }), ErrorCode::Cuda);
+  EXPECT_EQ(code_of([&] { rt->copy_async(&probe, &probe, 1, s); }), ErrorCode::Cuda);
+  EXPECT_EQ(code_of([&] { rt->create_stream(); }), ErrorCode::Cuda) << "device 0 is current";
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(probe.returned.load(), 0) << "host functions are not called after a sticky error";
+  // Device 1 still works.
+  rt->set_device(1);
+  gpu::Stream s1 = rt->create_stream();
+  int a = 3, b = 0;
+  rt->copy_async(&b, &a, sizeof a, s1);
+  rt->synchronize(s1);
+  EXPECT_EQ(b, 3);
+  rt->destroy_stream(s1);
+  EXPECT_EQ(code_of([&] { rt->set_device(0); }), ErrorCode::Cuda);
+  hooks->reset_hooks();
+  rt->set_device(0);
+  rt->synchronize(s);  // its work was dropped: nothing left to wait for
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedHazards, AnUnsafeCallInvalidatesAGlobalCapture) {
+  auto rt = gpu::make_emulated(queues(2));
+  gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
+  ASSERT_NE(hooks, nullptr);
+  gpu::Stream s = rt->create_stream();
+  hooks->begin_global_capture(s);
+  EXPECT_TRUE(rt->capturing(s));
+  std::string says;
+  std::thread([&] { says = message_of([&] { rt->alloc_device(64, 0); }); }).join();
+  EXPECT_NE(says.find("global mode"), std::string::npos) << says;
+  const std::string ended = message_of([&] { hooks->end_global_capture(s); });
+  EXPECT_NE(ended.find("invalidated"), std::string::npos) << ended;
+  EXPECT_FALSE(rt->capturing(s));
+  // A capture nobody disturbs ends cleanly, and the calls are allowed again afterwards.
+  hooks->begin_global_capture(s);
+  int a = 1, b = 0;
+  rt->copy_async(&b, &a, sizeof a, s);  // stream work is what a capture records
+  EXPECT_NO_THROW(hooks->end_global_capture(s));
+  void* p = rt->alloc_device(64, 0);
+  rt->free_device(p);
+  hooks->reset_hooks();
+  rt->synchronize(s);
+  rt->destroy_stream(s);
+}
+
+TEST(EmulatedHazards, ContextsAreMadeOncePerDevice) {
+  auto rt = gpu::make_emulated(queues(2));
+  gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
+  ASSERT_NE(hooks, nullptr);
+  EXPECT_EQ(hooks->contexts_made(), 0u);
+  EXPECT_EQ(rt->current_device(), 0);  // asking makes none
+  EXPECT_EQ(hooks->contexts_made(), 0u);
+  std::thread([&] {
+    rt->set_device(1);
+    EXPECT_EQ(rt->current_device(), 1);
+  }).join();
+  EXPECT_EQ(rt->current_device(), 0) << "the current device is per thread";
+  EXPECT_EQ(hooks->contexts_made(), 1u);
+  void* p = rt->alloc_device(64, 1);  // device 1's context exists already
+  EXPECT_EQ(hooks->contexts_made(), 1u);
+  gpu::Stream s = rt->create_stream();  // on device 0, current here: its context now
+  EXPECT_EQ(hooks->contexts_made(), 2u);
+  rt->free_device(p);
+  rt->destroy_stream(s);
 }

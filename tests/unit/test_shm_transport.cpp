@@ -724,6 +724,15 @@ class GatedGpu final : public braid::gpu::Runtime {
   void launch_host(braid::gpu::Stream s, void (*fn)(void*), void* arg) override { rt_.launch_host(s, fn, arg); }
   void wait_value(braid::gpu::Stream s, std::uint32_t* w, std::uint32_t v) override { rt_.wait_value(s, w, v); }
   void signal(std::uint32_t* w, std::uint32_t v) noexcept override { rt_.signal(w, v); }
+  void write_value(braid::gpu::Stream s, std::uint32_t* w, std::uint32_t v) override { rt_.write_value(s, w, v); }
+  braid::gpu::Event create_event() override { return rt_.create_event(); }
+  void destroy_event(braid::gpu::Event e) noexcept override { rt_.destroy_event(e); }
+  void record_event(braid::gpu::Event e, braid::gpu::Stream s) override { rt_.record_event(e, s); }
+  void wait_event(braid::gpu::Stream s, braid::gpu::Event e) override { rt_.wait_event(s, e); }
+  int hw_queues() const noexcept override { return rt_.hw_queues(); }
+  void launch_emulated_kernel(braid::gpu::Stream s, void (*fn)(void*), void* arg) override {
+    rt_.launch_emulated_kernel(s, fn, arg);
+  }
   void synchronize(braid::gpu::Stream s) override { rt_.synchronize(s); }
   void copy(void* dst, const void* src, std::size_t n) override { rt_.copy(dst, src, n); }
   void begin_capture(braid::gpu::Stream s) override { rt_.begin_capture(s); }
