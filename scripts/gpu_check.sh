@@ -14,7 +14,6 @@
 #   arch_check             tests/check_cuda_arch.sh on libbraid.so (also without GTest)
 #   device_collectives     tests/multirank test_device_collectives, BRAID_GPU_BACKEND=cuda:
 #                          several ranks on the one GPU as threads, and process ranks
-#   device_collectives_direct  the same with BRAID_DEVICE_PATH=direct (plans on the device)
 #   device_hazards         tests/multirank test_device_hazards on CUDA: every collective with
 #                          CUDA_DEVICE_MAX_CONNECTIONS=1 and 8 and a cudaFree loop, process
 #                          ranks; budgets (no host function, no sync in a call); killed rank
@@ -32,7 +31,7 @@
 #                          where NCCL accepts the layout: NCCL < 2.30 refuses several ranks
 #                          on one GPU, which the log says)
 #   bench_2r_tcp_codecs_direct  allreduce_bench --device --codec none,fp16,int8,sign1 at 2 ranks
-#                          over tcp on the direct path (codecs as kernels on the GPU)
+#                          over tcp on the device path (codecs as kernels on the GPU)
 #   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
 # The correctness steps run side by side; the timed benches run alone, one after another.
 #
@@ -264,13 +263,11 @@ if [ "$have_tests" = 1 ]; then
   bg_step ctest_gpu 200 "cd '$bd' && $require ctest -L gpu --output-on-failure -j 4 --timeout 190"
   bg_step device_collectives 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
   bg_step device_hazards 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_hazards'"
-  bg_step device_collectives_direct 200 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_collectives'"
   bg_step gpu_runtime 60 "$require '$bd/tests/test_gpu_runtime'"
   bg_step device_exec 60 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_exec'"
 else
   skip ctest_gpu "tests not built (no GoogleTest)"
   skip device_collectives "tests not built (no GoogleTest)"
-  skip device_collectives_direct "tests not built (no GoogleTest)"
   skip device_hazards "tests not built (no GoogleTest)"
   skip gpu_runtime "tests not built (no GoogleTest)"
   skip device_exec "tests not built (no GoogleTest)"
@@ -306,17 +303,17 @@ if [ "$gpu" = 1 ]; then
       require_device "$name"
     done
   done
-  # The direct device path beside the staged rows above (same sizes, braid only).
+  # Whole-buffer staging beside the device path's rows above (same sizes, braid only).
   for cfg in "2 shm" "4 tcp"; do
     n=${cfg% *} tr=${cfg#* }
-    name=bench_${n}r_${tr}_direct
-    fg_step "$name" 60 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 55 -- '$ab' \
+    name=bench_${n}r_${tr}_staged
+    fg_step "$name" 60 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 55 -- '$ab' \
       --device -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
     require_device "$name"
   done
-  # Compressed all-reduce on device buffers (direct path: codecs as kernels, only encoded
+  # Compressed all-reduce on device buffers (device path: codecs as kernels, only encoded
   # bytes leave the GPU), the codecs side by side over tcp.
-  fg_step bench_2r_tcp_codecs_direct 60 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=tcp '$run' -n 2 \
+  fg_step bench_2r_tcp_codecs_direct 60 "BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=tcp '$run' -n 2 \
     --timeout 55 -- '$ab' --device -b 64M -e 64M -n 5 -w 1 --rounds 5 --codec none,fp16,int8,sign1 \
     --csv '$out/bench_2r_tcp_codecs_direct.csv'"
   require_device bench_2r_tcp_codecs_direct
@@ -331,9 +328,9 @@ else
   # The plumbing of the device bench on the emulated runtime; NCCL says why it cannot run.
   fg_step bench_device_emulated 90 "BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- '$ab' --device --backend nccl \
     -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated.csv'"
-  fg_step bench_device_emulated_direct 90 "BRAID_DEVICE_PATH=direct BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
-    '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_direct.csv'"
-  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_direct bench_4r_tcp_direct \
+  fg_step bench_device_emulated_staged 90 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
+    '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_staged.csv'"
+  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_staged bench_4r_tcp_staged \
     bench_2r_tcp_codecs_direct bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 

@@ -138,10 +138,11 @@ std::vector<Setting> make_table() {
        "into pinned slots, braid's kernels, and waits on words that the progress thread sets when a "
        "message has landed, so no host callback and no host wait on the caller's stream), staged (the "
        "whole input copied to pinned host memory, the host path, the result copied back; the caller's "
-       "stream waits for the host) or direct (the engine enqueues the plan step by step as it goes, "
-       "learning progress through host callbacks; kept for comparison, to be removed). Point-to-point "
-       "calls are staged. None has been measured on a GPU yet (docs/gpu.md).",
-       true, 0, 0, "stream|staged|direct"},
+       "stream waits for the host). Point-to-point calls are staged. The old direct path (the engine "
+       "enqueuing the plan step by step, learning progress through host callbacks) is withdrawn: it "
+       "deadlocks where streams share hardware queues or the driver's one callback thread (docs/gpu.md). "
+       "Neither path has been measured on a GPU yet.",
+       true, 0, 0, "stream|staged"},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},

@@ -410,7 +410,7 @@ void ring_sum_of_ranks(Communicator& c, int r, int n, std::size_t count) {
 // The path BRAID_DEVICE_PATH names is the one that runs the call: stream (the default)
 // enqueues a program per call (core::DeviceFlow, whose stream is a DeviceExec's); direct
 // makes each rank's engine a device stream (core::DeviceExec) and no program; staged makes
-// neither. (CI runs this file with stream, direct and staged.)
+// neither. (CI runs this file with stream and staged; direct is withdrawn.)
 TEST(DevicePath, TheConfiguredPathRunsTheCall) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   const int n = 2;
@@ -424,77 +424,6 @@ TEST(DevicePath, TheConfiguredPathRunsTheCall) {
     EXPECT_GE(core::DeviceFlow::programs() - programs, n) << "BRAID_DEVICE_PATH=stream, but no program was enqueued";
   else
     EXPECT_EQ(core::DeviceFlow::programs() - programs, 0) << "a program was enqueued on another path";
-}
-
-// On the direct path, a connection that takes device memory (ucx: a UCX built with CUDA,
-// or here the emulated runtime, whose device memory is host memory) gets the device
-// buffers themselves: no pinned slot. tcp takes host memory only: every transfer goes
-// through a slot.
-TEST(DevicePath, AConnectionThatTakesDeviceMemoryNeedsNoSlots) {
-  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  if (!core::Config::global().device_direct)
-    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged: test_device_collectives_direct runs this";
-  if (rt().backend() != gpu::Backend::emulated)
-    GTEST_SKIP() << "on the CUDA backend ucx takes device memory only where the loaded UCX has CUDA support "
-                    "(braid_info prints its memory types)";
-  const auto ts = test::grid_transports();
-  if (std::find(ts.begin(), ts.end(), "ucx") == ts.end()) GTEST_SKIP() << "this build has no ucx transport";
-  const std::size_t count = 1 << 16;
-  const auto slots_over = [&](const std::string& transport) {
-    test::Group g(2, {}, 0, transport);
-    const long before = core::DeviceExec::slots_taken();
-    run_threads(2, [&](int r) { ring_sum_of_ranks(g[r], r, 2, count); });
-    return core::DeviceExec::slots_taken() - before;
-  };
-  long over_ucx = 0;
-  try {
-    over_ucx = slots_over("ucx");
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::Unsupported) GTEST_SKIP() << e.what();
-    throw;
-  }
-  EXPECT_EQ(over_ucx, 0) << "ucx takes the emulated device memory, yet transfers went through pinned slots";
-  EXPECT_GT(slots_over("tcp"), 0) << "tcp takes host memory only, yet no transfer went through a pinned slot";
-  // shm between ranks with GPUs: GPU to GPU through the pair's device ring (CUDA IPC).
-  EXPECT_EQ(slots_over("shm"), 0) << "shm with GPUs at both ends went through pinned slots";
-  // ibverbs on the test provider: GPUDirect RDMA through dma-buf of the emulated device
-  // memory (BRAID_GDR=auto), so no slot either.
-  if (std::find(ts.begin(), ts.end(), "ibverbs") != ts.end()) {
-    const std::uint64_t flushes = rt().rdma_flushes();
-    EXPECT_EQ(slots_over("ibverbs"), 0) << "ibverbs with GPUDirect RDMA went through pinned slots";
-    EXPECT_GT(rt().rdma_flushes(), flushes) << "the NIC wrote device memory and nothing flushed it";
-  }
-}
-
-// 100 communicators made, used on device buffers over shm (a device ring per pair) and
-// destroyed: no device memory is left (the emulated runtime's allocations are memfd
-// mappings named braid-emulated-device, counted in /proc/self/maps).
-TEST(DevicePath, CommunicatorsMadeAndDestroyedLeaveNoDeviceMemory) {
-  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  if (!core::Config::global().device_direct)
-    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged: test_device_collectives_direct runs this";
-  if (rt().backend() != gpu::Backend::emulated)
-    GTEST_SKIP() << "counts the emulated runtime's mappings (on a GPU: compute-sanitizer's leak check)";
-  const auto mapped = [] {
-    std::FILE* f = std::fopen("/proc/self/maps", "r");
-    int n = 0;
-    char line[512];
-    while (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) n += std::strstr(line, "braid-emulated-device") ? 1 : 0;
-    if (f != nullptr) std::fclose(f);
-    return n;
-  };
-  const int before = mapped();
-  // 100 (20 under the sanitizers, whose process set-up is slower: the same leak shows).
-  const int rounds = braid::test::kTimeScale > 1 ? 20 : 100;
-  for (int i = 0; i < rounds; ++i) {
-    test::Group g(2, {}, 0, "shm");
-    run_threads(2, [&](int r) { ring_sum_of_ranks(g[r], r, 2, 4096); });
-    // While it lives: the pair's device ring (and the engines' pools), so the count sees them.
-    if (i == 0) {
-      EXPECT_GT(mapped(), before) << "no device ring while the communicators live";
-    }
-  }
-  EXPECT_EQ(mapped(), before) << "device memory left behind by " << rounds << " communicators";
 }
 
 // Compressed all-reduce on the direct path encodes on the GPU before anything leaves it:
@@ -707,6 +636,12 @@ TEST(DeviceStream, AStreamThatNeverReachesTheCallFailsItWithATimeoutThatSaysSo) 
       if (r == 0) {
         EXPECT_EQ(e.code(), ErrorCode::Timeout) << msg;
         EXPECT_NE(msg.find("stream has not reached it"), std::string::npos) << msg;
+      } else if (path() == DevicePath::staged) {
+        // Staged, rank 1's input is staged by a host function too, and the driver has one
+        // callback thread, which rank 0's held stream keeps busy: rank 1's stream may not
+        // reach its call either.
+        EXPECT_TRUE(msg.find("rank 0") != std::string::npos || msg.find("stream has not reached it") != std::string::npos)
+            << msg;
       } else {
         EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
       }
