@@ -85,7 +85,8 @@ long run_every_collective(Communicator& c, gpu::Stream s, std::size_t count) {
     req.algorithm = a;
     req.slice_bytes = core::Config::global().chunk_bytes;
     if (a == Algorithm::automatic) return;
-    for (const auto& st : collectives::build_plan(req)->steps)
+    const auto plan = collectives::build_plan(req);  // held: the loop reads its steps
+    for (const auto& st : plan->steps)
       if (!collectives::is_local(st.kind)) ++transfers;
   };
   std::vector<float> mine(count);
