@@ -253,7 +253,7 @@ long long DeviceFlow::slot_bytes() noexcept { return g_slot_bytes.load(std::memo
 
 void DeviceFlow::retire(const FlowOp& op) noexcept {
   try {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(retired_mu_);
     retired_.push_back({{op.block_, op.block_bytes_}, {op.device_, op.device_bytes_}, op.words_ + op.steps_});
   } catch (...) {
     // Out of memory: the blocks are lost, never reused while the stream may use them.
@@ -261,6 +261,7 @@ void DeviceFlow::retire(const FlowOp& op) noexcept {
 }
 
 void DeviceFlow::reclaim_locked() noexcept {
+  std::lock_guard<std::mutex> lock(retired_mu_);
   for (std::size_t k = 0; k < retired_.size();) {
     const Retired& r = retired_[k];
     if (static_cast<std::int32_t>(__atomic_load_n(r.end, __ATOMIC_ACQUIRE) - kSet) < 0) {

@@ -168,7 +168,13 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   gpu::Runtime& rt_;
   const int device_;
   const std::string who_;
+  /// Held by enqueue() across runtime calls, which a free on another thread can hold up
+  /// for as long as the device is busy: never taken by the progress thread.
   std::mutex mu_;
+  /// Guards retired_ alone: the progress thread retires a finished call's blocks through
+  /// it, so that it never waits for an enqueue stuck behind a free (which would wait for a
+  /// stream that waits for this very progress thread).
+  std::mutex retired_mu_;
   std::unique_ptr<DeviceExec> exec_;  ///< the internal stream and its kernels
   gpu::Event called_ = nullptr;       ///< recorded on the caller's stream at each call
   gpu::Event finished_ = nullptr;     ///< recorded on the internal stream at each call's end
