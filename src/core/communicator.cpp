@@ -318,10 +318,17 @@ Work Communicator::Impl::post(core::Posting p) {
   }
   o.name.append(" x ").append(to_string(p.dtype)).append(", ").append(to_string(p.op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
+  Work w(o.work);
+  if (p.state) *p.state = o.work;
   if (program) {
-    // The whole program goes on the stream now, before the engine sees the call: its plan
-    // is the one posted (device calls are never deferred: Impl::collective).
+    // The whole program goes on the stream now; its plan is the one posted (device calls
+    // are never deferred: Impl::collective). The engine gets the call once its slots and
+    // words exist and before the program is enqueued: a free on another thread can hold up
+    // the enqueue halfway, and the part already on the stream must find the engine moving
+    // its messages, or the stream (and so the free) would wait forever.
     o.deferred.reset();
+    const std::string name = o.name;
+    const std::shared_ptr<const collectives::Plan> plan = o.plan;
     core::FlowCall call;
     call.input = o.input;
     call.output = o.output;
@@ -330,11 +337,20 @@ Work Communicator::Impl::post(core::Posting p) {
     call.feedback[0] = o.feedback[0];
     call.feedback[1] = o.feedback[1];
     call.codec_step = o.codec_step;
-    call.name = &o.name;
-    o.flow = flow->enqueue(*o.plan, call, t_program_stream);
+    call.name = &name;
+    bool submitted = false;
+    try {
+      flow->enqueue(*plan, call, t_program_stream, [&](std::shared_ptr<core::FlowOp> f) {
+        o.flow = std::move(f);
+        submitted = true;
+        engine->submit(std::move(o));
+      });
+    } catch (const Error& e) {
+      if (submitted) engine->abort(e.what());  // part of it is on the stream: fail the communicator
+      throw;
+    }
+    return w;
   }
-  Work w(o.work);
-  if (p.state) *p.state = o.work;
   engine->submit(std::move(o));
   return w;
 }

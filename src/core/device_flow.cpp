@@ -291,7 +291,8 @@ DeviceFlow::Block DeviceFlow::take_locked(std::vector<Block>& pool, std::size_t 
   return b;
 }
 
-std::shared_ptr<FlowOp> DeviceFlow::enqueue(const Plan& plan, const FlowCall& call, gpu::Stream caller) {
+void DeviceFlow::enqueue(const Plan& plan, const FlowCall& call, gpu::Stream caller,
+                         const std::function<void(std::shared_ptr<FlowOp>)>& submit) {
   const std::vector<std::uint32_t> order = flow_order(plan);
   Layout at;
   at.plan = &plan;
@@ -339,6 +340,13 @@ std::shared_ptr<FlowOp> DeviceFlow::enqueue(const Plan& plan, const FlowCall& ca
   op->owner_ = shared_from_this();  // from here on its destructor retires the blocks
   at.scratch = op->device_;
   at.packed = op->device_ + round_up(plan.scratch_count * at.elem, 64);
+  g_programs.fetch_add(1, std::memory_order_relaxed);
+  g_slot_bytes.fetch_add(moved, std::memory_order_relaxed);
+  // Held here too until the program is on the stream: the engine may fail the call (and
+  // drop its hold) meanwhile.
+  const std::shared_ptr<FlowOp> keep = op;
+  FlowOp* const raw = keep.get();
+  submit(std::move(op));
 
   gpu::ScopedDevice on(rt_, device_);
   DeviceExec& d = *exec_;
@@ -354,18 +362,18 @@ std::shared_ptr<FlowOp> DeviceFlow::enqueue(const Plan& plan, const FlowCall& ca
                                     : std::string();
       switch (st.kind) {
         case StepKind::send:
-          d.copy(op->slot_[i], at.ptr(st.src), at.bytes(st.src));
-          rt_.write_value(s, &op->words_[i], kSet);
+          d.copy(raw->slot_[i], at.ptr(st.src), at.bytes(st.src));
+          rt_.write_value(s, &raw->words_[i], kSet);
           break;
         case StepKind::recv:
-          rt_.wait_value(s, &op->words_[i], kSet);
-          d.copy(at.ptr(st.dst), op->slot_[i], at.bytes(st.dst));
+          rt_.wait_value(s, &raw->words_[i], kSet);
+          d.copy(at.ptr(st.dst), raw->slot_[i], at.bytes(st.dst));
           break;
         case StepKind::recv_reduce:
           // The kernel reads the message from its pinned slot (mapped, so the device reads it
           // in place): dst = message (op) src, elementwise, so dst may be src.
-          rt_.wait_value(s, &op->words_[i], kSet);
-          d.reduce(call.dtype, call.op, at.ptr(st.dst), op->slot_[i], at.ptr(st.src), st.dst.count);
+          rt_.wait_value(s, &raw->words_[i], kSet);
+          d.reduce(call.dtype, call.op, at.ptr(st.dst), raw->slot_[i], at.ptr(st.src), st.dst.count);
           break;
         case StepKind::reduce:
           d.reduce(call.dtype, call.op, at.ptr(st.dst), at.ptr(st.src), at.ptr(st.src2), st.dst.count);
@@ -398,18 +406,16 @@ std::shared_ptr<FlowOp> DeviceFlow::enqueue(const Plan& plan, const FlowCall& ca
       }
       if (st.finalize) d.divide(call.dtype, at.ptr(st.dst), st.dst.count, plan.request.world);
     }
-    rt_.write_value(s, &op->words_[steps], kSet);
+    rt_.write_value(s, &raw->words_[steps], kSet);
     rt_.record_event(finished_, s);
     rt_.wait_event(caller, finished_);
   } catch (const Error& e) {
     // Part of the program is on the stream: release its waits so the stream runs on (the
     // end word may never come, so the blocks stay retired for good), and say what failed.
-    op->abort();
+    raw->abort();
     throw Error(ErrorCode::Cuda, name + ": enqueueing the device program on " + who_ + "'s stream failed: " + e.what());
   }
-  g_programs.fetch_add(1, std::memory_order_relaxed);
-  g_slot_bytes.fetch_add(moved, std::memory_order_relaxed);
-  return op;
+
 }
 
 }  // namespace braid::core

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -141,8 +142,12 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   int device() const noexcept { return device_; }
 
   /// Enqueues rank `plan.request.rank`'s whole program for one call, joined to `caller`
-  /// both ways, and returns what the progress thread needs to drive its transfers.
-  std::shared_ptr<FlowOp> enqueue(const collectives::Plan& plan, const FlowCall& call, gpu::Stream caller);
+  /// both ways. `submit` gets what the progress thread needs to drive its transfers once
+  /// its slots and words exist, before anything goes on the stream (it hands the call to
+  /// the engine). An error before `submit` leaves nothing behind; one after it aborts the
+  /// call's words and is thrown as Error(Cuda).
+  void enqueue(const collectives::Plan& plan, const FlowCall& call, gpu::Stream caller,
+               const std::function<void(std::shared_ptr<FlowOp>)>& submit);
 
   /// How many programs this process has enqueued (tests: the device path ran), and how
   /// many bytes their transfers moved through pinned slots (tests: a compressed call's
