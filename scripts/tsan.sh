@@ -80,7 +80,8 @@ start=$SECONDS
 
 tests=(
   test_allreduce test_collectives test_compressed_allreduce test_debug_checks  # multirank
-  test_device_collectives test_processes_and_failures test_observability       # (and the engine)
+  test_device_collectives test_device_hazards test_processes_and_failures     # (and the engine)
+  test_observability
   test_store test_store_tls test_tls                                           # TcpStore (TLS too), FileStore, PrefixStore
   test_transport_conformance test_transport_registry                           # transports
   test_shm_transport test_tcp_transport test_ucx_lib
