@@ -29,26 +29,24 @@ struct HostFn {
   }
 };
 
-void enqueue_host(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
+/// Enqueues fn on `s` through `launch`: Runtime::launch_host (a host function), or
+/// Runtime::launch_emulated_kernel (the emulated backend's stand-in for a kernel: the host
+/// kernel on the stream's executor, counted as a launch, with no host round trip on a GPU).
+void enqueue_fn(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn,
+                void (gpu::Runtime::*launch)(gpu::Stream, void (*)(void*), void*)) {
   auto* h = new HostFn{std::move(fn)};
   try {
-    rt.launch_host(s, &HostFn::run, h);
+    (rt.*launch)(s, &HostFn::run, h);
   } catch (...) {
     delete h;
     throw;
   }
 }
-
-/// The emulated backend's stand-in for a kernel: the host kernel on the stream's executor,
-/// counted as a launch, not as a host callback (it has no host round trip on a GPU).
+void enqueue_host(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
+  enqueue_fn(rt, s, std::move(fn), &gpu::Runtime::launch_host);
+}
 void enqueue_kernel(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
-  auto* h = new HostFn{std::move(fn)};
-  try {
-    rt.launch_emulated_kernel(s, &HostFn::run, h);
-  } catch (...) {
-    delete h;
-    throw;
-  }
+  enqueue_fn(rt, s, std::move(fn), &gpu::Runtime::launch_emulated_kernel);
 }
 
 constexpr std::size_t kRound = 4096;

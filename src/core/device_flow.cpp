@@ -5,6 +5,7 @@
 #include "base/logging.hpp"
 #include "compression/framed.hpp"
 #include "compression/reference.hpp"
+#include "core/plan_regions.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -52,20 +53,9 @@ struct Layout {
   std::size_t frame = 1, frame_bytes = 0;
 
   std::byte* ptr(const Region& r) const {
-    switch (r.buf) {
-      case Buffer::input: return static_cast<std::byte*>(const_cast<void*>(call->input)) + r.offset * elem;
-      case Buffer::output: return static_cast<std::byte*>(call->output) + r.offset * elem;
-      case Buffer::scratch: return scratch + r.offset * elem;
-      case Buffer::packed: return packed + r.offset / frame * frame_bytes;
-      case Buffer::feedback_worker: return reinterpret_cast<std::byte*>(call->feedback[0] + r.offset);
-      case Buffer::feedback_owner: return reinterpret_cast<std::byte*>(call->feedback[1] + r.offset);
-    }
-    return nullptr;
+    return region_address(r, call->input, call->output, scratch, packed, call->feedback, elem, frame, frame_bytes);
   }
-  std::size_t bytes(const Region& r) const {
-    if (r.buf != Buffer::packed) return r.count * elem;
-    return compression::framed_bytes(plan->request.codec, frame, r.count);
-  }
+  std::size_t bytes(const Region& r) const { return region_bytes(r, *plan, elem, frame); }
 };
 
 }  // namespace

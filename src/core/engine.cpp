@@ -4,6 +4,7 @@
 #include "core/config.hpp"
 #include "core/device_exec.hpp"
 #include "core/device_flow.hpp"
+#include "core/plan_regions.hpp"
 #include "core/failure.hpp"
 #include "base/check.hpp"
 
@@ -256,21 +257,10 @@ struct Engine::Exec {
   }
 
   std::byte* ptr(const Region& r) const {
-    switch (r.buf) {
-      case Buffer::input: return static_cast<std::byte*>(const_cast<void*>(op.input)) + r.offset * elem;
-      case Buffer::output: return static_cast<std::byte*>(op.output) + r.offset * elem;
-      case Buffer::scratch: return scratch_base + r.offset * elem;
-      case Buffer::packed: return packed + r.offset / frame * frame_bytes;
-      case Buffer::feedback_worker: return reinterpret_cast<std::byte*>(op.feedback[0] + r.offset);
-      case Buffer::feedback_owner: return reinterpret_cast<std::byte*>(op.feedback[1] + r.offset);
-    }
-    return nullptr;
+    return region_address(r, op.input, op.output, scratch_base, packed, op.feedback, elem, frame, frame_bytes);
   }
   /// Bytes of a region (a message's size).
-  std::size_t bytes(const Region& r) const {
-    if (r.buf != Buffer::packed) return r.count * elem;
-    return compression::framed_bytes(plan->request.codec, frame, r.count);
-  }
+  std::size_t bytes(const Region& r) const { return region_bytes(r, *plan, elem, frame); }
   bool deps_done(std::uint32_t i) const {
     const Step& s = plan->steps[i];
     for (std::uint32_t d = 0; d < s.dep_count; ++d)
