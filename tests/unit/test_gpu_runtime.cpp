@@ -652,15 +652,18 @@ gpu::EmulationOptions queues(int n, int hostfn_us = 5) {
   return o;
 }
 
-/// A pinned word, released (set far ahead, as an abort value) when the test ends, so that
-/// no executor is left waiting on it whatever failed.
+/// A word the streams wait on, released (set far ahead, as an abort value) when the test
+/// ends, so that no executor is left waiting on it whatever failed. It owns the runtime's
+/// end: the runtime is destroyed (its executors joined) before the word's memory is freed,
+/// as an executor may read the word until then.
 struct Word {
-  explicit Word(gpu::Runtime& runtime)
-      : rt(runtime), p(static_cast<std::uint32_t*>(runtime.alloc_pinned(sizeof(std::uint32_t)))) {
-    *p = 0;
+  explicit Word(std::unique_ptr<gpu::Runtime>& runtime) : rt(runtime), owned(new std::uint32_t(0)), p(owned.get()) {}
+  ~Word() {
+    rt->signal(p, 0x40000000u);
+    rt.reset();
   }
-  ~Word() { rt.signal(p, 0x40000000u); }  // pinned memory leaked: executors may read it late
-  gpu::Runtime& rt;
+  std::unique_ptr<gpu::Runtime>& rt;
+  std::unique_ptr<std::uint32_t> owned;
   std::uint32_t* p;
 };
 
@@ -669,7 +672,7 @@ struct Word {
 TEST(EmulatedQueues, OneQueueAWaitBlocksAnotherStreamsCopy) {
   auto rt = gpu::make_emulated(queues(1));
   EXPECT_EQ(rt->hw_queues(), 1);
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream waiting = rt->create_stream(), other = rt->create_stream();
   int src = 42, dst = 0;
   rt->wait_value(waiting, word.p, 1);
@@ -687,7 +690,7 @@ TEST(EmulatedQueues, OneQueueAWaitBlocksAnotherStreamsCopy) {
 
 TEST(EmulatedQueues, TheDefaultStreamIsMappedToo) {
   auto rt = gpu::make_emulated(queues(1));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();
   rt->wait_value(nullptr, word.p, 1);  // the default stream of device 0, on its one queue
   int one = 1, out = 0;
@@ -704,7 +707,7 @@ TEST(EmulatedQueues, TheDefaultStreamIsMappedToo) {
 TEST(EmulatedQueues, TwoQueuesKeepTwoStreamsApart) {
   auto rt = gpu::make_emulated(queues(2));
   EXPECT_EQ(rt->hw_queues(), 2);
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream waiting = rt->create_stream(), other = rt->create_stream();  // queues 0 and 1
   int src = 7, dst = 0;
   rt->wait_value(waiting, word.p, 1);
@@ -729,7 +732,7 @@ TEST(EmulatedQueues, TwoQueuesKeepTwoStreamsApart) {
 
 TEST(EmulatedStreamMemops, WriteValueReleasesAWaitOnAnotherStream) {
   auto rt = gpu::make_emulated(queues(2));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream waiter = rt->create_stream(), writer = rt->create_stream();
   int src = 5, dst = 0;
   rt->wait_value(waiter, word.p, 3);
@@ -745,7 +748,7 @@ TEST(EmulatedStreamMemops, WriteValueReleasesAWaitOnAnotherStream) {
 
 TEST(EmulatedStreamMemops, WaitsCompareCyclically) {
   auto rt = gpu::make_emulated(queues(2));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();
   rt->signal(word.p, 5);
   // Reached: equal, behind, and behind across the wrap (0xfffffff0 + 21 == 5 mod 2^32).
@@ -765,7 +768,7 @@ TEST(EmulatedStreamMemops, OneQueueAWriteBehindTheWaitNeverComes) {
   // enqueued on another stream of the same queue after it, so it never runs (a GPU hangs
   // here with CUDA_DEVICE_MAX_CONNECTIONS=1); only the host can release it.
   auto rt = gpu::make_emulated(queues(1));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream waiter = rt->create_stream(), writer = rt->create_stream();
   rt->wait_value(waiter, word.p, 1);
   rt->write_value(writer, word.p, 1);
@@ -780,7 +783,7 @@ TEST(EmulatedStreamMemops, OneQueueAWriteBehindTheWaitNeverComes) {
 
 TEST(EmulatedEvents, AnEventOrdersTwoStreams) {
   auto rt = gpu::make_emulated(queues(4));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream first = rt->create_stream(), second = rt->create_stream(), third = rt->create_stream();
   gpu::Event e = rt->create_event();
   rt->wait_event(second, e);  // nothing recorded yet: no wait
@@ -848,7 +851,7 @@ TEST(EmulatedQuiesce, FreeDeviceWaitsForTheDeviceAndHoldsTheDriverLock) {
   auto rt = gpu::make_emulated(queues(2));
   gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
   ASSERT_NE(hooks, nullptr);
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();
   void* dev = rt->alloc_device(4096, 0);
   rt->wait_value(s, word.p, 1);
@@ -882,7 +885,7 @@ TEST(EmulatedQuiesce, FreeDeviceWaitsForTheDeviceAndHoldsTheDriverLock) {
 
 TEST(EmulatedQuiesce, FreeDeviceOfAnotherDeviceDoesNotWait) {
   auto rt = gpu::make_emulated(queues(1));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();  // device 0
   rt->wait_value(s, word.p, 1);
   void* dev = rt->alloc_device(4096, 1);
@@ -895,7 +898,7 @@ TEST(EmulatedQuiesce, FreeDeviceOfAnotherDeviceDoesNotWait) {
 
 TEST(GpuCounts, EachKindCountsWhatItShould) {
   auto rt = gpu::make_emulated(queues(2, 0));
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();
   HostFnProbe probe;
   const gpu::Counts before = gpu::counts();
@@ -938,7 +941,7 @@ TEST(EmulatedHazards, AStickyErrorFailsItsDeviceOnly) {
   gpu::EmulationHooks* hooks = gpu::emulation_hooks(*rt);
   ASSERT_NE(hooks, nullptr);
   EXPECT_EQ(gpu::emulation_hooks(*gpu::make_none("a test")), nullptr);
-  Word word(*rt);
+  Word word(rt);
   gpu::Stream s = rt->create_stream();  // device 0
   HostFnProbe probe;
   rt->wait_value(s, word.p, 1);
