@@ -95,6 +95,11 @@ long long count_wrong(DataType t, ReduceOp op, int world, const void* out, std::
 
 struct Result : braid::bench::SweepResult {
   double relerr = 0;  ///< --codec: relative L2 error against the exact all-reduce
+  /// --device: the device runtime's work per call over the timed calls (braid::device::
+  /// counts(), the largest of any rank): host functions, runtime calls of the progress
+  /// thread, host synchronisations and kernel launches (docs/gpu.md, "Budgets"); -1: not
+  /// measured (host buffers).
+  double hostfn = -1, api = -1, sync = -1, launch = -1;
 };
 
 // --codec inputs: deterministic, gradient-like (a spread of magnitudes and signs).
@@ -434,27 +439,32 @@ void print_row(std::size_t count, std::size_t es, DataType dtype, const std::str
     std::snprintf(b, sizeof b, "%.1e", x.relerr);
     return std::string(b);
   };
-  std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s\n", count * es, count,
+  std::printf(" %12zu %12zu %8s %6s %10.1f %8.3f %8.3f %6s %10.1f %8.3f %8.3f %6s", count * es, count,
               nccl_type_name(dtype), oname.c_str(), res[0].time_us, res[0].algbw, res[0].busbw, col(res[0]).c_str(),
               res[1].time_us, res[1].algbw, res[1].busbw, col(res[1]).c_str());
+  if (res[0].api >= 0) std::printf(" %6.1f %6.1f %6.1f %6.1f", res[0].hostfn, res[0].api, res[0].sync, res[0].launch);
+  std::printf("\n");
   std::fflush(stdout);
   if (csvf)
     csvf << count * es << ',' << count << ',' << nccl_type_name(dtype) << ',' << oname << ',' << res[0].time_us << ','
          << res[0].algbw << ',' << res[0].busbw << ',' << res[0].wrong << ',' << res[1].time_us << ','
          << res[1].algbw << ',' << res[1].busbw << ',' << res[1].wrong << ','
-         << (compressed ? codec : std::string("none")) << ',' << res[0].relerr << ',' << res[1].relerr << '\n';
+         << (compressed ? codec : std::string("none")) << ',' << res[0].relerr << ',' << res[1].relerr << ','
+         << res[0].hostfn << ',' << res[0].api << ',' << res[0].sync << ',' << res[0].launch << '\n';
 }
 
 const char* const kCsvHeader =
     "size,count,type,redop,time_us,algbw_GBps,busbw_GBps,wrong,inplace_time_us,inplace_algbw_GBps,"
-    "inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr";
+    "inplace_busbw_GBps,inplace_wrong,codec,relerr,inplace_relerr,hostfn,api,sync,launch";
 
-/// The column headings of the sweep table.
-void print_table_head() {
-  std::printf("#%77s%38s\n", "out-of-place", "in-place");
-  std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "size", "count", "type", "redop", "time",
+/// The column headings of the sweep table; with `counts` (--device), the device runtime's
+/// work per out-of-place call too (Result::hostfn, ...).
+void print_table_head(bool counts = false) {
+  std::printf("#%77s%38s%s\n", "out-of-place", "in-place", counts ? "     device work per call (out-of-place)" : "");
+  std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s", "size", "count", "type", "redop", "time",
               "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-  std::printf("#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
+  if (counts) std::printf(" %6s %6s %6s %6s", "hostfn", "api", "sync", "launch");
+  std::printf("\n#%12s %12s %8s %6s %10s %8s %8s %6s %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "(us)",
               "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
 }
 
@@ -797,7 +807,11 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         std::printf("# device runtime: %s; buffers in device memory (rank 0 on device %d), one stream per rank, "
                     "time until the stream is synchronized\n",
                     device_runtime_text().c_str(), ds.device);
-      print_table_head();
+      if (device)
+        std::printf("# device work per call, the most of any rank: hostfn = host functions enqueued, api = runtime "
+                    "calls of braid's progress thread, sync = host waits for a stream, launch = kernel launches "
+                    "(docs/gpu.md, \"Budgets\")\n");
+      print_table_head(device);
       open_csv(csvf, csv, kCsvHeader);
     }
 
@@ -840,9 +854,19 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         if (compressed && !no_ef) opts.ef_key = "bench-" + std::to_string(count) + (inplace ? "-in" : "-out");
         fill();
         comm.barrier().wait();
-        for (int w = 0; w < sweep.warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+        if (device) {
+          // As the timed calls are issued (back to back, then one wait), so that what a call
+          // in flight holds (its pinned slots, docs/gpu.md "Memory") is pooled before timing.
+          braid::Work warm;
+          for (int w = 0; w < sweep.warmup; ++w) warm = comm.allreduce(in, out, count, *dtype, *op, opts);
+          braid::device::synchronize(ds.stream);
+          warm.wait();
+        } else {
+          for (int w = 0; w < sweep.warmup; ++w) comm.allreduce(in, out, count, *dtype, *op, opts).wait();
+        }
         if (inplace) fill();
         comm.barrier().wait();
+        const braid::device::Counts c0 = braid::device::counts();
         const auto t0 = std::chrono::steady_clock::now();
         braid::Work last;
         for (int it = 0; it < sweep.iters; ++it) {
@@ -854,9 +878,25 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         last.wait();                                        // (and a failed call throws here)
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / sweep.iters;
+        const braid::device::Counts c1 = braid::device::counts();
         double slowest = us;
         comm.allreduce(&slowest, &slowest, 1, DataType::f64, ReduceOp::max).wait();
         Result& r = res[inplace];
+        if (device) {
+          // Per call, less the benchmark's own synchronisations (one per call with
+          // --blocking, one at the end).
+          const double bench_syncs = 1.0 + (blocking ? sweep.iters : 0);
+          double work[4] = {static_cast<double>(c1.hostfn - c0.hostfn),
+                            static_cast<double>(c1.progress_api - c0.progress_api),
+                            static_cast<double>(c1.sync - c0.sync) - bench_syncs,
+                            static_cast<double>(c1.launch - c0.launch)};
+          for (double& w : work) w /= sweep.iters;
+          comm.allreduce(work, work, 4, DataType::f64, ReduceOp::max).wait();
+          r.hostfn = work[0];
+          r.api = work[1];
+          r.sync = work[2];
+          r.launch = work[3];
+        }
         r.time_us = slowest;
         r.algbw = static_cast<double>(count * es) / (slowest * 1e3);
         r.busbw = world > 1 ? r.algbw * 2.0 * (world - 1) / world : r.algbw;

@@ -32,6 +32,8 @@
 #                          on one GPU, which the log says)
 #   bench_2r_tcp_codecs_direct  allreduce_bench --device --codec none,fp16,int8,sign1 at 2 ranks
 #                          over tcp on the device path (codecs as kernels on the GPU)
+#   device_budgets         scripts/device_budgets.sh on CUDA: host functions, progress-thread
+#                          runtime calls, syncs and launches per call, per algorithm and codec
 #   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
 # The correctness steps run side by side; the timed benches run alone, one after another.
 #
@@ -317,6 +319,10 @@ if [ "$gpu" = 1 ]; then
     --timeout 55 -- '$ab' --device -b 64M -e 64M -n 5 -w 1 --rounds 5 --codec none,fp16,int8,sign1 \
     --csv '$out/bench_2r_tcp_codecs_direct.csv'"
   require_device bench_2r_tcp_codecs_direct
+  # The device path's work per call per algorithm and codec on CUDA (the table of docs/gpu.md
+  # "Budgets" was made on the emulation).
+  fg_step device_budgets 120 "BRAID_GPU_BACKEND=cuda '$root/scripts/device_budgets.sh' '$bd' > '$out/device_budgets.md'"
+  require_device device_budgets
   if [ -x "$bd/bench/bench_cuda_kernels" ]; then
     fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
       --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
@@ -331,7 +337,7 @@ else
   fg_step bench_device_emulated_staged 90 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
     '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_staged.csv'"
   for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_staged bench_4r_tcp_staged \
-    bench_2r_tcp_codecs_direct bench_cuda_kernels; do skip $s "no GPU"; done
+    bench_2r_tcp_codecs_direct device_budgets bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 
 # --- summary --------------------------------------------------------------------------------

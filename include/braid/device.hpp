@@ -11,6 +11,7 @@
 #include <braid/export.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace braid::device {
@@ -37,5 +38,19 @@ BRAID_API void* create_stream();
 BRAID_API void destroy_stream(void* stream) noexcept;
 /// Blocks until everything enqueued on `stream` (nullptr: the default stream) has run.
 BRAID_API void synchronize(void* stream);
+
+/// What this process's device runtime has been asked to do so far, by kind: the budgets of
+/// the device path (docs/gpu.md, "Budgets"). Process-wide and monotonic; take the
+/// difference around the calls to measure (allreduce_bench --device prints it per call).
+struct Counts {
+  std::uint64_t progress_api = 0;  ///< runtime calls on a progress thread (braid's engines)
+  std::uint64_t caller_api = 0;    ///< runtime calls on any other thread (the callers')
+  std::uint64_t hostfn = 0;        ///< host functions enqueued on streams (cudaLaunchHostFunc)
+  std::uint64_t sync = 0;          ///< host waits for a stream or the device (synchronize, copy, free)
+  std::uint64_t launch = 0;        ///< kernel launches
+  std::uint64_t memops = 0;        ///< stream write/wait value operations (cuStreamWriteValue32, ...)
+};
+/// The counts so far (any backend; all zero where no device runtime was ever used).
+BRAID_API Counts counts() noexcept;
 
 }  // namespace braid::device

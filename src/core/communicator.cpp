@@ -327,7 +327,7 @@ Work Communicator::Impl::post(core::Posting p) {
     // the enqueue halfway, and the part already on the stream must find the engine moving
     // its messages, or the stream (and so the free) would wait forever.
     o.deferred.reset();
-    const std::string name = o.name;
+    const std::string op_name = o.name;
     const std::shared_ptr<const collectives::Plan> plan = o.plan;
     core::FlowCall call;
     call.input = o.input;
@@ -337,7 +337,7 @@ Work Communicator::Impl::post(core::Posting p) {
     call.feedback[0] = o.feedback[0];
     call.feedback[1] = o.feedback[1];
     call.codec_step = o.codec_step;
-    call.name = &name;
+    call.name = &op_name;
     bool submitted = false;
     try {
       flow->enqueue(*plan, call, t_program_stream, [&](std::shared_ptr<core::FlowOp> f) {
@@ -493,6 +493,8 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   BRAID_CHECK(static_cast<int>(call.algorithm) < kNumAlgorithms, InvalidUsage,
               what << ": unknown algorithm value " << static_cast<int>(call.algorithm));
   PlanRequest req = request(c, call.count, dtype_size(call.dtype), reduces ? call.op : ReduceOp::sum);
+  // A device-path call pays per slice at the call (a copy, flags, a launch): device slices.
+  if (t_posting_program) req.slice_bytes = cfg.device_chunk_bytes;
   req.root = call.root;
   req.deterministic = reduces && (call.deterministic || cfg.deterministic);
   const auto counts = collectives::buffer_counts(req);

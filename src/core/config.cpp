@@ -143,6 +143,11 @@ std::vector<Setting> make_table() {
        "deadlocks where streams share hardware queues or the driver's one callback thread (docs/gpu.md). "
        "Neither path has been measured on a GPU yet.",
        true, 0, 0, "stream|staged"},
+      {"BRAID_DEVICE_CHUNK_BYTES", SettingType::bytes, "2M",
+       "Pipeline slice of collectives on device buffers (BRAID_DEVICE_PATH=stream): each slice costs "
+       "the stream a copy, a flag write or wait and a kernel launch at the call, so device slices are "
+       "larger than the host's BRAID_CHUNK_BYTES (docs/gpu.md, \"Part sizes\").",
+       true, 4096},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -322,6 +327,7 @@ Config Config::parse(const Lookup& lookup) {
   c.codec_max_error = s.real("BRAID_CODEC_MAX_ERROR");
   c.transport = s.text("BRAID_TRANSPORT");
   c.chunk_bytes = s.bytes("BRAID_CHUNK_BYTES");
+  c.device_chunk_bytes = s.bytes("BRAID_DEVICE_CHUNK_BYTES");
   c.spin_us = static_cast<int>(s.integer("BRAID_SPIN_US").value_or(-1));
   c.wait_helps = s.boolean("BRAID_WAIT_HELPS");
   c.inline_bytes = s.bytes("BRAID_INLINE_BYTES");
@@ -352,7 +358,6 @@ Config Config::parse(const Lookup& lookup) {
     c.device_path = path == "direct"   ? Config::DevicePath::direct
                     : path == "staged" ? Config::DevicePath::staged
                                        : Config::DevicePath::stream;
-    c.device_direct = c.device_path == Config::DevicePath::direct;
   }
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.tls = s.boolean("BRAID_TLS");

@@ -46,6 +46,7 @@ struct Config {
   double codec_max_error = 0;  ///< BRAID_CODEC_MAX_ERROR
   std::string transport;       ///< "auto" or a registered transport's name
   std::size_t chunk_bytes = 0;
+  std::size_t device_chunk_bytes = 0;  ///< BRAID_DEVICE_CHUNK_BYTES: the slice of device-path calls
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   bool wait_helps = false;  ///< BRAID_WAIT_HELPS
   std::size_t inline_bytes = 0;  ///< BRAID_INLINE_BYTES
@@ -68,7 +69,6 @@ struct Config {
   /// engine drives the plan on the device step by step (host callbacks; being retired).
   enum class DevicePath : std::uint8_t { stream, staged, direct };
   DevicePath device_path = DevicePath::stream;
-  bool device_direct = false;  ///< device_path == direct
   std::string nvml_library;  ///< BRAID_NVML_LIBRARY
   // --- identity and security ---
   std::string auth_token;

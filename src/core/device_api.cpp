@@ -46,4 +46,6 @@ void destroy_stream(void* stream) noexcept {
 
 void synchronize(void* stream) { core::gpu_runtime().synchronize(stream); }
 
+Counts counts() noexcept { return gpu::counts(); }
+
 }  // namespace braid::device

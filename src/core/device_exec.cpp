@@ -107,7 +107,7 @@ DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> 
   OnDevice on(*this);
   stream_ = rt_.create_stream();
   g_made.fetch_add(1, std::memory_order_relaxed);
-  BRAID_LOG(info, "direct device path: plans run on a stream of GPU " << device_ << " (" << rt_.describe() << ")");
+  BRAID_LOG(info, "device path: plans run on a stream of GPU " << device_ << " (" << rt_.describe() << ")");
 }
 
 DeviceExec::~DeviceExec() {

@@ -34,6 +34,7 @@
 // Uses only base and the public types (the layering rule).
 #pragma once
 
+#include <braid/device.hpp>
 #include <braid/types.hpp>
 
 #include <cstddef>
@@ -68,22 +69,12 @@ struct PointerInfo {
 using Event = void*;
 
 /// What the device runtime of this process has been asked to do, counted per kind for the
-/// budgets of the device path (docs/gpu.md, "Budgets"): runtime calls made on threads
-/// marked as progress threads (mark_progress_thread) and on all others, host functions
-/// enqueued (launch_host), host synchronisations (synchronize, copy), kernel launches
-/// (count_launch, called by whoever launches), and stream memory operations (write_value,
-/// wait_value). Process-wide, monotonic; tests and allreduce_bench take differences.
-/// A runtime call is a call of any Runtime method that is a driver call on CUDA, refused
-/// or not: all but backend, describe, device_count, hw_queues, rdma_flushes, emulation and
-/// signal (a host store: the progress thread writes flags with it at no driver cost).
-struct Counts {
-  std::uint64_t progress_api = 0;  ///< runtime calls on a progress thread (an engine's)
-  std::uint64_t caller_api = 0;    ///< runtime calls on any other thread
-  std::uint64_t hostfn = 0;        ///< host functions enqueued on streams
-  std::uint64_t sync = 0;          ///< host waits for a stream or the device (synchronize, copy, free_device)
-  std::uint64_t launch = 0;        ///< kernel launches
-  std::uint64_t memops = 0;        ///< stream write/wait value operations
-};
+/// budgets of the device path: braid::device::Counts (the public face, include/braid/
+/// device.hpp, says what each field counts). A runtime call is a call of any Runtime
+/// method that is a driver call on CUDA, refused or not: all but backend, describe,
+/// device_count, hw_queues, rdma_flushes, emulation and signal (a host store: the progress
+/// thread writes flags with it at no driver cost).
+using Counts = braid::device::Counts;
 /// The process's counts so far (any backend).
 Counts counts() noexcept;
 /// Marks the calling thread as a progress thread (its runtime calls count as progress_api)

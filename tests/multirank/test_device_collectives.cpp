@@ -384,7 +384,9 @@ TEST(DeviceStream, TheCallIsOrderedAfterEarlierWorkAndLaterWorkSeesTheResult) {
     // Staged, the stream waits for the host to finish the call; the device path never makes
     // a stream wait for the host, and its Work completes once the progress thread has seen
     // the program's end, a moment after the stream passed it.
-    if (path() != DevicePath::stream) EXPECT_TRUE(w.test()) << "the stream went on before the Work completed";
+    if (path() != DevicePath::stream) {
+      EXPECT_TRUE(w.test()) << "the stream went on before the Work completed";
+    }
     w.wait();
     for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(back[i], 6.f) << "element " << i << " on rank " << r;
   });
