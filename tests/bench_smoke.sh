@@ -96,6 +96,13 @@ if "$run" -n 1 -- "$cb" --coll gather >/dev/null 2>&1; then echo "FAILED: --coll
 BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$bench" --device -c 1 -b 2 -e 300K -f 13 -n 2 -w 1 \
   >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --device (emulated)"; exit 1; }
 grep -q "^# device runtime: emulated" /tmp/braid-smoke-$$.txt
+# The device work per call (the last four columns: hostfn api sync launch) is printed and
+# within the device path's budgets: no host function, no progress-thread runtime call, no
+# host synchronisation inside a call (docs/gpu.md, "Budgets").
+grep -q "hostfn    api   sync launch" /tmp/braid-smoke-$$.txt
+awk '/^ +[0-9]/ { rows++; if ($(NF-3) != "0.0" || $(NF-2) != "0.0" || $(NF-1) != "0.0") bad++ }
+     END { exit !(rows > 0 && bad == 0) }' /tmp/braid-smoke-$$.txt ||
+  { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --device budgets (hostfn, api, sync per call must be 0)"; exit 1; }
 grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
 BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$cb" --device --coll reduce_scatter -c 1 -b 2 -e 300K -f 13 \
   -n 2 -w 1 -d bfloat16 >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: collective_bench --device"; exit 1; }

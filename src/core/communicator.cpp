@@ -275,11 +275,10 @@ PlanRequest Communicator::Impl::request(Collective c, std::uint64_t count, std::
 }
 
 namespace {
-/// Set while a direct device call posts its operations (Impl::device_call): Impl::post
-/// marks them as running on the device. Per thread: calls on other threads are their own.
-thread_local bool t_posting_on_device = false;
-/// Set with t_posting_on_device on the device path (BRAID_DEVICE_PATH=stream): the caller's
-/// stream, which the programs Impl::post enqueues are joined to.
+/// Set while a call on device buffers posts its operations on the device path
+/// (Impl::device_call, BRAID_DEVICE_PATH=stream): Impl::post enqueues each one's program,
+/// joined to t_program_stream, the caller's stream. Per thread: calls on other threads are
+/// their own.
 thread_local bool t_posting_program = false;
 thread_local gpu::Stream t_program_stream = nullptr;
 }  // namespace
@@ -311,11 +310,7 @@ Work Communicator::Impl::post(core::Posting p) {
   o.feedback[0] = p.feedback[0];
   o.feedback[1] = p.feedback[1];
   o.codec_step = p.codec_step;
-  const bool program = t_posting_on_device && t_posting_program && !p.internal;
-  if (t_posting_on_device && !p.internal && !program) {  // the library's own calls (tuner trials) use host memory
-    o.on_device = true;
-    o.device = staging->device();
-  }
+  const bool program = t_posting_program && !p.internal;  // the library's own calls (tuner trials) use host memory
   o.name.append(" x ").append(to_string(p.dtype)).append(", ").append(to_string(p.op)).append(") on rank ");
   o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
@@ -560,22 +555,19 @@ Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& 
       flow = std::make_shared<core::DeviceFlow>(core::gpu_runtime(), staging->device(),
                                                 "rank " + std::to_string(rank) + " of communicator '" + name + "'");
     struct Flag {
-      bool was = t_posting_on_device, was_program = t_posting_program;
+      bool was_program = t_posting_program;
       gpu::Stream was_stream = t_program_stream;
       explicit Flag(gpu::Stream s) {
-        t_posting_on_device = true;
         t_posting_program = true;
         t_program_stream = s;
       }
       ~Flag() {
-        t_posting_on_device = was;
         t_posting_program = was_program;
         t_program_stream = was_stream;
       }
     } flag(options.stream);
     return host(b.send, b.recv);
   }
-  bool direct = path == core::Config::DevicePath::direct;
   auto post_gate = [&](std::shared_ptr<std::atomic<bool>> gate) {
     BRAID_CHECK(!engine->failed(), Aborted,
                 what << " on rank " << rank << ": the communicator has failed earlier: " << engine->reason());
@@ -587,22 +579,7 @@ Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& 
              std::to_string(rank) + "/" + std::to_string(size);
     engine->submit(std::move(o));
   };
-  // A call that reads no device memory (recv; broadcast off the root) is staged either
-  // way: then it needs no gate and starts at once, so that a send followed by a recv on
-  // one stream (a ring exchange, or to itself) cannot wait on each other; the slot-to-
-  // device copy the direct path would make is the staged path's copy anyway. (Sends are
-  // staged by their caller: staged_only.)
-  direct = direct && b.send != nullptr && b.send_bytes > 0;
-  auto post_host = [&](const void* s, void* r) {
-    if (!direct) return host(s, r);
-    struct Flag {
-      bool was = t_posting_on_device;
-      Flag() { t_posting_on_device = true; }
-      ~Flag() { t_posting_on_device = was; }
-    } flag;
-    return host(s, r);
-  };
-  return staging->post(what, b, options.stream, direct, post_gate, post_host, engine->waker(),
+  return staging->post(what, b, options.stream, post_gate, host, engine->waker(),
                        [this](const std::string& why) { engine->abort(why); });
 }
 
@@ -616,9 +593,9 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
   const bool half_codec = compressed && (dtype == DataType::bf16 || dtype == DataType::f16) &&
                           impl_->cfg.device_path == core::Config::DevicePath::stream;
   return impl_->device_or_host("allreduce", options, send, recv, buffers, [&](const void* s, void* r) {
-    if (compressed)  // on the direct path the codecs run on the GPU, and so do the residuals
+    if (compressed)  // on the device path the codecs run on the GPU, and so do the residuals
       return impl_->compressor->allreduce(s, r, count, dtype, op, spec, options,
-                                          t_posting_on_device ? impl_->staging->device() : -1);
+                                          t_posting_program ? impl_->staging->device() : -1);
     core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", s, r, count, dtype, options);
     call.op = op;
     call.algorithm = options.algorithm;

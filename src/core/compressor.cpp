@@ -257,10 +257,10 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
   BRAID_CHECK(dtype == DataType::f32 || half, InvalidUsage,
               what << ": compressed all-reduce takes f32, bf16 or f16 buffers, got " << to_string(dtype)
                    << "; pass codec \"none\" for " << to_string(dtype));
-  BRAID_CHECK(!half || device < 0, Unsupported,
-              what << ": " << to_string(dtype)
-                   << " buffers are not compressed on the direct device path (BRAID_DEVICE_PATH=direct) yet; the "
-                      "staged path (the default) compresses them");
+  // bf16/f16 device buffers with a codec are staged by the communicator (they are widened
+  // to f32 by host tasks): they never reach here with a device.
+  BRAID_CHECK(!half || device < 0, Internal,
+              what << ": " << to_string(dtype) << " device buffers with a codec reached the device path unstaged");
   BRAID_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, InvalidUsage,
               what << ": compressed all-reduce supports sum and avg, got " << to_string(op)
                    << "; pass codec \"none\" for " << to_string(op));
@@ -327,7 +327,7 @@ Work Compressor::post(const void* send, void* recv, std::size_t count, ReduceOp 
     if (home != on_device_.end() && home->second != on_device)
       throw Error(ErrorCode::InvalidUsage,
                   what + ": error-feedback key '" + key + "' holds its residuals in " +
-                      (home->second ? "GPU memory (its calls took device buffers on the direct device path)"
+                      (home->second ? "GPU memory (its calls took device buffers on the device path)"
                                     : "host memory (its calls took host buffers, or ran on the staged device path)") +
                       ", and this call takes " + (on_device ? "device" : "host") +
                       " buffers; keep one memory kind per key, or reset_error_feedback(\"" + key + "\") first");

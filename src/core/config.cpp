@@ -355,9 +355,7 @@ Config Config::parse(const Lookup& lookup) {
   }
   {
     const std::string path = base::lower(s.text("BRAID_DEVICE_PATH"));
-    c.device_path = path == "direct"   ? Config::DevicePath::direct
-                    : path == "staged" ? Config::DevicePath::staged
-                                       : Config::DevicePath::stream;
+    c.device_path = path == "staged" ? Config::DevicePath::staged : Config::DevicePath::stream;
   }
   c.auth_token = s.text("BRAID_AUTH_TOKEN");
   c.tls = s.boolean("BRAID_TLS");

@@ -65,9 +65,9 @@ struct Config {
   gpu::RuntimeOptions gpu_options;  ///< BRAID_EMU_HW_QUEUES, BRAID_EMU_HOSTFN_US, CUDA_DEVICE_MAX_CONNECTIONS
   /// BRAID_DEVICE_PATH: how collectives on device buffers run (docs/gpu.md). stream: the
   /// whole program enqueued at call time on the communicator's stream (core::DeviceFlow);
-  /// staged: through pinned copies of the whole buffers and the host path; direct: the
-  /// engine drives the plan on the device step by step (host callbacks; being retired).
-  enum class DevicePath : std::uint8_t { stream, staged, direct };
+  /// staged: through pinned copies of the whole buffers and the host path. (The direct
+  /// path, the engine driving the plan on the device step by step, is gone: docs/gpu.md.)
+  enum class DevicePath : std::uint8_t { stream, staged };
   DevicePath device_path = DevicePath::stream;
   std::string nvml_library;  ///< BRAID_NVML_LIBRARY
   // --- identity and security ---

@@ -29,32 +29,23 @@ struct HostFn {
   }
 };
 
-/// Enqueues fn on `s` through `launch`: Runtime::launch_host (a host function), or
-/// Runtime::launch_emulated_kernel (the emulated backend's stand-in for a kernel: the host
-/// kernel on the stream's executor, counted as a launch, with no host round trip on a GPU).
-void enqueue_fn(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn,
-                void (gpu::Runtime::*launch)(gpu::Stream, void (*)(void*), void*)) {
+/// Enqueues fn on `s` as the emulated backend's stand-in for a kernel
+/// (Runtime::launch_emulated_kernel: the host kernel on the stream's executor, counted as
+/// a launch). No host function is enqueued on any backend.
+void enqueue_kernel(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
   auto* h = new HostFn{std::move(fn)};
   try {
-    (rt.*launch)(s, &HostFn::run, h);
+    rt.launch_emulated_kernel(s, &HostFn::run, h);
   } catch (...) {
     delete h;
     throw;
   }
 }
-void enqueue_host(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
-  enqueue_fn(rt, s, std::move(fn), &gpu::Runtime::launch_host);
-}
-void enqueue_kernel(gpu::Runtime& rt, gpu::Stream s, std::function<void()> fn) {
-  enqueue_fn(rt, s, std::move(fn), &gpu::Runtime::launch_emulated_kernel);
-}
 
 constexpr std::size_t kRound = 4096;
 
 std::atomic<int> g_made{0};
-std::atomic<long> g_slots{0};
 std::atomic<long> g_codec_steps{0};
-std::atomic<long long> g_slot_bytes{0};
 
 #if BRAID_HAVE_CUDA
 namespace kc = kernels::cuda;
@@ -99,11 +90,10 @@ void check_launch(kc::Status st, const char* what, std::size_t n) {
 // current, and on CUDA 12 setting a device creates its context (GPU 0's, for every rank).
 class DeviceExec::OnDevice : public gpu::ScopedDevice {
  public:
-  explicit OnDevice(DeviceExec& d) : ScopedDevice(d.rt_, d.device_, std::this_thread::get_id() != d.engine_) {}
+  explicit OnDevice(DeviceExec& d) : ScopedDevice(d.rt_, d.device_, true) {}
 };
 
-DeviceExec::DeviceExec(gpu::Runtime& runtime, int device, std::function<void()> wake, std::thread::id engine)
-    : rt_(runtime), device_(device), engine_(engine), wake_(std::move(wake)) {
+DeviceExec::DeviceExec(gpu::Runtime& runtime, int device) : rt_(runtime), device_(device) {
   OnDevice on(*this);
   stream_ = rt_.create_stream();
   g_made.fetch_add(1, std::memory_order_relaxed);
@@ -116,20 +106,17 @@ DeviceExec::~DeviceExec() {
     rt_.synchronize(stream_);
   } catch (const std::exception& e) {
     // The device failed: its memory may still be in use by nothing we can wait for.
-    BRAID_LOG(warn, "device execution: waiting for the engine's stream failed (" << e.what()
+    BRAID_LOG(warn, "device execution: waiting for the device path's stream failed (" << e.what()
                                                                                   << "); its buffers are left allocated");
     return;
   }
-  for (auto& [bytes, p] : pinned_.all) rt_.free_pinned(p);
   if (topk_status_) rt_.free_pinned(topk_status_);
   for (auto& [bytes, p] : device_mem_.all) rt_.free_device(p);
   rt_.destroy_stream(stream_);
 }
 
 int DeviceExec::made() noexcept { return g_made.load(std::memory_order_relaxed); }
-long DeviceExec::slots_taken() noexcept { return g_slots.load(std::memory_order_relaxed); }
 long DeviceExec::codec_steps() noexcept { return g_codec_steps.load(std::memory_order_relaxed); }
-long long DeviceExec::slot_bytes() noexcept { return g_slot_bytes.load(std::memory_order_relaxed); }
 
 std::byte* DeviceExec::take(Pool& pool, std::size_t bytes, bool pinned) {
   bytes = (std::max<std::size_t>(bytes, 1) + kRound - 1) / kRound * kRound;
@@ -156,12 +143,6 @@ void DeviceExec::give(Pool& pool, std::byte* p) noexcept {
     }
 }
 
-std::byte* DeviceExec::take_pinned(std::size_t bytes) {
-  g_slots.fetch_add(1, std::memory_order_relaxed);
-  g_slot_bytes.fetch_add(static_cast<long long>(bytes), std::memory_order_relaxed);
-  return take(pinned_, bytes, true);
-}
-void DeviceExec::give_pinned(std::byte* p) noexcept { give(pinned_, p); }
 std::byte* DeviceExec::take_device(std::size_t bytes) { return take(device_mem_, bytes, false); }
 void DeviceExec::give_device(std::byte* p) noexcept { give(device_mem_, p); }
 
@@ -292,7 +273,14 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
     const bool add = accumulate || sum_start;
     const std::size_t fb = compression::encoded_bytes(spec, frame);
     if (spec.kind == compression::CodecKind::topk) {
-      if (!topk_status_) topk_status_ = static_cast<int*>(rt_.alloc_pinned(sizeof(int)));
+      // Two pinned, mapped ints: each decode's status, and the sticky verdict failure()
+      // reads once the program has run (no host function per decode).
+      if (!topk_status_) {
+        auto* words = static_cast<int*>(rt_.alloc_pinned(2 * sizeof(int)));
+        words[0] = words[1] = 0;
+        std::lock_guard<std::mutex> lock(failure_mu_);  // failure() reads it on another thread
+        topk_status_ = words;
+      }
       for (std::size_t b = 0; b < n; b += frame, in += fb) {
         const std::size_t m = std::min(frame, n - b);
         kc::TopkDecodeArgs a;
@@ -301,16 +289,13 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
         a.k = compression::topk_k(spec, m);
         a.out = out + b;
         a.accumulate = add;
-        a.status = topk_status_;  // pinned and mapped: the kernel writes it, the host function reads it
+        a.status = topk_status_;
+        a.rejected = topk_status_ + 1;
         gpu::count_launch();
         check_launch(kc::topk_decode(a, stream), "topk decode", m);
-        int* status = topk_status_;
-        enqueue_host(rt_, stream_, [this, status, what] {
-          if (__atomic_load_n(status, __ATOMIC_ACQUIRE) != 0)
-            fail(what + ": a top-k payload from the peer has an index out of range or out of order (nothing of it "
-                        "was applied)");
-        });
       }
+      std::lock_guard<std::mutex> lock(failure_mu_);
+      topk_what_ = what;
       return;
     }
     const std::size_t step_by = frames_are_contiguous(spec) ? n : frame;
@@ -350,38 +335,20 @@ void DeviceExec::fail(std::string why) noexcept {
 }
 
 std::string DeviceExec::failure() const {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (topk_status_ && __atomic_load_n(topk_status_ + 1, __ATOMIC_ACQUIRE) != 0)
+      return topk_what_ + " (or a top-k decode of the same call before it): a top-k payload from the peer has an "
+                          "index out of range or out of order (nothing of it was applied)";
+  }
   if (!failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(failure_mu_);
   return failure_.empty() ? std::string("device work failed") : failure_;
 }
 
-std::shared_ptr<std::atomic<bool>> DeviceExec::notify() {
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  OnDevice on(*this);
-  enqueue_host(rt_, stream_, [flag, wake = wake_] {
-    flag->store(true, std::memory_order_release);
-    wake();
-  });
-  return flag;
-}
-
 void DeviceExec::synchronize() {
   OnDevice on(*this);
   rt_.synchronize(stream_);
-}
-
-bool DeviceExec::drain(std::chrono::milliseconds limit) noexcept {
-  try {
-    const auto ran = notify();
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (!ran->load(std::memory_order_acquire)) {
-      if (std::chrono::steady_clock::now() >= until) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 }  // namespace braid::core

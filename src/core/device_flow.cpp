@@ -218,7 +218,7 @@ DeviceFlow::DeviceFlow(gpu::Runtime& runtime, int device, std::string who)
                       "process per GPU (as NCCL requires), or give each rank two queues: CUDA_DEVICE_MAX_CONNECTIONS="
                    << std::min(32, 2 * ranks) << " (at most 32) set before the process's first CUDA call"
                    << (2 * ranks > 32 ? "; more than 16 ranks of one process cannot share one GPU" : ""));
-  exec_ = std::make_unique<DeviceExec>(rt_, device_, [] {}, std::thread::id());
+  exec_ = std::make_unique<DeviceExec>(rt_, device_);
   gpu::ScopedDevice on(rt_, device_);
   called_ = rt_.create_event();
   finished_ = rt_.create_event();

@@ -175,7 +175,7 @@ void DeviceStaging::on_released(void* p) noexcept {
   if (--self->outstanding_ == 0) self->idle_cv_.notify_all();
 }
 
-Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream stream, bool direct,
+Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream stream,
                          const std::function<void(std::shared_ptr<std::atomic<bool>>)>& post_gate,
                          const std::function<Work(const void*, void*)>& post_host, const std::function<void()>& wake,
                          const std::function<void(const std::string&)>& fail) {
@@ -185,9 +185,7 @@ Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream str
   // One pinned copy with the same layout as the user's buffers where they overlap (the
   // in-place conventions), else two pieces of one allocation.
   std::size_t span = 0, off_s = 0, off_r = 0;
-  if (direct) {
-    // No copy: the engine works on the caller's buffers.
-  } else if (sb && rb && s < r + rb && r < s + sb) {
+  if (sb && rb && s < r + rb && r < s + sb) {
     const std::byte* lo = std::min<const std::byte*>(s, r);
     const std::byte* hi = std::max<const std::byte*>(s + sb, r + rb);
     span = static_cast<std::size_t>(hi - lo);
@@ -200,12 +198,12 @@ Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream str
   auto st = std::make_unique<Stage>();
   st->owner = this;
   st->pinned_bytes = span;
-  st->pinned = direct ? nullptr : take(span == 0 ? 1 : span);
+  st->pinned = take(span == 0 ? 1 : span);
   st->word = take_word();
   st->target = __atomic_load_n(st->word, __ATOMIC_ACQUIRE) + 1;
   // A call that reads no device memory (recv; broadcast off the root) needs no gate: it
   // may run on the host at once, since only the stream's own copy puts its result in place.
-  if (sb || direct) st->gate = std::make_shared<std::atomic<bool>>(false);
+  if (sb) st->gate = std::make_shared<std::atomic<bool>>(false);
   st->wake = wake;
   st->outer = std::make_shared<detail::WorkState>();
   auto give_back = [&] {
@@ -213,8 +211,8 @@ Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream str
     give(st->pinned, st->pinned_bytes);
     free_words_.push_back(st->word);
   };
-  const void* pin_send = direct ? b.send : sb ? st->pinned + off_s : nullptr;
-  void* pin_recv = direct ? b.recv : rb ? st->pinned + off_r : nullptr;
+  const void* pin_send = sb ? st->pinned + off_s : nullptr;
+  void* pin_recv = rb ? st->pinned + off_r : nullptr;
   try {
     if (st->gate) post_gate(st->gate);
   } catch (...) {
@@ -251,12 +249,12 @@ Work DeviceStaging::post(const char* what, const CallBuffers& b, gpu::Stream str
   int enqueued = 0;
   try {
     if (raw->gate) {
-      if (!direct) rt_.copy_async(const_cast<void*>(pin_send), b.send, sb, stream);
+      rt_.copy_async(const_cast<void*>(pin_send), b.send, sb, stream);
       rt_.launch_host(stream, &DeviceStaging::on_staged, raw);
     }
     ++enqueued;
     rt_.wait_value(stream, raw->word, raw->target);
-    if (!direct) rt_.copy_async(b.recv, pin_recv, rb, stream);
+    rt_.copy_async(b.recv, pin_recv, rb, stream);
     rt_.launch_host(stream, &DeviceStaging::on_released, raw);
     ++enqueued;
   } catch (const Error& e) {

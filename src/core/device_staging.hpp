@@ -77,13 +77,7 @@ class DeviceStaging {
   /// opened, nothing is enqueued, and the error passes through. If enqueueing on the
   /// stream fails, `fail(reason)` is called (it must fail the communicator) and the
   /// error is thrown.
-  ///
-  /// `direct` (BRAID_DEVICE_PATH=direct): nothing is copied; post_host gets the caller's
-  /// device buffers (the engine runs the plan on the device, core::DeviceExec), and the
-  /// gate is always there, since the engine then writes the caller's buffer itself and must
-  /// not before the stream has reached the call. (The communicator stages calls that read
-  /// no device memory, so a direct call always has a send buffer.)
-  Work post(const char* what, const CallBuffers& b, gpu::Stream stream, bool direct,
+  Work post(const char* what, const CallBuffers& b, gpu::Stream stream,
             const std::function<void(std::shared_ptr<std::atomic<bool>>)>& post_gate,
             const std::function<Work(const void*, void*)>& post_host, const std::function<void()>& wake,
             const std::function<void(const std::string&)>& fail);

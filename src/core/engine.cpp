@@ -2,7 +2,6 @@
 #include "core/engine.hpp"
 
 #include "core/config.hpp"
-#include "core/device_exec.hpp"
 #include "core/device_flow.hpp"
 #include "core/plan_regions.hpp"
 #include "core/failure.hpp"
@@ -64,7 +63,7 @@ class StoreDirectory final : public transport::PeerDirectory {
 
 namespace {
 
-enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2, kOnDevice = 3 };
+enum : std::uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
 
 const char* kind_name(StepKind k) {
   switch (k) {
@@ -218,43 +217,13 @@ struct Engine::Exec {
   std::vector<Clock::time_point> posted_at;  ///< measure: per step, when its send was posted
   std::vector<std::uint8_t> heard;           ///< measure: per plan peer, a receive from it is done
   bool routed = false;  ///< every peer has a connection
-  std::byte* scratch_base = nullptr;  ///< the scratch lease's, or device memory (direct device path)
+  std::byte* scratch_base = nullptr;  ///< the scratch lease's
 
-  // The direct device path (op.on_device): the engine's stream and buffers, each
-  // transfer's pinned slot, and the steps whose device work is enqueued (kOnDevice), in
-  // stream order, with what comes next for each.
-  DeviceExec* dev = nullptr;
-  std::byte* dev_scratch = nullptr;
   /// The device path (op.flow): the stream runs the program; the engine moves messages.
   FlowOp* flow = nullptr;
-  std::vector<std::byte*> slot;  ///< per step: a transfer's pinned slot, or null
-  struct OnDevice {
-    std::uint32_t step;
-    std::shared_ptr<std::atomic<bool>> ran;
-    bool then_send;        ///< a send's slot is filled: post it (else the step is done)
-    std::size_t queue;     ///< then_send: index into plan->peers
-    std::uint64_t tag;     ///< then_send: the message's tag
-  };
-  std::vector<OnDevice> on_device;
-  std::size_t on_device_head = 0;
-
   Exec() = default;
   Exec(const Exec&) = delete;
   Exec& operator=(const Exec&) = delete;
-  ~Exec() {
-    if (dev == nullptr) return;
-    // The stream may still copy into or out of these buffers: wait for it (bounded: no
-    // kernel waits on a peer) before they are reused.
-    try {
-      dev->synchronize();
-    } catch (const std::exception& e) {
-      BRAID_LOG(warn, op.name << ": waiting for the engine's stream failed (" << e.what()
-                              << "); its buffers are not reused");
-      return;
-    }
-    for (std::byte* p : slot) dev->give_pinned(p);
-    dev->give_device(dev_scratch);
-  }
 
   std::byte* ptr(const Region& r) const {
     return region_address(r, op.input, op.output, scratch_base, packed, op.feedback, elem, frame, frame_bytes);
@@ -265,23 +234,6 @@ struct Engine::Exec {
     const Step& s = plan->steps[i];
     for (std::uint32_t d = 0; d < s.dep_count; ++d)
       if (state[plan->deps[s.dep_begin + d]] != kDone) return false;
-    return true;
-  }
-  /// The direct device path: every dependency is done, has its device work on the
-  /// engine's stream already (kOnDevice), or is a send through a pinned slot whose copy
-  /// has run (it reads only its slot from then on), so work enqueued on that stream now
-  /// runs after what it depends on. For steps whose own work goes on that stream first:
-  /// local steps, and sends through a pinned slot (their copy into the slot), never what
-  /// a transport reads or writes by itself.
-  bool deps_on_stream(std::uint32_t i) const {
-    const Step& s = plan->steps[i];
-    for (std::uint32_t d = 0; d < s.dep_count; ++d) {
-      const std::uint32_t dep = plan->deps[s.dep_begin + d];
-      const auto st = state[dep];
-      if (st == kDone || st == kOnDevice) continue;
-      if (st == kPosted && plan->steps[dep].kind == StepKind::send && slot[dep] != nullptr) continue;
-      return false;
-    }
     return true;
   }
   std::uint64_t tag(std::size_t index_in_queue) const {
@@ -619,17 +571,6 @@ bool Engine::admit() {
     any = true;
     if (e.op.flow) {
       e.flow = e.op.flow.get();  // device scratch and slots are the program's own
-    } else if (e.op.on_device) {
-      BRAID_CHECK(!e.op.p2p, Internal, e.op.name << ": point-to-point on the direct device path (sends are staged)");
-      if (!device_exec_)
-        device_exec_ = std::make_unique<DeviceExec>(gpu_runtime(), e.op.device, waker(), thread_.get_id());
-      BRAID_CHECK(device_exec_->device() == e.op.device, Internal,
-                  e.op.name << ": GPU " << e.op.device << ", but the engine's stream is on GPU "
-                              << device_exec_->device());
-      e.dev = device_exec_.get();
-      e.slot.assign(p.steps.size(), nullptr);
-      if (lease_bytes > 0) e.dev_scratch = e.dev->take_device(lease_bytes);
-      e.scratch_base = e.dev_scratch;
     } else {
       e.scratch = scratch_pool_->take(lease_bytes);
       e.scratch_base = e.scratch.data();
@@ -637,7 +578,7 @@ bool Engine::admit() {
     e.packed = e.scratch_base + scratch_bytes;
     e.staging = e.scratch_base + staging_at;
     for (std::size_t k = staging.slots; k > 0; --k) e.free_staging.push_back(static_cast<int>(k - 1));
-    if (!e.op.on_device && p.request.count * e.elem >= kLinkStatsBytes) {
+    if (p.request.count * e.elem >= kLinkStatsBytes) {
       e.measure = true;
       e.posted_at.assign(p.steps.size(), Clock::time_point{});
       e.heard.assign(p.peers.size(), 0);
@@ -1069,17 +1010,6 @@ void Engine::fail_current(std::exception_ptr error, const std::string& reason, E
   // catch block before calling here). Only this thread's own reference remains, dropped
   // in std::exception_ptr (tests/tsan.supp; docs/reliability.md, "ThreadSanitizer").
   const std::exception_ptr kind = same_kind(error, reason);
-  // Device work of the failing operations may still read or write the caller's buffers:
-  // let the engine's stream run it before their Works complete and release the callers'
-  // streams. Bounded (no kernel waits on a peer; but a stream can be held up by other work
-  // of the device), then the streams are released anyway.
-  if (device_exec_) {
-    bool on_device = false;
-    for (const auto& ex : active_) on_device = on_device || ex->dev != nullptr;
-    if (on_device && !device_exec_->drain(std::chrono::seconds(10)))
-      BRAID_LOG(warn, "rank " << opt_.rank << ": the engine's device stream did not finish within 10 s of the "
-                                              "failure; the callers' streams are released anyway");
-  }
   // The operation that failed gets the error itself; others running beside it
   // (point-to-point) are aborted with the reason. The recorder keeps where each stood.
   const auto now = Clock::now();
@@ -1124,17 +1054,6 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
     ++ex.done;
     return;
   }
-  if (ex.dev) {
-    // The device work (reduction, division) has run: give back the step's buffers.
-    if (ex.slot[i]) {
-      ex.dev->give_pinned(ex.slot[i]);
-      ex.slot[i] = nullptr;
-    }
-    if (ex.staging_of[i] >= 0) ex.free_staging.push_back(ex.staging_of[i]);
-    ex.state[i] = kDone;
-    ++ex.done;
-    return;
-  }
   if (s.kind == StepKind::recv_reduce) {
     std::byte* dst = ex.ptr(s.dst);
     const std::byte* src = ex.ptr(s.src);
@@ -1147,96 +1066,6 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
   if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
   ex.state[i] = kDone;
   ++ex.done;
-}
-
-void Engine::enqueue_device(Exec& ex, std::uint32_t i) {
-  const Step& s = ex.plan->steps[i];
-  DeviceExec& d = *ex.dev;
-  switch (s.kind) {
-    case StepKind::recv:
-      if (ex.slot[i]) d.copy(ex.ptr(s.dst), ex.slot[i], ex.bytes(s.dst));
-      break;
-    case StepKind::recv_reduce: {
-      // As the host path: the message goes to dst, or to a staging slot where dst overlaps src.
-      const int st = ex.staging_of[i];
-      std::byte* msg = st >= 0 ? ex.staging + static_cast<std::size_t>(st) * ex.stage_stride : ex.ptr(s.dst);
-      if (ex.slot[i]) d.copy(msg, ex.slot[i], ex.bytes(s.dst));  // else the connection wrote msg
-      d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), msg, ex.ptr(s.src), s.dst.count);
-      break;
-    }
-    case StepKind::reduce:
-      d.reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
-      break;
-    case StepKind::copy: {
-      // memmove on the host; a device copy must not overlap partially (no plan does).
-      const std::byte* from = ex.ptr(s.src);
-      std::byte* to = ex.ptr(s.dst);
-      const std::size_t n = s.dst.count * ex.elem;
-      BRAID_CHECK(to == from || to + n <= from || from + n <= to, Internal,
-                  ex.where(i) << ": a copy between partly overlapping regions on the device");
-      d.copy(to, from, n);
-      break;
-    }
-    case StepKind::encode: {
-      const Plan& p = *ex.plan;
-      const auto cs = compression::stream_spec(p.request.codec, s.stream_rank, static_cast<compression::Phase>(s.stream));
-      float* residual = s.src2.count > 0 ? reinterpret_cast<float*>(ex.ptr(s.src2)) : nullptr;
-      d.encode(cs, ex.frame, reinterpret_cast<const float*>(ex.ptr(s.src)), residual, s.src.count,
-               reinterpret_cast<std::uint8_t*>(ex.ptr(s.dst)), ex.op.codec_step, s.at);
-      break;
-    }
-    case StepKind::decode:
-      d.decode(ex.plan->request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)), s.dst.count,
-               reinterpret_cast<float*>(ex.ptr(s.dst)), s.sum_start, ex.where(i));
-      break;
-    case StepKind::decode_add:
-      d.decode_add(ex.plan->request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)),
-                   s.dst.count, reinterpret_cast<float*>(ex.ptr(s.dst)), ex.where(i));
-      break;
-    default:
-      throw Error(ErrorCode::Internal, ex.where(i) + ": this step cannot run on the direct device path");
-  }
-  if (s.finalize) d.divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
-  ex.state[i] = kOnDevice;
-  ex.on_device.push_back({i, nullptr, false, 0, 0});  // flagged by flag_tail() or a later entry
-}
-
-void Engine::flag_tail(Exec& ex) {
-  if (!ex.on_device.empty() && !ex.on_device.back().ran) ex.on_device.back().ran = ex.dev->notify();
-}
-
-bool Engine::reap_device(Exec& ex) {
-  flag_tail(ex);  // every entry is covered by a flag (the engine loop flags each pass's tail too)
-  // One stream: its work runs in the order it was enqueued, so an entry without a flag of
-  // its own has run once a later entry's flag is set, and nothing after the first flag
-  // not yet set has (a later flag seen first must not post a send out of order).
-  std::size_t ran_through = ex.on_device_head;
-  for (std::size_t k = ex.on_device_head; k < ex.on_device.size(); ++k) {
-    const auto& f = ex.on_device[k].ran;
-    if (!f) continue;
-    if (!f->load(std::memory_order_acquire)) break;
-    ran_through = k + 1;
-  }
-  if (ran_through == ex.on_device_head) return false;
-  // A decode that found a peer's payload malformed wrote nothing: the step failed.
-  if (const std::string why = ex.dev->failure(); !why.empty()) throw Error(ErrorCode::Network, why);
-  for (; ex.on_device_head < ran_through; ++ex.on_device_head) {
-    auto& w = ex.on_device[ex.on_device_head];
-    if (w.then_send) {
-      const Step& s = ex.plan->steps[w.step];
-      ex.state[w.step] = kPosted;
-      ex.conns[w.queue]->send(ex.slot[w.step], ex.bytes(s.src), w.tag, &ex.req[w.step]);
-      ex.inflight.push_back(w.step);
-    } else {
-      finish_step(ex, w.step);
-    }
-    w.ran.reset();
-  }
-  if (ex.on_device_head == ex.on_device.size()) {
-    ex.on_device.clear();
-    ex.on_device_head = 0;
-  }
-  return true;
 }
 
 // The device path: a send goes once the stream has filled its slot; every receive is
@@ -1281,25 +1110,11 @@ bool Engine::post_ready(Exec& ex) {
     const auto peer2 = 2 * static_cast<std::size_t>(p.peers[q]);
     while (order_mark_[peer2] != order_gen_ && ex.send_head[q] < ex.sendq[q].size()) {
       const std::uint32_t i = ex.sendq[q][ex.send_head[q]];
-      const bool device_conn = ex.dev && ex.conns[q]->takes_device_memory();
-      if (!(ex.dev && !device_conn ? ex.deps_on_stream(i) : ex.deps_done(i))) break;
+      if (!ex.deps_done(i)) break;
       const Step& s = p.steps[i];
-      if (ex.dev && !device_conn) {
-        // Device to the step's pinned slot first; reap_device() posts the send.
-        ex.slot[i] = ex.dev->take_pinned(ex.bytes(s.src));
-        ex.dev->copy(ex.slot[i], ex.ptr(s.src), ex.bytes(s.src));
-        ex.state[i] = kOnDevice;
-        ex.on_device.push_back({i, ex.dev->notify(), true, q, ex.tag(ex.send_head[q])});
-        ++ex.send_head[q];
-        any = true;
-        continue;
-      }
       ex.state[i] = kPosted;
       if (ex.measure) ex.posted_at[i] = pass_now_;
-      if (device_conn)  // the connection reads the device buffer itself
-        ex.conns[q]->send_device(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
-      else
-        ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
+      ex.conns[q]->send(ex.ptr(s.src), ex.bytes(s.src), ex.tag(ex.send_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
       ++ex.send_head[q];
       any = true;
@@ -1317,17 +1132,8 @@ bool Engine::post_ready(Exec& ex) {
         ex.staging_of[i] = slot;
         target = ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride;
       }
-      const bool device_conn = ex.dev && ex.conns[q]->takes_device_memory();
-      if (ex.dev && !device_conn) {
-        // Into the step's pinned slot; enqueue_device() moves it on once it is in.
-        ex.slot[i] = ex.dev->take_pinned(bytes);
-        target = ex.slot[i];
-      }
       ex.state[i] = kPosted;
-      if (device_conn)
-        ex.conns[q]->recv_device(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
-      else
-        ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
+      ex.conns[q]->recv(target, bytes, ex.tag(ex.recv_head[q]), &ex.req[i]);
       ex.inflight.push_back(i);
       ++ex.recv_head[q];
       any = true;
@@ -1335,14 +1141,8 @@ bool Engine::post_ready(Exec& ex) {
   }
   while (ex.local_head < ex.localq.size()) {
     const std::uint32_t i = ex.localq[ex.local_head];
-    if (!(ex.dev ? ex.deps_on_stream(i) : ex.deps_done(i))) break;
+    if (!ex.deps_done(i)) break;
     const Step& s = p.steps[i];
-    if (ex.dev) {
-      enqueue_device(ex, i);
-      ++ex.local_head;
-      any = true;
-      continue;
-    }
     switch (s.kind) {
       case StepKind::reduce:
         kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
@@ -1412,10 +1212,7 @@ bool Engine::reap(Exec& ex) {
         }
       }
     }
-    if (ex.dev && s.kind != StepKind::send && (ex.slot[i] || s.kind == StepKind::recv_reduce || s.finalize))
-      enqueue_device(ex, i);  // slot to device, reduce, divide; done when the stream has run it
-    else
-      finish_step(ex, i);  // a send, or a receive that landed in device memory as it is
+    finish_step(ex, i);
     ex.inflight[k] = ex.inflight.back();
     ex.inflight.pop_back();
     any = true;
@@ -1453,7 +1250,7 @@ std::string Engine::deadline_error(Exec& ex) {
     os << " ranks that have not joined yet:";
     for (std::size_t q = 0; q < ex.conns.size(); ++q)
       if (!ex.conns[q]) os << " " << ex.plan->peers[q];
-  } else if (ex.inflight.empty() && ex.on_device_head == ex.on_device.size()) {
+  } else if (ex.inflight.empty()) {
     os << " nothing posted (dependencies)";
   }
   if (ex.flow && ex.done == ex.plan->steps.size()) {
@@ -1470,9 +1267,6 @@ std::string Engine::deadline_error(Exec& ex) {
       break;
     }
   }
-  if (ex.on_device_head < ex.on_device.size())
-    os << "; " << (ex.on_device.size() - ex.on_device_head) << " step(s) wait for the engine's device stream (step "
-       << ex.on_device[ex.on_device_head].step << " first: other work of the GPU may hold it up)";
   os << ". A peer may be stuck or slow, or the ranks issued different collectives; "
         "raise BRAID_TIMEOUT if the job is just slow.";
   // Blame the peer of the oldest transfer still in flight: the one this rank was
@@ -1608,10 +1402,8 @@ bool Engine::step(bool& unrouted) {
       if (ex.measure) pass_now_ = Clock::now();
       if (!ex.routed && !route(ex)) unrouted = true;
       if (ex.routed) {
-        if (ex.dev) progressed |= reap_device(ex);
         progressed |= reap(ex);
         progressed |= post_ready(ex);
-        if (ex.dev) flag_tail(ex);
       }
       bool finished = ex.done == ex.plan->steps.size();
       if (finished && ex.flow) {

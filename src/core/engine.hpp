@@ -107,12 +107,6 @@ struct Operation {
   /// the communicator fails with a Timeout naming the stream that never got there.
   std::shared_ptr<std::atomic<bool>> gate;
   std::chrono::steady_clock::time_point gate_deadline = std::chrono::steady_clock::time_point::max();
-  /// The direct device path (docs/gpu.md): input and output are memory of GPU `device`;
-  /// the engine runs the plan's local steps as device kernels on its own stream and moves
-  /// each transfer through a pinned slot (core::DeviceExec). Its gate has opened, so the
-  /// caller's stream has finished the work issued before the call.
-  bool on_device = false;
-  int device = -1;
   /// The device path (core::DeviceFlow): the call's stream program was enqueued when it
   /// was issued; the engine only moves its messages between pinned slots, posting a send
   /// once the stream has filled its slot and telling the stream when a message landed,
@@ -317,17 +311,6 @@ class Engine {
   /// operations, reused by the next ones so that a large compressed all-reduce does not
   /// allocate and page-fault its payload buffers again on every call.
   std::shared_ptr<class ScratchPool> scratch_pool_;
-  /// The direct device path's stream and buffers (made by the first such operation;
-  /// declared before active_ so that it outlives every operation that uses it).
-  std::unique_ptr<class DeviceExec> device_exec_;
-  /// Starts the device work of step `i` of a direct device operation: a send's copy to
-  /// its pinned slot, a finished receive's copy to the device (and reduction), a local step.
-  void enqueue_device(Exec& ex, std::uint32_t i);
-  /// Moves on the steps whose device work has run (in stream order).
-  bool reap_device(Exec& ex);
-  /// Gives the last device entry a completion flag if it has none (once per pass: the
-  /// entries before it are known to have run when it has).
-  void flag_tail(Exec& ex);
 
   /// Set by admit() (the driving thread, under the drive lock): the deadline of a device
   /// call's gate that holds the queue's head shut (max() when none), and, once it has

@@ -69,7 +69,7 @@ gpu::Runtime& rt() { return core::gpu_runtime(); }
 using DevicePath = core::Config::DevicePath;
 DevicePath path() { return core::Config::global().device_path; }
 /// Bytes that device calls moved through pinned slots, on whichever path runs plans.
-long long slot_bytes() { return core::DeviceExec::slot_bytes() + core::DeviceFlow::slot_bytes(); }
+long long slot_bytes() { return core::DeviceFlow::slot_bytes(); }
 
 bool skip_without_device() {
   return rt().device_count() == 0;
@@ -410,9 +410,8 @@ void ring_sum_of_ranks(Communicator& c, int r, int n, std::size_t count) {
 }
 
 // The path BRAID_DEVICE_PATH names is the one that runs the call: stream (the default)
-// enqueues a program per call (core::DeviceFlow, whose stream is a DeviceExec's); direct
-// makes each rank's engine a device stream (core::DeviceExec) and no program; staged makes
-// neither. (CI runs this file with stream and staged; direct is withdrawn.)
+// enqueues a program per call (core::DeviceFlow, whose stream is a DeviceExec's); staged
+// makes neither. (CI runs this file with stream and staged.)
 TEST(DevicePath, TheConfiguredPathRunsTheCall) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   const int n = 2;
@@ -428,7 +427,7 @@ TEST(DevicePath, TheConfiguredPathRunsTheCall) {
     EXPECT_EQ(core::DeviceFlow::programs() - programs, 0) << "a program was enqueued on another path";
 }
 
-// Compressed all-reduce on the direct path encodes on the GPU before anything leaves it:
+// Compressed all-reduce on the device path encodes on the GPU before anything leaves it:
 // the bytes that cross into pinned slots over tcp (a transport that takes host memory)
 // are the compressed ones. int8 is about a quarter of f32 (one byte a value plus an f32
 // scale a block of 256).
@@ -467,11 +466,9 @@ TEST(DevicePath, CompressedCallsEncodeOnTheGpuSoOnlyCompressedBytesLeaveIt) {
 
 // bf16 device buffers with a codec: staged (the stream path stages them by itself, as the
 // staged path does) they are widened once the stream has staged the input, compressed in
-// f32 and rounded back, so the result has the bits of the same call on host buffers; the
-// direct path refuses them, naming the staged one, and leaves the caller's stream free.
-TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
+// f32 and rounded back, so the result has the bits of the same call on host buffers.
+TEST(DevicePath, HalfBuffersWithACodecAreStaged) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
-  const bool direct = path() == DevicePath::direct;
   const std::size_t count = 3001;
   test::Group g(2);
   run_threads(2, [&](int r) {
@@ -484,17 +481,6 @@ TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
     AllreduceOptions o;
     o.stream = s.s;
     o.codec = "int8";
-    if (direct) {
-      try {
-        g[r].allreduce(buf.data(), buf.data(), count, DataType::bf16, ReduceOp::sum, o).wait();
-        ADD_FAILURE() << "the direct path took bf16 buffers with a codec";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::Unsupported) << e.what();
-        EXPECT_NE(std::string(e.what()).find("staged"), std::string::npos) << e.what();
-      }
-      rt().synchronize(s.s);  // nothing of the refused call holds the stream
-      return;
-    }
     g[r].allreduce(buf.data(), buf.data(), count, DataType::bf16, ReduceOp::sum, o).wait();
     rt().copy_async(back.data(), buf.data(), count * 2, s.s);
     rt().synchronize(s.s);
@@ -506,7 +492,7 @@ TEST(DevicePath, HalfBuffersWithACodecAreStagedOrRefused) {
   });
 }
 
-// Error feedback on the direct path keeps its residuals in GPU memory. The same calls
+// Error feedback on the device path keeps its residuals in GPU memory. The same calls
 // under a device key and a host key leave the same residuals (their checkpoints are the
 // same bytes); a checkpoint restored brings the device residuals back; a key keeps to
 // one memory kind until it is reset.

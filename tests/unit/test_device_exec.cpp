@@ -39,9 +39,9 @@ const bool kBackendSet = [] {
 
 gpu::Runtime& rt() { return core::gpu_runtime(); }
 
-/// A DeviceExec of device 0 driven from this thread, as the engine drives it.
+/// A DeviceExec of device 0 driven from this thread, as DeviceFlow drives it.
 struct Exec {
-  Exec() : d(rt(), 0, [] {}, std::this_thread::get_id()) {}
+  Exec() : d(rt(), 0) {}
   template <typename T>
   T* device(std::size_t n) {
     return reinterpret_cast<T*>(d.take_device(n * sizeof(T)));

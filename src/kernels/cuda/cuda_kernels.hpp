@@ -154,7 +154,9 @@ Status topk_encode(const TopkEncodeArgs& args, Stream stream) noexcept;
 
 /// Top-k decode (scatter) or decode-accumulate (sparse add). The payload is validated on
 /// the device first (indices < n, strictly ascending); when it is bad nothing is written
-/// and *status becomes 1 (0 when good). Read `status` after the stream has run.
+/// and *status becomes 1 (0 when good). Read `status` after the stream has run. `rejected`,
+/// when given, is set to 1 too on a bad payload and never cleared: one word that a host
+/// can read after a whole program of decodes has run, with no host function between them.
 struct TopkDecodeArgs {
   const std::uint8_t* in = nullptr;  ///< Payload (8k bytes).
   std::size_t n = 0;                 ///< Elements of the output.
@@ -162,6 +164,7 @@ struct TopkDecodeArgs {
   float* out = nullptr;              ///< Output.
   bool accumulate = false;           ///< Sparse add instead of zero-fill and scatter.
   int* status = nullptr;             ///< Device int: 0 good, 1 rejected.
+  int* rejected = nullptr;           ///< Optional sticky int (host-mapped): set to 1 on a bad payload.
 };
 /// Enqueues the validation and the scatter.
 Status topk_decode(const TopkDecodeArgs& args, Stream stream) noexcept;

@@ -45,11 +45,14 @@ __global__ void topk_zero_selected(const std::uint32_t* sel, std::uint32_t k, fl
     residual[sel[j]] = 0.0f;
 }
 
-__global__ void topk_validate(const std::uint8_t* in, std::uint32_t n, std::uint32_t k, int* status) {
+__global__ void topk_validate(const std::uint8_t* in, std::uint32_t n, std::uint32_t k, int* status, int* rejected) {
   for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x) {
     const std::uint32_t i = load_u32(in + 4 * static_cast<std::size_t>(j));
     const bool bad = i >= n || (j > 0 && i <= load_u32(in + 4 * static_cast<std::size_t>(j - 1)));
-    if (bad) *status = 1;  // every writer stores the same value: no atomic needed
+    if (bad) {
+      *status = 1;  // every writer stores the same value: no atomic needed
+      if (rejected) *rejected = 1;
+    }
   }
 }
 __global__ void topk_fill_zero(float* out, std::uint32_t n, const int* status) {
@@ -137,7 +140,7 @@ Status topk_decode(const TopkDecodeArgs& a, Stream s) noexcept {
   if (e != cudaSuccess) return static_cast<Status>(e);
   if (a.n == 0) return 0;
   const auto n = static_cast<std::uint32_t>(a.n), k = static_cast<std::uint32_t>(a.k);
-  if (k) topk_validate<<<grid_for(k, 256), 256, 0, s>>>(a.in, n, k, a.status);
+  if (k) topk_validate<<<grid_for(k, 256), 256, 0, s>>>(a.in, n, k, a.status, a.rejected);
   if (!a.accumulate) topk_fill_zero<<<grid_for(n, 256), 256, 0, s>>>(a.out, n, a.status);
   if (k) {
     if (a.accumulate)
