@@ -34,6 +34,8 @@
 #                          over tcp on the device path (codecs as kernels on the GPU)
 #   device_budgets         scripts/device_budgets.sh on CUDA: host functions, progress-thread
 #                          runtime calls, syncs and launches per call, per algorithm and codec
+#   bench_gpu_runtime      bench/micro/bench_gpu_runtime on CUDA: host-function round trip,
+#                          stream-wait release latency, CPU cost of copy/flag/event/launch (CSV)
 #   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
 # The correctness steps run side by side; the timed benches run alone, one after another.
 #
@@ -240,7 +242,7 @@ EOF
   [ "$have_tests" = 0 ] && cmake_args+=(-DBRAID_BUILD_TESTS=OFF)
   targets="braid braid_info braidrun allreduce_bench"
   [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_device_hazards test_gpu_runtime test_device_exec"
-  echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels"
+  echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels bench_gpu_runtime"
   fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
 else
   skip build "--no-build: using $bd as it is"
@@ -323,6 +325,16 @@ if [ "$gpu" = 1 ]; then
   # "Budgets" was made on the emulation).
   fg_step device_budgets 120 "BRAID_GPU_BACKEND=cuda '$root/scripts/device_budgets.sh' '$bd' > '$out/device_budgets.md'"
   require_device device_budgets
+  if [ -x "$bd/bench/bench_gpu_runtime" ]; then
+    # The runtime calls the device path is made of (docs/gpu.md "Calibration"): host-function
+    # round trip, stream-wait release after a host write, CPU cost of a copy, flag write,
+    # event record and launch. Their figures are to set the emulation's defaults.
+    fg_step bench_gpu_runtime 60 "BRAID_GPU_BACKEND=cuda '$bd/bench/bench_gpu_runtime' --benchmark_min_time=0.2s \
+      --benchmark_out='$out/bench_gpu_runtime.csv' --benchmark_out_format=csv"
+    require_device bench_gpu_runtime
+  else
+    skip bench_gpu_runtime "not built (Google Benchmark not found)"
+  fi
   if [ -x "$bd/bench/bench_cuda_kernels" ]; then
     fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
       --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
@@ -337,7 +349,7 @@ else
   fg_step bench_device_emulated_staged 90 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
     '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_staged.csv'"
   for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_staged bench_4r_tcp_staged \
-    bench_2r_tcp_codecs_direct device_budgets bench_cuda_kernels; do skip $s "no GPU"; done
+    bench_2r_tcp_codecs_direct device_budgets bench_gpu_runtime bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 
 # --- summary --------------------------------------------------------------------------------
