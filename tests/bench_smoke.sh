@@ -107,6 +107,18 @@ grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
 BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$cb" --device --coll reduce_scatter -c 1 -b 2 -e 300K -f 13 \
   -n 2 -w 1 -d bfloat16 >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: collective_bench --device"; exit 1; }
 grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+# The device runtime microbenchmarks (built where Google Benchmark is) run on the emulated
+# runtime and print every row; without a device runtime they say so and exit 0.
+if [ -x "$b/bench/bench_gpu_runtime" ]; then
+  BRAID_GPU_BACKEND=emulated "$b/bench/bench_gpu_runtime" --benchmark_min_time=0.01s >/tmp/braid-smoke-$$.txt 2>&1 ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: bench_gpu_runtime (emulated)"; exit 1; }
+  for row in HostFnRoundTrip WaitRelease CopyAsyncCall WriteValueCall EventRecordCall LaunchCall; do
+    grep -q "^$row" /tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: bench_gpu_runtime: no $row row"; exit 1; }
+  done
+  BRAID_GPU_BACKEND=none "$b/bench/bench_gpu_runtime" >/tmp/braid-smoke-$$.txt 2>&1 &&
+    grep -q "skipped: no device runtime" /tmp/braid-smoke-$$.txt ||
+    { cat /tmp/braid-smoke-$$.txt; echo "FAILED: bench_gpu_runtime without a device runtime"; exit 1; }
+fi
 # Without a device runtime --device says so and exits 0; so does --backend nccl, which
 # also needs CUDA device memory (emulated: braid's rows run, NCCL says why it cannot).
 BRAID_GPU_BACKEND=none "$run" -n 2 -- "$bench" --device -b 1K -e 1K >/tmp/braid-smoke-$$.txt ||
