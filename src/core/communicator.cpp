@@ -211,10 +211,11 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
   eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;
   eo.serves_store = core::serves_store(*base_store);
-  if (device >= 0) {
-    eo.gpu = &rt;
-    eo.gpu_device = device;
-  }
+  // The transports get no GPU (eo.gpu stays null): no collective path hands a connection
+  // device memory now (the device path moves every transfer through pinned slots, and the
+  // direct path that did is gone), so a GPU would only make shm allocate device rings and
+  // open CUDA IPC mappings at connect that nothing uses. Device-memory connections come
+  // with issue 33's next step (docs/gpu.md).
   engine = std::make_unique<core::Engine>(eo, store);
   tuner = std::make_unique<core::MeasuredTuner>(cfg, member, plans, *this);
   {
