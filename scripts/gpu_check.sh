@@ -20,7 +20,7 @@
 #   gpu_runtime            tests/unit test_gpu_runtime: the dma-buf export of a cudaMalloc
 #                          allocation, the GPUDirect RDMA flush (or the driver's reason), and
 #                          legacy CUDA IPC of an allocation into a child process
-#   device_exec            tests/unit test_device_exec, BRAID_GPU_BACKEND=cuda: the direct
+#   device_exec            tests/unit test_device_exec, BRAID_GPU_BACKEND=cuda: the device
 #                          path's codec steps (CUDA kernels, frame by frame) against the
 #                          host's framed functions bit for bit, and a malformed topk payload
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
