@@ -118,33 +118,30 @@ DeviceExec::~DeviceExec() {
 int DeviceExec::made() noexcept { return g_made.load(std::memory_order_relaxed); }
 long DeviceExec::codec_steps() noexcept { return g_codec_steps.load(std::memory_order_relaxed); }
 
-std::byte* DeviceExec::take(Pool& pool, std::size_t bytes, bool pinned) {
+std::byte* DeviceExec::take_device(std::size_t bytes) {
   bytes = (std::max<std::size_t>(bytes, 1) + kRound - 1) / kRound * kRound;
-  auto best = pool.free.end();
-  for (auto it = pool.free.begin(); it != pool.free.end(); ++it)
-    if (it->first >= bytes && (best == pool.free.end() || it->first < best->first)) best = it;
-  if (best != pool.free.end()) {
+  auto best = device_mem_.free.end();
+  for (auto it = device_mem_.free.begin(); it != device_mem_.free.end(); ++it)
+    if (it->first >= bytes && (best == device_mem_.free.end() || it->first < best->first)) best = it;
+  if (best != device_mem_.free.end()) {
     std::byte* p = best->second;
-    pool.free.erase(best);
+    device_mem_.free.erase(best);
     return p;
   }
   OnDevice on(*this);
-  auto* p = static_cast<std::byte*>(pinned ? rt_.alloc_pinned(bytes) : rt_.alloc_device(bytes, device_));
-  pool.all.emplace_back(bytes, p);
+  auto* p = static_cast<std::byte*>(rt_.alloc_device(bytes, device_));
+  device_mem_.all.emplace_back(bytes, p);
   return p;
 }
 
-void DeviceExec::give(Pool& pool, std::byte* p) noexcept {
+void DeviceExec::give_device(std::byte* p) noexcept {
   if (p == nullptr) return;
-  for (const auto& e : pool.all)
+  for (const auto& e : device_mem_.all)
     if (e.second == p) {
-      pool.free.push_back(e);
+      device_mem_.free.push_back(e);
       return;
     }
 }
-
-std::byte* DeviceExec::take_device(std::size_t bytes) { return take(device_mem_, bytes, false); }
-void DeviceExec::give_device(std::byte* p) noexcept { give(device_mem_, p); }
 
 void DeviceExec::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
@@ -338,8 +335,8 @@ std::string DeviceExec::failure() const {
   {
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (topk_status_ && __atomic_load_n(topk_status_ + 1, __ATOMIC_ACQUIRE) != 0)
-      return topk_what_ + " (or a top-k decode of the same call before it): a top-k payload from the peer has an "
-                          "index out of range or out of order (nothing of it was applied)";
+      return "a top-k payload from a peer has an index out of range or out of order (nothing of it was applied; "
+             "seen once the call's program had run; the last top-k decode enqueued: " + topk_what_ + ")";
   }
   if (!failed_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(failure_mu_);

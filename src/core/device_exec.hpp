@@ -81,11 +81,10 @@ class DeviceExec {
   /// Makes this DeviceExec's device current on the calling thread for its lifetime and
   /// restores the thread's own afterwards (a helping user thread keeps its device).
   class OnDevice;
+  /// Device memory taken (all) and given back (free), as (bytes, address).
   struct Pool {
     std::vector<std::pair<std::size_t, std::byte*>> all, free;
   };
-  std::byte* take(Pool& pool, std::size_t bytes, bool pinned);
-  static void give(Pool& pool, std::byte* p) noexcept;
 
   gpu::Runtime& rt_;
   const int device_;
