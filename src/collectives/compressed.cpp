@@ -28,9 +28,10 @@
 // block, at least kMinPiece values), and the phases of consecutive pieces are emitted
 // interleaved, E0 A0 | E1 A1 O0 G0 | E2 A2 O1 G1 D0 | ..., so that the encoding of one
 // piece runs while the previous one is on the wire. Every rank emits its messages in
-// that order, which is what matches them (builder.hpp). The owner works one frame
-// (compression/framed.hpp, ~8 Ki values) at a time: W decodes and an encode over a
-// cache-sized accumulator.
+// that order, which is what matches them (builder.hpp). On the host the owner works one
+// frame (compression/framed.hpp, ~8 Ki values) at a time: W decodes and an encode over a
+// cache-sized accumulator. On a device (PlanRequest::on_device) it works the whole piece
+// per step, since each step is one launch there: W + 1 launches a piece, not W + 1 a frame.
 #include "collectives/builder.hpp"
 #include "compression/framed.hpp"
 #include "compression/reference.hpp"
@@ -113,8 +114,9 @@ void two_phase(Builder& b, const Ring& g, const Region& x, const Region& y, std:
     if (c >= 1 && c <= pieces) {
       const std::uint64_t q = c - 1;
       const Region pr = piece_of(p, q);
-      for (std::uint64_t f = 0; f < pr.count; f += frame) {
-        const std::uint64_t len = std::min(frame, pr.count - f);
+      const std::uint64_t span = req.on_device ? std::max<std::uint64_t>(pr.count, 1) : frame;
+      for (std::uint64_t f = 0; f < pr.count; f += span) {
+        const std::uint64_t len = std::min(span, pr.count - f);
         const std::uint64_t rel = pr.offset - mine.begin + f;  // in the shard
         const Region a{Buffer::scratch, acc + rel, len};
         for (std::uint64_t r = 0; r < W; ++r) {

@@ -147,6 +147,11 @@ struct PlanRequest {
   compression::CodecSpec codec;
   /// Compressed plans: encode with error feedback (residual buffers).
   bool feedback = false;
+  /// Compressed plans: the steps run on a device, where each codec step is one launch
+  /// whatever its size: the owner decodes and encodes a whole piece per step instead of
+  /// one cache-sized frame at a time. The messages (and every bit of the result) are the
+  /// same either way; only this rank's compute steps differ.
+  bool on_device = false;
 };
 
 /// Element counts of a collective's two user buffers (see buffer_counts()).

@@ -312,6 +312,7 @@ Work Compressor::post(const void* send, void* recv, std::size_t count, ReduceOp 
   req.algorithm = Algorithm::automatic;  // the codec's own
   req.codec = spec;
   req.feedback = !options.ef_key.empty();
+  req.on_device = device >= 0;  // a launch per codec step: the owner works whole pieces
   // Several ranks per host on several hosts: uncompressed inside a host, compressed
   // between hosts (the builder decides from the host map).
   if (member_.size > 1) req.host_of = member_.topology->host_of();

@@ -73,7 +73,8 @@ kc::DeviceCodec device_codec(const compression::CodecSpec& spec, std::uint64_t s
 
 /// fp16/bf16 payloads are 2 bytes per value with no per-frame header, and a frame is a
 /// multiple of 8 values: the framed layout of n values is byte for byte one payload of n
-/// values, so one launch encodes (or decodes) them all.
+/// values. Block formats have scales at the head of each frame: their kernels take the
+/// frame. Either way one launch encodes (or decodes) every frame of a step.
 bool frames_are_contiguous(const compression::CodecSpec& spec) {
   return spec.kind == compression::CodecKind::fp16 || spec.kind == compression::CodecKind::bf16 ||
          spec.kind == compression::CodecKind::none;
@@ -222,19 +223,17 @@ void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, c
       }
       return;
     }
-    const std::size_t step_by = frames_are_contiguous(spec) ? n : frame;
-    for (std::size_t b = 0; b < n; b += step_by) {
-      const std::size_t m = std::min(step_by, n - b);
-      kc::EncodeArgs a;
-      a.codec = device_codec(spec, step, offset + b);
-      a.in = x + b;
-      a.add = residual ? residual + b : nullptr;
-      a.n = m;
-      a.out = out + b / frame * fb;
-      a.residual = residual ? residual + b : nullptr;
-      gpu::count_launch();
-      check_launch(kc::encode(a, stream), "encode", m);
-    }
+    // Every frame in one launch (the kernel finds each block's frame).
+    kc::EncodeArgs a;
+    a.codec = device_codec(spec, step, offset);
+    a.in = x;
+    a.add = residual;
+    a.n = n;
+    a.out = out;
+    a.residual = residual;
+    a.frame = frames_are_contiguous(spec) ? 0 : frame;
+    gpu::count_launch();
+    check_launch(kc::encode(a, stream), "encode", n);
     return;
   }
 #endif
@@ -295,18 +294,15 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
       topk_what_ = what;
       return;
     }
-    const std::size_t step_by = frames_are_contiguous(spec) ? n : frame;
-    for (std::size_t b = 0; b < n; b += step_by) {
-      const std::size_t m = std::min(step_by, n - b);
-      kc::DecodeArgs a;
-      a.codec = device_codec(spec, 0, b);
-      a.in = in + b / frame * fb;
-      a.n = m;
-      a.out = out + b;
-      a.accumulate = add;
-      gpu::count_launch();
-      check_launch(kc::decode(a, stream), "decode", m);
-    }
+    kc::DecodeArgs a;
+    a.codec = device_codec(spec, 0, 0);
+    a.in = in;
+    a.n = n;
+    a.out = out;
+    a.accumulate = add;
+    a.frame = frames_are_contiguous(spec) ? 0 : frame;
+    gpu::count_launch();
+    check_launch(kc::decode(a, stream), "decode", n);
     return;
   }
 #endif

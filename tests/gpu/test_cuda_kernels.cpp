@@ -13,6 +13,7 @@
 #if BRAID_HAVE_CUDA
 
 #include "compression/codec.hpp"
+#include "compression/framed.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/reduce.hpp"
@@ -82,6 +83,23 @@ TEST(CudaArgs, BadArgumentsAreRefusedBeforeAnyLaunch) {
     d.n = 1;
     d.out = &dummy;
     EXPECT_EQ(cu::decode(d, nullptr), cu::kInvalidValue) << bad_block;
+  }
+  // A frame that cuts a scale block.
+  for (std::size_t bad_frame : {1u, 255u, 300u}) {
+    cu::EncodeArgs e;
+    e.codec = block_codec(hk::BlockFormat::int8, 256);
+    e.in = &dummy;
+    e.n = 1;
+    e.out = bytes;
+    e.frame = bad_frame;
+    EXPECT_EQ(cu::encode(e, nullptr), cu::kInvalidValue) << bad_frame;
+    cu::DecodeArgs d;
+    d.codec = e.codec;
+    d.in = bytes;
+    d.n = 1;
+    d.out = &dummy;
+    d.frame = bad_frame;
+    EXPECT_EQ(cu::decode(d, nullptr), cu::kInvalidValue) << bad_frame;
   }
   cu::EncodeArgs e;
   e.codec = block_codec(static_cast<hk::BlockFormat>(9), 256);
@@ -538,6 +556,57 @@ TEST_F(Gpu, DecodeAndAccumulateMatchTheHostBitForBit) {
           const auto got = dout.take<float>(n);
           EXPECT_EQ(first_diff(got.data(), want.data(), n), -1);
         }
+}
+
+// The framed layout the compressed all-reduce sends (compression/framed.hpp: a payload
+// per frame, scales first), encoded and decoded with every frame in one launch: bit for
+// bit encode_framed / decode_framed / decode_add_framed, residuals included, for whole
+// frames, a short last frame, one frame and the smallest frame.
+TEST_F(Gpu, FramedPayloadsInOneLaunchMatchTheHost) {
+  for (const char* name : kCodecs) {
+    const comp::CodecSpec s = comp::parse_codec(name);
+    if (s.kind == comp::CodecKind::topk) continue;  // a top-k payload is never cut
+    const std::size_t unit = static_cast<std::size_t>(std::max(8, s.block));
+    for (std::size_t frame : {unit, comp::frame_values(s, 1u << 20)})
+      for (std::size_t n : {frame, 3 * frame, 3 * frame + 5, std::size_t{(1u << 20) + 3u}}) {
+        SCOPED_TRACE(testing::Message() << name << " frame=" << frame << " n=" << n);
+        const std::size_t bytes = comp::framed_bytes(s, frame, n);
+        const auto x = gradient(n, 11 + static_cast<std::uint32_t>(n), true);
+        std::vector<float> res0 = gradient(n, 12, false);
+        for (auto& r : res0) r *= 0.1f;
+        std::vector<std::uint8_t> want(bytes, 0xab);
+        std::vector<float> want_res = res0;
+        comp::encode_framed(s, frame, x.data(), want_res.data(), n, want.data(), 7, 4096);
+        Dev din(4 * n), dres(4 * n), dout(bytes + 8);
+        put_vec(din, x);
+        put_vec(dres, res0);
+        dout.fill(0xab);
+        cu::EncodeArgs e{to_device(s, 7, 4096), din.get<float>(), dres.get<float>(), n, dout.get(), dres.get<float>()};
+        e.frame = frame;
+        ASSERT_EQ(cu::encode(e, stream_), 0);
+        sync();
+        const auto got = dout.take<std::uint8_t>(bytes + 8);
+        EXPECT_EQ(first_diff_bytes(got.data(), want.data(), bytes), -1) << "payload differs";
+        for (std::size_t i = bytes; i < bytes + 8; ++i) ASSERT_EQ(got[i], 0xab) << "wrote past the payload";
+        const auto gres = dres.take<float>(n);
+        EXPECT_EQ(first_diff(gres.data(), want_res.data(), n), -1) << "residual differs";
+        for (bool acc : {false, true}) {
+          std::vector<float> out = gradient(n, 13, false);
+          Dev dsum(4 * n);
+          put_vec(dsum, out);
+          if (acc)
+            comp::decode_add_framed(s, frame, want.data(), n, out.data());
+          else
+            comp::decode_framed(s, frame, want.data(), n, out.data(), false);
+          cu::DecodeArgs d{to_device(s, 0, 0), dout.get(), n, dsum.get<float>(), acc};
+          d.frame = frame;
+          ASSERT_EQ(cu::decode(d, stream_), 0);
+          sync();
+          const auto dec = dsum.take<float>(n);
+          EXPECT_EQ(first_diff(dec.data(), out.data(), n), -1) << (acc ? "decode_add" : "decode") << " differs";
+        }
+      }
+  }
 }
 
 TEST_F(Gpu, TopkDecodeRejectsCorruptPayloadsWithoutWriting) {

@@ -18,6 +18,8 @@
 
 #include <memory>
 #include <numeric>
+#include <string>
+#include <tuple>
 
 using namespace braid;
 using namespace braid::collectives;
@@ -90,6 +92,46 @@ TEST(CompressedPlans, PipelinedPiecesAreProved) {
   for (bool in_place : {false, true}) {
     const auto r = verify_plans(compressed_request(2, 300000, "int8", true, ReduceOp::avg), in_place, 3);
     ASSERT_TRUE(r.ok) << r.error;
+  }
+}
+
+// On a device each codec step is one launch whatever its size, so the owner works whole
+// pieces there (W decodes and an encode per piece, not per ~8 Ki-value frame). The plans
+// are proved alike, and their messages are the host plans' in the same order: a rank on
+// the device path and one on the host path still match.
+TEST(CompressedPlans, DevicePlansWorkWholePiecesWithTheSameMessages) {
+  for (int world : {2, 3}) {
+    const std::uint64_t n = 300000;
+    PlanRequest host = compressed_request(world, n, "int8", true, ReduceOp::avg), dev = host;
+    dev.on_device = true;
+    for (bool in_place : {false, true}) {
+      const auto r = verify_plans(dev, in_place, 5);
+      ASSERT_TRUE(r.ok) << "world " << world << ": " << r.error;
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      host.rank = dev.rank = rank;
+      const auto hp = build_plan(host), dp = build_plan(dev);
+      auto messages = [](const Plan& p) {
+        std::vector<std::tuple<int, int, int, std::uint64_t, std::uint64_t>> m;
+        for (const Step& s : p.steps)
+          if (!is_local(s.kind)) {
+            const Region& r = s.kind == StepKind::send ? s.src : s.dst;
+            m.emplace_back(static_cast<int>(s.kind), s.peer, static_cast<int>(r.buf), r.offset, r.count);
+          }
+        return m;
+      };
+      EXPECT_EQ(messages(*hp), messages(*dp)) << "rank " << rank;
+      EXPECT_EQ(hp->packed_count, dp->packed_count);
+      auto owner_steps = [](const Plan& p) {
+        std::uint64_t k = 0;
+        for (const Step& s : p.steps) k += std::string(p.phase_names[s.phase]) == "owner sum";
+        return k;
+      };
+      // Pieces of 64 Ki values, 8 frames each (the shard of 100-150 K values is 2-3 pieces).
+      const std::uint64_t pieces = (n / static_cast<std::uint64_t>(world) + 65535) / 65536;
+      EXPECT_EQ(owner_steps(*dp), pieces * static_cast<std::uint64_t>(world + 1)) << "rank " << rank;
+      EXPECT_GT(owner_steps(*hp), 4 * owner_steps(*dp)) << "rank " << rank;
+    }
   }
 }
 

@@ -7,7 +7,9 @@
 // loads where aligned). Pass 1 finds the |bits| max (and, for sign1, the eight ordered
 // lane sums of docs/codecs.md through a per-warp shared-memory staging of the chunk);
 // pass 2 re-reads the block (L1/L2 hits) and writes codes, scale and residual. The
-// per-element arithmetic is the host's, in the host's order.
+// per-element arithmetic is the host's, in the host's order. One launch encodes every
+// frame of a framed payload (compression/framed.hpp): a frame is a multiple of the block,
+// so each scale block lies in one frame, whose scales and codes it addresses.
 #include "kernels/cuda/codec_device.cuh"
 
 namespace braid::kernels::cuda::detail {
@@ -16,18 +18,30 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kChunk = 256;  // elements per warp iteration: 32 lanes x 8
 
+// Payloads laid end to end, one per `frame` values (the last may be shorter).
+struct Frames {
+  std::size_t frame;        // values per frame (a multiple of the block); at least n: one
+  std::size_t frame_bytes;  // payload bytes of a whole frame
+  std::size_t last_bytes;   // payload bytes of the last frame
+};
+
 template <BlockFormat F, bool SR, bool FB, class Src>
 __global__ void __launch_bounds__(kWarps * 32)
     block_encode_kernel(BlockCodecParams p, Src src, std::size_t n, std::size_t nb, std::uint8_t* out,
-                        float* residual, std::size_t payload_bytes) {
+                        float* residual, Frames fr) {
   __shared__ float stage[F == BlockFormat::sign1 ? kWarps : 1][F == BlockFormat::sign1 ? kChunk : 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const std::uint32_t B = p.block;
-  std::uint8_t* codes = out + 4 * nb;
   for (std::size_t b = static_cast<std::size_t>(blockIdx.x) * kWarps + warp; b < nb;
        b += static_cast<std::size_t>(gridDim.x) * kWarps) {
     const std::size_t start = b * B;
     const int len = static_cast<int>(n - start < B ? n - start : B);
+    // This block's frame: its values, scale blocks and payload.
+    const std::size_t f = start / fr.frame, fstart = f * fr.frame;
+    const std::size_t fm = n - fstart < fr.frame ? n - fstart : fr.frame;
+    const std::size_t fnb = (fm + B - 1) / B, lb = b - fstart / B;
+    std::uint8_t* fout = out + f * fr.frame_bytes;
+    std::uint8_t* codes = fout + 4 * fnb;
     // Pass 1.
     std::uint32_t m = 0;
     float lane_sum = 0.0f;
@@ -63,13 +77,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int k = 0; k < 8; ++k) sums[k] = __shfl_sync(0xffffffffu, lane_sum, k);
     }
     const BlockScale bs = block_scale<F>(m, sums, len);
-    if (lane == 0) store_u32(out + 4 * b, f2u(bs.scale));
+    if (lane == 0) store_u32(fout + 4 * lb, f2u(bs.scale));
     // Pass 2.
     for (int c = 0; c < len; c += kChunk) {
       const int i0 = c + 8 * lane;
       const int cnt = len - i0;
       if (cnt <= 0) continue;
-      const std::size_t e = start + i0;
+      const std::size_t e = start + i0, ce = e - fstart;  // value index; its code's in the frame
       float y[8], acc[8], r[8];
       src.load8(e, cnt, y, acc);
       if constexpr (Src::kFused) src.store_acc(e, cnt, acc);
@@ -77,44 +91,49 @@ __global__ void __launch_bounds__(kWarps * 32)
       quantise8<F, SR>(y, cnt, bs, p, e, q, r);
       pack8<F>(q, w);
       if constexpr (F == BlockFormat::sign1) {
-        codes[e / 8] = static_cast<std::uint8_t>(w[0]);
+        codes[ce / 8] = static_cast<std::uint8_t>(w[0]);
       } else if constexpr (F == BlockFormat::int4) {
         const std::uint32_t w1[1] = {w[0]};
         if (cnt >= 8)
-          store_bytes<4>(codes + e / 2, w1);
+          store_bytes<4>(codes + ce / 2, w1);
         else
-          store_partial(codes + e / 2, w1, (cnt + 1) / 2);
+          store_partial(codes + ce / 2, w1, (cnt + 1) / 2);
       } else {
         if (cnt >= 8)
-          store_bytes<8>(codes + e, w);
+          store_bytes<8>(codes + ce, w);
         else
-          store_partial(codes + e, w, cnt);
+          store_partial(codes + ce, w, cnt);
       }
       if constexpr (FB) store8f(residual + e, cnt, r);
     }
-    if (b == nb - 1 && lane == 0)
-      for (std::size_t k = 4 * nb + codes_bytes(F, n); k < payload_bytes; ++k) out[k] = 0;
+    if (lb == fnb - 1 && lane == 0) {
+      const std::size_t end = fstart + fr.frame >= n ? fr.last_bytes : fr.frame_bytes;
+      for (std::size_t k = 4 * fnb + codes_bytes(F, fm); k < end; ++k) fout[k] = 0;
+    }
   }
 }
 
 // Dispatch on (format, stochastic, feedback) for a source built by make(format tag).
+// frame: values per frame of a framed payload (a multiple of the block); 0: one payload.
 template <BlockFormat F, class Src>
 Status by_flags(const BlockCodecParams& p, const Src& src, std::size_t n, std::uint8_t* out, float* residual,
-                Stream s) {
+                Stream s, std::size_t frame = 0) {
   const std::size_t nb = (n + p.block - 1) / p.block;
   const unsigned grid = grid_for(nb, kWarps, 16 * 32 / kWarps);
-  const std::size_t pb = block_payload_bytes(F, p.block, n);
+  Frames fr{n, block_payload_bytes(F, p.block, n), 0};
+  if (frame != 0 && frame < n) fr = Frames{frame, block_payload_bytes(F, p.block, frame), 0};
+  fr.last_bytes = block_payload_bytes(F, p.block, n - (n - 1) / fr.frame * fr.frame);
   constexpr bool kInt = F == BlockFormat::int8 || F == BlockFormat::int4;
   if (kInt && p.stochastic) {
     if (residual)
-      block_encode_kernel<F, kInt, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+      block_encode_kernel<F, kInt, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, fr);
     else
-      block_encode_kernel<F, kInt, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+      block_encode_kernel<F, kInt, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, fr);
   } else {
     if (residual)
-      block_encode_kernel<F, false, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+      block_encode_kernel<F, false, true, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, fr);
     else
-      block_encode_kernel<F, false, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, pb);
+      block_encode_kernel<F, false, false, Src><<<grid, kWarps * 32, 0, s>>>(p, src, n, nb, out, residual, fr);
   }
   return last_status();
 }
@@ -124,12 +143,13 @@ Status by_flags(const BlockCodecParams& p, const Src& src, std::size_t n, std::u
 Status launch_block_encode(const EncodeArgs& a, Stream s) noexcept {
   const PlainSrc src{a.in, a.add};
   const BlockCodecParams& p = a.codec.block;
+  const std::size_t fr = a.frame;
   switch (p.format) {
-    case BlockFormat::int8: return by_flags<BlockFormat::int8>(p, src, a.n, a.out, a.residual, s);
-    case BlockFormat::int4: return by_flags<BlockFormat::int4>(p, src, a.n, a.out, a.residual, s);
-    case BlockFormat::fp8e4m3: return by_flags<BlockFormat::fp8e4m3>(p, src, a.n, a.out, a.residual, s);
-    case BlockFormat::fp8e5m2: return by_flags<BlockFormat::fp8e5m2>(p, src, a.n, a.out, a.residual, s);
-    case BlockFormat::sign1: return by_flags<BlockFormat::sign1>(p, src, a.n, a.out, a.residual, s);
+    case BlockFormat::int8: return by_flags<BlockFormat::int8>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::int4: return by_flags<BlockFormat::int4>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::fp8e4m3: return by_flags<BlockFormat::fp8e4m3>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::fp8e5m2: return by_flags<BlockFormat::fp8e5m2>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::sign1: return by_flags<BlockFormat::sign1>(p, src, a.n, a.out, a.residual, s, fr);
   }
   return kInvalidValue;
 }

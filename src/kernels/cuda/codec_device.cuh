@@ -103,13 +103,29 @@ __host__ __device__ constexpr std::size_t codes_bytes(BlockFormat f, std::size_t
 // Payload readers: load8(i, cnt, v) gives the decoded values of elements i .. i+7 (i a
 // multiple of 8; cnt of them exist, the rest are +0).
 
+// A block-format payload, or several laid end to end (compression/framed.hpp: frames of
+// `frame` values, each a payload of its own with its scales first; the last may be
+// shorter). frame 0: one payload. A frame is a multiple of the block, so a group of 8
+// never straddles two frames.
 template <BlockFormat F>
 struct BlockDec {
   const std::uint8_t* payload;
-  std::size_t nb;
+  std::size_t nb;  // scale blocks of one frame (of the payload when frame is 0)
   std::uint32_t block;
+  std::size_t frame = 0;        // values per frame; 0: one frame
+  std::size_t frame_bytes = 0;  // payload bytes of a whole frame
+  std::size_t last_frame = 0;   // index of the last frame
+  std::size_t last_nb = 0;      // scale blocks of the last frame
 
   BRAID_DEV void load8(std::size_t i, int cnt, float (&v)[8]) const {
+    const std::uint8_t* payload = this->payload;
+    std::size_t nb = this->nb;
+    if (frame != 0) {
+      const std::size_t f = i / frame;
+      i -= f * frame;
+      payload += f * frame_bytes;
+      if (f == last_frame) nb = last_nb;
+    }
     const float s = u2f(load_u32(payload + 4 * (i / block)));
     const std::uint8_t* codes = payload + 4 * nb;
     if constexpr (F == BlockFormat::sign1) {
@@ -148,6 +164,20 @@ struct BlockDec {
     }
   }
 };
+
+// The reader of n values in frames of `frame` values (0, or at least n: one payload).
+template <BlockFormat F>
+BlockDec<F> block_dec(const std::uint8_t* payload, std::size_t n, std::uint32_t block, std::size_t frame) {
+  BlockDec<F> d{payload, (n + block - 1) / block, block};
+  if (frame != 0 && frame < n) {
+    d.frame = frame;
+    d.nb = frame / block;
+    d.frame_bytes = block_payload_bytes(F, block, frame);
+    d.last_frame = (n - 1) / frame;
+    d.last_nb = (n - d.last_frame * frame + block - 1) / block;
+  }
+  return d;
+}
 
 // Element-wise formats: the code of one value and back.
 struct RawFmt {

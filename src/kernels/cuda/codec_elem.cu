@@ -83,6 +83,11 @@ Status launch_decode(const Dec& dec, std::size_t n, float* out, bool acc, Stream
   return last_status();
 }
 
+// A block format's frames hold whole scale blocks.
+bool valid_frame(const DeviceCodec& c, std::size_t frame) {
+  return c.kind != DeviceCodec::Kind::block || frame % c.block.block == 0;
+}
+
 bool valid_codec(const DeviceCodec& c) {
   switch (c.kind) {
     case DeviceCodec::Kind::raw:
@@ -111,7 +116,7 @@ std::size_t payload_bytes(const DeviceCodec& codec, std::size_t n) noexcept {
 }
 
 Status encode(const EncodeArgs& a, Stream s) noexcept {
-  if (!valid_codec(a.codec)) return kInvalidValue;
+  if (!valid_codec(a.codec) || !valid_frame(a.codec, a.frame)) return kInvalidValue;
   if (a.n == 0) return 0;
   if (!a.in || !a.out) return kInvalidValue;
   const PlainSrc src{a.in, a.add};
@@ -125,7 +130,7 @@ Status encode(const EncodeArgs& a, Stream s) noexcept {
 }
 
 Status decode(const DecodeArgs& a, Stream s) noexcept {
-  if (!valid_codec(a.codec)) return kInvalidValue;
+  if (!valid_codec(a.codec) || !valid_frame(a.codec, a.frame)) return kInvalidValue;
   if (a.n == 0) return 0;
   if (!a.in || !a.out) return kInvalidValue;
   switch (a.codec.kind) {
@@ -135,15 +140,16 @@ Status decode(const DecodeArgs& a, Stream s) noexcept {
     case DeviceCodec::Kind::block: break;
   }
   const std::uint32_t B = a.codec.block.block;
-  const std::size_t nb = (a.n + B - 1) / B;
+  auto run = [&](auto tag) {
+    constexpr BlockFormat F = decltype(tag)::value;
+    return launch_decode(block_dec<F>(a.in, a.n, B, a.frame), a.n, a.out, a.accumulate, s);
+  };
   switch (a.codec.block.format) {
-    case BlockFormat::int8: return launch_decode(BlockDec<BlockFormat::int8>{a.in, nb, B}, a.n, a.out, a.accumulate, s);
-    case BlockFormat::int4: return launch_decode(BlockDec<BlockFormat::int4>{a.in, nb, B}, a.n, a.out, a.accumulate, s);
-    case BlockFormat::fp8e4m3:
-      return launch_decode(BlockDec<BlockFormat::fp8e4m3>{a.in, nb, B}, a.n, a.out, a.accumulate, s);
-    case BlockFormat::fp8e5m2:
-      return launch_decode(BlockDec<BlockFormat::fp8e5m2>{a.in, nb, B}, a.n, a.out, a.accumulate, s);
-    case BlockFormat::sign1: return launch_decode(BlockDec<BlockFormat::sign1>{a.in, nb, B}, a.n, a.out, a.accumulate, s);
+    case BlockFormat::int8: return run(std::integral_constant<BlockFormat, BlockFormat::int8>{});
+    case BlockFormat::int4: return run(std::integral_constant<BlockFormat, BlockFormat::int4>{});
+    case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
+    case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
+    case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
   }
   return kInvalidValue;
 }

@@ -100,8 +100,15 @@ struct EncodeArgs {
   std::size_t n = 0;             ///< Elements.
   std::uint8_t* out = nullptr;   ///< Payload, payload_bytes(codec, n) bytes (padding zeroed).
   float* residual = nullptr;     ///< Optional residual output; may equal in or add.
+  /// Block formats: values per frame of a framed payload (compression::encode_framed's
+  /// layout: one payload per `frame` values, end to end, the last one shorter), a multiple
+  /// of the block; 0 (or at least n): one payload. One launch encodes every frame, with
+  /// the stochastic-rounding keys of the whole range (block.offset + i). Element-wise
+  /// formats ignore it (their frames of a multiple of 8 values are one payload).
+  std::size_t frame = 0;
 };
-/// Enqueues the encoder (as compression::encode / encode_add_feedback on the host).
+/// Enqueues the encoder (as compression::encode / encode_add_feedback on the host, or
+/// encode_framed with `frame`).
 Status encode(const EncodeArgs& args, Stream stream) noexcept;
 
 /// Decode a payload of n values into out (store) or out += decoded (accumulate).
@@ -111,6 +118,7 @@ struct DecodeArgs {
   std::size_t n = 0;                 ///< Elements.
   float* out = nullptr;              ///< Output.
   bool accumulate = false;           ///< Add into out instead of storing.
+  std::size_t frame = 0;             ///< As EncodeArgs::frame: one launch decodes every frame.
 };
 /// Enqueues the decoder.
 Status decode(const DecodeArgs& args, Stream stream) noexcept;
