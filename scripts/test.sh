@@ -11,6 +11,25 @@ cd "$root"
 scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 
+# ctest in directory $1 with the rest as its command. On a failure the failed tests' own
+# output is printed again at the end (CI keeps only the tail of this script's output, where
+# ctest's --output-on-failure text of an early test is long gone), then it fails.
+run_ctest() {
+  local dir=$1
+  shift
+  if (cd "$dir" && "$@"); then return 0; fi
+  local log="$dir/Testing/Temporary/LastTest.log" failed="$dir/Testing/Temporary/LastTestsFailed.log"
+  if [ -f "$log" ] && [ -f "$failed" ]; then
+    echo "== output of the failed tests in $dir (last 60 lines each) =="
+    cut -d: -f2- "$failed" | while IFS= read -r name; do
+      echo "---- $name"
+      awk -v n="$name" '!on && index($0, " Test: ") && substr($0, index($0, " Test: ") + 7) == n {on = 1}
+                        on {print} on && /^<end of output>/ {exit}' "$log" | tail -60
+    done
+  fi
+  return 1
+}
+
 echo "== Python package (pip install . into build-py/venv) =="
 # The python-labelled ctest tests below run pytest against this install.
 if [ -x build-py/venv/bin/python ]; then
@@ -31,7 +50,7 @@ fi
 
 echo "== Release build (build/) =="
 scripts/build.sh build "${cuda_flags[@]}"
-(cd build && ctest -j "$jobs" --output-on-failure --timeout 600)
+run_ctest build ctest -j "$jobs" --output-on-failure --timeout 600
 
 echo "== demo sizes, checked (4 ranks, 1 KiB..1 MiB) =="
 build/tools/braidrun -n 4 --timeout 300 -- build/bench/allreduce_bench -b 1K -e 1M -f 4 -n 3 -w 1 -c 1
@@ -45,9 +64,9 @@ echo "== ASan + UBSan build (build-asan/) =="
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=address,undefined "${cuda_flags[@]}"
 # protect_shadow_gap=0 lets a CUDA driver map device memory under ASan (docs/kernels.md).
 # UCX's memory hooks patch malloc/mmap, which ASan owns: off under ASan (docs/transport-ucx.md).
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
-   UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no \
-   UBSAN_OPTIONS=print_stacktrace=1 ctest -j "$jobs" --output-on-failure --timeout 900)
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
+  UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UBSAN_OPTIONS=print_stacktrace=1 \
+  run_ctest build-asan ctest -j "$jobs" --output-on-failure --timeout 900
 
 # Every parser of outside bytes under libFuzzer for 20 s per target, so that an input the
 # seeds or a short run reach and that crashes fails CI (docs/reliability.md, "Fuzzing").
