@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -60,6 +61,17 @@ std::set<std::string> dir_entries(const char* dir, const char* prefix = "") {
 }
 int open_fds() { return static_cast<int>(dir_entries("/proc/self/fd").size()) - 1; }  // less opendir's own
 int threads() { return static_cast<int>(dir_entries("/proc/self/task").size()); }
+// The names of this process's threads ("braid-engine, ..."), for a failure message.
+std::string thread_names() {
+  std::string out;
+  for (const auto& t : dir_entries("/proc/self/task")) {
+    std::ifstream f("/proc/self/task/" + t + "/comm");
+    std::string name;
+    std::getline(f, name);
+    out += (out.empty() ? "" : ", ") + name;
+  }
+  return out;
+}
 
 long long now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
@@ -281,8 +293,12 @@ void run_scenario(const Scenario& sc) {
       }
     }
     // Nothing left behind: the engine's, transports' and stores' threads and fds are gone.
-    for (int i = 0; i < 100 && (threads() != threads0 || open_fds() != fds0); ++i) std::this_thread::sleep_for(10ms);
-    EXPECT_EQ(threads(), threads0) << "threads left behind by the communicator";
+    // A failed communicator asks the store for its peers' reasons on threads of their own,
+    // bounded to 1 s each (FailureBoard): give such a thread, on a loaded machine, time to
+    // hear its answer and end.
+    const auto settle = Clock::now() + 5s * braid::test::kTimeScale;
+    while ((threads() != threads0 || open_fds() != fds0) && Clock::now() < settle) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(threads(), threads0) << "threads left behind by the communicator: " << thread_names();
     EXPECT_EQ(open_fds(), fds0) << "fds left behind by the communicator";
   }, std::chrono::seconds(90 * braid::test::kTimeScale));
 
