@@ -179,7 +179,9 @@ class BRAID_API Communicator {
 
   /// Splits into sub-communicators by `color` (>= 0), ranks ordered by `key` then by
   /// old rank. Every rank must call it, in the same order relative to other calls,
-  /// like a collective. Blocks until every rank has called it.
+  /// like a collective. Blocks until every rank has called it. The child keeps this
+  /// communicator's options (timeout, slices, host identity, transport and GPU), so it
+  /// runs where its parent does whichever thread splits it.
   Communicator split(int color, int key);
 
   /// Fails every outstanding and future operation with Aborted and closes connections.

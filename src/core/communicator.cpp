@@ -779,11 +779,16 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   int new_rank = 0;
   for (std::size_t i = 0; i < members.size(); ++i)
     if (std::get<1>(members[i]) == im.rank) new_rank = static_cast<int>(i);
+  // The child is its parent's in everything but its members: the same deadline, slices,
+  // host identity, transport and GPU (the parent's resolved device, not the splitting
+  // thread's current one).
   CommOptions opt;
   opt.timeout = im.timeout;
   opt.name = im.name + ".split" + std::to_string(k) + ".color" + std::to_string(color);
   opt.chunk_bytes = im.cfg.chunk_bytes;
   opt.host_id = im.topology->host_id();
+  opt.transport = im.cfg.transport;
+  opt.device = im.device;
   return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
                       static_cast<int>(members.size()), opt);
 }

@@ -708,6 +708,33 @@ TEST(DeviceRefusals, BadBuffersAndStreamsAreRefusedBeforeAnyByteMoves) {
   expect(ErrorCode::InvalidUsage, [&] { Communicator x(store, 0, 1, bad); }, {"CommOptions::device 7", "does not exist"});
 }
 
+// A split keeps its parent's GPU (the resolved one, not the splitting thread's current
+// device, which is GPU 0 here): the child takes GPU 1's buffers and refuses GPU 0's.
+TEST(DeviceRefusals, ASplitKeepsItsParentsGpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (rt().device_count() < 2) GTEST_SKIP() << "one GPU: nothing to tell apart";
+  CommOptions o;
+  o.device = 1;
+  test::Group g(1, o);
+  ASSERT_EQ(rt().current_device(), 0);
+  Communicator child = g[0].split(0, 0);
+  void* one = rt().alloc_device(4096, 1);
+  void* zero = rt().alloc_device(4096, 0);
+  OwnStream s;
+  AllreduceOptions ao;
+  ao.stream = s.s;
+  EXPECT_NO_THROW(child.allreduce(one, one, 1024, DataType::f32, ReduceOp::sum, ao).wait());
+  try {
+    child.allreduce(zero, zero, 1024, DataType::f32, ReduceOp::sum, ao).wait();
+    ADD_FAILURE() << "the child took GPU 0's buffers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("uses GPU 1"), std::string::npos) << e.what();
+  }
+  rt().synchronize(s.s);
+  rt().free_device(one);
+  rt().free_device(zero);
+}
+
 TEST(DeviceFailures, AKilledRankFailsEverySurvivorAndReleasesTheirStreams) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   // Fresh processes, not forks: this process has used the device runtime already, and
