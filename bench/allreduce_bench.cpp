@@ -661,7 +661,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                  "CPU the job used meanwhile (all ranks, % of one core)");
   std::string codec = "none";
   app.add_option("--codec", codec,
-                 "compression inside the all-reduce: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, "
+                 "compression inside the all-reduce: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, mxfp8, mxfp4, "
                  "topk:RATIO, auto (f32, sum/avg). busbw is then effective (uncompressed bytes / time) and the "
                  "#wrong column shows the relative L2 error against the exact all-reduce; or a comma-separated "
                  "list (none,fp16,int8,sign1) to run them side by side: every size runs each codec --rounds times, "

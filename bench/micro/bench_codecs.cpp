@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   // row below is the same copy under the benchmark harness.
   benchmark::RegisterBenchmark("memcpy/64MiB", BM_memcpy)->Unit(benchmark::kMillisecond);
   const char* codecs[] = {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int8:sr",
-                          "int4", "int4:sr", "sign1", "topk:0.01"};
+                          "int4", "int4:sr", "sign1", "mxfp8", "mxfp4", "topk:0.01"};
   for (const char* n : codecs) {
     for (auto [op, opname] : {std::pair{Op::encode, "encode"}, std::pair{Op::decode, "decode"},
                               std::pair{Op::decode_accumulate, "decode_accumulate"}}) {

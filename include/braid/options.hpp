@@ -31,7 +31,7 @@ struct AllreduceOptions : CollectiveOptions {
   /// Algorithm to use; `automatic` defers to BRAID_ALGO, then to the tuner.
   Algorithm algorithm = Algorithm::automatic;
   /// Codec for compression inside the collective (docs/codecs.md): "" = BRAID_CODEC,
-  /// "none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1",
+  /// "none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "mxfp8", "mxfp4",
   /// "topk:RATIO" or "auto" (compress only when the cost model says it is faster, with
   /// codecs inside BRAID_CODEC_MAX_ERROR), with optional suffixes such as ":sr"
   /// (stochastic rounding) or ":block=128". Compressed all-reduce takes f32 buffers,

@@ -58,7 +58,7 @@ __all__ = [
 #: Codec families, as braid's C++ API and allreduce_bench --codec name them; topk takes a
 #: ratio ("topk:0.01") and any codec may carry suffixes such as ":sr" or ":block=128"
 #: (docs/codecs.md). "auto" lets the cost model decide.
-CODECS = ("none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:RATIO", "auto")
+CODECS = ("none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "mxfp8", "mxfp4", "topk:RATIO", "auto")
 
 _NP_DTYPES = {
     np.dtype(np.float32): DataType.f32,

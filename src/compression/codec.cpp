@@ -20,9 +20,10 @@ namespace {
 namespace k = braid::kernels;
 
 constexpr const char* kValid =
-    "valid codecs: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, topk:RATIO (0 < RATIO <= 1), auto; "
-    "options appended with ':': sr|rn (int8, int4), block=N (N a multiple of 8 in [8, 4096]; int8, int4, fp8e4m3, "
-    "fp8e5m2, sign1), seed=N (int8:sr, int4:sr); e.g. int8:sr:block=128, topk:0.01 (docs/codecs.md)";
+    "valid codecs: none, fp16, bf16, fp8e4m3, fp8e5m2, int8, int4, sign1, mxfp8, mxfp4, topk:RATIO "
+    "(0 < RATIO <= 1), auto; options appended with ':': sr|rn (int8, int4), block=N (N a multiple of 8 in "
+    "[8, 4096]; int8, int4, fp8e4m3, fp8e5m2, sign1), seed=N (int8:sr, int4:sr); e.g. int8:sr:block=128, "
+    "topk:0.01 (docs/codecs.md)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& why) {
   std::ostringstream os;
@@ -38,12 +39,15 @@ constexpr NameKind kNames[] = {{"none", CodecKind::none},       {"fp16", CodecKi
                                {"bf16", CodecKind::bf16},       {"fp8e4m3", CodecKind::fp8e4m3},
                                {"fp8e5m2", CodecKind::fp8e5m2}, {"int8", CodecKind::int8},
                                {"int4", CodecKind::int4},       {"sign1", CodecKind::sign1},
+                               {"mxfp8", CodecKind::mxfp8},     {"mxfp4", CodecKind::mxfp4},
                                {"topk", CodecKind::topk},       {"auto", CodecKind::automatic}};
 
+// The block formats whose block size is an option (MX fixes it at 32).
 bool is_block_kind(CodecKind kind) {
   return kind == CodecKind::int8 || kind == CodecKind::int4 || kind == CodecKind::fp8e4m3 ||
          kind == CodecKind::fp8e5m2 || kind == CodecKind::sign1;
 }
+bool is_mx_kind(CodecKind kind) { return kind == CodecKind::mxfp8 || kind == CodecKind::mxfp4; }
 bool is_int_kind(CodecKind kind) { return kind == CodecKind::int8 || kind == CodecKind::int4; }
 
 bool parse_u64(const std::string& s, std::uint64_t* v) {
@@ -78,6 +82,8 @@ k::BlockFormat block_format(CodecKind kind) {
     case CodecKind::int4: return k::BlockFormat::int4;
     case CodecKind::fp8e4m3: return k::BlockFormat::fp8e4m3;
     case CodecKind::fp8e5m2: return k::BlockFormat::fp8e5m2;
+    case CodecKind::mxfp8: return k::BlockFormat::mxfp8;
+    case CodecKind::mxfp4: return k::BlockFormat::mxfp4;
     default: return k::BlockFormat::sign1;
   }
 }
@@ -92,6 +98,10 @@ void check_encodable(const CodecSpec& spec, const char* what) {
     throw Error(ErrorCode::InvalidUsage, std::string(what) + ": block " + std::to_string(spec.block) +
                                              " is not a multiple of 8 in [8, 4096]");
   }
+  if (is_mx_kind(spec.kind) && spec.block != kMxBlock)
+    throw Error(ErrorCode::InvalidUsage, std::string(what) + ": " + (spec.kind == CodecKind::mxfp8 ? "mxfp8" : "mxfp4") +
+                                             " has blocks of " + std::to_string(kMxBlock) + " values (OCP MX v1.0), not " +
+                                             std::to_string(spec.block));
   if (spec.kind == CodecKind::topk && !(spec.topk_ratio > 0.0 && spec.topk_ratio <= 1.0))
     throw Error(ErrorCode::InvalidUsage, std::string(what) + ": topk ratio must be in (0, 1]");
 }
@@ -189,6 +199,7 @@ CodecSpec parse_codec(std::string_view text) {
     }
   }
   if (!found) bad(text, "unknown codec name '" + parts[0] + "'");
+  if (is_mx_kind(spec.kind)) spec.block = kMxBlock;
   std::size_t next = 1;
   if (spec.kind == CodecKind::topk) {
     if (parts.size() < 2 || parts[1].empty()) bad(text, "topk needs a ratio, e.g. topk:0.01");
@@ -208,6 +219,7 @@ CodecSpec parse_codec(std::string_view text) {
       seen_round = true;
       spec.rounding = o == "sr" ? Rounding::stochastic : Rounding::nearest;
     } else if (o.rfind("block=", 0) == 0) {
+      if (is_mx_kind(spec.kind)) bad(text, "MX formats have blocks of 32 values by definition (OCP MX v1.0)");
       if (!is_block_kind(spec.kind)) bad(text, "option 'block=' applies to int8, int4, fp8e4m3, fp8e5m2, sign1 only");
       if (seen_block) bad(text, "block given twice");
       seen_block = true;
@@ -258,6 +270,10 @@ double error_bound(const CodecSpec& spec) noexcept {
     case CodecKind::bf16: return std::ldexp(1.0, -8);
     case CodecKind::fp8e4m3: return std::ldexp(1.0, -4);
     case CodecKind::fp8e5m2: return std::ldexp(1.0, -3);
+    // A power-of-two scale leaves absmax / X in [256, 512) for E4M3 (largest 448) and
+    // [4, 8) for E2M1 (largest 6): clamping costs up to 1/8 and 1/4 of the absmax.
+    case CodecKind::mxfp8: return std::ldexp(1.0, -3);
+    case CodecKind::mxfp4: return std::ldexp(1.0, -2);
     case CodecKind::int8: return sr / 254.0;
     case CodecKind::int4: return sr / 14.0;
     case CodecKind::sign1:

@@ -29,6 +29,8 @@ enum class CodecKind : std::uint8_t {
   int8,     ///< Symmetric int8 with a per-block absmax f32 scale.
   int4,     ///< Symmetric int4 (two per byte) with a per-block absmax f32 scale.
   sign1,    ///< One sign bit per value with a per-block f32 scale = mean |x|.
+  mxfp8,    ///< OCP MX v1.0 MXFP8: E4M3 elements, an E8M0 (power-of-two) scale per 32.
+  mxfp4,    ///< OCP MX v1.0 MXFP4: E2M1 elements (two per byte), an E8M0 scale per 32.
   topk,     ///< The k values of largest magnitude: u32 indices then f32 values.
   automatic ///< "auto": the communicator picks one of the above; not encodable itself.
 };
@@ -39,7 +41,10 @@ enum class Rounding : std::uint8_t {
   stochastic   ///< Up with probability equal to the fraction (unbiased), counter-based RNG.
 };
 
-/// A parsed codec name. Default block 256; seed keys the stochastic-rounding RNG.
+/// Values per scale block of the MX formats (OCP MX v1.0's k).
+constexpr int kMxBlock = 32;
+
+/// A parsed codec name. Default block 256 (MX: 32); seed keys the stochastic-rounding RNG.
 struct CodecSpec {
   CodecKind kind = CodecKind::none;      ///< Family.
   int block = 256;                       ///< Elements per scale block (block formats only).
@@ -49,7 +54,7 @@ struct CodecSpec {
 };
 
 /// Parses a codec name (case-insensitive):
-///   none | fp16 | bf16 | fp8e4m3 | fp8e5m2 | int8 | int4 | sign1 | topk:RATIO | auto
+///   none | fp16 | bf16 | fp8e4m3 | fp8e5m2 | int8 | int4 | sign1 | mxfp8 | mxfp4 | topk:RATIO | auto
 /// followed by optional ":OPTION" suffixes:
 ///   sr / rn          stochastic / nearest rounding (int8, int4)
 ///   block=N          scale block size, a multiple of 8 in [8, 4096] (int8, int4, fp8*, sign1)
@@ -70,7 +75,9 @@ bool requires_error_feedback(const CodecSpec& spec) noexcept;
 bool is_biased(const CodecSpec& spec) noexcept;
 
 /// Nominal worst-case |decoded - x| / (absmax of x's block) for finite input, for cost
-/// models and error budgets: int8 1/254, int4 1/14, fp8e4m3 2^-4, fp8e5m2 2^-3, fp16 2^-11,
+/// models and error budgets: int8 1/254, int4 1/14, fp8e4m3 2^-4, fp8e5m2 2^-3, mxfp8 2^-3,
+/// mxfp4 2^-2 (for blocks whose absmax is at least 2^-119 / 2^-125: E8M0's smallest scale),
+/// fp16 2^-11,
 /// bf16 2^-8 (stochastic rounding: twice the nearest bound), sign1 and topk 1, none 0.
 double error_bound(const CodecSpec& spec) noexcept;
 

@@ -63,7 +63,7 @@ std::vector<Setting> make_table() {
        "Must be the same on every rank."},
       {"BRAID_CODEC", SettingType::text, "none",
        "Compression codec of all-reduces that do not name one: none, fp16, bf16, fp8e4m3, fp8e5m2, "
-       "int8, int4, sign1, topk:RATIO or auto, with optional suffixes (docs/codecs.md)."},
+       "int8, int4, sign1, mxfp8, mxfp4, topk:RATIO or auto, with optional suffixes (docs/codecs.md)."},
       {"BRAID_CODEC_MAX_ERROR", SettingType::real, "0.004",
        "Error budget of codec auto: only codecs whose worst-case error relative to the block's "
        "largest value is at most this are considered (0.004 admits fp16, bf16 and int8).",

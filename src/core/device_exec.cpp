@@ -62,6 +62,8 @@ kc::DeviceCodec device_codec(const compression::CodecSpec& spec, std::uint64_t s
     case compression::CodecKind::fp8e4m3:
     case compression::CodecKind::fp8e5m2:
     case compression::CodecKind::sign1:
+    case compression::CodecKind::mxfp8:
+    case compression::CodecKind::mxfp4:
       c.kind = kc::DeviceCodec::Kind::block;
       c.block = compression::block_params(spec, step, offset);
       break;

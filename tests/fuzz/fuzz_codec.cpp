@@ -17,8 +17,9 @@ namespace cz = braid::compression;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::Input in(data, size);
   cz::CodecSpec spec;
-  spec.kind = static_cast<cz::CodecKind>(in.byte() % 9);  // none .. topk (auto is never on the wire)
-  spec.block = 8 * (1 + in.byte() % 64);                  // 8 .. 512
+  spec.kind = static_cast<cz::CodecKind>(in.byte() % 11);  // none .. topk (auto is never on the wire)
+  spec.block = 8 * (1 + in.byte() % 64);                   // 8 .. 512
+  if (spec.kind == cz::CodecKind::mxfp8 || spec.kind == cz::CodecKind::mxfp4) spec.block = cz::kMxBlock;
   spec.rounding = (in.byte() & 1) ? cz::Rounding::stochastic : cz::Rounding::nearest;
   spec.topk_ratio = (1 + in.byte()) / 256.0;              // (0, 1]
   const std::uint8_t lo = in.byte(), hi = in.byte();

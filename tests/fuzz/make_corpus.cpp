@@ -285,7 +285,8 @@ void cost_model() {
 void codec() {
   namespace cz = braid::compression;
   // The target's header: kind, block/8 - 1, rounding, ratio*256 - 1, count (u16), framed.
-  const char* names[] = {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:0.25"};
+  const char* names[] = {"none", "fp16",  "bf16",  "fp8e4m3", "fp8e5m2",
+                         "int8", "int4",  "sign1", "mxfp8",   "mxfp4", "topk:0.25"};
   std::vector<float> x(100);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) - 8.5f;
   for (const char* n : names) {

@@ -162,7 +162,8 @@ TEST(CudaArgs, CountZeroIsANoOpWithoutLaunching) {
 const char* const kCodecs[] = {"none",       "fp16",         "bf16",           "fp8e4m3",        "fp8e5m2",
                                "int8",       "int8:sr:seed=7", "int4",         "int4:sr:seed=99", "sign1",
                                "int8:block=8", "int4:block=4096", "sign1:block=24", "fp8e5m2:block=64",
-                               "int4:sr:block=40", "topk:0.01",  "topk:0.3",     "topk:1"};
+                               "int4:sr:block=40", "mxfp8",      "mxfp4",        "topk:0.01",
+                               "topk:0.3",         "topk:1"};
 
 cu::DeviceCodec to_device(const comp::CodecSpec& s, std::uint64_t step, std::uint64_t offset) {
   cu::DeviceCodec c;
@@ -178,6 +179,8 @@ cu::DeviceCodec to_device(const comp::CodecSpec& s, std::uint64_t step, std::uin
     case comp::CodecKind::int4: c.block.format = hk::BlockFormat::int4; break;
     case comp::CodecKind::fp8e4m3: c.block.format = hk::BlockFormat::fp8e4m3; break;
     case comp::CodecKind::fp8e5m2: c.block.format = hk::BlockFormat::fp8e5m2; break;
+    case comp::CodecKind::mxfp8: c.block.format = hk::BlockFormat::mxfp8; break;
+    case comp::CodecKind::mxfp4: c.block.format = hk::BlockFormat::mxfp4; break;
     default: c.block.format = hk::BlockFormat::sign1; break;
   }
   c.block.block = static_cast<std::uint32_t>(s.block);

@@ -304,8 +304,9 @@ TEST_P(Collectives, SplitIntoEvenAndOddRanks) {
     const int members = (n + (r % 2 == 0 ? 1 : 0)) / 2;
     ASSERT_EQ(sub.size(), members);
     // The child keeps its parent's transport (it took the configuration's before).
-    if (members > 1 && transport() != "auto" && r == 0)
+    if (members > 1 && transport() != "auto" && r == 0) {
       EXPECT_NE(sub.describe_topology().find("=" + transport()), std::string::npos) << sub.describe_topology();
+    }
     int count_higher = 0;
     for (int q = r + 2; q < n; q += 2) ++count_higher;
     EXPECT_EQ(sub.rank(), count_higher);

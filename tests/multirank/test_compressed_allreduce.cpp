@@ -76,7 +76,7 @@ struct RefStores {
 
 const Case kCases[] = {{"fp16", false},   {"bf16", false}, {"fp8e4m3", false}, {"fp8e5m2", false},
                        {"int8", false},   {"int8", true},  {"int8:sr", false}, {"int4:block=64", false},
-                       {"sign1", true},   {"topk:0.1", true}};
+                       {"sign1", true},   {"mxfp4", true},  {"topk:0.1", true}};
 
 }  // namespace
 

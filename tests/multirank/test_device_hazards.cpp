@@ -157,9 +157,10 @@ long run_every_collective(Communicator& c, gpu::Stream s, std::size_t count) {
     // One launch per codec step (issue 33 item 5), not one per ~8 Ki-value frame: n
     // encodes, the owner's n decodes and one encode over its whole shard (one piece here),
     // n decodes of the reduced payloads: 3n + 1 (10 on 3 ranks; frame by frame, 26).
-    if (count / static_cast<std::size_t>(n) <= 65536)
+    if (count / static_cast<std::size_t>(n) <= 65536) {
       EXPECT_LE(gpu::counts().launch - launches, 3u * static_cast<unsigned>(n) + 1)
           << "launches of a one-piece int8 all-reduce";
+    }
     const auto got = buf.get();
     for (std::size_t i = 0; i < count; i += 97) EXPECT_NEAR(got[i], static_cast<float>(n), 0.05f * n) << "int8 at " << i;
   }

@@ -310,7 +310,8 @@ struct CodecChoice {
 };
 const CodecChoice kCodecs[] = {{"fp16", false},    {"bf16", false},    {"fp8e4m3", false},  {"fp8e5m2", false},
                                {"int8", false},    {"int8:sr", false}, {"int4", false},     {"int4:block=64", false},
-                               {"int4:sr", false}, {"sign1", true},    {"topk:0.01", true}, {"topk:0.1", true}};
+                               {"int4:sr", false}, {"sign1", true},    {"topk:0.01", true}, {"topk:0.1", true},
+                               {"mxfp8", false},   {"mxfp4", true}};
 constexpr int kEfKeysPerCodec = 2;
 
 // The sequence of operations, the same on every rank. Element counts lean towards small

@@ -30,7 +30,8 @@ namespace k = braid::kernels;
 using braid::kernels::bits::f2u;
 using braid::kernels::bits::u2f;
 
-const char* const kAllNames[] = {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:0.1"};
+const char* const kAllNames[] = {"none", "fp16",  "bf16",  "fp8e4m3", "fp8e5m2", "int8",
+                                 "int4", "sign1", "mxfp8", "mxfp4",   "topk:0.1"};
 const std::size_t kCounts[] = {0, 1, 7, 8, 255, 256, 257, 1001, 4099};
 
 std::vector<float> randn(std::size_t n, std::uint32_t seed, float sigma = 1.0f) {
@@ -68,7 +69,7 @@ float scale_at(const std::vector<std::uint8_t>& p, std::size_t b) {
 TEST(CodecNames, EveryValidNameParsesAndRoundTrips) {
   for (const char* n : {"none", "fp16", "bf16", "fp8e4m3", "fp8e5m2", "int8", "int4", "sign1", "topk:0.01", "topk:1",
                         "auto", "int8:sr", "int4:sr:block=128", "int8:sr:seed=42", "fp8e4m3:block=64",
-                        "sign1:block=4096", "topk:0.25"}) {
+                        "sign1:block=4096", "topk:0.25", "mxfp8", "mxfp4"}) {
     const CodecSpec s = parse_codec(n);
     EXPECT_EQ(name(s), n) << n;
     const CodecSpec t = parse_codec(name(s));
@@ -90,7 +91,8 @@ TEST(CodecNames, BadNamesAreRefusedWithTheValidList) {
   for (const char* n : {"int9", "fp32", "topk", "topk:", "topk:0", "topk:1.5", "topk:-0.1", "topk:abc", "topk:nan",
                         "topk:0.1x", "int8:block=7", "int8:block=4104", "int8:block=12", "int8:block=", "fp16:sr",
                         "sign1:seed=3", "int8:seed=3", "int8:sr:sr", "int8:fast", "none:block=8", "auto:sr",
-                        "int8:seed=99999999999999999999999"}) {
+                        "int8:seed=99999999999999999999999", "mxfp8:block=32", "mxfp4:block=64", "mxfp4:sr",
+                        "mxfp8:seed=1", "mxfp6"}) {
     try {
       parse_codec(n);
       ADD_FAILURE() << n << " was accepted";
@@ -482,6 +484,155 @@ TEST(CodecFp8, RelativeErrorBounds) {
 
 // ---------------------------------------------------------------------------------------
 // sign1.
+
+// ---------------------------------------------------------------------------------------
+// OCP MX v1.0 (mxfp8: E4M3, mxfp4: E2M1; an E8M0 scale per 32 values).
+
+// E2M1's value of a code (sign in bit 3), from the specification's table.
+float e2m1_value(std::uint8_t c) {
+  const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (c & 8) ? -mags[c & 7] : mags[c & 7];
+}
+
+// The MX encoding of one block, straight from the specification: X = 2^(floor(log2
+// absmax) - emax), clamped to E8M0's [2^-127, 2^127]; each element the nearest
+// representable value of v / X (ties to the even code), clamped to the largest normal by
+// the search itself. Returns the scale byte, and the codes (one per value) in *codes.
+std::uint8_t mx_reference(const float* v, std::size_t n, bool fp4, std::vector<std::uint8_t>* codes) {
+  double amax = 0;
+  for (std::size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(v[i])));
+  const int emax = fp4 ? 2 : 8;
+  int k = amax == 0 ? -127 : std::ilogb(amax) - emax;
+  k = std::max(k, -127);
+  codes->clear();
+  const int maxcode = fp4 ? 7 : 0x7e;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = std::fabs(static_cast<double>(v[i])) / std::ldexp(1.0, k);
+    int best = 0;
+    double best_err = std::numeric_limits<double>::infinity();
+    for (int c = 0; c <= maxcode; ++c) {
+      const double val = fp4 ? e2m1_value(static_cast<std::uint8_t>(c))
+                             : k::fp8_to_float(static_cast<std::uint8_t>(c), k::BlockFormat::fp8e4m3);
+      const double e = std::fabs(val - a);
+      if (e < best_err || (e == best_err && c % 2 == 0)) {
+        best = c;
+        best_err = e;
+      }
+    }
+    const int sign = std::signbit(v[i]) ? (fp4 ? 8 : 0x80) : 0;
+    codes->push_back(static_cast<std::uint8_t>(best | sign));
+  }
+  return static_cast<std::uint8_t>(k + 127);
+}
+
+// The codes of a payload's block b (n values in all), one per value.
+std::vector<std::uint8_t> mx_codes(const std::vector<std::uint8_t>& p, std::size_t n, std::size_t b, bool fp4) {
+  const std::size_t nb = (n + 31) / 32, start = 32 * b, len = std::min<std::size_t>(32, n - start);
+  std::vector<std::uint8_t> out;
+  for (std::size_t i = start; i < start + len; ++i)
+    out.push_back(fp4 ? static_cast<std::uint8_t>(p[nb + i / 2] >> (4 * (i % 2)) & 0xf) : p[nb + i]);
+  return out;
+}
+
+TEST(CodecMx, LayoutIsScaleBytesThenCodes) {
+  EXPECT_EQ(parse_codec("mxfp8").block, 32);
+  EXPECT_EQ(encoded_bytes(parse_codec("mxfp8"), 64), 68u);  // 2 scales + 64 codes, padded to 4
+  EXPECT_EQ(encoded_bytes(parse_codec("mxfp8"), 32), 36u);
+  EXPECT_EQ(encoded_bytes(parse_codec("mxfp4"), 33), 20u);  // 2 + 17
+  EXPECT_EQ(encoded_bytes(parse_codec("mxfp4"), 4096), 128u + 2048u);
+  EXPECT_DOUBLE_EQ(error_bound(parse_codec("mxfp8")), 0.125);
+  EXPECT_DOUBLE_EQ(error_bound(parse_codec("mxfp4")), 0.25);
+  EXPECT_FALSE(requires_error_feedback(parse_codec("mxfp4")));
+  EXPECT_TRUE(is_biased(parse_codec("mxfp8")));
+  CodecSpec wrong = parse_codec("mxfp8");
+  wrong.block = 64;  // built by hand, past the parser
+  EXPECT_THROW(encoded_bytes(wrong, 10), braid::Error);
+}
+
+TEST(CodecMx, HandBuiltBlocksGiveTheSpecificationsCodes) {
+  // absmax 7: floor(log2 7) = 2 = E2M1's emax, so X = 1 and the ties are E2M1's own: each
+  // goes to the even code; 7 clamps to 6.
+  const CodecSpec f4 = parse_codec("mxfp4");
+  std::vector<float> x = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 7.0f, 6.0f, -0.75f, 0.2f, -3.0f};
+  auto p = enc(f4, x);
+  EXPECT_EQ(p[0], 127);
+  const std::vector<std::uint8_t> want = {0, 2, 2, 4, 4, 6, 6, 7, 7, 8 | 2, 0, 8 | 5};
+  EXPECT_EQ(mx_codes(p, x.size(), 0, true), want);
+  const auto d = dec(f4, p, x.size());
+  const std::vector<float> dwant = {0, 1, 1, 2, 2, 4, 4, 6, 6, -1, 0, -3};
+  EXPECT_EQ(d, dwant);
+  // mxfp8: absmax 448 = 1.75 * 2^8, X = 1: E4M3's values come back exactly, 500 saturates.
+  const CodecSpec f8 = parse_codec("mxfp8");
+  x = {448.0f, 1.0f, -2.5f, 0x1p-9f, 0.0f};
+  p = enc(f8, x);
+  EXPECT_EQ(p[0], 127);
+  EXPECT_EQ(dec(f8, p, x.size()), x);
+  x = {500.0f, 1.0f};  // floor(log2 500) = 8: X = 1, 500 clamps to 448
+  EXPECT_EQ(dec(f8, enc(f8, x), 2), (std::vector<float>{448.0f, 1.0f}));
+  x = {1.0f, 0.5f};  // X = 2^-8: byte 119
+  p = enc(f8, x);
+  EXPECT_EQ(p[0], 119);
+  EXPECT_EQ(dec(f8, p, 2), x);
+  // A zero block: the smallest scale (byte 0, 2^-127) and zero codes, decoding to +0.
+  x.assign(32, 0.0f);
+  p = enc(f8, x);
+  EXPECT_EQ(p[0], 0);
+  for (float v : dec(f8, p, 32)) EXPECT_EQ(f2u(v), 0u);
+  // A non-finite value: the block's scale is NaN (0xff) and all of it decodes to NaN.
+  x = randn(64, 9);
+  x[40] = std::numeric_limits<float>::infinity();
+  p = enc(f4, x);
+  EXPECT_EQ(p[1], 0xff);
+  const auto dn = dec(f4, p, 64);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(std::isnan(dn[i]), i >= 32) << i;
+}
+
+TEST(CodecMx, EveryBlockMatchesTheSpecificationsExhaustiveSearch) {
+  for (const char* n : {"mxfp8", "mxfp4"}) {
+    const CodecSpec s = parse_codec(n);
+    const bool fp4 = s.kind == CodecKind::mxfp4;
+    std::mt19937 g(17);
+    for (int round = 0; round < 40; ++round) {
+      // Blocks of every magnitude from 2^-140 (under E8M0's smallest scale) to 2^120,
+      // with ties and tails: the last block is short.
+      const std::size_t count = 32 * 9 + static_cast<std::size_t>(round % 31);
+      auto x = randn(count, 100 + static_cast<std::uint32_t>(round));
+      for (std::size_t b = 0; b * 32 < count; ++b) {
+        const int e = static_cast<int>(g() % 260) - 140;
+        for (std::size_t i = 32 * b; i < std::min(count, 32 * b + 32); ++i) x[i] = std::ldexp(x[i], e);
+      }
+      x[5] = std::ldexp(1.25f, 3) * (x[0] < 0 ? -1.0f : 1.0f);  // ties in the first block's scale
+      const auto p = enc(s, x);
+      for (std::size_t b = 0; b * 32 < count; ++b) {
+        std::vector<std::uint8_t> want;
+        const std::size_t len = std::min<std::size_t>(32, count - 32 * b);
+        const std::uint8_t byte = mx_reference(x.data() + 32 * b, len, fp4, &want);
+        ASSERT_EQ(p[b], byte) << n << " round " << round << " block " << b;
+        ASSERT_EQ(mx_codes(p, count, b, fp4), want) << n << " round " << round << " block " << b;
+      }
+    }
+  }
+}
+
+TEST(CodecMx, ErrorWithinTheBoundOfEachBlocksAbsmax) {
+  for (const char* n : {"mxfp8", "mxfp4"}) {
+    const CodecSpec s = parse_codec(n);
+    auto x = randn(32 * 200 + 5, 23, 3.0f);
+    for (std::size_t i = 0; i < x.size(); i += 13) x[i] *= 1e-5f;
+    std::vector<float> res(x.size());
+    std::vector<std::uint8_t> p(encoded_bytes(s, x.size()));
+    encode_with_feedback(s, x.data(), x.size(), p.data(), res.data());
+    const auto d = dec(s, p, x.size());
+    for (std::size_t b = 0; b * 32 < x.size(); ++b) {
+      float amax = 0;
+      for (std::size_t i = 32 * b; i < std::min(x.size(), 32 * b + 32); ++i) amax = std::max(amax, std::fabs(x[i]));
+      for (std::size_t i = 32 * b; i < std::min(x.size(), 32 * b + 32); ++i) {
+        ASSERT_LE(std::fabs(d[i] - x[i]), error_bound(s) * amax) << n << " i=" << i;
+        ASSERT_EQ(res[i], x[i] - d[i]) << n << " i=" << i;  // the residual is exact
+      }
+    }
+  }
+}
 
 TEST(CodecSign1, PreservesEachBlocksL1NormAndSigns) {
   for (int block : {8, 256, 1024}) {

@@ -121,7 +121,7 @@ TEST_P(DeviceCodecSteps, MatchTheHostFramedFunctionsBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, DeviceCodecSteps,
                          ::testing::Values("fp16", "bf16", "int8:sr:seed=9", "int4:block=64", "fp8e4m3", "fp8e5m2",
-                                           "sign1", "topk:0.01"),
+                                           "sign1", "mxfp8", "mxfp4", "topk:0.01"),
                          [](const auto& param_info) {
                            std::string s = param_info.param;
                            for (char& c : s)

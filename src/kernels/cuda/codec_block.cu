@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const std::size_t fm = n - fstart < fr.frame ? n - fstart : fr.frame;
     const std::size_t fnb = (fm + B - 1) / B, lb = b - fstart / B;
     std::uint8_t* fout = out + f * fr.frame_bytes;
-    std::uint8_t* codes = fout + 4 * fnb;
+    std::uint8_t* codes = fout + scale_bytes(F) * fnb;
     // Pass 1.
     std::uint32_t m = 0;
     float lane_sum = 0.0f;
@@ -77,7 +77,14 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int k = 0; k < 8; ++k) sums[k] = __shfl_sync(0xffffffffu, lane_sum, k);
     }
     const BlockScale bs = block_scale<F>(m, sums, len);
-    if (lane == 0) store_u32(fout + 4 * lb, f2u(bs.scale));
+    if (lane == 0) {
+      if constexpr (is_mx(F)) {  // E8M0: k + 127 (2^-127 is the subnormal 0x00400000), 0xff NaN
+        const std::uint32_t sb = f2u(bs.scale);
+        fout[lb] = static_cast<std::uint8_t>(bs.mode == 0 ? 0xffu : (sb == 0x00400000u ? 0u : sb >> 23));
+      } else {
+        store_u32(fout + 4 * lb, f2u(bs.scale));
+      }
+    }
     // Pass 2.
     for (int c = 0; c < len; c += kChunk) {
       const int i0 = c + 8 * lane;
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       pack8<F>(q, w);
       if constexpr (F == BlockFormat::sign1) {
         codes[ce / 8] = static_cast<std::uint8_t>(w[0]);
-      } else if constexpr (F == BlockFormat::int4) {
+      } else if constexpr (F == BlockFormat::int4 || F == BlockFormat::mxfp4) {
         const std::uint32_t w1[1] = {w[0]};
         if (cnt >= 8)
           store_bytes<4>(codes + ce / 2, w1);
@@ -108,7 +115,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if (lb == fnb - 1 && lane == 0) {
       const std::size_t end = fstart + fr.frame >= n ? fr.last_bytes : fr.frame_bytes;
-      for (std::size_t k = 4 * fnb + codes_bytes(F, fm); k < end; ++k) fout[k] = 0;
+      for (std::size_t k = scale_bytes(F) * fnb + codes_bytes(F, fm); k < end; ++k) fout[k] = 0;
     }
   }
 }
@@ -150,6 +157,8 @@ Status launch_block_encode(const EncodeArgs& a, Stream s) noexcept {
     case BlockFormat::fp8e4m3: return by_flags<BlockFormat::fp8e4m3>(p, src, a.n, a.out, a.residual, s, fr);
     case BlockFormat::fp8e5m2: return by_flags<BlockFormat::fp8e5m2>(p, src, a.n, a.out, a.residual, s, fr);
     case BlockFormat::sign1: return by_flags<BlockFormat::sign1>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::mxfp8: return by_flags<BlockFormat::mxfp8>(p, src, a.n, a.out, a.residual, s, fr);
+    case BlockFormat::mxfp4: return by_flags<BlockFormat::mxfp4>(p, src, a.n, a.out, a.residual, s, fr);
   }
   return kInvalidValue;
 }
@@ -168,6 +177,8 @@ Status launch_block_fused(const DecodeReduceEncodeArgs& a, Stream s) noexcept {
     case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
     case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
     case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
+    case BlockFormat::mxfp8: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp8>{});
+    case BlockFormat::mxfp4: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp4>{});
   }
   return kInvalidValue;
 }

@@ -95,8 +95,30 @@ struct Fp8 {
 template <BlockFormat F>
 constexpr float kLevels = F == BlockFormat::int8 ? 127.0f : 7.0f;
 
+// OCP MX (codec_kernels.cpp "OCP Microscaling"): an E8M0 byte per block, 2^k.
+__host__ __device__ constexpr bool is_mx(BlockFormat f) { return f == BlockFormat::mxfp8 || f == BlockFormat::mxfp4; }
+__host__ __device__ constexpr std::size_t scale_bytes(BlockFormat f) { return is_mx(f) ? 1 : 4; }
+template <BlockFormat F>
+constexpr int kMxEmax = F == BlockFormat::mxfp8 ? 8 : 2;
+// 2^k for k in [-127, 127].
+BRAID_DEV float pow2(int k) { return k >= -126 ? u2f(static_cast<std::uint32_t>(k + 127) << 23) : u2f(0x00400000u); }
+BRAID_DEV float e8m0_value(std::uint32_t b) { return b == 0xffu ? u2f(kNanBits) : pow2(static_cast<int>(b) - 127); }
+// E2M1: nearest, ties to the even code, clamped to 6; sign in bit 3.
+BRAID_DEV std::uint32_t fp4_encode(float v) {
+  const std::uint32_t u = f2u(v);
+  const float a = u2f(u & 0x7fffffffu);
+  const std::uint32_t c = (a > 0.25f ? 1u : 0u) + (a >= 0.75f ? 1u : 0u) + (a > 1.25f ? 1u : 0u) +
+                          (a >= 1.75f ? 1u : 0u) + (a > 2.5f ? 1u : 0u) + (a >= 3.5f ? 1u : 0u) + (a > 5.0f ? 1u : 0u);
+  return c | ((u >> 28) & 8u);
+}
+BRAID_DEV float fp4_decode(std::uint32_t c) {
+  const std::uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  const float mag = e == 0 ? (m ? 0.5f : 0.0f) : u2f((e + 126u) << 23 | m << 22);
+  return u2f(f2u(mag) | (c & 8u) << 28);
+}
+
 __host__ __device__ constexpr std::size_t codes_bytes(BlockFormat f, std::size_t n) {
-  return f == BlockFormat::int4 ? (n + 1) / 2 : (f == BlockFormat::sign1 ? (n + 7) / 8 : n);
+  return f == BlockFormat::int4 || f == BlockFormat::mxfp4 ? (n + 1) / 2 : (f == BlockFormat::sign1 ? (n + 7) / 8 : n);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -126,14 +148,14 @@ struct BlockDec {
       payload += f * frame_bytes;
       if (f == last_frame) nb = last_nb;
     }
-    const float s = u2f(load_u32(payload + 4 * (i / block)));
-    const std::uint8_t* codes = payload + 4 * nb;
+    const float s = is_mx(F) ? e8m0_value(payload[i / block]) : u2f(load_u32(payload + 4 * (i / block)));
+    const std::uint8_t* codes = payload + scale_bytes(F) * nb;
     if constexpr (F == BlockFormat::sign1) {
       const std::uint32_t byte = codes[i / 8];
       const std::uint32_t m = f2u(s);
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = j < cnt ? u2f(m ^ (((byte >> j) & 1u) << 31)) : 0.0f;
-    } else if constexpr (F == BlockFormat::int4) {
+    } else if constexpr (F == BlockFormat::int4 || F == BlockFormat::mxfp4) {
       std::uint32_t w[1] = {0};
       if (cnt >= 8)
         load_bytes<4>(codes + i / 2, w);
@@ -142,8 +164,12 @@ struct BlockDec {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const std::uint32_t nib = (w[0] >> (4 * j)) & 0xfu;
-        const int q = static_cast<int>(nib << 28) >> 28;
-        v[j] = j < cnt ? fmul(static_cast<float>(q), s) : 0.0f;
+        float x;
+        if constexpr (F == BlockFormat::mxfp4)
+          x = fp4_decode(nib);
+        else
+          x = static_cast<float>(static_cast<int>(nib << 28) >> 28);
+        v[j] = j < cnt ? fmul(x, s) : 0.0f;
       }
     } else {
       std::uint32_t w[2] = {0, 0};
@@ -157,6 +183,8 @@ struct BlockDec {
         float x;
         if constexpr (F == BlockFormat::int8)
           x = static_cast<float>(static_cast<std::int8_t>(c));
+        else if constexpr (F == BlockFormat::mxfp8)
+          x = Fp8<BlockFormat::fp8e4m3>::decode(c);
         else
           x = Fp8<F>::decode(c);
         v[j] = j < cnt ? fmul(x, s) : 0.0f;
@@ -288,6 +316,14 @@ BRAID_DEV BlockScale block_scale(std::uint32_t m, const float (&s)[8], int len) 
                                add_rn(add_rn(s[1], s[5]), add_rn(s[3], s[7])));
     b.scale = div_rn(total, static_cast<float>(len));
     return b;
+  } else if constexpr (is_mx(F)) {
+    // k = floor(log2 absmax) - emax, clamped to E8M0's -127 (zero and subnormal absmax too).
+    const int biased = static_cast<int>(m >> 23);
+    int k = biased - 127 - kMxEmax<F>;
+    k = biased == 0 || k < -127 ? -127 : k;
+    b.scale = pow2(k);
+    b.inv = pow2(-k);
+    return b;
   } else {
     const float absmax = u2f(m);
     if (absmax < kTinyAbsmax) {
@@ -353,6 +389,19 @@ BRAID_DEV void quantise8(const float (&y)[8], int cnt, const BlockScale& bs, con
       q[j] = static_cast<std::uint32_t>(static_cast<std::int32_t>(qf));
       r[j] = fsub(y[j], mul_rn(qf, bs.scale));
     }
+  } else if constexpr (F == BlockFormat::mxfp8) {
+    using E = Fp8<BlockFormat::fp8e4m3>;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = E::encode(mul_rn(y[j], bs.inv));
+      r[j] = fsub(y[j], fmul(E::decode(q[j]), bs.scale));
+    }
+  } else if constexpr (F == BlockFormat::mxfp4) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      q[j] = fp4_encode(mul_rn(y[j], bs.inv));
+      r[j] = fsub(y[j], fmul(fp4_decode(q[j]), bs.scale));
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -367,7 +416,7 @@ BRAID_DEV void quantise8(const float (&y)[8], int cnt, const BlockScale& bs, con
 
 // Packs 8 codes into little-endian payload bytes: sign1 1 byte, int4 4, int8/fp8 8.
 template <BlockFormat F>
-constexpr int kGroupBytes = F == BlockFormat::sign1 ? 1 : (F == BlockFormat::int4 ? 4 : 8);
+constexpr int kGroupBytes = F == BlockFormat::sign1 ? 1 : (F == BlockFormat::int4 || F == BlockFormat::mxfp4 ? 4 : 8);
 template <BlockFormat F>
 BRAID_DEV void pack8(const std::uint32_t (&q)[8], std::uint32_t (&w)[2]) {
   w[0] = w[1] = 0;
@@ -375,7 +424,7 @@ BRAID_DEV void pack8(const std::uint32_t (&q)[8], std::uint32_t (&w)[2]) {
   for (int j = 0; j < 8; ++j) {
     if constexpr (F == BlockFormat::sign1)
       w[0] |= q[j] << j;
-    else if constexpr (F == BlockFormat::int4)
+    else if constexpr (F == BlockFormat::int4 || F == BlockFormat::mxfp4)
       w[0] |= (q[j] & 0xfu) << (4 * j);
     else
       w[j / 4] |= (q[j] & 0xffu) << (8 * (j % 4));

@@ -94,7 +94,7 @@ bool valid_codec(const DeviceCodec& c) {
     case DeviceCodec::Kind::fp16:
     case DeviceCodec::Kind::bf16: return true;
     case DeviceCodec::Kind::block:
-      return static_cast<unsigned>(c.block.format) <= static_cast<unsigned>(BlockFormat::sign1) &&
+      return static_cast<unsigned>(c.block.format) <= static_cast<unsigned>(BlockFormat::mxfp4) &&
              c.block.block >= 8 && c.block.block <= kMaxCodecBlock && c.block.block % 8 == 0;
   }
   return false;
@@ -150,6 +150,8 @@ Status decode(const DecodeArgs& a, Stream s) noexcept {
     case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
     case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
     case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
+    case BlockFormat::mxfp8: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp8>{});
+    case BlockFormat::mxfp4: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp4>{});
   }
   return kInvalidValue;
 }

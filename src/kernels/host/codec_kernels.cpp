@@ -119,6 +119,54 @@ struct Fp8 {
 };
 
 // ---------------------------------------------------------------------------------------
+// OCP Microscaling (MX v1.0): blocks of 32 values share an E8M0 scale X = 2^k (one byte,
+// k + 127; 0xff is NaN), k = floor(log2(absmax)) - emax of the element type, clamped to
+// [-127, 127]; each element is value / X in E4M3 (mxfp8, emax 8) or E2M1 (mxfp4, emax 2),
+// round to nearest even, clamped to the largest normal.
+
+constexpr bool is_mx(BlockFormat f) noexcept { return f == BlockFormat::mxfp8 || f == BlockFormat::mxfp4; }
+// Bytes of one block's scale: an f32, or MX's E8M0 byte.
+constexpr std::size_t scale_bytes(BlockFormat f) noexcept { return is_mx(f) ? 1 : 4; }
+template <BlockFormat F>
+constexpr int kMxEmax = F == BlockFormat::mxfp8 ? 8 : 2;
+
+// 2^k as an f32, for k in [-127, 127] (2^-127 is subnormal).
+BRAID_INLINE float pow2(int k) noexcept {
+  return k >= -126 ? u2f(static_cast<std::uint32_t>(k + 127) << 23) : u2f(0x00400000u);
+}
+
+// The shared exponent k of a finite block from its |bits| max m. A zero or subnormal
+// absmax is below 2^-126, so its floor(log2) - emax is under -127: the clamp's -127.
+template <BlockFormat F>
+BRAID_INLINE int mx_exponent(std::uint32_t m) noexcept {
+  const int biased = static_cast<int>(m >> 23);
+  const int k = biased - 127 - kMxEmax<F>;
+  return biased == 0 || k < -127 ? -127 : k;  // at most 127 - emax: no upper clamp
+}
+
+// The value of an E8M0 scale byte.
+BRAID_INLINE float e8m0_value(std::uint8_t b) noexcept { return b == 0xffu ? u2f(kNanBits) : pow2(b - 127); }
+
+// E2M1 (magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; sign in bit 3): the nearest, ties to the
+// even code, clamped to 6. Each comparison is one midpoint; a tie goes up exactly where
+// the code above it is even.
+BRAID_INLINE std::uint32_t fp4_encode(float v) noexcept {
+  const std::uint32_t u = f2u(v);
+  const float a = u2f(u & 0x7fffffffu);
+  const std::uint32_t c = static_cast<std::uint32_t>(a > 0.25f) + static_cast<std::uint32_t>(a >= 0.75f) +
+                          static_cast<std::uint32_t>(a > 1.25f) + static_cast<std::uint32_t>(a >= 1.75f) +
+                          static_cast<std::uint32_t>(a > 2.5f) + static_cast<std::uint32_t>(a >= 3.5f) +
+                          static_cast<std::uint32_t>(a > 5.0f);
+  return c | ((u >> 28) & 8u);
+}
+BRAID_INLINE float fp4_decode(std::uint32_t c) noexcept {
+  // Magnitude 2^(e-1) * (1 + m/2) for exponent field e > 0, m/2 for e = 0.
+  const std::uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m) : u2f((e + 126u) << 23 | m << 22);
+  return u2f(f2u(mag) | (c & 8u) << 28);
+}
+
+// ---------------------------------------------------------------------------------------
 // Block encoders. `y` holds the block's len values; `codes` points at the block's codes.
 
 template <BlockFormat F>
@@ -181,6 +229,31 @@ BRAID_INLINE void encode_fp8_block(const float* y, std::uint32_t len, float scal
   }
 }
 
+// MX elements: value * 2^-k in the element type; the residual against element * 2^k.
+template <BlockFormat F, bool FB>
+BRAID_INLINE void encode_mx_block(const float* y, std::uint32_t len, float scale, float inv, std::uint8_t* codes,
+                                  float* res) noexcept {
+  if constexpr (F == BlockFormat::mxfp8) {
+    using E = Fp8<BlockFormat::fp8e4m3>;
+    for (std::uint32_t i = 0; i < len; ++i) {
+      const std::uint32_t c = E::encode(y[i] * inv);
+      codes[i] = static_cast<std::uint8_t>(c);
+      if constexpr (FB) res[i] = y[i] - E::decode(c) * scale;
+    }
+  } else {
+    std::uint32_t lo = 0;
+    for (std::uint32_t i = 0; i < len; ++i) {
+      const std::uint32_t c = fp4_encode(y[i] * inv);
+      if constexpr (FB) res[i] = y[i] - fp4_decode(c) * scale;
+      if (i & 1u)
+        codes[i / 2] = static_cast<std::uint8_t>(lo | c << 4);
+      else
+        lo = c;
+    }
+    if (len & 1u) codes[len / 2] = static_cast<std::uint8_t>(lo);
+  }
+}
+
 // Sum of |y| in the documented order: lane k = elements i with i % 8 == k in increasing i,
 // then ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)).
 BRAID_INLINE float abs_sum8(const float* y, std::uint32_t len) noexcept {
@@ -217,7 +290,8 @@ BRAID_INLINE void encode_sign_block(const float* y, std::uint32_t len, float mea
 
 BRAID_INLINE std::size_t codes_bytes(BlockFormat f, std::size_t n) noexcept {
   switch (f) {
-    case BlockFormat::int4: return (n + 1) / 2;
+    case BlockFormat::int4:
+    case BlockFormat::mxfp4: return (n + 1) / 2;
     case BlockFormat::sign1: return (n + 7) / 8;
     default: return n;
   }
@@ -228,7 +302,7 @@ BRAID_INLINE void encode_all(const BlockCodecParams& p, const float* in, const f
                              std::uint8_t* out, float* residual) noexcept {
   const std::size_t B = p.block;
   const std::size_t nb = (n + B - 1) / B;
-  std::uint8_t* codes = out + 4 * nb;
+  std::uint8_t* codes = out + scale_bytes(F) * nb;
   alignas(64) float tmp[kMaxCodecBlock];
   for (std::size_t b = 0; b < nb; ++b) {
     const std::size_t start = b * B;
@@ -243,10 +317,16 @@ BRAID_INLINE void encode_all(const BlockCodecParams& p, const float* in, const f
     std::uint8_t* c = codes + codes_bytes(F, start);
     const std::uint32_t m = abs_bits_max(y, len);
     float scale;
+    std::uint8_t e8m0 = 0xffu;  // MX: the scale byte
     if (m >= 0x7f800000u) {  // inf or NaN: the whole block decodes to NaN; residual dropped
       scale = u2f(kNanBits);
       std::memset(c, 0, codes_bytes(F, len));
       if constexpr (FB) std::memset(res, 0, sizeof(float) * len);
+    } else if constexpr (is_mx(F)) {
+      const int k = mx_exponent<F>(m);
+      e8m0 = static_cast<std::uint8_t>(k + 127);
+      scale = pow2(k);
+      encode_mx_block<F, FB>(y, len, scale, pow2(-k), c, res);
     } else if constexpr (F == BlockFormat::sign1) {
       scale = abs_sum8(y, len) / static_cast<float>(len);
       encode_sign_block<FB>(y, len, scale, c, res);
@@ -264,9 +344,12 @@ BRAID_INLINE void encode_all(const BlockCodecParams& p, const float* in, const f
         encode_fp8_block<F, FB>(y, len, scale, Fp8<F>::kMax / absmax, c, res);
       }
     }
-    store_f32(out + 4 * b, scale);
+    if constexpr (is_mx(F))
+      out[b] = e8m0;
+    else
+      store_f32(out + 4 * b, scale);
   }
-  const std::size_t used = 4 * nb + codes_bytes(F, n);
+  const std::size_t used = scale_bytes(F) * nb + codes_bytes(F, n);
   std::memset(out + used, 0, block_payload_bytes(F, p.block, n) - used);
 }
 
@@ -289,6 +372,8 @@ BRAID_INLINE void encode_fb(const BlockCodecParams& p, const float* in, const fl
     case BlockFormat::fp8e4m3: encode_all<BlockFormat::fp8e4m3, false, FB>(p, in, add, n, out, residual); return;
     case BlockFormat::fp8e5m2: encode_all<BlockFormat::fp8e5m2, false, FB>(p, in, add, n, out, residual); return;
     case BlockFormat::sign1: encode_all<BlockFormat::sign1, false, FB>(p, in, add, n, out, residual); return;
+    case BlockFormat::mxfp8: encode_all<BlockFormat::mxfp8, false, FB>(p, in, add, n, out, residual); return;
+    case BlockFormat::mxfp4: encode_all<BlockFormat::mxfp4, false, FB>(p, in, add, n, out, residual); return;
   }
 }
 
@@ -315,11 +400,11 @@ template <BlockFormat F, bool ACC>
 BRAID_INLINE void decode_all(std::uint32_t block, const std::uint8_t* in, std::size_t n, float* out) noexcept {
   const std::size_t B = block;
   const std::size_t nb = (n + B - 1) / B;
-  const std::uint8_t* codes = in + 4 * nb;
+  const std::uint8_t* codes = in + scale_bytes(F) * nb;
   for (std::size_t b = 0; b < nb; ++b) {
     const std::size_t start = b * B;
     const auto len = static_cast<std::uint32_t>(std::min(B, n - start));
-    const float s = load_f32(in + 4 * b);
+    const float s = is_mx(F) ? e8m0_value(in[b]) : load_f32(in + 4 * b);
     const std::uint8_t* c = codes + codes_bytes(F, start);
     float* o = out + start;
     if constexpr (F == BlockFormat::int8) {
@@ -345,6 +430,10 @@ BRAID_INLINE void decode_all(std::uint32_t block, const std::uint8_t* in, std::s
         for (int k = 0; k < 8; ++k) put<ACC>(o + 8 * j + k, u2f(m ^ (((byte >> k) & 1u) << 31)));
       }
       for (std::uint32_t i = 8 * full; i < len; ++i) put<ACC>(o + i, u2f(m ^ (((c[i / 8] >> (i % 8)) & 1u) << 31)));
+    } else if constexpr (F == BlockFormat::mxfp8) {
+      for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, Fp8<BlockFormat::fp8e4m3>::decode(c[i]) * s);
+    } else if constexpr (F == BlockFormat::mxfp4) {
+      for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, fp4_decode(c[i / 2] >> (4 * (i & 1u)) & 0xfu) * s);
     } else {
       for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, Fp8<F>::decode(c[i]) * s);
     }
@@ -360,6 +449,8 @@ BRAID_INLINE void decode_any(BlockFormat f, std::uint32_t block, const std::uint
     case BlockFormat::fp8e4m3: decode_all<BlockFormat::fp8e4m3, ACC>(block, in, n, out); return;
     case BlockFormat::fp8e5m2: decode_all<BlockFormat::fp8e5m2, ACC>(block, in, n, out); return;
     case BlockFormat::sign1: decode_all<BlockFormat::sign1, ACC>(block, in, n, out); return;
+    case BlockFormat::mxfp8: decode_all<BlockFormat::mxfp8, ACC>(block, in, n, out); return;
+    case BlockFormat::mxfp4: decode_all<BlockFormat::mxfp4, ACC>(block, in, n, out); return;
   }
 }
 
@@ -590,7 +681,7 @@ BRAID_CODEC_ENTRY(avx2, BRAID_TARGET_AVX2)
 
 std::size_t block_payload_bytes(BlockFormat format, std::uint32_t block, std::size_t n) noexcept {
   const std::size_t nb = block ? (n + block - 1) / block : 0;
-  const std::size_t raw = 4 * nb + codes_bytes(format, n);
+  const std::size_t raw = scale_bytes(format) * nb + codes_bytes(format, n);
   return (raw + 3) & ~std::size_t{3};
 }
 

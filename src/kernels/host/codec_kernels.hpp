@@ -14,8 +14,10 @@
 
 namespace braid::kernels {
 
-/// Block-scaled formats: a per-block f32 scale followed by the codes.
-enum class BlockFormat : std::uint8_t { int8, int4, fp8e4m3, fp8e5m2, sign1 };
+/// Block-scaled formats: the blocks' scales (f32; for the OCP MX formats one E8M0 byte,
+/// a power of two) followed by the codes. mxfp8 (E4M3 elements) and mxfp4 (E2M1, two per
+/// byte, low nibble first) are OCP Microscaling v1.0 with blocks of 32 (docs/codecs.md).
+enum class BlockFormat : std::uint8_t { int8, int4, fp8e4m3, fp8e5m2, sign1, mxfp8, mxfp4 };
 
 /// Parameters of a block-scaled encoder (trivially copyable, passed by value).
 struct BlockCodecParams {
