@@ -162,7 +162,7 @@ BRAID_INLINE std::uint32_t fp4_encode(float v) noexcept {
 BRAID_INLINE float fp4_decode(std::uint32_t c) noexcept {
   // Magnitude 2^(e-1) * (1 + m/2) for exponent field e > 0, m/2 for e = 0.
   const std::uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  const float mag = e == 0 ? 0.5f * static_cast<float>(m) : u2f((e + 126u) << 23 | m << 22);
+  const float mag = fsel(e == 0, 0.5f * static_cast<float>(m), u2f((e + 126u) << 23 | m << 22));
   return u2f(f2u(mag) | (c & 8u) << 28);
 }
 
@@ -241,16 +241,16 @@ BRAID_INLINE void encode_mx_block(const float* y, std::uint32_t len, float scale
       if constexpr (FB) res[i] = y[i] - E::decode(c) * scale;
     }
   } else {
-    std::uint32_t lo = 0;
+    // Codes first (a loop of compares the compiler vectorises), then the nibbles packed.
+    alignas(64) std::uint8_t q[kMaxCodecBlock];
     for (std::uint32_t i = 0; i < len; ++i) {
       const std::uint32_t c = fp4_encode(y[i] * inv);
+      q[i] = static_cast<std::uint8_t>(c);
       if constexpr (FB) res[i] = y[i] - fp4_decode(c) * scale;
-      if (i & 1u)
-        codes[i / 2] = static_cast<std::uint8_t>(lo | c << 4);
-      else
-        lo = c;
     }
-    if (len & 1u) codes[len / 2] = static_cast<std::uint8_t>(lo);
+    const std::uint32_t pairs = len / 2;
+    for (std::uint32_t j = 0; j < pairs; ++j) codes[j] = static_cast<std::uint8_t>(q[2 * j] | q[2 * j + 1] << 4);
+    if (len & 1u) codes[pairs] = q[len - 1];
   }
 }
 
@@ -433,7 +433,12 @@ BRAID_INLINE void decode_all(std::uint32_t block, const std::uint8_t* in, std::s
     } else if constexpr (F == BlockFormat::mxfp8) {
       for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, Fp8<BlockFormat::fp8e4m3>::decode(c[i]) * s);
     } else if constexpr (F == BlockFormat::mxfp4) {
-      for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, fp4_decode(c[i / 2] >> (4 * (i & 1u)) & 0xfu) * s);
+      const std::uint32_t pairs = len / 2;
+      for (std::uint32_t j = 0; j < pairs; ++j) {
+        put<ACC>(o + 2 * j, fp4_decode(c[j] & 0xfu) * s);
+        put<ACC>(o + 2 * j + 1, fp4_decode(static_cast<std::uint32_t>(c[j]) >> 4) * s);
+      }
+      if (len & 1u) put<ACC>(o + len - 1, fp4_decode(c[pairs] & 0xfu) * s);
     } else {
       for (std::uint32_t i = 0; i < len; ++i) put<ACC>(o + i, Fp8<F>::decode(c[i]) * s);
     }
