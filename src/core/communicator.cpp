@@ -334,6 +334,7 @@ Work Communicator::Impl::post(core::Posting p) {
     call.feedback[1] = o.feedback[1];
     call.codec_step = o.codec_step;
     call.name = &op_name;
+    call.timeout = o.timeout;
     bool submitted = false;
     try {
       flow->enqueue(*plan, call, t_program_stream, [&](std::shared_ptr<core::FlowOp> f) {
@@ -554,7 +555,8 @@ Work Communicator::Impl::device_call(const char* what, const core::CallBuffers& 
     // enqueues its program joined to options.stream (Impl::post, core::DeviceFlow).
     if (!flow)
       flow = std::make_shared<core::DeviceFlow>(core::gpu_runtime(), staging->device(),
-                                                "rank " + std::to_string(rank) + " of communicator '" + name + "'");
+                                                "rank " + std::to_string(rank) + " of communicator '" + name + "'",
+                                                cfg.device_pinned_bytes);
     struct Flag {
       bool was_program = t_posting_program;
       gpu::Stream was_stream = t_program_stream;

@@ -148,6 +148,12 @@ std::vector<Setting> make_table() {
        "the stream a copy, a flag write or wait and a kernel launch at the call, so device slices are "
        "larger than the host's BRAID_CHUNK_BYTES (docs/gpu.md, \"Part sizes\").",
        true, 4096},
+      {"BRAID_DEVICE_PINNED_BYTES", SettingType::bytes, "1G",
+       "Page-locked host memory the device path's calls in flight may hold per communicator (each "
+       "call's transfers go through a pinned block of its own, reused by later calls once the stream "
+       "has passed it). A call that would go past it waits, on the calling thread, for earlier calls "
+       "to finish (at most its timeout); one call alone may exceed it. 0: no limit.",
+       true, 0},
       {"BRAID_CHECK_ARGS", SettingType::boolean, "0",
        "Debug mode: before each collective, check that every rank called the same collective with "
        "the same count, type and op, and name the rank that differs."},
@@ -328,6 +334,7 @@ Config Config::parse(const Lookup& lookup) {
   c.transport = s.text("BRAID_TRANSPORT");
   c.chunk_bytes = s.bytes("BRAID_CHUNK_BYTES");
   c.device_chunk_bytes = s.bytes("BRAID_DEVICE_CHUNK_BYTES");
+  c.device_pinned_bytes = s.bytes("BRAID_DEVICE_PINNED_BYTES");
   c.spin_us = static_cast<int>(s.integer("BRAID_SPIN_US").value_or(-1));
   c.wait_helps = s.boolean("BRAID_WAIT_HELPS");
   c.inline_bytes = s.bytes("BRAID_INLINE_BYTES");

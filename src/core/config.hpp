@@ -47,6 +47,7 @@ struct Config {
   std::string transport;       ///< "auto" or a registered transport's name
   std::size_t chunk_bytes = 0;
   std::size_t device_chunk_bytes = 0;  ///< BRAID_DEVICE_CHUNK_BYTES: the slice of device-path calls
+  std::size_t device_pinned_bytes = 0;  ///< BRAID_DEVICE_PINNED_BYTES: pinned memory of calls in flight (0: no limit)
   int spin_us = -1;  ///< -1 = automatic (see BRAID_SPIN_US)
   bool wait_helps = false;  ///< BRAID_WAIT_HELPS
   std::size_t inline_bytes = 0;  ///< BRAID_INLINE_BYTES

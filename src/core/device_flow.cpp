@@ -12,6 +12,7 @@
 #include <map>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 namespace braid::core {
 
@@ -202,8 +203,8 @@ int DeviceSeat::taken(int device) {
 
 // --- DeviceFlow ---
 
-DeviceFlow::DeviceFlow(gpu::Runtime& runtime, int device, std::string who)
-    : rt_(runtime), device_(device), who_(std::move(who)) {
+DeviceFlow::DeviceFlow(gpu::Runtime& runtime, int device, std::string who, std::size_t pinned_limit)
+    : rt_(runtime), device_(device), who_(std::move(who)), pinned_limit_(pinned_limit) {
   // One rank per process can never block itself: its caller's stream and this one take
   // their work in the order it was enqueued, even in one queue. Ranks that are threads of
   // one process can: rank A's stream waits for rank B's message while B's program sits
@@ -265,6 +266,47 @@ void DeviceFlow::reclaim_locked() noexcept {
   }
 }
 
+std::size_t DeviceFlow::pinned_held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_held_;
+}
+std::size_t DeviceFlow::pinned_peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_peak_;
+}
+
+void DeviceFlow::room_for_pinned_locked(std::size_t bytes, const FlowCall& call) {
+  if (pinned_limit_ == 0) return;
+  const std::size_t need = round_up(bytes, 64 * 1024);
+  const auto deadline = std::chrono::steady_clock::now() + call.timeout;
+  bool waited = false;
+  for (;;) {
+    reclaim_locked();
+    std::size_t idle = 0;
+    bool fits = false;
+    for (const Block& b : free_pinned_) {
+      idle += b.bytes;
+      fits = fits || b.bytes >= bytes;
+    }
+    // Room now, or nothing in flight to give any back (a call alone may exceed the limit).
+    if (fits || pinned_held_ + need <= pinned_limit_ || idle == pinned_held_) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error(ErrorCode::Timeout,
+                  (call.name ? *call.name : who_) + ": timed out after " + std::to_string(call.timeout.count()) +
+                      " ms waiting for pinned memory: calls in flight hold " + std::to_string(pinned_held_ - idle) +
+                      " bytes, this call needs " + std::to_string(need) + " more and BRAID_DEVICE_PINNED_BYTES is " +
+                      std::to_string(pinned_limit_) + "; their streams have not finished (work queued ahead of "
+                      "them, or a peer that has not joined them)");
+    if (!waited) {
+      waited = true;
+      gpu::detail::count(gpu::detail::Kind::sync);  // a host wait inside the call, counted
+      BRAID_LOG(info, who_ << ": pinned memory of calls in flight at BRAID_DEVICE_PINNED_BYTES (" << pinned_limit_
+                           << "): the call waits for earlier ones");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 DeviceFlow::Block DeviceFlow::take_locked(std::vector<Block>& pool, std::size_t bytes, bool pinned) {
   auto best = pool.end();
   for (auto it = pool.begin(); it != pool.end(); ++it)
@@ -278,6 +320,10 @@ DeviceFlow::Block DeviceFlow::take_locked(std::vector<Block>& pool, std::size_t 
   bytes = round_up(bytes, 64 * 1024);
   Block b{static_cast<std::byte*>(pinned ? rt_.alloc_pinned(bytes) : rt_.alloc_device(bytes, device_)), bytes};
   (pinned ? all_pinned_ : all_device_).push_back(b);
+  if (pinned) {
+    pinned_held_ += bytes;
+    pinned_peak_ = std::max(pinned_peak_, pinned_held_);
+  }
   return b;
 }
 
@@ -310,6 +356,7 @@ void DeviceFlow::enqueue(const Plan& plan, const FlowCall& call, gpu::Stream cal
 
   std::lock_guard<std::mutex> lock(mu_);
   reclaim_locked();
+  room_for_pinned_locked(pinned_bytes, call);
   std::shared_ptr<FlowOp> op(new FlowOp);
   const Block pinned = take_locked(free_pinned_, pinned_bytes, true);
   op->block_ = pinned.p;

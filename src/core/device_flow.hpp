@@ -36,6 +36,7 @@
 #include <braid/types.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -109,6 +110,8 @@ struct FlowCall {
   float* feedback[2] = {nullptr, nullptr};  ///< compressed plans: device residuals
   std::uint64_t codec_step = 0;
   const std::string* name = nullptr;  ///< for error messages
+  /// How long the call may wait at enqueue for earlier calls to give back pinned memory.
+  std::chrono::milliseconds timeout{0};
 };
 
 /// A rank of this process that may put device programs on `device` (held by each
@@ -132,8 +135,10 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   /// The internal stream of `device`; `who` names the rank in messages. Refuses
   /// (InvalidUsage) where ranks of this process share the device's hardware queues: two
   /// streams per rank (the caller's and this one) must fit in hw_queues(), or one rank's
-  /// stream wait can hold up the program of another that it waits for.
-  DeviceFlow(gpu::Runtime& runtime, int device, std::string who);
+  /// stream wait can hold up the program of another that it waits for. `pinned_limit`:
+  /// the pinned bytes its calls in flight may hold (BRAID_DEVICE_PINNED_BYTES; 0: no
+  /// limit); a call that would go past it waits for earlier ones at enqueue.
+  DeviceFlow(gpu::Runtime& runtime, int device, std::string who, std::size_t pinned_limit = 0);
   /// Waits (bounded) for the stream, then frees every block. Never throws.
   ~DeviceFlow();
   DeviceFlow(const DeviceFlow&) = delete;
@@ -154,6 +159,9 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   /// values were encoded on the device before they left it).
   static long programs() noexcept;
   static long long slot_bytes() noexcept;
+  /// Pinned bytes this flow holds (in use or kept for reuse), and the most it has held.
+  std::size_t pinned_held() const;
+  std::size_t pinned_peak() const;
 
  private:
   friend class FlowOp;
@@ -169,13 +177,17 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   void retire(const FlowOp& op) noexcept;
   void reclaim_locked() noexcept;
   Block take_locked(std::vector<Block>& pool, std::size_t bytes, bool pinned);
+  /// Waits (mu_ held; bounded by the call's timeout) until a pinned block of `bytes` can be
+  /// had within pinned_limit_: a free one fits, there is room to allocate, or nothing is
+  /// in flight to wait for.
+  void room_for_pinned_locked(std::size_t bytes, const FlowCall& call);
 
   gpu::Runtime& rt_;
   const int device_;
   const std::string who_;
   /// Held by enqueue() across runtime calls, which a free on another thread can hold up
   /// for as long as the device is busy: never taken by the progress thread.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   /// Guards retired_ alone: the progress thread retires a finished call's blocks through
   /// it, so that it never waits for an enqueue stuck behind a free (which would wait for a
   /// stream that waits for this very progress thread).
@@ -184,6 +196,8 @@ class DeviceFlow : public std::enable_shared_from_this<DeviceFlow> {
   gpu::Event called_ = nullptr;       ///< recorded on the caller's stream at each call
   gpu::Event finished_ = nullptr;     ///< recorded on the internal stream at each call's end
   std::vector<Block> free_pinned_, free_device_, all_pinned_, all_device_;
+  const std::size_t pinned_limit_;
+  std::size_t pinned_held_ = 0, pinned_peak_ = 0;  ///< guarded by mu_
   std::vector<Retired> retired_;
 };
 

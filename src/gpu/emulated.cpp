@@ -90,6 +90,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace braid::gpu {
@@ -475,12 +476,42 @@ class Emulated final : public Runtime, public EmulationHooks {
     touch(current_, "alloc_pinned");
     unsafe_during_global_capture("alloc_pinned (cudaHostAlloc)");
     made_context(current_);
-    return allocate(bytes);
+    void* p = allocate(bytes);
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    try {
+      pinned_sizes_[p] = bytes;
+    } catch (...) {
+      std::free(p);
+      throw;
+    }
+    pinned_now_ += bytes;
+    pinned_max_ = std::max(pinned_max_, pinned_now_);
+    return p;
   }
   void free_pinned(void* p) noexcept override {
     Call call(*this);
     if (invalidates_global_capture()) return;  // as free_device: the memory stays
+    {
+      std::lock_guard<std::mutex> lock(pinned_mu_);
+      const auto it = pinned_sizes_.find(p);
+      if (it != pinned_sizes_.end()) {
+        pinned_now_ -= it->second;
+        pinned_sizes_.erase(it);
+      }
+    }
     std::free(p);
+  }
+  std::size_t pinned_bytes() const noexcept override {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    return pinned_now_;
+  }
+  std::size_t pinned_peak() const noexcept override {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    return pinned_max_;
+  }
+  void reset_pinned_peak() noexcept override {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    pinned_max_ = pinned_now_;
   }
 
   Stream create_stream() override {
@@ -886,6 +917,9 @@ class Emulated final : public Runtime, public EmulationHooks {
     r.start = reinterpret_cast<std::uintptr_t>(p);
     return r;
   }
+  mutable std::mutex pinned_mu_;
+  std::unordered_map<void*, std::size_t> pinned_sizes_;
+  std::size_t pinned_now_ = 0, pinned_max_ = 0;
   static void* allocate(std::size_t bytes) {
     const std::size_t rounded = (bytes + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);

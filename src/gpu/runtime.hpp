@@ -132,6 +132,11 @@ class EmulationHooks {
   /// Whether a thread is inside free_device's quiesce, holding the driver lock (tests wait
   /// for it before provoking the deadlock it causes).
   virtual bool quiescing() const noexcept = 0;
+  /// Page-locked bytes allocated and not yet freed (alloc_pinned), now and at most since
+  /// reset_pinned_peak() (which makes the peak what is held now).
+  virtual std::size_t pinned_bytes() const noexcept = 0;
+  virtual std::size_t pinned_peak() const noexcept = 0;
+  virtual void reset_pinned_peak() noexcept = 0;
   /// Clears the sticky errors and ends the global captures (between tests).
   virtual void reset_hooks() noexcept = 0;
 };

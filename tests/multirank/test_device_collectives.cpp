@@ -588,6 +588,50 @@ TEST(DeviceStream, ManyCallsInFlightOnOneStreamRunInIssueOrder) {
   });
 }
 
+// Each call in flight holds a pinned block for its transfers; BRAID_DEVICE_PINNED_BYTES
+// bounds what they hold together: a call past it waits, on the calling thread, for earlier
+// ones (counted as a host wait), and one call alone may exceed it. 20 calls of 1 MiB on a
+// stream, issued back to back, with a 1 MiB limit: each call needs about 2 MiB of slots,
+// so at most one is in flight per rank, and the results are the same.
+TEST(DeviceStream, PinnedMemoryOfCallsInFlightStaysWithinTheLimit) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (rt().emulation() == nullptr) GTEST_SKIP() << "the emulated runtime counts pinned bytes; this is " << rt().describe();
+  if (path() == DevicePath::staged)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (whole buffers staged, no per-call blocks): test_device_collectives runs this";
+  // Fresh processes, whose configuration is read with the limit set (a process reads it once).
+  ::setenv("BRAID_DEVICE_PINNED_BYTES", "1M", 1);
+  const std::string path = test::shared_value("DEVPIN_PATH", braid::test::temp_path("devpin"));
+  const int n = 2, calls = 20;
+  const std::size_t count = 256 * 1024;
+  const auto st = test::run_spawned(n, [&](int r) {
+    gpu::EmulationHooks* emu = rt().emulation();
+    auto store = std::make_shared<FileStore>(path);
+    Communicator c(store, r, n);
+    OwnStream s;
+    DeviceBuffer buf(4 * count);
+    std::vector<std::int32_t> init(count, 1);
+    PinnedHost<std::int32_t> back(count, 0);
+    rt().copy(buf.data(), init.data(), init.size() * 4);
+    const std::size_t before = emu->pinned_bytes();
+    emu->reset_pinned_peak();
+    const std::uint64_t syncs = gpu::counts().sync;
+    std::vector<Work> works;
+    AllreduceOptions o;
+    o.stream = s.s;
+    for (int i = 0; i < calls; ++i) works.push_back(c.allreduce(buf.data(), buf.data(), count, DataType::i32, ReduceOp::sum, o));
+    rt().copy_async(back.data(), buf.data(), back.size() * 4, s.s);
+    rt().synchronize(s.s);
+    for (auto& w : works) w.wait();
+    for (std::size_t i = 0; i < back.size(); i += 101) ASSERT_EQ(back[i], 1 << calls) << "element " << i;
+    // One call's block at a time: 2 MiB of slots and its words, rounded to 64 KiB.
+    const std::size_t one_call = 2 * 4 * count + 64 * 1024;
+    EXPECT_LE(emu->pinned_peak(), before + one_call) << "rank " << r << ": pinned bytes at most";
+    EXPECT_GT(gpu::counts().sync, syncs) << "rank " << r << ": no call waited for pinned memory";
+  });
+  ::unsetenv("BRAID_DEVICE_PINNED_BYTES");
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "rank " << r;
+}
+
 TEST(DeviceStream, AStreamThatNeverReachesTheCallFailsItWithATimeoutThatSaysSo) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   CommOptions co;
