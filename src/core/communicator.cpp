@@ -343,7 +343,10 @@ Work Communicator::Impl::post(core::Posting p) {
         engine->submit(std::move(o));
       });
     } catch (const Error& e) {
-      if (submitted) engine->abort(e.what());  // part of it is on the stream: fail the communicator
+      // Part of it on the stream, or its peers left waiting for a call that timed out here
+      // (pinned memory held by calls that did not finish): fail the communicator, so that
+      // they hear why instead of timing out on a silent rank.
+      if (submitted || e.code() == ErrorCode::Timeout) engine->abort(e.what());
       throw;
     }
     return w;

@@ -632,6 +632,49 @@ TEST(DeviceStream, PinnedMemoryOfCallsInFlightStaysWithinTheLimit) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "rank " << r;
 }
 
+// A call that cannot get pinned memory within its timeout (the calls ahead of it are held
+// up by their stream) fails with Timeout naming the limit, and fails the communicator so
+// that its peers hear why; the stream is released.
+TEST(DeviceStream, ACallThatWaitsPastItsTimeoutForPinnedMemoryFailsNamingTheLimit) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  if (path() == DevicePath::staged)
+    GTEST_SKIP() << "BRAID_DEVICE_PATH=staged (whole buffers staged, no per-call blocks): test_device_collectives runs this";
+  ::setenv("BRAID_DEVICE_PINNED_BYTES", "1M", 1);
+  const std::string path = test::shared_value("DEVPIN2_PATH", braid::test::temp_path("devpin2"));
+  const int n = 2;
+  const std::size_t count = 256 * 1024;
+  const auto st = test::run_spawned(n, [&](int r) {
+    auto store = std::make_shared<FileStore>(path);
+    CommOptions opt;
+    opt.timeout = 1000ms * braid::test::kTimeScale;
+    Communicator c(store, r, n, opt);
+    OwnStream s;
+    DeviceBuffer buf(4 * count);
+    auto* gate = static_cast<std::uint32_t*>(rt().alloc_pinned(4));
+    *gate = 0;
+    rt().wait_value(s.s, gate, 1);  // the application's own work ahead of the calls, not done
+    AllreduceOptions o;
+    o.stream = s.s;
+    Work first = c.allreduce(buf.data(), buf.data(), count, DataType::i32, ReduceOp::sum, o);
+    try {
+      c.allreduce(buf.data(), buf.data(), count, DataType::i32, ReduceOp::sum, o);
+      ADD_FAILURE() << "rank " << r << ": the second call got pinned memory past the limit";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::Timeout) << e.what();
+      EXPECT_NE(std::string(e.what()).find("BRAID_DEVICE_PINNED_BYTES"), std::string::npos) << e.what();
+    }
+    // The engine takes the abort on its own thread.
+    for (int i = 0; i < 200 && !c.failed(); ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(c.failed());
+    rt().signal(gate, 1);
+    EXPECT_THROW(first.wait(), Error);
+    rt().synchronize(s.s);  // released
+    rt().free_pinned(gate);
+  });
+  ::unsetenv("BRAID_DEVICE_PINNED_BYTES");
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "rank " << r;
+}
+
 TEST(DeviceStream, AStreamThatNeverReachesTheCallFailsItWithATimeoutThatSaysSo) {
   if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
   CommOptions co;
