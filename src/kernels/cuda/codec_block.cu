@@ -150,17 +150,9 @@ Status by_flags(const BlockCodecParams& p, const Src& src, std::size_t n, std::u
 Status launch_block_encode(const EncodeArgs& a, Stream s) noexcept {
   const PlainSrc src{a.in, a.add};
   const BlockCodecParams& p = a.codec.block;
-  const std::size_t fr = a.frame;
-  switch (p.format) {
-    case BlockFormat::int8: return by_flags<BlockFormat::int8>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::int4: return by_flags<BlockFormat::int4>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::fp8e4m3: return by_flags<BlockFormat::fp8e4m3>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::fp8e5m2: return by_flags<BlockFormat::fp8e5m2>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::sign1: return by_flags<BlockFormat::sign1>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::mxfp8: return by_flags<BlockFormat::mxfp8>(p, src, a.n, a.out, a.residual, s, fr);
-    case BlockFormat::mxfp4: return by_flags<BlockFormat::mxfp4>(p, src, a.n, a.out, a.residual, s, fr);
-  }
-  return kInvalidValue;
+  return by_format(p.format, [&](auto tag) {
+    return by_flags<decltype(tag)::value>(p, src, a.n, a.out, a.residual, s, a.frame);
+  });
 }
 
 Status launch_block_fused(const DecodeReduceEncodeArgs& a, Stream s) noexcept {
@@ -171,16 +163,7 @@ Status launch_block_fused(const DecodeReduceEncodeArgs& a, Stream s) noexcept {
     const FusedSrc<BlockDec<F>> src{BlockDec<F>{a.in_payload, nb, p.block}, a.local, a.residual, a.acc_out};
     return by_flags<F>(p, src, a.n, a.out_payload, a.residual, s);
   };
-  switch (p.format) {
-    case BlockFormat::int8: return run(std::integral_constant<BlockFormat, BlockFormat::int8>{});
-    case BlockFormat::int4: return run(std::integral_constant<BlockFormat, BlockFormat::int4>{});
-    case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
-    case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
-    case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
-    case BlockFormat::mxfp8: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp8>{});
-    case BlockFormat::mxfp4: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp4>{});
-  }
-  return kInvalidValue;
+  return by_format(p.format, run);
 }
 
 }  // namespace braid::kernels::cuda::detail

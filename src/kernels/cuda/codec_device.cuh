@@ -193,6 +193,23 @@ struct BlockDec {
   }
 };
 
+// fn(std::integral_constant<BlockFormat, format>{}): a block format as a compile-time
+// constant, for the launchers' dispatch; kInvalidValue for a format that does not exist.
+template <class Fn>
+Status by_format(BlockFormat format, Fn&& fn) {
+  using BF = BlockFormat;
+  switch (format) {
+    case BF::int8: return fn(std::integral_constant<BF, BF::int8>{});
+    case BF::int4: return fn(std::integral_constant<BF, BF::int4>{});
+    case BF::fp8e4m3: return fn(std::integral_constant<BF, BF::fp8e4m3>{});
+    case BF::fp8e5m2: return fn(std::integral_constant<BF, BF::fp8e5m2>{});
+    case BF::sign1: return fn(std::integral_constant<BF, BF::sign1>{});
+    case BF::mxfp8: return fn(std::integral_constant<BF, BF::mxfp8>{});
+    case BF::mxfp4: return fn(std::integral_constant<BF, BF::mxfp4>{});
+  }
+  return kInvalidValue;
+}
+
 // The reader of n values in frames of `frame` values (0, or at least n: one payload).
 template <BlockFormat F>
 BlockDec<F> block_dec(const std::uint8_t* payload, std::size_t n, std::uint32_t block, std::size_t frame) {

@@ -144,16 +144,7 @@ Status decode(const DecodeArgs& a, Stream s) noexcept {
     constexpr BlockFormat F = decltype(tag)::value;
     return launch_decode(block_dec<F>(a.in, a.n, B, a.frame), a.n, a.out, a.accumulate, s);
   };
-  switch (a.codec.block.format) {
-    case BlockFormat::int8: return run(std::integral_constant<BlockFormat, BlockFormat::int8>{});
-    case BlockFormat::int4: return run(std::integral_constant<BlockFormat, BlockFormat::int4>{});
-    case BlockFormat::fp8e4m3: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e4m3>{});
-    case BlockFormat::fp8e5m2: return run(std::integral_constant<BlockFormat, BlockFormat::fp8e5m2>{});
-    case BlockFormat::sign1: return run(std::integral_constant<BlockFormat, BlockFormat::sign1>{});
-    case BlockFormat::mxfp8: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp8>{});
-    case BlockFormat::mxfp4: return run(std::integral_constant<BlockFormat, BlockFormat::mxfp4>{});
-  }
-  return kInvalidValue;
+  return by_format(a.codec.block.format, run);
 }
 
 Status decode_reduce_encode(const DecodeReduceEncodeArgs& a, Stream s) noexcept {
