@@ -140,6 +140,19 @@ class PyStore : public braid::Store {
     call("remove", braid::ErrorCode::Network, [&](py::function& f) { v = f(key).cast<bool>(); });
     return v;
   }
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override {
+    bool has = false;
+    if (!interpreter_finalizing()) {
+      py::gil_scoped_acquire gil;
+      has = static_cast<bool>(py::get_override(static_cast<const braid::Store*>(this), "compare_set"));
+    }
+    if (!has) return braid::Store::compare_set(key, expected, desired);  // Unsupported, naming the key
+    std::string v;
+    call("compare_set", braid::ErrorCode::Network, [&](py::function& f) {
+      v = f(key, py::bytes(expected), py::bytes(desired)).cast<std::string>();
+    });
+    return v;
+  }
 
  private:
   template <class F>
@@ -588,7 +601,18 @@ PYBIND11_MODULE(_C, m) {
             py::gil_scoped_release nogil;
             return s.remove(k);
           },
-          py::arg("key"));
+          py::arg("key"))
+      .def(
+          "compare_set",
+          [](braid::Store& s, const std::string& k, const std::string& expected, const std::string& desired) {
+            std::string v;
+            {
+              py::gil_scoped_release nogil;
+              v = s.compare_set(k, expected, desired);
+            }
+            return py::bytes(v);
+          },
+          py::arg("key"), py::arg("expected"), py::arg("desired"));
   py::class_<braid::TcpStore, braid::Store, std::shared_ptr<braid::TcpStore>>(m, "TcpStore")
       .def(py::init([](const std::string& host, std::uint16_t port, bool is_server, double connect_timeout,
                        const std::string& token) {

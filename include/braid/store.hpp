@@ -43,6 +43,14 @@ class BRAID_API Store {
 
   /// Removes `key`; returns whether it existed.
   virtual bool remove(const std::string& key) = 0;
+
+  /// Atomically: sets `key` to `desired` when its value equals `expected`, where an empty
+  /// `expected` matches a missing key; returns the value the key holds afterwards ("" when
+  /// it is missing). The first of several callers with expected "" wins, and every caller
+  /// learns what won: the agreement behind Communicator::shrink(). c10d's compare_set.
+  /// The default throws Error(Unsupported): a store of your own that lacks it still
+  /// bootstraps communicators, it only cannot shrink them.
+  virtual std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired);
 };
 
 /// A TCP store server: an in-memory map behind a listening socket, served by a
@@ -103,6 +111,8 @@ class BRAID_API TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;  ///< See Store.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
   bool remove(const std::string& key) override;  ///< See Store.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;  ///< See Store.
 
   /// Port of the server this store talks to.
   std::uint16_t port() const noexcept;
@@ -133,6 +143,8 @@ class BRAID_API FileStore : public Store {
   bool check(const std::vector<std::string>& keys) override;  ///< See Store.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
   bool remove(const std::string& key) override;  ///< See Store.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;  ///< See Store.
 
   /// Private implementation.
   struct Impl;
@@ -156,6 +168,8 @@ class BRAID_API PrefixStore : public Store {
   bool check(const std::vector<std::string>& keys) override;  ///< See Store.
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;  ///< See Store.
   bool remove(const std::string& key) override;  ///< See Store.
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;  ///< See Store.
 
  private:
   std::string prefix_;

@@ -674,6 +674,9 @@ class _TorchStore(Store):
     def remove(self, key):
         return self._s.delete_key(key)
 
+    def compare_set(self, key, expected, desired):
+        return self._s.compare_set(key, expected, desired)
+
 
 def _torchrun_store(timeout: Optional[float]):
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's own store (the elastic agent's),

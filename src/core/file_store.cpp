@@ -305,4 +305,15 @@ bool FileStore::remove(const std::string& key) {
   });
 }
 
+std::string FileStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+  impl_->check_key(key, "compare_set");
+  core::check_store_value("FileStore", impl_->path, key, desired);
+  return impl_->locked(true, [&](int fd) {
+    auto it = impl_->data.find(key);
+    if (it == impl_->data.end() ? expected.empty() : it->second == expected) impl_->append(fd, 'S', key, desired);
+    it = impl_->data.find(key);
+    return it == impl_->data.end() ? std::string() : it->second;
+  });
+}
+
 }  // namespace braid

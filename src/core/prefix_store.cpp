@@ -10,6 +10,12 @@ namespace braid {
 
 Store::~Store() = default;
 
+std::string Store::compare_set(const std::string& key, const std::string&, const std::string&) {
+  throw Error(ErrorCode::Unsupported, "compare_set(\"" + key +
+                                          "\"): this store does not implement it (a Store of your own: override "
+                                          "compare_set to let communicators on it shrink)");
+}
+
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
     : prefix_(std::move(prefix)), base_(std::move(base)) {
   BRAID_CHECK(base_ != nullptr, InvalidUsage,
@@ -49,5 +55,9 @@ void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::millis
 }
 
 bool PrefixStore::remove(const std::string& key) { return base_->remove(prefix_ + key); }
+
+std::string PrefixStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+  return base_->compare_set(prefix_ + key, expected, desired);
+}
 
 }  // namespace braid

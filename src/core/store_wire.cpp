@@ -30,6 +30,11 @@ bool decode_request(const char* p, std::size_t n, Request* out) {
     case kRemove:
       r.key = d.str(kMaxKey);
       break;
+    case kCompareSet:
+      r.key = d.str(kMaxKey);
+      r.expected = d.str(kMaxValue);
+      r.value = d.str(kMaxValue);
+      break;
     default:
       return false;
   }

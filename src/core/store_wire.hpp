@@ -28,7 +28,7 @@ constexpr std::size_t kMaxFrame = kMaxValue + kMaxKey + 64;
 /// Smallest reply body: status and request id.
 constexpr std::size_t kReplyHead = 5;
 
-enum Op : std::uint8_t { kSet = 1, kGet, kAdd, kCheck, kWait, kRemove };
+enum Op : std::uint8_t { kSet = 1, kGet, kAdd, kCheck, kWait, kRemove, kCompareSet };
 enum Status : std::uint8_t { kOk = 0, kTimeout = 1, kFailed = 2 };
 
 inline std::uint64_t load_le(const char* p, int n) {
@@ -192,7 +192,8 @@ struct Request {
   std::uint8_t op = 0;
   std::uint32_t id = 0;
   std::string key;
-  std::string value;
+  std::string value;     ///< set's value; compare_set's desired one
+  std::string expected;  ///< compare_set's expected value
   std::vector<std::string> keys;
   std::uint64_t timeout_ms = 0;
   std::int64_t delta = 0;

@@ -693,6 +693,25 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
       send(id, c, e.finish());
       return true;
     }
+    case kCompareSet: {
+      auto it = data.find(q.key);
+      const bool match = it == data.end() ? q.expected.empty() : it->second == q.expected;
+      if (match) {
+        if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) {
+          Encoder e = reply(kFailed);
+          e.str(why);
+          send(id, c, e.finish());
+          return true;
+        }
+        store_value(q.key, std::string(q.value));
+        it = data.find(q.key);
+      }
+      Encoder e = reply(kOk);
+      e.str(it == data.end() ? std::string() : it->second);
+      send(id, c, e.finish());
+      if (match) notify(q.key);
+      return true;
+    }
     default:
       return false;  // decode_request knows no other op
   }
@@ -1348,6 +1367,22 @@ bool TcpStore::remove(const std::string& key) {
   bool removed = false;
   if (r.status != kOk || !reply_flag(r.payload, &removed)) impl_->fail_protocol(what);
   return removed;
+}
+
+std::string TcpStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+  impl_->check_key(key, "compare_set");
+  core::check_store_value("TcpStore", impl_->addr, key, desired);
+  Encoder e = impl_->request(kCompareSet);
+  e.str(key);
+  e.str(expected);
+  e.str(desired);
+  std::string what = "compare_set(" + quote(key) + ")";
+  Reply r = impl_->call(e, impl_->io_deadline(), what);
+  if (r.status == kFailed)
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": " + what + ": " + reply_error(r.payload));
+  std::string value;
+  if (r.status != kOk || !reply_value(r.payload, &value)) impl_->fail_protocol(what);
+  return value;
 }
 
 namespace core {

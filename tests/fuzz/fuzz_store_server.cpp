@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(len >= 1 && len <= sw::kMaxFrame && len <= avail - 4);
     sw::Request q;
     if (!sw::decode_request(p + 4, len, &q)) return 0;  // malformed: the client is dropped
-    FUZZ_CHECK(q.op >= sw::kSet && q.op <= sw::kRemove);
+    FUZZ_CHECK(q.op >= sw::kSet && q.op <= sw::kCompareSet);
     FUZZ_CHECK(q.key.size() <= sw::kMaxKey && q.value.size() <= sw::kMaxValue);
     FUZZ_CHECK(q.keys.size() <= sw::kMaxKeysPerRequest);
     std::size_t fields = 5 + (q.op == sw::kCheck || q.op == sw::kWait ? 4 : 4 + q.key.size());

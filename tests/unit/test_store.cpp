@@ -296,6 +296,29 @@ TEST_P(StoreTest, AddFromForkedProcessesSums) {
   EXPECT_EQ(store_->add("counter", 0), kProcs * kAdds);
 }
 
+// The agreement primitive of Communicator::shrink(): of many racing first writers exactly
+// one wins, every caller is told the winner, and a later mismatch changes nothing.
+TEST_P(StoreTest, CompareSetHasOneWinnerThatEveryCallerSees) {
+  constexpr int kThreads = 8;
+  std::vector<std::string> saw(kThreads);
+  std::vector<std::unique_ptr<Thread>> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.push_back(std::make_unique<Thread>([&, t] {
+      auto s = t % 2 ? backend_->open() : store_;
+      saw[t] = s->compare_set("decision", "", "from " + std::to_string(t));
+    }));
+  for (auto& t : threads) t->join();
+  const std::string won = store_->get("decision", 1s);
+  EXPECT_EQ(won.rfind("from ", 0), 0u) << won;
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(saw[t], won) << "caller " << t << " was told another winner";
+  EXPECT_EQ(store_->compare_set("decision", "not it", "x"), won);  // mismatch: unchanged
+  EXPECT_EQ(store_->compare_set("decision", won, "next"), "next");  // match: replaced
+  EXPECT_EQ(store_->get("decision", 1s), "next");
+  EXPECT_EQ(store_->compare_set("absent", "something", "x"), "");  // a missing key matches only ""
+  EXPECT_FALSE(store_->check({"absent"}));
+  EXPECT_EQ(store_->compare_set("bin", "", std::string("a\0b", 3)), std::string("a\0b", 3));
+}
+
 TEST_P(StoreTest, CheckAndWait) {
   EXPECT_TRUE(store_->check({}));
   store_->wait({}, 0ms);
