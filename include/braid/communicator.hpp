@@ -18,7 +18,7 @@
 //   operations queued behind it with an error of the same kind (RemoteError naming
 //   the peer, TimeoutError), and puts the communicator in a failed state: every later
 //   call fails fast with Aborted.
-//   There is no recovery; create a new communicator.
+//   The survivors recover with shrink(): a new communicator of the ranks still alive.
 // - Arguments are checked before any byte moves; bad ones throw
 //   Error(InvalidUsage) from the call itself.
 //
@@ -40,6 +40,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace braid {
 
@@ -184,9 +185,31 @@ class BRAID_API Communicator {
   /// runs where its parent does whichever thread splits it.
   Communicator split(int color, int key);
 
+  /// The communicator of the ranks still alive, numbered in their old order, after a
+  /// failure (or to drop ranks from a healthy one, as ncclCommShrink): every surviving rank
+  /// calls it, in the same order relative to other shrinks; the ranks that left do not.
+  /// The survivors agree on who failed through the store (every caller gets the same
+  /// members, even when they saw the failure differently or a rank dies meanwhile): a rank
+  /// is left out when it is in some caller's `exclude`, when a failure record in the store
+  /// blames it and it has not called shrink, or when it has not called shrink within the
+  /// communicator's timeout. Returns once this rank has joined the new communicator; the
+  /// child keeps this one's options (timeout, slices, host, transport, GPU) and its
+  /// error-feedback residuals, and this communicator stays as it is (a failed one stays
+  /// failed). Throws Aborted on a rank the others left out, InvalidUsage for an `exclude`
+  /// out of range or naming this rank, Unsupported when the store has no compare_set, and
+  /// the store's error when the store is gone (it must outlive any rank: braidrun's,
+  /// torchrun's agent's, or a FileStore; docs/reliability.md).
+  Communicator shrink(const std::vector<int>& exclude = {});
+
   /// Fails every outstanding and future operation with Aborted and closes connections.
   /// Safe from any thread, including while another thread waits on a Work. Idempotent.
   void abort() noexcept;
+
+  /// abort() for the whole communicator: this rank fails as abort() does, and tells its
+  /// peers, whose pending and later calls fail with an error naming this rank's revoke
+  /// (ranks without a connection to this one learn it from the peers they wait on, or at
+  /// their deadline at the latest). Survivors then shrink(). Safe from any thread.
+  void revoke() noexcept;
 
   /// Writes every error-feedback residual this rank holds (all ef_keys) to `os`, in
   /// the versioned binary format of docs/codecs.md, for checkpointing. Call between

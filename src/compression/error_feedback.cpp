@@ -96,6 +96,11 @@ void ErrorFeedbackStore::reset_all() {
   buffers_.clear();
 }
 
+void ErrorFeedbackStore::reset_role(ResidualRole role) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = buffers_.begin(); it != buffers_.end();) it = it->first.second == role ? buffers_.erase(it) : std::next(it);
+}
+
 std::uint64_t ErrorFeedbackStore::next_step(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   return steps_[key]++;

@@ -52,6 +52,9 @@ class ErrorFeedbackStore {
   /// Forgets every residual (step counters keep counting, as reset()).
   void reset_all();
 
+  /// Forgets every residual of `role`, under every key (step counters keep counting).
+  void reset_role(ResidualRole role);
+
   /// The step of the next compressed call under `key` (0 on first use), counting it: the
   /// `step` that keys stochastic rounding. Every rank issues a key's calls in the same
   /// order, so the count agrees across ranks. The empty key (calls without error

@@ -3,6 +3,7 @@
 // core::MeasuredTuner, compressed all-reduce from core::Compressor. Bootstrapping from
 // the environment and UniqueIds is in bootstrap.cpp.
 #include "core/communicator_impl.hpp"
+#include "core/agreement.hpp"
 #include "core/host_hardware.hpp"
 #include "core/job_secret.hpp"
 
@@ -207,6 +208,8 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
   topology = std::make_shared<core::Topology>(
       store, rank, size, core::Topology::local_host_id(options.host_id.empty() ? cfg.host_id : options.host_id),
       timeout, size > 1 && cfg.transport == "auto" && !cfg.tls && rdma_fabric(cfg.ucx_library), gpu);
+  // For shrink(): survivors of this host check by it that this rank's process is gone.
+  if (size > 1) store->set("proc/" + std::to_string(rank), core::process_identity(topology->host_id()));
   const core::Membership member{rank, size, timeout, store, topology};
   core::EngineOptions eo = engine_options(cfg, member, name, secret, address_hint, pci);
   eo.emulated_device_memory = device >= 0 && rt.backend() == gpu::Backend::emulated;
@@ -787,15 +790,67 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   // The child is its parent's in everything but its members: the same deadline, slices,
   // host identity, transport and GPU (the parent's resolved device, not the splitting
   // thread's current one).
-  CommOptions opt;
-  opt.timeout = im.timeout;
-  opt.name = im.name + ".split" + std::to_string(k) + ".color" + std::to_string(color);
-  opt.chunk_bytes = im.cfg.chunk_bytes;
-  opt.host_id = im.topology->host_id();
-  opt.transport = im.cfg.transport;
-  opt.device = im.device;
   return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
-                      static_cast<int>(members.size()), opt);
+                      static_cast<int>(members.size()),
+                      im.child_options(".split" + std::to_string(k) + ".color" + std::to_string(color)));
+}
+
+CommOptions Communicator::Impl::child_options(const std::string& suffix) const {
+  CommOptions opt;
+  opt.timeout = timeout;
+  opt.name = name + suffix;
+  opt.chunk_bytes = cfg.chunk_bytes;
+  opt.host_id = topology->host_id();
+  opt.transport = cfg.transport;
+  opt.device = device;
+  return opt;
+}
+
+Communicator Communicator::shrink(const std::vector<int>& exclude) { return impl_->shrink_impl(exclude); }
+
+Communicator Communicator::Impl::shrink_impl(const std::vector<int>& exclude) {
+  for (int r : exclude)
+    BRAID_CHECK(r >= 0 && r < size && r != rank, InvalidUsage,
+                "shrink on rank " << rank << ": cannot exclude rank " << r
+                                  << (r == rank ? " (itself: a rank that leaves does not call shrink)"
+                                                : std::string(" (outside [0, ") + std::to_string(size) + "))"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint64_t k = next_shrink++;
+  // A rank of this host whose process is gone is known dead without waiting for the
+  // timeout (a rank nobody blamed: two died at once, and the survivors blamed the first).
+  const std::string host = topology->host_id();
+  std::map<int, std::string> identities;
+  const auto gone = [&](int r) {
+    auto it = identities.find(r);
+    if (it == identities.end()) {
+      const std::string key = "proc/" + std::to_string(r);
+      if (!store->check({key})) return false;
+      it = identities.emplace(r, store->get(key, timeout)).first;
+    }
+    return core::process_gone(it->second, host);
+  };
+  const std::vector<int> members = core::agree_on_members(*store, k, rank, size, exclude, timeout, gone);
+  const int new_rank =
+      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) - members.begin());
+  std::vector<int> left;
+  for (int r = 0, m = 0; r < size; ++r) {
+    if (m < static_cast<int>(members.size()) && members[static_cast<std::size_t>(m)] == r)
+      ++m;
+    else
+      left.push_back(r);
+  }
+  BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": shrinking " << size << " -> " << members.size()
+                                   << " ranks (left out: " << (left.empty() ? "none" : core::format_ranks(left))
+                                   << "), agreed in "
+                                   << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count()
+                                   << " ms; this rank is now " << new_rank);
+  const std::string suffix = ".shrink" + std::to_string(k);
+  Communicator child(std::make_shared<PrefixStore>("shrink" + std::to_string(k), store), new_rank,
+                     static_cast<int>(members.size()), child_options(suffix));
+  child.impl_->compressor->adopt_feedback(*compressor);
+  return child;
 }
 
 std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, ReduceOp op, bool deterministic) const {
@@ -876,6 +931,10 @@ std::string Communicator::describe_topology() const {
 
 void Communicator::abort() noexcept {
   if (impl_) impl_->engine->abort("abort() called on rank " + std::to_string(impl_->rank));
+}
+
+void Communicator::revoke() noexcept {
+  if (impl_) impl_->engine->abort("revoke() called on rank " + std::to_string(impl_->rank));
 }
 
 bool Communicator::failed() const noexcept { return impl_ && impl_->engine->failed(); }

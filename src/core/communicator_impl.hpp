@@ -82,6 +82,7 @@ struct Communicator::Impl final : core::Poster {
   std::atomic<std::uint64_t> next_seq{1};
   std::atomic<std::uint64_t> next_p2p{1};
   std::atomic<std::uint64_t> next_split{0};
+  std::atomic<std::uint64_t> next_shrink{0};
   std::atomic<std::uint64_t> next_check{0};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
@@ -126,6 +127,9 @@ struct Communicator::Impl final : core::Poster {
   Work p2p(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, const P2POptions& options);
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
+  Communicator shrink_impl(const std::vector<int>& exclude);
+  /// A child's options (split, shrink): this communicator's, named name + suffix.
+  CommOptions child_options(const std::string& suffix) const;
 
   // --- core::Poster: how the façade and the parts issue operations ---
   collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,

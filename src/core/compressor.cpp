@@ -143,6 +143,14 @@ void Compressor::reset_feedback(const std::string& key) {
   on_device_.erase(key);
 }
 
+void Compressor::adopt_feedback(Compressor& parent) {
+  std::stringstream residuals;
+  parent.save_feedback(residuals, {});
+  restore_feedback(residuals, {});
+  std::lock_guard<std::mutex> lock(feedback_mu_);
+  error_feedback_.reset_role(compression::ResidualRole::owner);
+}
+
 std::size_t Compressor::feedback_bytes() const {
   std::lock_guard<std::mutex> lock(feedback_mu_);
   std::size_t n = error_feedback_.bytes();

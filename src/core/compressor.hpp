@@ -67,6 +67,10 @@ class Compressor {
   void restore_feedback(std::istream& is, const std::string& prefix);
   /// Empty key: every key.
   void reset_feedback(const std::string& key);
+  /// After a shrink, in the child: takes `parent`'s residuals and step counters. Each
+  /// rank's worker residuals (what its own inputs' encodings left out) carry over; the
+  /// owner residuals start from zero, since the new size cuts the buckets into other shards.
+  void adopt_feedback(Compressor& parent);
   std::size_t feedback_bytes() const;
 
  private:
