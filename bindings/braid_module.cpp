@@ -791,7 +791,14 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<braid::Communicator>(c.split(color, key));
            },
            py::arg("color"), py::arg("key"))
+      .def("shrink",
+           [](braid::Communicator& c, const std::vector<int>& exclude) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<braid::Communicator>(c.shrink(exclude));
+           },
+           py::arg("exclude") = std::vector<int>{})
       .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
+      .def("revoke", &braid::Communicator::revoke, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)
       .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
       .def("dump_trace", &braid::Communicator::dump_trace, py::call_guard<py::gil_scoped_release>())

@@ -585,6 +585,13 @@ class Communicator:
         """Sub-communicators by `color`, ranks ordered by `key` (collective: every rank calls it)."""
         return Communicator(self._store, 0, 0, _impl=self._impl.split(color, key))
 
+    def shrink(self, exclude: Sequence[int] = ()) -> "Communicator":
+        """The communicator of the ranks still alive, renumbered in their old order, after a
+        failure (or without the ranks in `exclude`). Every surviving rank calls it; they agree
+        through the store on who is left (docs/reliability.md, "Shrink"). This one stays as it
+        is. Raises AbortedError on a rank the others left out."""
+        return Communicator(self._store, 0, 0, _impl=self._impl.shrink(list(exclude)))
+
     # --- error feedback (docs/codecs.md) ----------------------------------------
     def save_error_feedback(self, file: Optional[BinaryIO] = None, *, key_prefix: str = "") -> Optional[bytes]:
         """This rank's error-feedback residuals as a checkpoint (docs/codecs.md format).
@@ -624,6 +631,12 @@ class Communicator:
         """Fails every outstanding and later operation with AbortedError (any thread)."""
         if self._c is not None:
             self._c.abort()
+
+    def revoke(self) -> None:
+        """abort() for every rank: the peers' pending and later calls fail too, naming this
+        rank's revoke; the ranks then shrink() (any thread)."""
+        if self._c is not None:
+            self._c.revoke()
 
     def close(self) -> None:
         """Waits for outstanding work (up to its deadlines) and releases the communicator."""

@@ -45,6 +45,11 @@ def test_dead_peer_raises_remote_error(run_ranks):
     assert "next call fails fast" in p.stdout
 
 
+def test_survivors_shrink_and_go_on(run_ranks):
+    p = run_ranks(3, "ranks_errors.py", "shrink", timeout=90)
+    assert p.stdout.count("next all-reduce correct") == 2, p.stdout + p.stderr
+
+
 def test_mismatched_send_recv_sizes(run_ranks):
     p = run_ranks(2, "ranks_errors.py", "size_mismatch", timeout=90)
     assert p.stdout.count("Error: braid") == 2, p.stdout
