@@ -30,4 +30,13 @@ expect_faster 5000
 expect_in "$WORK/shell.err" "braidrun: rank 0 exited with status 1"
 sleep 0.2  # the grandchild is not braidrun's child: give init a moment to reap it
 expect_gone "$WORK/b/pid.1"
+
+# --keep-going: the others run on to their own end (here: each writes a file after the
+# failure), and braidrun still exits with the failed rank's code.
+run_br keep --keep-going -n 3 -- sh -c 'if [ "$RANK" = 1 ]; then exit 5; fi
+  sleep 1; touch "$0/done.$RANK"' "$WORK"
+expect_rc 5
+expect_in "$WORK/keep.err" "braidrun: rank 1 exited with status 5"
+expect_in "$WORK/keep.err" "--keep-going: ranks 0, 2 go on"
+[ -e "$WORK/done.0" ] && [ -e "$WORK/done.2" ] || fail "--keep-going: the other ranks did not run to their end"
 echo PASS

@@ -195,6 +195,7 @@ struct Options {
   double timeout_s = 0;
   std::vector<std::string> env;
   std::string bind_to = "auto";
+  bool keep_going = false;
   std::vector<std::string> command;
   std::vector<std::string> host_ids;  // one per rank, empty when no host ids were given
 };
@@ -229,6 +230,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--hosts", o.hosts, "Emulate K hosts h0..h{K-1}, ranks assigned in contiguous blocks")
       ->excludes(ids);
   app.add_flag("-p,--prefix", o.prefix, "Prefix each output line with \"[rank R] \"");
+  app.add_flag("--keep-going", o.keep_going,
+               "A rank that fails does not stop the others: for jobs whose survivors shrink their "
+               "communicator and go on (the store stays up); the exit status is still the first failure's");
   app.add_option("--timeout", o.timeout_s,
                  "Deadline for the whole job in seconds (0: none); on expiry exit 124");
   app.add_option("--env", o.env, "KEY=VALUE added to every rank's environment (repeatable)")
@@ -689,8 +693,12 @@ void Launcher::on_exit(Rank& r, int status) {
     code = WEXITSTATUS(status);
     say("rank " + std::to_string(r.rank) + " exited with status " + std::to_string(code));
   }
+  if (!have_failure_) first_failure_code_ = code;
   have_failure_ = true;
-  first_failure_code_ = code;
+  if (o_.keep_going) {
+    if (live() > 0) say("--keep-going: ranks " + join(running_ranks()) + " go on");
+    return;
+  }
   if (live() > 0) {
     say("terminating the other ranks (" + join(running_ranks()) + ")");
     begin_termination();
