@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -739,6 +739,65 @@ class BraidProcessGroup(dist.ProcessGroup):
     def abort(self) -> None:
         self._comm.abort()
         self.shutdown()
+
+    # --- shrink and continue (docs/reliability.md, "Shrink") ---------------------------
+    @property
+    def supports_shrinking(self) -> bool:
+        return True
+
+    def shrink(self, ranks_to_exclude: Sequence[int] = ()) -> "BraidProcessGroup":
+        """A group of the ranks still alive (and not in `ranks_to_exclude`), renumbered in
+        their old order: every survivor calls it after a collective failed (or to drop
+        ranks). The survivors agree through the store on who is left; this group stays as
+        it is. Use braid.torch.shrink_group to also make it torch's group."""
+        comm = self._comm.shrink(list(ranks_to_exclude))
+        return BraidProcessGroup(comm, comm.rank, comm.size,
+                                 timedelta(seconds=self._timeout) if self._timeout else None)
+
+
+def shrink_group(ranks_to_exclude: Sequence[int] = (), group: Optional[dist.ProcessGroup] = None
+                 ) -> dist.ProcessGroup:
+    """torch.distributed.shrink_group for braid groups: the survivors of a failed braid group
+    (every one calls it; the dead do not) get a new group of themselves, registered with
+    torch as torch's own shrink_group registers it (the default group when `group` was the
+    default, and then the other groups are destroyed, as torch does). Unlike torch's, the
+    ranks to leave out need not be known: the ones that died are found and agreed on
+    (`ranks_to_exclude` adds to them). Returns the new group; the old one is destroyed."""
+    c10d = dist.distributed_c10d
+    pg = group if group is not None else c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _braid._usage(f"braid.torch.shrink_group needs a braid process group, not {pg!r}")
+    is_default = pg is c10d._get_default_group()
+    old_ranks = list(dist.get_process_group_ranks(pg))  # global ranks, in group order
+    backend_name, store = c10d._world.pg_map[pg]
+    config = c10d._world.pg_backend_config.get(pg, "")
+    new = pg.shrink([r for r in ranks_to_exclude])
+    # Who is left, in group ranks of the old group: one small all-gather on the new group.
+    mine = torch.tensor([pg.rank()], dtype=torch.int64)
+    members = torch.empty(new.size(), dtype=torch.int64)
+    new.communicator.allgather(mine.numpy(), members.numpy())
+    remaining = [old_ranks[i] for i in members.tolist()]
+    if is_default:
+        for other in list(c10d._world.pg_map):
+            if other is not pg:
+                try:
+                    dist.destroy_process_group(other)
+                except Exception:  # noqa: BLE001 — a group of the failed job: going anyway
+                    pass
+    try:
+        dist.destroy_process_group(pg)
+    except Exception:  # noqa: BLE001
+        pass
+    cleanup = getattr(c10d, "_cleanup_process_group_global_state", None)
+    if cleanup is not None:
+        cleanup(pg)
+    name = c10d._process_group_name(remaining, use_hashed_name=True)
+    new._set_group_name(name)
+    c10d._register_pg_in_world(new, backend_name, store, name, config,
+                               rank_mapping={g: i for i, g in enumerate(remaining)})
+    if is_default:
+        c10d._update_default_pg(new)
+    return new
 
 
 _groups: "weakref.WeakSet[BraidProcessGroup]" = weakref.WeakSet()

@@ -79,3 +79,23 @@ def test_compressed_within_one_point(results, codec):
     none = _row(results, "none")
     assert abs(row["accuracy"] - none["accuracy"]) <= 0.01, (row["accuracy"], none["accuracy"])
     assert row["bytes_sent"] < none["bytes_sent"], "compression did not reduce the bytes sent"
+
+
+SHRINK = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_shrink.py"
+
+
+def test_ddp_training_goes_on_after_a_rank_is_killed(tmp_path):
+    """examples/python/train_shrink.py: rank 3 of 4 SIGKILLs itself halfway through epoch 2;
+    the survivors shrink the group, rebuild DDP and train to the end, and then train again
+    from scratch with the smaller world (braidrun --keep-going keeps them running; its exit
+    status is the killed rank's)."""
+    cmd = [braidrun_path(), "--keep-going", "-n", "4", "--timeout", "240", "--", sys.executable, str(SHRINK),
+           "--epochs", "8", "--plot", str(tmp_path / "shrink.png")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 128 + 9, p.stdout + p.stderr  # the victim's SIGKILL
+    assert "rank 3 killed by signal SIGKILL" in p.stderr, p.stderr
+    assert p.stdout.count("resuming at step") == 3, p.stdout + p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if "survivors recovered in" in ln)
+    acc = float(line.split("test accuracy ")[1].split("%")[0])
+    assert acc > 85, line  # it went on learning after the kill
+    assert (tmp_path / "shrink.png").stat().st_size > 10_000
