@@ -653,6 +653,17 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout") = py::none(), py::arg("name") = "", py::arg("chunk_bytes") = 0,
           py::arg("host_id") = "", py::arg("transport") = "", py::arg("device") = -1)
+      .def_static(
+          "join",
+          [](std::shared_ptr<braid::Store> store, int rank, int size, std::optional<double> timeout,
+             const std::string& name, std::size_t chunk_bytes, const std::string& host_id, const std::string& transport,
+             int device) {
+            py::gil_scoped_release nogil;
+            return std::make_unique<braid::Communicator>(braid::Communicator::join(
+                std::move(store), rank, size, comm_options(timeout, name, chunk_bytes, host_id, transport, device)));
+          },
+          py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = py::none(), py::arg("name") = "",
+          py::arg("chunk_bytes") = 0, py::arg("host_id") = "", py::arg("transport") = "", py::arg("device") = -1)
       .def_static("create_unique_id",
                   []() {
                     braid::UniqueId id;
@@ -797,6 +808,12 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<braid::Communicator>(c.shrink(exclude));
            },
            py::arg("exclude") = std::vector<int>{})
+      .def("grow",
+           [](braid::Communicator& c, int new_size) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<braid::Communicator>(c.grow(new_size));
+           },
+           py::arg("new_size"))
       .def("abort", &braid::Communicator::abort, py::call_guard<py::gil_scoped_release>())
       .def("revoke", &braid::Communicator::revoke, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)

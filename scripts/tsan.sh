@@ -86,6 +86,7 @@ tests=(
   test_transport_conformance test_transport_registry                           # transports
   test_shm_transport test_tcp_transport test_ucx_lib
   test_faults                                                                  # the fault matrix
+  test_agreement test_shrink                                                   # shrink: the agreement, survivors going on
 )
 
 # The fault matrix's CI subset (the header says what is left out), as one ctest -R (whose
@@ -101,6 +102,7 @@ faults_ci=(
   '^Faults/StoreLost\..*_rank1_killed'                               # the store stopped, killed, cut off; a rank killed
   '^Faults/StoreLost\..*/tcp_store_stopped_rank1_stopped'            # ... and a rank stopped
   '^Transports/MismatchedCalls\..*/shm'                              # mismatched calls, checked and unchecked
+  '^Faults/Shrink\..*/tcp_ring_4ranks_'                              # survivors shrink: one, two, rank 0 killed; a revoke
 )
 
 echo "== ThreadSanitizer build ($out/) =="

@@ -201,6 +201,23 @@ class BRAID_API Communicator {
   /// torchrun's agent's, or a FileStore; docs/reliability.md).
   Communicator shrink(const std::vector<int>& exclude = {});
 
+  /// A communicator of `new_size` ranks: this one's ranks keep their numbers and newcomers,
+  /// processes that call join(), take ranks size()..new_size-1 (ncclCommGrow). Every rank of
+  /// this communicator calls it, like a collective; it returns once this rank has joined
+  /// the new one, and the first collective there waits (up to the timeout) for the
+  /// newcomers. The child keeps this one's options; error feedback starts afresh on every
+  /// rank (the newcomers have no residuals, and all ranks' step counters must agree). One
+  /// grow at a time per job: its offer to newcomers (in the store, under the name the job
+  /// began with) replaces the previous one. Throws InvalidUsage unless new_size > size(),
+  /// Aborted on a failed communicator (shrink it first).
+  Communicator grow(int new_size);
+
+  /// A newcomer's side of grow(): joins, as `rank` of `size`, the communicator that a job
+  /// named `options.name` (default "braid", the name it began with) is growing on `store`
+  /// (the job's store: braidrun's, or the one its ranks were made on). Waits up to the
+  /// timeout for the offer. Throws InvalidUsage when `rank`/`size` do not fit the offer.
+  static Communicator join(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options = {});
+
   /// Fails every outstanding and future operation with Aborted and closes connections.
   /// Safe from any thread, including while another thread waits on a Work. Idempotent.
   void abort() noexcept;

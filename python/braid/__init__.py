@@ -395,6 +395,14 @@ class Communicator:
         """Joins the job described by BRAID_*, torchrun, Open MPI or Slurm variables."""
         return cls(None, 0, 0, _impl=_C.Communicator.from_env(timeout, name, chunk_bytes, host_id, transport, device))
 
+    @classmethod
+    def join(cls, store: Store, rank: int, size: int, *, timeout: Optional[float] = None, name: str = "",
+             chunk_bytes: int = 0, host_id: str = "", transport: str = "", device: int = -1) -> "Communicator":
+        """A newcomer's side of grow(): joins, as `rank` of `size`, the communicator a job named
+        `name` (default "braid") is growing on `store` (docs/reliability.md, "Grow")."""
+        return cls(store, 0, 0, _impl=_C.Communicator.join(store, rank, size, timeout, name, chunk_bytes, host_id,
+                                                           transport, device))
+
     @staticmethod
     def create_unique_id() -> bytes:
         """A 128-byte id; hand it to every rank (see from_unique_id)."""
@@ -591,6 +599,11 @@ class Communicator:
         through the store on who is left (docs/reliability.md, "Shrink"). This one stays as it
         is. Raises AbortedError on a rank the others left out."""
         return Communicator(self._store, 0, 0, _impl=self._impl.shrink(list(exclude)))
+
+    def grow(self, new_size: int) -> "Communicator":
+        """A communicator of `new_size` ranks: these keep their ranks, newcomers calling
+        Communicator.join() take the rest. Every rank of this one calls it."""
+        return Communicator(self._store, 0, 0, _impl=self._impl.grow(new_size))
 
     # --- error feedback (docs/codecs.md) ----------------------------------------
     def save_error_feedback(self, file: Optional[BinaryIO] = None, *, key_prefix: str = "") -> Optional[bytes]:

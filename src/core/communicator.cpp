@@ -66,11 +66,16 @@ std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
 /// namespace k: every rank counts its own creations, so all agree without talking. Two
 /// different groups that share a store and a name would collide; every rank claims its
 /// seat, so that is an error rather than a silent mix-up. Returns the namespace and k.
+/// The key prefix of a communicator's namespace in the store it was made on.
+std::string namespace_key(const std::string& name, int size, std::int64_t gen) {
+  return "braid/" + name + "/" + std::to_string(size) + "/" + std::to_string(gen);
+}
+
 std::pair<std::shared_ptr<Store>, std::int64_t> claim_namespace(const std::shared_ptr<Store>& base,
                                                                 const std::string& name, int rank, int size) {
   const std::string family = name + "/" + std::to_string(size);
   const std::int64_t gen = base->add("braid/gen/" + family + "/" + std::to_string(rank), 1);
-  auto store = std::make_shared<PrefixStore>("braid/" + family + "/" + std::to_string(gen), base);
+  auto store = std::make_shared<PrefixStore>(namespace_key(name, size, gen), base);
   BRAID_CHECK(store->add("seat/" + std::to_string(rank), 1) == 1, InvalidUsage,
               "Communicator '" << name << "': rank " << rank << " of " << size
                                << " is already taken in this store; two groups share the store under one name. "
@@ -197,6 +202,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
 
   std::int64_t gen = 0;
   std::tie(store, gen) = claim_namespace(base_store, name, rank, size);
+  root_store = base_store;
+  root_prefix = namespace_key(name, size, gen);
+  root_name = name;
   const core::JobSecret secret =
       core::share_secret(*store, rank, cfg.auth_token.empty() ? given_token : cfg.auth_token, timeout);
   std::string gpu, pci;
@@ -790,9 +798,19 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   // The child is its parent's in everything but its members: the same deadline, slices,
   // host identity, transport and GPU (the parent's resolved device, not the splitting
   // thread's current one).
-  return Communicator(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
-                      static_cast<int>(members.size()),
-                      im.child_options(".split" + std::to_string(k) + ".color" + std::to_string(color)));
+  Communicator child(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
+                     static_cast<int>(members.size()),
+                     im.child_options(".split" + std::to_string(k) + ".color" + std::to_string(color)));
+  im.adopt_root(*child.impl_, "split" + std::to_string(k));
+  return child;
+}
+
+void Communicator::Impl::adopt_root(Impl& child, const std::string& sub) const {
+  // The child's namespace key, relative to its own base store (PrefixStore(sub, store)), is
+  // what its constructor set root_prefix to.
+  child.root_store = root_store;
+  child.root_prefix = root_prefix + "/" + sub + "/" + child.root_prefix;
+  child.root_name = root_name;
 }
 
 CommOptions Communicator::Impl::child_options(const std::string& suffix) const {
@@ -849,8 +867,65 @@ Communicator Communicator::Impl::shrink_impl(const std::vector<int>& exclude) {
   const std::string suffix = ".shrink" + std::to_string(k);
   Communicator child(std::make_shared<PrefixStore>("shrink" + std::to_string(k), store), new_rank,
                      static_cast<int>(members.size()), child_options(suffix));
+  adopt_root(*child.impl_, "shrink" + std::to_string(k));
   child.impl_->compressor->adopt_feedback(*compressor);
   return child;
+}
+
+namespace {
+/// The store key under which a communicator's grow offers newcomers its namespace.
+std::string grow_offer_key(const std::string& root_name) { return "braid/grow/" + root_name; }
+}  // namespace
+
+Communicator Communicator::grow(int new_size) { return impl_->grow_impl(new_size); }
+
+Communicator Communicator::Impl::grow_impl(int new_size) {
+  BRAID_CHECK(new_size > size, InvalidUsage,
+              "grow on rank " << rank << ": the new size " << new_size << " must exceed the current " << size);
+  BRAID_CHECK(!engine->failed(), Aborted,
+              "grow on rank " << rank << ": the communicator has failed (shrink it first): " << engine->reason());
+  const std::uint64_t k = next_grow++;
+  const std::string sub = "grow" + std::to_string(k);
+  CommOptions opt = child_options("." + sub);
+  // The offer: where the grown communicator's namespace is, for the newcomers' join().
+  // Written by rank 0 before it joins (a newcomer waits for it); a later grow replaces it.
+  if (rank == 0)
+    root_store->set(grow_offer_key(root_name), std::to_string(size) + "\n" + std::to_string(new_size) + "\n" +
+                                                   root_prefix + "/" + sub + "\n" + opt.name);
+  Communicator child(std::make_shared<PrefixStore>(sub, store), rank, new_size, opt);
+  adopt_root(*child.impl_, sub);
+  BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": growing " << size << " -> " << new_size
+                                   << " ranks ('" << opt.name << "')");
+  return child;
+}
+
+Communicator Communicator::join(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options) {
+  BRAID_CHECK(store != nullptr, InvalidUsage, "join: store is null");
+  const auto& cfg = core::Config::global();
+  const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
+  const std::string root = options.name.empty() ? "braid" : options.name;
+  const std::string offer = store->get(grow_offer_key(root), timeout);
+  std::vector<std::string> f;
+  for (std::size_t at = 0; at <= offer.size();) {
+    const std::size_t end = std::min(offer.find('\n', at), offer.size());
+    f.push_back(offer.substr(at, end - at));
+    at = end + 1;
+  }
+  std::int64_t old_size = 0, new_size = 0;
+  BRAID_CHECK(f.size() == 4 && base::parse_int64(f[0], &old_size) && base::parse_int64(f[1], &new_size), Network,
+              "join: the store's grow offer for '" << root << "' is malformed; is another program using this store?");
+  BRAID_CHECK(size == new_size && rank >= old_size && rank < new_size, InvalidUsage,
+              "join: communicator '" << root << "' grows from " << old_size << " to " << new_size
+                                     << " ranks: a newcomer joins as one of ranks " << old_size << ".." << new_size - 1
+                                     << " of " << new_size << ", not rank " << rank << " of " << size);
+  CommOptions opt = options;
+  opt.name = f[3];
+  opt.timeout = timeout;
+  Communicator c(std::make_shared<PrefixStore>(f[2], store), rank, size, opt);
+  c.impl_->root_store = store;
+  c.impl_->root_prefix = f[2] + "/" + c.impl_->root_prefix;
+  c.impl_->root_name = root;
+  return c;
 }
 
 std::string Communicator::explain_allreduce(std::size_t count, DataType dtype, ReduceOp op, bool deterministic) const {

@@ -58,6 +58,12 @@ struct Communicator::Impl final : core::Poster {
   int device = -1;  ///< the GPU of device buffers (-1: no device runtime)
   std::shared_ptr<Store> base_store;  ///< what the caller gave (kept alive)
   std::shared_ptr<Store> store;       ///< this communicator's namespace in it
+  /// Where a newcomer finds this communicator (grow/join): the store the job began with
+  /// (a child's base_store is a PrefixStore over its parent's namespace), the key prefix of
+  /// `store` in it, and the name the job began with.
+  std::shared_ptr<Store> root_store;
+  std::string root_prefix;
+  std::string root_name;
   /// A store server this process hosts for the job (rank 0 from the environment,
   /// or the creator of a UniqueId); kept until every rank has left.
   std::unique_ptr<TcpStoreServer> hosted_server;
@@ -83,6 +89,7 @@ struct Communicator::Impl final : core::Poster {
   std::atomic<std::uint64_t> next_p2p{1};
   std::atomic<std::uint64_t> next_split{0};
   std::atomic<std::uint64_t> next_shrink{0};
+  std::atomic<std::uint64_t> next_grow{0};
   std::atomic<std::uint64_t> next_check{0};
 
   /// `address_hint`: where the bootstrap store lives, used as the master address when
@@ -128,6 +135,9 @@ struct Communicator::Impl final : core::Poster {
   /// Communicator::split (store-only, collective in call order).
   Communicator split_impl(int color, int key);
   Communicator shrink_impl(const std::vector<int>& exclude);
+  Communicator grow_impl(int new_size);
+  /// A child made in `sub` (a PrefixStore key under this namespace) learns where it lives.
+  void adopt_root(Impl& child, const std::string& sub) const;
   /// A child's options (split, shrink): this communicator's, named name + suffix.
   CommOptions child_options(const std::string& suffix) const;
 

@@ -268,6 +268,69 @@ TEST_P(Shrink, SurvivorsAgreeShrinkAndTheNextCollectiveIsCorrect) { run_case(Get
 
 INSTANTIATE_TEST_SUITE_P(Faults, Shrink, ::testing::ValuesIn(cases()), case_name);
 
+// Shrink, then grow back: rank 3 of 4 is killed, the three survivors shrink, and a
+// replacement process joins as rank 3 of the grown communicator (ncclCommGrow's shape):
+// the survivors call grow(4), the newcomer join(). The grown communicator's all-reduce is
+// correct, and a second failure after the grow is survived the same way.
+TEST(Grow, AReplacementJoinsTheSurvivors) {
+  TcpStoreServer server("127.0.0.1", 0);
+  const std::uint16_t port = server.port();
+  constexpr int kRanks = 4, kVictim = 3, kNewcomer = 4;  // process 4 is the replacement
+  const auto st = run_processes(kRanks + 1, [&](int p) {
+    auto store = std::make_shared<TcpStore>("127.0.0.1", port);
+    CommOptions opt;
+    opt.timeout = 20s * braid::test::kTimeScale;
+    opt.transport = "tcp";
+    const auto check_sum = [](Communicator& c) {
+      std::vector<float> v(1000, static_cast<float>(c.rank() + 1));
+      c.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum).wait();
+      const float want = static_cast<float>(c.size() * (c.size() + 1) / 2);
+      for (float f : v) ASSERT_EQ(f, want);
+    };
+    if (p == kNewcomer) {
+      Communicator c = Communicator::join(store, 3, 4, opt);
+      EXPECT_EQ(c.rank(), 3);
+      EXPECT_EQ(c.size(), 4);
+      for (int it = 0; it < 4; ++it) check_sum(c);  // as many calls as the survivors make
+      EXPECT_THROW(Communicator::join(store, 1, 4, opt), Error);  // rank 1 is a survivor's
+      store->add("grown", 1);
+      while (store->add("grown", 0) < kRanks) std::this_thread::sleep_for(1ms);  // nobody closes early
+      return;
+    }
+    Communicator c(store, p, kRanks, opt);
+    check_sum(c);
+    store->add("warm", 1);
+    if (p == kVictim) {
+      while (store->add("warm", 0) < kRanks) std::this_thread::sleep_for(1ms);
+      ::kill(::getpid(), SIGKILL);
+    }
+    std::vector<float> x(1 << 16, 1.f);
+    try {
+      for (int it = 0; it < 100000; ++it) c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum).wait();
+      ADD_FAILURE() << "rank " << p << " never noticed rank 3's death";
+    } catch (const Error&) {
+    }
+    Communicator s = c.shrink();
+    ASSERT_EQ(s.size(), 3);
+    check_sum(s);
+    EXPECT_THROW(s.grow(3), Error);  // not larger
+    Communicator g = s.grow(4);
+    EXPECT_EQ(g.rank(), p);
+    EXPECT_EQ(g.size(), 4);
+    check_sum(g);
+    for (int it = 0; it < 3; ++it) check_sum(g);
+    store->add("grown", 1);
+    while (store->add("grown", 0) < kRanks) std::this_thread::sleep_for(1ms);  // nobody closes early
+  }, std::chrono::seconds(120 * braid::test::kTimeScale));
+  for (int p = 0; p <= kRanks; ++p) {
+    const int s = st[static_cast<std::size_t>(p)];
+    if (p == kVictim)
+      EXPECT_TRUE(WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL);
+    else
+      EXPECT_TRUE(WIFEXITED(s) && WEXITSTATUS(s) == 0) << "process " << p << " failed a check or hung (status " << s << ")";
+  }
+}
+
 TEST(ShrinkArguments, AreCheckedBeforeAnythingMoves) {
   auto store = std::make_shared<FileStore>(braid::test::temp_path("shrink-args"));
   Communicator c(store, 0, 1);

@@ -20,6 +20,9 @@ def shrink():
     comm.allreduce(g.copy(), codec="int8", ef_key="grads")
     comm.barrier()
     if comm.rank == 2:
+        import subprocess
+        subprocess.Popen([sys.executable, __file__, "newcomer"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os._exit(0)
     t0 = time.monotonic()
     try:
@@ -42,8 +45,28 @@ def shrink():
         comm.shrink([comm.rank])
     except braid.Error as e:
         assert "itself" in str(e), str(e)
+    # Grow back to 3: the process rank 2 started before it died joins as rank 2.
+    big = small.grow(3)
+    x = np.full(1000, big.rank + 1, np.float32)
+    big.allreduce(x)
+    assert np.all(x == 6), x[:4]
+    print(f"rank {comm.rank}: grown back to {big.size} ranks with a newcomer, all-reduce correct")
+    big.barrier()
+    big.close()
     small.close()
     comm.close()
+
+
+def newcomer():
+    """Started by rank 2 of the shrink scenario before it dies: joins the grown communicator."""
+    env = braid._C.launch_environment()
+    store = braid.TcpStore(env["master_addr"], env["master_port"], False, 60.0, env["auth_token"])
+    c = braid.Communicator.join(store, 2, 3, timeout=20.0)
+    x = np.full(1000, c.rank + 1, np.float32)
+    c.allreduce(x)
+    assert np.all(x == 6), x[:4]
+    c.barrier()
+    c.close()
 
 
 def dead_peer():

@@ -48,6 +48,7 @@ def test_dead_peer_raises_remote_error(run_ranks):
 def test_survivors_shrink_and_go_on(run_ranks):
     p = run_ranks(3, "ranks_errors.py", "shrink", timeout=90)
     assert p.stdout.count("next all-reduce correct") == 2, p.stdout + p.stderr
+    assert p.stdout.count("grown back to 3 ranks with a newcomer") == 2, p.stdout + p.stderr
 
 
 def test_mismatched_send_recv_sizes(run_ranks):
