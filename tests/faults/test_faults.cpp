@@ -349,48 +349,8 @@ INSTANTIATE_TEST_SUITE_P(Silent, FailedRank,
 // ---------------------------------------------------------------------------
 // The store server goes away.
 
-// A server in a process of its own: `serve` runs in the child, writes the u16 port it
-// listens on to the descriptor it is given and serves until it is killed.
-struct ServerProcess {
-  pid_t pid = -1;
-  std::uint16_t port = 0;
-  template <class Serve>
-  explicit ServerProcess(Serve serve) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    std::fflush(nullptr);
-    pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      serve(fds[1]);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    if (::read(fds[0], &port, sizeof port) != sizeof port) port = 0;
-    ::close(fds[0]);
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-  void kill() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  ~ServerProcess() { kill(); }
-};
-
-// A TcpStoreServer in a process of its own (as a launcher's store would be); its port.
-struct StoreProcess : ServerProcess {
-  StoreProcess()
-      : ServerProcess([](int port_fd) {
-          TcpStoreServer server("127.0.0.1", 0);
-          const std::uint16_t p = server.port();
-          if (::write(port_fd, &p, sizeof p) != sizeof p) ::_exit(1);
-          for (;;) ::pause();
-        }) {}
-};
+using braid::test::ServerProcess;
+using braid::test::StoreProcess;
 
 // Three of four ranks are in their first all-reduce, still looking for the fourth, which
 // never comes (a communicator is made without waiting for its peers; the first call finds

@@ -8,7 +8,14 @@
 #include <braid/store.hpp>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
 #include <functional>
 #include <iosfwd>
 #include <map>
@@ -132,5 +139,48 @@ inline constexpr bool kThreadSanitizer = false;
 /// against (so that what it tells apart stays apart): 10 under ThreadSanitizer, which runs
 /// braid 5 to 15 times slower, else 1.
 inline constexpr int kTimeScale = kThreadSanitizer ? 10 : 1;
+
+/// A server in a process of its own: `serve` runs in the child, writes the u16 port it
+/// listens on to the descriptor it is given and serves until it is killed.
+struct ServerProcess {
+  pid_t pid = -1;
+  std::uint16_t port = 0;
+  template <class Serve>
+  explicit ServerProcess(Serve serve) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      serve(fds[1]);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    if (::read(fds[0], &port, sizeof port) != sizeof port) port = 0;
+    ::close(fds[0]);
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~ServerProcess() { kill(); }
+};
+
+/// A TcpStoreServer in a process of its own (as a launcher's store would be); its port.
+struct StoreProcess : ServerProcess {
+  StoreProcess()
+      : ServerProcess([](int port_fd) {
+          TcpStoreServer server("127.0.0.1", 0);
+          const std::uint16_t p = server.port();
+          if (::write(port_fd, &p, sizeof p) != sizeof p) ::_exit(1);
+          for (;;) ::pause();
+        }) {}
+};
 
 }  // namespace braid::test
