@@ -103,6 +103,7 @@ faults_ci=(
   '^Faults/StoreLost\..*/tcp_store_stopped_rank1_stopped'            # ... and a rank stopped
   '^Transports/MismatchedCalls\..*/shm'                              # mismatched calls, checked and unchecked
   '^Faults/Shrink\..*/tcp_ring_4ranks_'                              # survivors shrink: one, two, rank 0 killed; a revoke
+  '^(Grow|ShrinkArguments)\.'                                        # ... grow back with a newcomer
 )
 
 echo "== ThreadSanitizer build ($out/) =="
