@@ -195,7 +195,8 @@ class BRAID_API Communicator {
   /// communicator's timeout. Returns once this rank has joined the new communicator; the
   /// child keeps this one's options (timeout, slices, host, transport, GPU) and its
   /// error-feedback residuals, and this communicator stays as it is (a failed one stays
-  /// failed). Throws Aborted on a rank the others left out, InvalidUsage for an `exclude`
+  /// failed). On a healthy communicator call it between collectives (its residuals are
+  /// copied). Throws Aborted on a rank the others left out, InvalidUsage for an `exclude`
   /// out of range or naming this rank, Unsupported when the store has no compare_set, and
   /// the store's error when the store is gone (it must outlive any rank: braidrun's,
   /// torchrun's agent's, or a FileStore; docs/reliability.md).
@@ -206,23 +207,26 @@ class BRAID_API Communicator {
   /// this communicator calls it, like a collective; it returns once this rank has joined
   /// the new one, and the first collective there waits (up to the timeout) for the
   /// newcomers. The child keeps this one's options; error feedback starts afresh on every
-  /// rank (the newcomers have no residuals, and all ranks' step counters must agree). One
-  /// grow at a time per job: its offer to newcomers (in the store, under the name the job
-  /// began with) replaces the previous one. Throws InvalidUsage unless new_size > size(),
-  /// Aborted on a failed communicator (shrink it first).
+  /// rank (the newcomers have no residuals, and all ranks' step counters must agree). Rank 0
+  /// leaves one offer per new rank in the store (under the name the job began with); each
+  /// newcomer takes its own, and a later grow replaces one nobody took. Throws InvalidUsage
+  /// unless new_size > size(), Aborted on a failed communicator (shrink it first).
   Communicator grow(int new_size);
 
   /// A newcomer's side of grow(): joins, as `rank` of `size`, the communicator that a job
   /// named `options.name` (default "braid", the name it began with) is growing on `store`
   /// (the job's store: braidrun's, or the one its ranks were made on). Waits up to the
-  /// timeout for the offer. Throws InvalidUsage when `rank`/`size` do not fit the offer.
+  /// timeout for the offer to `rank` and takes it. Throws InvalidUsage when `rank`/`size` do
+  /// not fit the offer or another process took it; not for jobs made from a UniqueId.
   static Communicator join(std::shared_ptr<Store> store, int rank, int size, const CommOptions& options = {});
 
   /// Fails every outstanding and future operation with Aborted and closes connections.
   /// Safe from any thread, including while another thread waits on a Work. Idempotent.
   void abort() noexcept;
 
-  /// abort() for the whole communicator: this rank fails as abort() does, and tells its
+  /// abort() for the whole communicator: this rank records in the store that it revoked
+  /// (so that the survivors' shrink counts it alive; waits a second at most for the store),
+  /// then fails as abort() does, and tells its
   /// peers, whose pending and later calls fail with an error naming this rank's revoke
   /// (ranks without a connection to this one learn it from the peers they wait on, or at
   /// their deadline at the latest). Survivors then shrink(). Safe from any thread.

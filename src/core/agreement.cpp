@@ -41,25 +41,28 @@ bool parse_ranks(const std::string& text, int size, std::vector<int>* out) {
 }
 
 namespace {
-std::string pid_namespace() {
+/// This machine and its pid namespace: "<boot id>\n<pid namespace>". A host id given by
+/// hand (BRAID_HOST_ID) may name several machines; the kernel's boot id tells them apart.
+std::string this_kernel() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  if (!f || !std::getline(f, boot) || boot.empty()) boot = "?";
   char buf[64] = {0};
   const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
+  return boot + "\n" + (n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?"));
 }
 }  // namespace
 
 std::string process_identity(const std::string& host_id) {
-  return host_id + "\n" + pid_namespace() + "\n" + std::to_string(::getpid());
+  return host_id + "\n" + this_kernel() + "\n" + std::to_string(::getpid());
 }
 
 bool process_gone(const std::string& identity, const std::string& host_id) {
-  const auto a = identity.find('\n');
-  const auto b = a == std::string::npos ? a : identity.find('\n', a + 1);
-  if (b == std::string::npos) return false;
+  const std::string kernel = this_kernel();
+  const std::string mine = host_id + "\n" + kernel + "\n";
+  if (kernel.compare(0, 2, "?\n") == 0 || identity.compare(0, mine.size(), mine) != 0) return false;
   std::int64_t pid = 0;
-  if (identity.compare(0, a, host_id) != 0 || identity.substr(a + 1, b - a - 1) != pid_namespace() ||
-      !base::parse_int64(identity.substr(b + 1), &pid) || pid <= 0)
-    return false;
+  if (!base::parse_int64(identity.substr(mine.size()), &pid) || pid <= 0) return false;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!stat || !std::getline(stat, line)) return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
@@ -73,6 +76,8 @@ std::vector<int> agree_on_members(Store& store, std::uint64_t k, int rank, int s
   const std::string base = "shrink/" + std::to_string(k) + "/";
   const std::string decision = base + "members";
   const auto key = [&](const char* what, int r) { return base + what + "/" + std::to_string(r); };
+  // A store without compare_set is refused now, not after waiting for the others.
+  (void)store.compare_set(base + "probe", "", "1");
   // What this rank asks to leave out, before it counts as a caller: a proposer that sees it
   // called sees its exclusions too.
   store.set(key("exclude", rank), format_ranks(exclude));
@@ -108,7 +113,8 @@ std::vector<int> agree_on_members(Store& store, std::uint64_t k, int rank, int s
         excluded.insert(theirs.begin(), theirs.end());
       }
       if (called[i] || gone[i]) continue;
-      if (store.check({"blamed/" + std::to_string(r)}) || (gone_by_probe && gone_by_probe(r))) {
+      const bool blamed = store.check({"blamed/" + std::to_string(r)}) && !store.check({revoked_key(r)});
+      if (blamed || (gone_by_probe && gone_by_probe(r))) {
         gone[i] = 1;
         continue;
       }
@@ -122,7 +128,10 @@ std::vector<int> agree_on_members(Store& store, std::uint64_t k, int rank, int s
   std::vector<int> proposal;
   for (int r = 0; r < size; ++r)
     if (called[static_cast<std::size_t>(r)] && !excluded.count(r)) proposal.push_back(r);
-  // Excluding itself is refused before this point, so the proposal holds at least this rank.
+  // Other callers' exclusions may leave out every rank this one saw; an empty proposal
+  // would read as no decision, so it is not made (this rank is out of it either way).
+  BRAID_CHECK(!proposal.empty(), Aborted,
+              "shrink: the callers' exclusions leave out every rank that called, rank " << rank << " too");
   return read_decision(store.compare_set(decision, "", format_ranks(proposal)));
 }
 

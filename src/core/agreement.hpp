@@ -13,7 +13,8 @@
 //   alive/<r>     "1"        rank r has called shrink k
 //   members       "0,1,3"    the decision: the first proposal written wins
 // A rank proposes once every rank has either called shrink, been excluded by a caller, or
-// been blamed by a failure record ("blamed/<p>", FailureBoard), or been found gone by the
+// been blamed by a failure record ("blamed/<p>", FailureBoard; not a rank that revoked, whose
+// "revoked/<p>" says it is alive), or been found gone by the
 // caller's own probe (a process of this host that no longer exists), or once the timeout
 // has passed: its proposal is the ranks that have called, less the excluded. Every caller
 // reads the one decision, so all get the same members; a rank that calls after the
@@ -41,12 +42,16 @@ namespace braid::core {
 std::vector<int> agree_on_members(Store& store, std::uint64_t k, int rank, int size, const std::vector<int>& exclude,
                                   std::chrono::milliseconds timeout, const std::function<bool(int)>& gone = {});
 
-/// This process, as another process can check that it still exists: "<host id>\n<pid
-/// namespace>\n<pid>". Published by every rank at creation ("proc/<rank>").
+/// This process, as another process can check that it still exists: "<host id>\n<boot
+/// id>\n<pid namespace>\n<pid>". Published by every rank at creation ("proc/<rank>").
 std::string process_identity(const std::string& host_id);
-/// Whether the process `identity` (process_identity) names is on this host, in this pid
-/// namespace, and gone (no such process, or a zombie). False whenever it cannot tell.
+/// Whether the process `identity` (process_identity) names is on this host (the same host
+/// id and kernel boot), in this pid namespace, and gone (no such process, or a zombie). False whenever it cannot tell.
 bool process_gone(const std::string& identity, const std::string& host_id);
+
+/// The record a rank leaves when it revokes its communicator (Communicator::revoke): it is
+/// alive, whatever its peers blame it for.
+inline std::string revoked_key(int rank) { return "revoked/" + std::to_string(rank); }
 
 /// "0,1,3" <-> {0, 1, 3}; parse fails (false) on anything else, or a rank outside [0, size).
 std::string format_ranks(const std::vector<int>& ranks);

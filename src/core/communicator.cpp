@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <limits>
 #include <map>
@@ -62,14 +63,36 @@ std::chrono::milliseconds clamp_timeout(std::chrono::milliseconds t) {
   return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 365));
 }
 
-/// The k-th communicator of this name and size that each rank creates on a store gets
-/// namespace k: every rank counts its own creations, so all agree without talking. Two
-/// different groups that share a store and a name would collide; every rank claims its
-/// seat, so that is an error rather than a silent mix-up. Returns the namespace and k.
+/// Runs `call` on `store` on a thread of its own and waits `budget` at most: a store whose
+/// host stopped or died costs the budget, not the store's I/O timeout. True when the call
+/// returned in time (a store error counts as returned).
+bool within(const std::shared_ptr<Store>& store, std::function<void(Store&)> call,
+            std::chrono::milliseconds budget) noexcept {
+  try {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> answered = done->get_future();
+    std::thread([store, call = std::move(call), done] {
+      try {
+        call(*store);
+      } catch (const std::exception&) {
+      }
+      done->set_value();
+    }).detach();
+    return answered.wait_for(budget) == std::future_status::ready;
+  } catch (const std::exception&) {  // no thread
+    return false;
+  }
+}
+
 /// The key prefix of a communicator's namespace in the store it was made on.
 std::string namespace_key(const std::string& name, int size, std::int64_t gen) {
   return "braid/" + name + "/" + std::to_string(size) + "/" + std::to_string(gen);
 }
+
+/// The k-th communicator of this name and size that each rank creates on a store gets
+/// namespace k: every rank counts its own creations, so all agree without talking. Two
+/// different groups that share a store and a name would collide; every rank claims its
+/// seat, so that is an error rather than a silent mix-up. Returns the namespace and k.
 
 std::pair<std::shared_ptr<Store>, std::int64_t> claim_namespace(const std::shared_ptr<Store>& base,
                                                                 const std::string& name, int rank, int size) {
@@ -253,16 +276,7 @@ Communicator::Impl::~Impl() {
       // The failure may have taken the store with it (its host stopped or died): count this
       // rank out on a thread of its own and wait for it a second at most, not the store's
       // I/O timeout.
-      auto done = std::make_shared<std::promise<void>>();
-      std::future<void> counted = done->get_future();
-      std::thread([s = store, done] {
-        try {
-          s->add("exit", 1);
-        } catch (const std::exception&) {
-        }
-        done->set_value();
-      }).detach();
-      if (counted.wait_for(std::chrono::seconds(1)) != std::future_status::ready)
+      if (!within(store, [](Store& s) { s.add("exit", 1); }, std::chrono::seconds(1)))
         BRAID_LOG(warn, "communicator '" << name << "' leaving: the store did not answer within 1 s");
     } else {
       store->add("exit", 1);
@@ -811,6 +825,10 @@ void Communicator::Impl::adopt_root(Impl& child, const std::string& sub) const {
   child.root_store = root_store;
   child.root_prefix = root_prefix + "/" + sub + "/" + child.root_prefix;
   child.root_name = root_name;
+  // A store server this process hosts (the creator of a UniqueId) serves the child too:
+  // `comm = comm.shrink()` destroys the parent, not the job's store.
+  child.hosted_server = hosted_server;
+  child.hosts_store = hosts_store;
 }
 
 CommOptions Communicator::Impl::child_options(const std::string& suffix) const {
@@ -873,8 +891,11 @@ Communicator Communicator::Impl::shrink_impl(const std::vector<int>& exclude) {
 }
 
 namespace {
-/// The store key under which a communicator's grow offers newcomers its namespace.
-std::string grow_offer_key(const std::string& root_name) { return "braid/grow/" + root_name; }
+/// The store key under which a grow offers new rank `rank` its place: one per new rank, taken
+/// (removed) by the newcomer that joins as that rank, so no later newcomer finds it stale.
+std::string grow_offer_key(const std::string& root_name, int rank) {
+  return "braid/grow/" + root_name + "/" + std::to_string(rank);
+}
 }  // namespace
 
 Communicator Communicator::grow(int new_size) { return impl_->grow_impl(new_size); }
@@ -887,11 +908,13 @@ Communicator Communicator::Impl::grow_impl(int new_size) {
   const std::uint64_t k = next_grow++;
   const std::string sub = "grow" + std::to_string(k);
   CommOptions opt = child_options("." + sub);
-  // The offer: where the grown communicator's namespace is, for the newcomers' join().
-  // Written by rank 0 before it joins (a newcomer waits for it); a later grow replaces it.
+  // The offers: where the grown communicator's namespace is, one for each newcomer's join().
+  // Written by rank 0 before it joins (a newcomer waits for its own); a later grow replaces
+  // one that no newcomer took.
   if (rank == 0)
-    root_store->set(grow_offer_key(root_name), std::to_string(size) + "\n" + std::to_string(new_size) + "\n" +
-                                                   root_prefix + "/" + sub + "\n" + opt.name);
+    for (int r = size; r < new_size; ++r)
+      root_store->set(grow_offer_key(root_name, r), std::to_string(size) + "\n" + std::to_string(new_size) + "\n" +
+                                                        root_prefix + "/" + sub + "\n" + opt.name);
   Communicator child(std::make_shared<PrefixStore>(sub, store), rank, new_size, opt);
   adopt_root(*child.impl_, sub);
   BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": growing " << size << " -> " << new_size
@@ -904,7 +927,9 @@ Communicator Communicator::join(std::shared_ptr<Store> store, int rank, int size
   const auto& cfg = core::Config::global();
   const auto timeout = options.timeout.count() > 0 ? options.timeout : cfg.timeout;
   const std::string root = options.name.empty() ? "braid" : options.name;
-  const std::string offer = store->get(grow_offer_key(root), timeout);
+  BRAID_CHECK(rank >= 0 && rank < size, InvalidUsage, "join: rank " << rank << " is outside [0, " << size << ")");
+  const std::string key = grow_offer_key(root, rank);
+  const std::string offer = store->get(key, timeout);
   std::vector<std::string> f;
   for (std::size_t at = 0; at <= offer.size();) {
     const std::size_t end = std::min(offer.find('\n', at), offer.size());
@@ -918,6 +943,9 @@ Communicator Communicator::join(std::shared_ptr<Store> store, int rank, int size
               "join: communicator '" << root << "' grows from " << old_size << " to " << new_size
                                      << " ranks: a newcomer joins as one of ranks " << old_size << ".." << new_size - 1
                                      << " of " << new_size << ", not rank " << rank << " of " << size);
+  // Taken: a second newcomer for this rank, or a later one, waits for the next grow's offer.
+  BRAID_CHECK(store->remove(key), InvalidUsage,
+              "join: another process took the offer of rank " << rank << " of '" << root << "' first");
   CommOptions opt = options;
   opt.name = f[3];
   opt.timeout = timeout;
@@ -1009,7 +1037,12 @@ void Communicator::abort() noexcept {
 }
 
 void Communicator::revoke() noexcept {
-  if (impl_) impl_->engine->abort("revoke() called on rank " + std::to_string(impl_->rank));
+  if (!impl_) return;
+  // First the record that this rank is alive and revoked (its peers will blame it when its
+  // connections close): the survivors' shrink then waits for it rather than leaving it out.
+  const std::string key = core::revoked_key(impl_->rank);
+  (void)within(impl_->store, [key](Store& s) { s.set(key, "1"); }, std::chrono::seconds(1));
+  impl_->engine->abort("revoke() called on rank " + std::to_string(impl_->rank));
 }
 
 bool Communicator::failed() const noexcept { return impl_ && impl_->engine->failed(); }

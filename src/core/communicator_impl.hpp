@@ -66,7 +66,7 @@ struct Communicator::Impl final : core::Poster {
   std::string root_name;
   /// A store server this process hosts for the job (rank 0 from the environment,
   /// or the creator of a UniqueId); kept until every rank has left.
-  std::unique_ptr<TcpStoreServer> hosted_server;
+  std::shared_ptr<TcpStoreServer> hosted_server;  ///< shared with children (split, shrink, grow)
   bool hosts_store = false;
   /// Which host each rank is on (this rank's identity: CommOptions::host_id, BRAID_HOST_ID
   /// or hostname + boot id); asked by the engine's router, the tuner and compression.

@@ -1372,6 +1372,11 @@ bool TcpStore::remove(const std::string& key) {
 std::string TcpStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
   impl_->check_key(key, "compare_set");
   core::check_store_value("TcpStore", impl_->addr, key, desired);
+  core::check_store_value("TcpStore", impl_->addr, key, expected);
+  if (expected.size() + desired.size() > kMaxValue)  // both in one request frame
+    throw Error(ErrorCode::InvalidUsage, "TcpStore " + impl_->addr + ": compare_set(" + quote(key) +
+                                             "): the expected and desired values together exceed " +
+                                             std::to_string(kMaxValue) + " bytes");
   Encoder e = impl_->request(kCompareSet);
   e.str(key);
   e.str(expected);

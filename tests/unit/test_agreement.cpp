@@ -117,6 +117,29 @@ TEST_F(Agreement, ALateCallerAfterTheDecisionIsToldItWasLeftOut) {
   EXPECT_NE(out[3].error.find("without rank 3"), std::string::npos) << out[3].error;
 }
 
+// A rank that revoked its communicator is blamed by its peers (its connections closed) but
+// said it is alive: the others wait for it, however late it calls.
+TEST_F(Agreement, ABlamedRankThatRevokedIsWaitedFor) {
+  FileStore s(path_);
+  s.set("blamed/3", "rank 3 closed its connection");
+  s.set("revoked/3", "1");
+  const auto out = agree(path_, 4, {0, 1, 2, 3}, {}, 10s, {0ms, 0ms, 0ms, 700ms});
+  for (const auto& o : out) {
+    EXPECT_EQ(o.error, "");
+    EXPECT_EQ(o.members, (std::vector<int>{0, 1, 2, 3}));
+  }
+}
+
+// Two callers exclude each other: neither proposes an empty set (which would read as no
+// decision); each is told it is out.
+TEST_F(Agreement, ExclusionsThatLeaveNobodyAreRefused) {
+  const auto out = agree(path_, 2, {0, 1}, {{1}, {0}}, 10s);
+  for (const auto& o : out) {
+    EXPECT_EQ(o.code, ErrorCode::Aborted) << o.error;
+    EXPECT_FALSE(o.error.empty());
+  }
+}
+
 TEST_F(Agreement, AStoreWithoutCompareSetIsUnsupported) {
   struct Plain : Store {
     FileStore s;
