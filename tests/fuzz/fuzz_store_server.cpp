@@ -44,7 +44,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(k.size() <= sw::kMaxKey);
       fields += 4 + k.size();
     }
+    FUZZ_CHECK(q.expected.size() <= sw::kMaxValue);
     if (q.op == sw::kSet) fields += 4 + q.value.size();
+    if (q.op == sw::kCompareSet) fields += 4 + q.expected.size() + 4 + q.value.size();
     if (q.op == sw::kGet || q.op == sw::kAdd || q.op == sw::kWait) fields += 8;
     FUZZ_CHECK(fields == len);  // every byte of the frame is accounted for
     p += 4 + len;

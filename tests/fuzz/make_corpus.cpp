@@ -206,6 +206,13 @@ void store() {
     e.str("key");
     all += e.finish();
   }
+  {
+    auto e = req(sw::kCompareSet, 7);
+    e.str("shrink/0/members");
+    e.str("");
+    e.str("0,1,3");
+    all += e.finish();
+  }
   seed("store_server", "every_request", u8(0) + all);
 
   // Replies (the client's input): OK with a value, an i64, a flag, a WAIT timeout with
