@@ -612,14 +612,16 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
     e.u32(req);
     return e;
   };
+  // A refused request: kFailed with the reason, the connection kept.
+  auto refuse = [&](const std::string& why) {
+    Encoder e = reply(kFailed);
+    e.str(why);
+    send(id, c, e.finish());
+    return true;
+  };
   switch (q.op) {
     case kSet: {
-      if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) {
-        Encoder e = reply(kFailed);
-        e.str(why);
-        send(id, c, e.finish());
-        return true;
-      }
+      if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) return refuse(why);
       store_value(q.key, std::move(q.value));
       send(id, c, reply(kOk).finish());
       notify(q.key);
@@ -641,25 +643,12 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
       const std::int64_t delta = q.delta;
       std::int64_t value = 0;
       auto it = data.find(key);
-      if (it != data.end() && !parse_int64(it->second, &value)) {
-        Encoder e = reply(kFailed);
-        e.str("the value of " + quote(key) + " is not a decimal integer");
-        send(id, c, e.finish());
-        return true;
-      }
-      if (__builtin_add_overflow(value, delta, &value)) {
-        Encoder e = reply(kFailed);
-        e.str("adding " + std::to_string(delta) + " to " + quote(key) + " overflows int64");
-        send(id, c, e.finish());
-        return true;
-      }
+      if (it != data.end() && !parse_int64(it->second, &value))
+        return refuse("the value of " + quote(key) + " is not a decimal integer");
+      if (__builtin_add_overflow(value, delta, &value))
+        return refuse("adding " + std::to_string(delta) + " to " + quote(key) + " overflows int64");
       std::string text = std::to_string(value);
-      if (const std::string why = over_limit(key, text.size()); !why.empty()) {
-        Encoder e = reply(kFailed);
-        e.str(why);
-        send(id, c, e.finish());
-        return true;
-      }
+      if (const std::string why = over_limit(key, text.size()); !why.empty()) return refuse(why);
       store_value(key, std::move(text));
       Encoder e = reply(kOk);
       e.u64(static_cast<std::uint64_t>(value));
@@ -697,12 +686,7 @@ bool TcpStoreServer::Impl::handle(std::uint64_t id, Conn& c, const char* p, std:
       auto it = data.find(q.key);
       const bool match = it == data.end() ? q.expected.empty() : it->second == q.expected;
       if (match) {
-        if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) {
-          Encoder e = reply(kFailed);
-          e.str(why);
-          send(id, c, e.finish());
-          return true;
-        }
+        if (const std::string why = over_limit(q.key, q.value.size()); !why.empty()) return refuse(why);
         store_value(q.key, std::string(q.value));
         it = data.find(q.key);
       }

@@ -9,6 +9,7 @@
 // The scenarios that need emulated hosts and shaped links (a link cut, a link that drops
 // and comes back, a slow peer throttled by tc) are cases of the `cluster` suite
 // (tests/cluster/cluster_test.sh), labelled `faults` as well.
+#include "fault_support.hpp"
 #include "test_support.hpp"
 
 #include <braid/braid.hpp>
@@ -42,40 +43,12 @@ using namespace std::chrono_literals;
 using braid::test::run_processes;
 using braid::test::run_threads;
 using Clock = std::chrono::steady_clock;
+using namespace braid::test::faults;
 
 namespace {
 
 constexpr int kRanks = 4;
 constexpr int kVictim = 2;
-
-std::set<std::string> dir_entries(const char* dir, const char* prefix = "") {
-  std::set<std::string> out;
-  if (DIR* d = ::opendir(dir)) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != ".." && name.rfind(prefix, 0) == 0) out.insert(name);
-    }
-    ::closedir(d);
-  }
-  return out;
-}
-int open_fds() { return static_cast<int>(dir_entries("/proc/self/fd").size()) - 1; }  // less opendir's own
-int threads() { return static_cast<int>(dir_entries("/proc/self/task").size()); }
-// The names of this process's threads ("braid-engine, ..."), for a failure message.
-std::string thread_names() {
-  std::string out;
-  for (const auto& t : dir_entries("/proc/self/task")) {
-    std::ifstream f("/proc/self/task/" + t + "/comm");
-    std::string name;
-    std::getline(f, name);
-    out += (out.empty() ? "" : ", ") + name;
-  }
-  return out;
-}
-
-long long now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-}
 
 // braid's segments in /dev/shm that appeared during a scenario and are still there a
 // moment later (other tests running in parallel make and unlink their own in between).
@@ -93,71 +66,15 @@ std::vector<std::string> leaked_segments(const std::set<std::string>& before) {
 // ---------------------------------------------------------------------------
 // The collectives a rank fails in.
 
-enum class Op { ring, tree, rhd, hierarchical, codec, codec_hierarchical, broadcast, sendrecv };
 const Op kOps[] = {Op::ring,  Op::tree,     Op::rhd,      Op::hierarchical, Op::codec, Op::codec_hierarchical,
                    Op::broadcast, Op::sendrecv};
 
-const char* op_label(Op op) {
-  switch (op) {
-    case Op::ring: return "ring";
-    case Op::tree: return "tree";
-    case Op::rhd: return "rhd";
-    case Op::hierarchical: return "hierarchical";
-    case Op::codec: return "int8";
-    case Op::codec_hierarchical: return "int8_hierarchical";
-    case Op::broadcast: return "broadcast";
-    case Op::sendrecv: return "sendrecv";
-  }
-  return "?";
-}
 bool two_hosts(Op op) { return op == Op::hierarchical || op == Op::codec_hierarchical; }
 // What the error must call the collective.
 std::vector<std::string> op_words(Op op) {
   if (op == Op::broadcast) return {"broadcast"};
   if (op == Op::sendrecv) return {"send", "recv"};
   return {"allreduce"};
-}
-
-struct Buffers {
-  std::vector<float> x, y;
-  explicit Buffers(std::size_t n) : x(n, 1.f), y(n, 0.f) {}
-};
-
-// One call of `op`, waited for (throws braid::Error).
-void run_op(Communicator& c, Op op, Buffers& b, int r, std::chrono::milliseconds timeout) {
-  const std::size_t n = b.x.size();
-  switch (op) {
-    case Op::broadcast: {
-      BroadcastOptions o;
-      o.timeout = timeout;
-      c.broadcast(b.x.data(), b.x.data(), n, DataType::f32, o).wait();
-      return;
-    }
-    case Op::sendrecv: {
-      P2POptions o;
-      o.timeout = timeout;
-      Work s = c.send(b.x.data(), n, DataType::f32, (r + 1) % kRanks, o);
-      Work v = c.recv(b.y.data(), n, DataType::f32, (r + kRanks - 1) % kRanks, o);
-      v.wait();
-      s.wait();
-      return;
-    }
-    default: {
-      AllreduceOptions o;
-      o.timeout = timeout;
-      // A compressed all-reduce picks its own plan: hierarchical (compressed between hosts
-      // only) when the ranks span hosts.
-      o.algorithm = op == Op::ring           ? Algorithm::ring
-                    : op == Op::tree         ? Algorithm::tree
-                    : op == Op::rhd          ? Algorithm::rhd
-                    : op == Op::hierarchical ? Algorithm::hierarchical
-                                             : Algorithm::automatic;
-      if (op == Op::codec || op == Op::codec_hierarchical) o.codec = "int8";
-      std::fill(b.x.begin(), b.x.end(), 1.f);  // keeps sums small for the codec
-      c.allreduce(b.x.data(), b.x.data(), n, DataType::f32, ReduceOp::sum, o).wait();
-      return;
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -216,7 +133,7 @@ void run_scenario(const Scenario& sc) {
     {
       Communicator c(store, r, kRanks, opt);
       Buffers b(std::size_t{2} << 20);  // 8 MiB: tens of milliseconds a call on these ranks
-      run_op(c, sc.op, b, r, deadline);  // every connection up, every rank agrees
+      run_op(c, sc.op, b, deadline);  // every connection up, every rank agrees
       store->add("warm", 1);
       std::thread failer;
       if (r == kVictim) {
@@ -241,7 +158,7 @@ void run_scenario(const Scenario& sc) {
       bool noticed = false;
       for (int it = 0; it < 2000 && !noticed; ++it) {
         try {
-          run_op(c, sc.op, b, r, deadline);
+          run_op(c, sc.op, b, deadline);
         } catch (const Error& e) {
           noticed = true;
           const long long at = now_us();
@@ -276,7 +193,7 @@ void run_scenario(const Scenario& sc) {
           // Fails fast from now on.
           EXPECT_TRUE(c.failed());
           const auto t0 = Clock::now();
-          EXPECT_THROW(run_op(c, sc.op, b, r, deadline), Error);
+          EXPECT_THROW(run_op(c, sc.op, b, deadline), Error);
           EXPECT_LT(Clock::now() - t0, 500ms * braid::test::kTimeScale) << "a call after the failure was slow";
         }
       }
@@ -293,11 +210,7 @@ void run_scenario(const Scenario& sc) {
       }
     }
     // Nothing left behind: the engine's, transports' and stores' threads and fds are gone.
-    // A failed communicator asks the store for its peers' reasons on threads of their own,
-    // bounded to 1 s each (FailureBoard): give such a thread, on a loaded machine, time to
-    // hear its answer and end.
-    const auto settle = Clock::now() + 5s * braid::test::kTimeScale;
-    while ((threads() != threads0 || open_fds() != fds0) && Clock::now() < settle) std::this_thread::sleep_for(10ms);
+    settle(threads0, fds0);
     EXPECT_EQ(threads(), threads0) << "threads left behind by the communicator: " << thread_names();
     EXPECT_EQ(open_fds(), fds0) << "fds left behind by the communicator";
   }, std::chrono::seconds(90 * braid::test::kTimeScale));
@@ -538,7 +451,7 @@ void survive(Communicator& c, Store& side, int r, std::chrono::milliseconds dead
   bool noticed = false;
   for (int it = 0; it < 2000 && !noticed; ++it) {
     try {
-      run_op(c, Op::ring, b, r, deadline);
+      run_op(c, Op::ring, b, deadline);
     } catch (const Error& e) {
       noticed = true;
       const long long at = now_us();
@@ -584,7 +497,7 @@ void survive(Communicator& c, Store& side, int r, std::chrono::milliseconds dead
       }
       EXPECT_TRUE(c.failed());
       const auto t0 = Clock::now();
-      EXPECT_THROW(run_op(c, Op::ring, b, r, deadline), Error);
+      EXPECT_THROW(run_op(c, Op::ring, b, deadline), Error);
       EXPECT_LT(Clock::now() - t0, 500ms * braid::test::kTimeScale) << "a call after the failure was slow";
     }
   }
@@ -620,7 +533,7 @@ TEST_P(StoreHostFails, EverySurvivorNamesTheRankServingTheStoreInTime) {
     {
       Communicator c(store, r, kStoreRanks, opt);
       Buffers b(std::size_t{2} << 20);
-      run_op(c, Op::ring, b, r, deadline);  // every connection up, every rank agrees
+      run_op(c, Op::ring, b, deadline);  // every connection up, every rank agrees
       if (r == 0) {
         std::this_thread::sleep_for(30ms);  // into the next call
         side.set("victim_pid", std::to_string(::getpid()));
@@ -701,7 +614,7 @@ TEST_P(StoreLost, EverySurvivorNamesTheFailedRankInTime) {
     opt.transport = transport;
     Communicator c(store, r, kStoreRanks, opt);
     Buffers b(std::size_t{2} << 20);
-    run_op(c, Op::ring, b, r, deadline);
+    run_op(c, Op::ring, b, deadline);
     if (r == victim) {
       // The store first (it is not needed while nothing fails), then this rank.
       ::kill(loss == StoreLoss::cut_from_rank2 ? relay_pid : store_pid,

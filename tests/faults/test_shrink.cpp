@@ -4,13 +4,13 @@
 // collective. Every survivor gets its error, calls shrink(), and the next collective on the
 // shrunk communicator is correct, with every survivor agreeing on the members and its new
 // rank. The time from the failure to that first correct result is printed ("[shrink]") and
-// bounded; nothing is left behind (threads, fds, /dev/shm).
+// bounded; nothing is left behind (threads, fds).
+#include "fault_support.hpp"
 #include "test_support.hpp"
 
 #include <braid/braid.hpp>
 #include <gtest/gtest.h>
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,25 +29,10 @@ using namespace braid;
 using namespace std::chrono_literals;
 using braid::test::run_processes;
 using Clock = std::chrono::steady_clock;
+using namespace braid::test::faults;
 
 namespace {
 
-int count_entries(const char* dir) {
-  int n = 0;
-  if (DIR* d = ::opendir(dir)) {
-    while (const dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
-int open_fds() { return count_entries("/proc/self/fd") - 1; }
-int threads() { return count_entries("/proc/self/task"); }
-long long now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
-}
-
-enum class Op { ring, tree, rhd, hierarchical, int8, broadcast, sendrecv };
 enum class Fault { kill, stop, revoke };
 
 struct Case {
@@ -60,18 +45,6 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.transport << " " << c.ranks << " ranks"; }
 
-const char* op_label(Op op) {
-  switch (op) {
-    case Op::ring: return "ring";
-    case Op::tree: return "tree";
-    case Op::rhd: return "rhd";
-    case Op::hierarchical: return "hierarchical";
-    case Op::int8: return "int8";
-    case Op::broadcast: return "broadcast";
-    case Op::sendrecv: return "sendrecv";
-  }
-  return "?";
-}
 const char* fault_label(Fault f) {
   switch (f) {
     case Fault::kill: return "killed";
@@ -79,37 +52,6 @@ const char* fault_label(Fault f) {
     case Fault::revoke: return "revoked";
   }
   return "?";
-}
-
-// One call of `op` on `c` (every rank of it), waited for.
-void run_op(Communicator& c, Op op, std::vector<float>& x, std::vector<float>& y) {
-  const std::size_t n = x.size();
-  const int r = c.rank(), size = c.size();
-  switch (op) {
-    case Op::broadcast:
-      c.broadcast(x.data(), x.data(), n, DataType::f32).wait();
-      return;
-    case Op::sendrecv: {
-      Work s = c.send(x.data(), n, DataType::f32, (r + 1) % size);
-      Work v = c.recv(y.data(), n, DataType::f32, (r + size - 1) % size);
-      v.wait();
-      s.wait();
-      return;
-    }
-    default: {
-      AllreduceOptions o;
-      o.algorithm = op == Op::ring ? Algorithm::ring : op == Op::tree ? Algorithm::tree
-                  : op == Op::rhd  ? Algorithm::rhd  : op == Op::hierarchical ? Algorithm::hierarchical
-                                                                               : Algorithm::automatic;
-      if (op == Op::int8) {
-        o.codec = "int8";
-        o.ef_key = "grads";
-      }
-      std::fill(x.begin(), x.end(), 1.f);
-      c.allreduce(x.data(), x.data(), n, DataType::f32, ReduceOp::sum, o).wait();
-      return;
-    }
-  }
 }
 
 void run_case(const Case& cs) {
@@ -139,8 +81,8 @@ void run_case(const Case& cs) {
       // Two emulated hosts of two ranks each: the shrunk communicator keeps them.
       if (cs.op == Op::hierarchical) opt.host_id = "shrink-host-" + std::to_string(r / 2);
       Communicator c(store, r, n, opt);
-      std::vector<float> x(std::size_t{1} << 20, 1.f), y(x.size(), 0.f);  // 4 MiB
-      run_op(c, cs.op, x, y);
+      Buffers b(std::size_t{1} << 20);  // 4 MiB
+      run_op(c, cs.op, b, deadline, "grads");
       store->add("warm", 1);
       std::thread failer;
       const bool victim = victims.count(r) > 0;
@@ -162,7 +104,7 @@ void run_case(const Case& cs) {
       bool noticed = false;
       for (int it = 0; it < 2000 && !noticed; ++it) {
         try {
-          run_op(c, cs.op, x, y);
+          run_op(c, cs.op, b, deadline, "grads");
         } catch (const Error& e) {
           noticed = true;
           if (revoke && !victim) {
@@ -201,18 +143,18 @@ void run_case(const Case& cs) {
       store->set("recovered/" + std::to_string(r), std::to_string((at - failed_at) / 1000.0));
       EXPECT_LT(at - failed_at, bound_us) << "recovery took too long";
       // The compressed all-reduce goes on under the same key: its residuals came along.
-      if (cs.op == Op::int8) {
+      if (cs.op == Op::codec) {
         AllreduceOptions o;
         o.codec = "int8";
         o.ef_key = "grads";
-        std::fill(x.begin(), x.end(), 1.f);
-        s.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, o).wait();
-        for (std::size_t i = 0; i < x.size(); i += 997)
-          ASSERT_NEAR(x[i], static_cast<float>(survivors), 0.1f * survivors) << "at " << i;
+        std::fill(b.x.begin(), b.x.end(), 1.f);
+        s.allreduce(b.x.data(), b.x.data(), b.x.size(), DataType::f32, ReduceOp::sum, o).wait();
+        for (std::size_t i = 0; i < b.x.size(); i += 997)
+          ASSERT_NEAR(b.x[i], static_cast<float>(survivors), 0.1f * survivors) << "at " << i;
         EXPECT_GT(s.error_feedback_bytes(), 0u);
       }
       // More calls of the failed kind, on the shrunk communicator.
-      for (int it = 0; it < 3; ++it) run_op(s, cs.op, x, y);
+      for (int it = 0; it < 3; ++it) run_op(s, cs.op, b, deadline, "grads");
       // Every survivor is done before any closes: a rank that closes while a peer still
       // waits for its last send's completion (over verbs, the receiver's acknowledgement)
       // fails that peer's call (seen once in six runs over the fake HCA under load).
@@ -226,8 +168,7 @@ void run_case(const Case& cs) {
         for (int q : victims) ::kill(std::stoi(store->get("victim_pid/" + std::to_string(q), 10s)), SIGKILL);
       }
     }
-    const auto settle = Clock::now() + 5s * braid::test::kTimeScale;
-    while ((threads() != threads0 || open_fds() != fds0) && Clock::now() < settle) std::this_thread::sleep_for(10ms);
+    settle(threads0, fds0);
     EXPECT_EQ(threads(), threads0) << "threads left behind";
     EXPECT_EQ(open_fds(), fds0) << "fds left behind";
   }, std::chrono::seconds(120 * braid::test::kTimeScale));
@@ -252,7 +193,7 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (const auto& t : transports()) {
     out.push_back({t, Op::ring, Fault::kill, 4, {2}});
-    out.push_back({t, Op::int8, Fault::kill, 4, {1}});
+    out.push_back({t, Op::codec, Fault::kill, 4, {1}});
   }
   for (const std::string t : {"shm", "tcp"}) {
     for (Op op : {Op::tree, Op::rhd, Op::hierarchical, Op::broadcast, Op::sendrecv})
