@@ -26,16 +26,12 @@ std::string format_ranks(const std::vector<int>& ranks) {
 
 bool parse_ranks(const std::string& text, int size, std::vector<int>* out) {
   std::vector<int> ranks;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t end = text.find(',', at);
-    if (end == std::string::npos) end = text.size();
-    std::int64_t r = 0;
-    if (!base::parse_int64(text.substr(at, end - at), &r) || r < 0 || r >= size) return false;
-    ranks.push_back(static_cast<int>(r));
-    at = end + 1;
-    if (end + 1 == text.size()) return false;  // a trailing comma
-  }
+  if (!text.empty())
+    for (const std::string& field : base::split(text, ',')) {
+      std::int64_t r = 0;
+      if (!base::parse_int64(field, &r) || r < 0 || r >= size) return false;
+      ranks.push_back(static_cast<int>(r));
+    }
   *out = std::move(ranks);
   return true;
 }

@@ -812,34 +812,31 @@ Communicator Communicator::Impl::split_impl(int color, int key) {
   // The child is its parent's in everything but its members: the same deadline, slices,
   // host identity, transport and GPU (the parent's resolved device, not the splitting
   // thread's current one).
-  Communicator child(std::make_shared<PrefixStore>("split" + std::to_string(k), im.store), new_rank,
-                     static_cast<int>(members.size()),
-                     im.child_options(".split" + std::to_string(k) + ".color" + std::to_string(color)));
-  im.adopt_root(*child.impl_, "split" + std::to_string(k));
-  return child;
+  const std::string sub = "split" + std::to_string(k);
+  return im.make_child(sub, "." + sub + ".color" + std::to_string(color), new_rank, static_cast<int>(members.size()));
 }
 
-void Communicator::Impl::adopt_root(Impl& child, const std::string& sub) const {
-  // The child's namespace key, relative to its own base store (PrefixStore(sub, store)), is
-  // what its constructor set root_prefix to.
-  child.root_store = root_store;
-  child.root_prefix = root_prefix + "/" + sub + "/" + child.root_prefix;
-  child.root_name = root_name;
-  // A store server this process hosts (the creator of a UniqueId) serves the child too:
-  // `comm = comm.shrink()` destroys the parent, not the job's store.
-  child.hosted_server = hosted_server;
-  child.hosts_store = hosts_store;
-}
-
-CommOptions Communicator::Impl::child_options(const std::string& suffix) const {
+Communicator Communicator::Impl::make_child(const std::string& sub, const std::string& name_suffix, int child_rank,
+                                            int child_size) const {
   CommOptions opt;
   opt.timeout = timeout;
-  opt.name = name + suffix;
+  opt.name = name + name_suffix;
   opt.chunk_bytes = cfg.chunk_bytes;
   opt.host_id = topology->host_id();
   opt.transport = cfg.transport;
   opt.device = device;
-  return opt;
+  Communicator child(std::make_shared<PrefixStore>(sub, store), child_rank, child_size, opt);
+  Impl& c = *child.impl_;
+  // Where a newcomer finds it: its constructor set root_prefix to its namespace key
+  // relative to its own base store, PrefixStore(sub, store).
+  c.root_store = root_store;
+  c.root_prefix = root_prefix + "/" + sub + "/" + c.root_prefix;
+  c.root_name = root_name;
+  // A store server this process hosts (the creator of a UniqueId) serves the child too:
+  // `comm = comm.shrink()` destroys the parent, not the job's store.
+  c.hosted_server = hosted_server;
+  c.hosts_store = hosts_store;
+  return child;
 }
 
 Communicator Communicator::shrink(const std::vector<int>& exclude) { return impl_->shrink_impl(exclude); }
@@ -869,12 +866,8 @@ Communicator Communicator::Impl::shrink_impl(const std::vector<int>& exclude) {
   const int new_rank =
       static_cast<int>(std::lower_bound(members.begin(), members.end(), rank) - members.begin());
   std::vector<int> left;
-  for (int r = 0, m = 0; r < size; ++r) {
-    if (m < static_cast<int>(members.size()) && members[static_cast<std::size_t>(m)] == r)
-      ++m;
-    else
-      left.push_back(r);
-  }
+  for (int r = 0; r < size; ++r)
+    if (!std::binary_search(members.begin(), members.end(), r)) left.push_back(r);
   BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": shrinking " << size << " -> " << members.size()
                                    << " ranks (left out: " << (left.empty() ? "none" : core::format_ranks(left))
                                    << "), agreed in "
@@ -882,10 +875,8 @@ Communicator Communicator::Impl::shrink_impl(const std::vector<int>& exclude) {
                                           std::chrono::steady_clock::now() - t0)
                                           .count()
                                    << " ms; this rank is now " << new_rank);
-  const std::string suffix = ".shrink" + std::to_string(k);
-  Communicator child(std::make_shared<PrefixStore>("shrink" + std::to_string(k), store), new_rank,
-                     static_cast<int>(members.size()), child_options(suffix));
-  adopt_root(*child.impl_, "shrink" + std::to_string(k));
+  const std::string sub = "shrink" + std::to_string(k);
+  Communicator child = make_child(sub, "." + sub, new_rank, static_cast<int>(members.size()));
   child.impl_->compressor->adopt_feedback(*compressor);
   return child;
 }
@@ -907,18 +898,17 @@ Communicator Communicator::Impl::grow_impl(int new_size) {
               "grow on rank " << rank << ": the communicator has failed (shrink it first): " << engine->reason());
   const std::uint64_t k = next_grow++;
   const std::string sub = "grow" + std::to_string(k);
-  CommOptions opt = child_options("." + sub);
+  const std::string child_name = name + "." + sub;
   // The offers: where the grown communicator's namespace is, one for each newcomer's join().
   // Written by rank 0 before it joins (a newcomer waits for its own); a later grow replaces
   // one that no newcomer took.
   if (rank == 0)
     for (int r = size; r < new_size; ++r)
       root_store->set(grow_offer_key(root_name, r), std::to_string(size) + "\n" + std::to_string(new_size) + "\n" +
-                                                        root_prefix + "/" + sub + "\n" + opt.name);
-  Communicator child(std::make_shared<PrefixStore>(sub, store), rank, new_size, opt);
-  adopt_root(*child.impl_, sub);
+                                                        root_prefix + "/" + sub + "\n" + child_name);
+  Communicator child = make_child(sub, "." + sub, rank, new_size);
   BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": growing " << size << " -> " << new_size
-                                   << " ranks ('" << opt.name << "')");
+                                   << " ranks ('" << child_name << "')");
   return child;
 }
 
@@ -930,12 +920,7 @@ Communicator Communicator::join(std::shared_ptr<Store> store, int rank, int size
   BRAID_CHECK(rank >= 0 && rank < size, InvalidUsage, "join: rank " << rank << " is outside [0, " << size << ")");
   const std::string key = grow_offer_key(root, rank);
   const std::string offer = store->get(key, timeout);
-  std::vector<std::string> f;
-  for (std::size_t at = 0; at <= offer.size();) {
-    const std::size_t end = std::min(offer.find('\n', at), offer.size());
-    f.push_back(offer.substr(at, end - at));
-    at = end + 1;
-  }
+  const std::vector<std::string> f = base::split(offer, '\n');
   std::int64_t old_size = 0, new_size = 0;
   BRAID_CHECK(f.size() == 4 && base::parse_int64(f[0], &old_size) && base::parse_int64(f[1], &new_size), Network,
               "join: the store's grow offer for '" << root << "' is malformed; is another program using this store?");

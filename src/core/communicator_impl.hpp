@@ -136,10 +136,11 @@ struct Communicator::Impl final : core::Poster {
   Communicator split_impl(int color, int key);
   Communicator shrink_impl(const std::vector<int>& exclude);
   Communicator grow_impl(int new_size);
-  /// A child made in `sub` (a PrefixStore key under this namespace) learns where it lives.
-  void adopt_root(Impl& child, const std::string& sub) const;
-  /// A child's options (split, shrink): this communicator's, named name + suffix.
-  CommOptions child_options(const std::string& suffix) const;
+  /// A child (split, shrink, grow) as `child_rank` of `child_size`, in namespace `sub` of
+  /// this one's store: this one's options (deadline, slices, host identity, transport, its
+  /// resolved GPU), named name + name_suffix, and its place for newcomers and hosted store.
+  Communicator make_child(const std::string& sub, const std::string& name_suffix, int child_rank,
+                          int child_size) const;
 
   // --- core::Poster: how the façade and the parts issue operations ---
   collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
