@@ -14,8 +14,9 @@ queue (Work.on_complete underneath), and Python threads of the group finish copi
 complete the futures, so DDP overlaps communication with backward as it does on gloo.
 
 braidrun serves braid's own store at MASTER_ADDR:MASTER_PORT, which torch's env://
-rendezvous cannot use; the "braid://" rendezvous registered here starts a torch TCPStore
-on a free port and announces it through braid's store.
+rendezvous cannot use; the "braid://" rendezvous registered here hands torch that store
+(a torch Store over braid's client, under a prefix per rendezvous), so the job's store
+lives in the launcher and survives any rank, rank 0 included.
 """
 
 from __future__ import annotations
@@ -833,8 +834,63 @@ def _create(store, rank, size, timeout):
     return BraidProcessGroup(comm, rank, size, timeout)
 
 
+class _LauncherStore(dist.Store):
+    """braid's store (the one braidrun hosts) seen as a torch Store, under a prefix.
+
+    torch's own TCPStore would have to be hosted by a rank, and rank 0 dying would then
+    take the job's store with it: the survivors could not agree and shrink (issue 39).
+    braidrun's store lives in the launcher, which outlives every rank. torch calls these
+    methods for its set-up, barriers and c10d's store-based helpers; the collectives never
+    touch the store."""
+
+    def __init__(self, store: Any, prefix: str, timeout: timedelta, endpoint: tuple = ()):
+        super().__init__()
+        self._s, self._p, self._endpoint = store, prefix, endpoint
+        self.set_timeout(timeout)
+        # torch holds the C++ half only: the Python half (whose methods are the overrides)
+        # must outlive every group made from it, so the process keeps it.
+        _launcher_stores.append(self)
+
+    def clone(self):
+        """A second connection to the same store and prefix (torch's shrink and split
+        paths give a new group its own)."""
+        addr, port, token = self._endpoint
+        return _LauncherStore(_C.TcpStore(addr, port, False, self._wait_s(), token), self._p, self.timeout,
+                              self._endpoint)
+
+    def _wait_s(self, timeout: Optional[timedelta] = None) -> float:
+        t = timeout if timeout is not None else self.timeout
+        return max(t.total_seconds(), 0.001)
+
+    def set(self, key, value):
+        self._s.set(self._p + key, bytes(value) if not isinstance(value, str) else value.encode())
+
+    def get(self, key):
+        return self._s.get(self._p + key, self._wait_s())
+
+    def add(self, key, value):
+        return self._s.add(self._p + key, int(value))
+
+    def compare_set(self, key, expected_value, desired_value):
+        def raw(v):
+            return v.encode() if isinstance(v, str) else bytes(v)
+        return self._s.compare_set(self._p + key, raw(expected_value), raw(desired_value))
+
+    def check(self, keys):
+        return self._s.check([self._p + k for k in keys])
+
+    def wait(self, keys, timeout=None):
+        self._s.wait([self._p + k for k in keys], self._wait_s(timeout))
+
+    def delete_key(self, key):
+        return self._s.remove(self._p + key)
+
+    def num_keys(self):
+        raise _braid._unsupported("num_keys on braidrun's store (braid's store protocol does not count keys)")
+
+
 def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwargs):
-    """braid://: a torch TCPStore on a free port, announced through braid's launcher store."""
+    """braid://: braidrun's store, under a prefix per rendezvous, as torch's store."""
     env = _C.launch_environment()  # the library's reading of the variables (one precedence)
     rank, size = max(env["rank"], 0), max(env["world_size"], 1)
     addr, port = env["master_addr"] or "127.0.0.1", env["master_port"]
@@ -842,21 +898,15 @@ def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwa
         raise _braid._usage("braid:// rendezvous needs BRAID_MASTER_ADDR/BRAID_MASTER_PORT (run under braidrun)")
     generation = _rendezvous_count[0]
     _rendezvous_count[0] += 1
-    key = f"braid-torch-store-{generation}"
     if size == 1:
         yield (dist.HashStore(), rank, size)
         return
     bstore = _C.TcpStore(addr, port, False, timeout.total_seconds(), env["auth_token"])
-    if rank == 0:
-        tstore = dist.TCPStore(addr, 0, size, True, timeout=timeout, wait_for_workers=False)
-        bstore.set(key, str(tstore.port).encode())
-    else:
-        tport = int(bstore.get(key, timeout.total_seconds()).decode())
-        tstore = dist.TCPStore(addr, tport, size, False, timeout=timeout)
-    yield (tstore, rank, size)
+    yield (_LauncherStore(bstore, f"torch/{generation}/", timeout, (addr, port, env["auth_token"])), rank, size)
 
 
 _rendezvous_count = [0]
+_launcher_stores: List[_LauncherStore] = []
 
 # One group serves both devices (torch keeps a ProcessGroup subclass as the group itself).
 dist.Backend.register_backend("braid", _create, devices=["cpu", "cuda"])

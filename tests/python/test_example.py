@@ -85,15 +85,16 @@ SHRINK = Path(__file__).resolve().parents[2] / "examples" / "python" / "train_sh
 
 
 def test_ddp_training_goes_on_after_a_rank_is_killed(tmp_path):
-    """examples/python/train_shrink.py: rank 3 of 4 SIGKILLs itself halfway through epoch 2;
+    """examples/python/train_shrink.py: rank 0 of 4 SIGKILLs itself halfway through epoch 2;
     the survivors shrink the group, rebuild DDP and train to the end, and then train again
     from scratch with the smaller world (braidrun --keep-going keeps them running; its exit
-    status is the killed rank's)."""
+    status is the killed rank's). Rank 0 is the hard case: the job's store must not die
+    with it (braid:// gives torch braidrun's store, not a TCPStore hosted by rank 0)."""
     cmd = [braidrun_path(), "--keep-going", "-n", "4", "--timeout", "240", "--", sys.executable, str(SHRINK),
-           "--epochs", "8", "--plot", str(tmp_path / "shrink.png")]
+           "--epochs", "8", "--victim", "0", "--plot", str(tmp_path / "shrink.png")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 128 + 9, p.stdout + p.stderr  # the victim's SIGKILL
-    assert "rank 3 killed by signal SIGKILL" in p.stderr, p.stderr
+    assert "rank 0 killed by signal SIGKILL" in p.stderr, p.stderr
     assert p.stdout.count("resuming at step") == 3, p.stdout + p.stderr
     line = next(ln for ln in p.stdout.splitlines() if "survivors recovered in" in ln)
     acc = float(line.split("test accuracy ")[1].split("%")[0])
