@@ -191,20 +191,19 @@ std::vector<std::string> transports() {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
+  // Every transport: each operation killed, a rank stopped, 8 ranks with two killed.
   for (const auto& t : transports()) {
-    out.push_back({t, Op::ring, Fault::kill, 4, {2}});
+    for (Op op : {Op::ring, Op::tree, Op::rhd, Op::hierarchical, Op::broadcast, Op::sendrecv})
+      out.push_back({t, op, Fault::kill, 4, {2}});
     out.push_back({t, Op::codec, Fault::kill, 4, {1}});
+    out.push_back({t, Op::ring, Fault::stop, 4, {2}});
+    out.push_back({t, Op::rhd, Fault::kill, 8, {3, 6}});
   }
   for (const std::string t : {"shm", "tcp"}) {
-    for (Op op : {Op::tree, Op::rhd, Op::hierarchical, Op::broadcast, Op::sendrecv})
-      out.push_back({t, op, Fault::kill, 4, {2}});
     out.push_back({t, Op::ring, Fault::kill, 4, {0}});          // rank 0: the store is not its to lose
     out.push_back({t, Op::ring, Fault::kill, 4, {1, 2}});       // two die together
-    out.push_back({t, Op::rhd, Fault::kill, 8, {3, 6}});        // 8 ranks
     out.push_back({t, Op::ring, Fault::revoke, 4, {1}});
   }
-  out.push_back({"tcp", Op::ring, Fault::stop, 4, {2}});
-  out.push_back({"shm", Op::ring, Fault::stop, 4, {2}});
   out.push_back({"tcp", Op::ring, Fault::kill, 16, {5, 11}});  // 16 ranks on the 2 cores
   return out;
 }
