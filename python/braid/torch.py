@@ -364,6 +364,8 @@ class BraidProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            return self._allreduce_sparse(tensors[0], op)
         device = _cuda_device(tensors, "allreduce")
         works = []
         for i, t in enumerate(tensors):
@@ -371,6 +373,54 @@ class BraidProcessGroup(dist.ProcessGroup):
             works.append(self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto,
                                            "", "", False, b.stream))
         return self._work(works, lambda: list(tensors), device)
+
+    def _allreduce_sparse(self, t: torch.Tensor, op) -> "dist.Work":
+        """The sum of sparse COO tensors, as gloo's: every rank's coalesced entries are
+        gathered (counts, then indices and values padded to the largest count), summed and
+        coalesced, and the result replaces `t` in place (its nnz may change)."""
+        if op != _C.ReduceOp.sum:
+            raise _braid._unsupported(f"sparse all-reduce sums only (as gloo's), not {op}")
+        if t.is_cuda:
+            raise _braid._unsupported("sparse all-reduce of a CUDA tensor (CPU sparse tensors only)")
+        c = t.coalesce()
+        idx = c.indices().t().contiguous()                    # nnz x sparse_dim, int64
+        vals = c.values().contiguous()                        # nnz x dense shape
+        dense = 1
+        for d in vals.shape[1:]:
+            dense *= d
+        entry = dense * vals.element_size()                   # bytes per entry
+        raw = vals.reshape(vals.shape[0], dense).view(torch.uint8).reshape(vals.shape[0], entry)
+        comm, n = self._comm, self.size()
+        counts = torch.empty(n, dtype=torch.int64)
+        comm.allgather(torch.tensor([idx.shape[0]], dtype=torch.int64).numpy(), counts.numpy(), timeout=self._timeout)
+        top = int(counts.max())
+        all_idx = torch.zeros(n, top, idx.shape[1], dtype=torch.int64)
+        all_raw = torch.zeros(n, top, entry, dtype=torch.uint8)
+        works = []
+        if top:
+            pad_idx = torch.zeros(top, idx.shape[1], dtype=torch.int64)
+            pad_idx[:idx.shape[0]] = idx
+            pad_raw = torch.zeros(top, entry, dtype=torch.uint8)
+            pad_raw[:raw.shape[0]] = raw
+            comm.allgather(pad_idx.numpy(), all_idx.numpy(), timeout=self._timeout)
+            w = comm.allgather(pad_raw.numpy(), all_raw.numpy(), async_op=True, timeout=self._timeout)
+            works.append(w._w)  # braid's own Work: the completion queue watches those
+
+        def finish():
+            keep = [r for r in range(n) if counts[r] > 0]
+            if keep:
+                i = torch.cat([all_idx[r, :counts[r]] for r in keep]).t()
+                v = torch.cat([all_raw[r, :counts[r]] for r in keep]).view(vals.dtype).reshape(-1, *vals.shape[1:])
+            else:
+                i, v = idx.t(), vals
+            t.copy_(torch.sparse_coo_tensor(i, v, t.shape).coalesce())
+            return [t]
+        if not works:  # every rank's tensor is empty: nothing to gather
+            src, out = Future(), Future()
+            src.set_result((None, finish()))
+            out.set_result([t])
+            return _Work(src, out)
+        return self._work(works, finish)
 
     def _flat(self, tensors, what: str, cuda: bool = False) -> torch.Tensor:
         """The tensors' elements in one new buffer (one collective instead of one per tensor)."""

@@ -371,8 +371,9 @@ def wait_timeout(braid_pg, gloo_pg):
 
 def coalesced_and_uneven(braid_pg, gloo_pg):
     """allreduce_coalesced (one collective), allgather_into_tensor_coalesced,
-    reduce_scatter_tensor_coalesced, and all_to_all with uneven splits (single and list
-    forms, including empty blocks), each equal to gloo on the same inputs."""
+    reduce_scatter_tensor_coalesced, all_to_all with uneven splits (single and list
+    forms, including empty blocks) and sparse all-reduce, each equal to gloo on the same
+    inputs."""
     r, n = dist.get_rank(), dist.get_world_size()
     xs = [data((5, 3), torch.float32, r, 1), data((7,), torch.float32, r, 2), data((1,), torch.float32, r, 3)]
     a, b = [x.clone() for x in xs], [x.clone() for x in xs]
@@ -422,6 +423,28 @@ def coalesced_and_uneven(braid_pg, gloo_pg):
     for j in range(n):
         for k in range(3):
             same(oa[j][k], ob[j][k], f"all_gather_coalesced rank {j} tensor {k}", exact=True)
+    # Sparse COO all-reduce (sum), as gloo's: torch's own cases (1-3 sparse dims, dense
+    # dims), a rank with no entries, async; the result is coalesced in place.
+    from torch.testing._internal.common_distributed import simple_sparse_reduce_tests
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # sparse invariant checks
+        for inputs, _ in simple_sparse_reduce_tests(r, n, num_inputs=1):
+            a, b = inputs[0].clone(), inputs[0].clone()
+            dist.all_reduce(a, group=braid_pg)
+            dist.all_reduce(b, group=gloo_pg)
+            assert a.is_coalesced(), "sparse all-reduce left the result uncoalesced"
+            same(a.to_dense(), b.coalesce().to_dense(), "sparse all_reduce", exact=True)
+        none = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (n,))
+        mine = torch.sparse_coo_tensor(torch.tensor([[r]]), torch.tensor([r + 1.0]), (n,))
+        a = none.clone() if r == 0 else mine
+        dist.all_reduce(a, group=braid_pg, async_op=True).wait()
+        same(a.to_dense(), torch.tensor([0.0] + [j + 1.0 for j in range(1, n)]), "sparse, rank 0 empty", exact=True)
+        try:
+            dist.all_reduce(mine.clone(), op=dist.ReduceOp.MAX, group=braid_pg)
+        except braid.UnsupportedError as e:
+            assert "sums only" in str(e), e
+        else:
+            raise AssertionError("sparse all-reduce took MAX")
     try:
         braid_pg.allreduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.float64)])
     except braid.InvalidUsageError as e:
