@@ -51,6 +51,23 @@ def test_survivors_shrink_and_go_on(run_ranks):
     assert p.stdout.count("grown back to 3 ranks with a newcomer") == 2, p.stdout + p.stderr
 
 
+def test_shrink_bench_times_two_rounds():
+    """bench/shrink_bench.py (docs/reliability.md's recovery table) under braidrun
+    --keep-going: 5 ranks, one killed per round, two rounds; every round's line is printed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import braidrun_path
+    bench = Path(__file__).resolve().parents[2] / "bench" / "shrink_bench.py"
+    p = subprocess.run([braidrun_path(), "--keep-going", "-n", "5", "--timeout", "120", "--", sys.executable,
+                        str(bench), "--victims", "1", "--rounds", "2", "--bytes", "65536"],
+                       capture_output=True, text=True, timeout=150)
+    assert p.returncode == 128 + 9, p.stdout + p.stderr  # the first victim's SIGKILL
+    assert "round 0: 5 ranks, killed [1] -> 4" in p.stdout, p.stdout + p.stderr
+    assert "round 1: 4 ranks, killed [1] -> 3" in p.stdout, p.stdout + p.stderr
+
+
 def test_mismatched_send_recv_sizes(run_ranks):
     p = run_ranks(2, "ranks_errors.py", "size_mismatch", timeout=90)
     assert p.stdout.count("Error: braid") == 2, p.stdout
