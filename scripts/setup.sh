@@ -65,7 +65,7 @@ if [ "${BRAID_SKIP_PYTHON:-0}" != 1 ]; then
   root=$(cd "$(dirname "$0")/.." && pwd)
   venv=$root/build-py/venv
   py_deps=(torch==2.15.0 "numpy>=1.21" pytest scikit-learn matplotlib "scikit-build-core>=0.10"
-           "pybind11>=2.12")
+           "pybind11>=2.12" expecttest hypothesis)  # the last two: PyTorch's own suite (torch_suite.sh)
   if ! python3 -c "import venv, ensurepip" 2>/dev/null; then
     echo "setup: python3 cannot make virtual environments; installing python3-venv python3-dev"
     if [ "$(id -u)" -ne 0 ]; then

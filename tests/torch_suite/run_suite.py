@@ -17,7 +17,75 @@ if os.environ["BACKEND"] == "braid":
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 
+# Tests the suite gates on the backend's name (gloo's, or a list of names) although what
+# they test is generic to a CPU process group, and whose bodies do not branch on the name:
+# braid runs them unchanged. A test is unskipped only if its skip reason still starts with
+# the gate named here, so a test PyTorch changes is not run blindly. (The reasons name sets
+# of backends, whose order changes from run to run: hence prefixes.)
+GATED_BY_NAME = {
+    "Only gloo backend supports timeouts": ["test_barrier_timeout_group", "test_barrier_timeout_full_group"],
+    "Only Gloo backend supports sparse all reduce": ["test_sparse_all_reduce_sum"],
+    "GLOO Batch Send Recv CPU": ["test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags"],
+    "get_future is only supported on mpi, nccl and gloo": ["test_get_future"],
+    "Test requires backend braid to be one of": [
+        *(f"test_all_reduce_coalesced_{g}{op}" for g in ("", "group_", "full_group_")
+          for op in ("sum", "product", "min", "max")),
+        "test_all_gather_object_default_pg", "test_all_gather_object_subgroup", "test_scatter_object_list",
+        "test_grads_same_across_ranks_with_no_sync"],
+}
+if os.environ["BACKEND"] == "braid":
+    for why, names in GATED_BY_NAME.items():
+        for name in names:
+            fn = getattr(DistributedTest._DistTestBase, name)
+            if getattr(fn, "__unittest_skip__", False) and getattr(fn, "__unittest_skip_why__", "").startswith(why):
+                fn.__unittest_skip__ = False
 
+
+def _record_outcomes(path):
+    """Writes {test name: [outcome, seconds, detail]} to `path` at exit (scripts/torch_suite.sh
+    reads it to compare backends); outcome is pass, fail, error, skip, xfail or xpass."""
+    import atexit
+    import json
+    import time
+    import unittest
+
+    results, started = {}, {}
+    cls = unittest.TextTestResult
+
+    def name(test):
+        return test.id().rsplit(".", 1)[-1]
+
+    def hook(method, outcome, detail=None):
+        orig = getattr(cls, method)
+
+        def wrapped(self, test, *rest):
+            t = time.monotonic() - started.get(name(test), time.monotonic())
+            results[name(test)] = [outcome, round(t, 2), detail(rest) if detail else ""]
+            return orig(self, test, *rest)
+        setattr(cls, method, wrapped)
+
+    orig_start = cls.startTest
+
+    def start(self, test):
+        started[name(test)] = time.monotonic()
+        return orig_start(self, test)
+    cls.startTest = start
+    first_line = lambda rest: str(rest[0][1]).strip().splitlines()[-1][:300] if rest and rest[0] else ""  # noqa: E731
+    hook("addSuccess", "pass")
+    hook("addFailure", "fail", first_line)
+    hook("addError", "error", first_line)
+    hook("addSkip", "skip", lambda rest: str(rest[0])[:300])
+    hook("addExpectedFailure", "xfail")
+    hook("addUnexpectedSuccess", "xpass")
+
+    def dump():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=0, sort_keys=True)
+    atexit.register(dump)
+
+
+if os.environ.get("BRAID_SUITE_RESULTS") and __name__ == "__main__":  # not in the spawned ranks
+    _record_outcomes(os.environ["BRAID_SUITE_RESULTS"])
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
