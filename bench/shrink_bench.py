@@ -28,7 +28,6 @@ import time
 import numpy as np
 
 import braid
-from braid import _C
 
 
 def main() -> int:
@@ -43,10 +42,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    env = _C.launch_environment()
-    if not env["master_port"]:
+    try:
+        store = braid._launcher_store(30.0)  # braidrun's: it outlives the ranks
+    except braid.InvalidUsageError:
         raise SystemExit("shrink_bench: run under braidrun --keep-going (it needs a store that outlives the ranks)")
-    store = braid.TcpStore(env["master_addr"] or "127.0.0.1", env["master_port"], False, 30.0, env["auth_token"])
     victims = sorted({int(v) for v in args.victims.split(",")})
     comm = braid.init(timeout=args.timeout)
     if max(victims) >= comm.size or len(victims) >= comm.size:

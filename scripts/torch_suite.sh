@@ -48,9 +48,8 @@ run() {  # run BACKEND RESULTS unittest-args...
      GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} "$py" run_suite.py "$@")
 }
 if [ "$mode" = plain ]; then
-  cd "$suite"
-  BACKEND=$backend WORLD_SIZE=$world TEMP_DIR=$tmp GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} \
-    exec "$py" run_suite.py "$@"
+  run "$backend" "${BRAID_SUITE_RESULTS:-}" "$@"  # outcomes only where asked for
+  exit
 fi
 args=("$@")
 if [ "$mode" = ci ]; then

@@ -704,6 +704,15 @@ class _TorchStore(Store):
         return self._s.compare_set(key, expected, desired)
 
 
+def _launcher_store(timeout: float = 60.0) -> "TcpStore":
+    """A client of the store the launcher (braidrun) serves and announces in the environment
+    (address, port, the job's token): a store that outlives every rank."""
+    env = _C.launch_environment()  # the library's reading of the variables, same precedence
+    if not env["master_port"]:
+        raise _usage("no launcher store in the environment (BRAID_MASTER_ADDR/BRAID_MASTER_PORT): run under braidrun")
+    return TcpStore(env["master_addr"] or "127.0.0.1", env["master_port"], False, timeout, env["auth_token"])
+
+
 def _torchrun_store(timeout: Optional[float]):
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's own store (the elastic agent's),
     which braid's store protocol cannot use; talk to it through torch instead. Returns

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import threading
 import time
 import weakref
@@ -376,51 +377,40 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def _allreduce_sparse(self, t: torch.Tensor, op) -> "dist.Work":
         """The sum of sparse COO tensors, as gloo's: every rank's coalesced entries are
-        gathered (counts, then indices and values padded to the largest count), summed and
-        coalesced, and the result replaces `t` in place (its nnz may change)."""
+        gathered (counts, then the entries, each its indices and value bytes in one row,
+        padded to the largest count), summed and coalesced, and the result replaces `t` in
+        place (its nnz may change)."""
         if op != _C.ReduceOp.sum:
             raise _braid._unsupported(f"sparse all-reduce sums only (as gloo's), not {op}")
         if t.is_cuda:
             raise _braid._unsupported("sparse all-reduce of a CUDA tensor (CPU sparse tensors only)")
         c = t.coalesce()
-        idx = c.indices().t().contiguous()                    # nnz x sparse_dim, int64
-        vals = c.values().contiguous()                        # nnz x dense shape
-        dense = 1
-        for d in vals.shape[1:]:
-            dense *= d
-        entry = dense * vals.element_size()                   # bytes per entry
-        raw = vals.reshape(vals.shape[0], dense).view(torch.uint8).reshape(vals.shape[0], entry)
-        comm, n = self._comm, self.size()
+        nnz, dims, vals = c._nnz(), c.sparse_dim(), c.values()
+        dense = math.prod(vals.shape[1:])
+        def as_bytes(x, width):  # nnz rows of `width` bytes (flattened first: a size-1
+            return x.contiguous().view(-1).view(torch.uint8).reshape(nnz, width)  # dim's stride may be any)
+        rows = torch.cat([as_bytes(c.indices().t(), 8 * dims), as_bytes(vals, dense * vals.element_size())], dim=1)
+        n = self.size()
         counts = torch.empty(n, dtype=torch.int64)
-        comm.allgather(torch.tensor([idx.shape[0]], dtype=torch.int64).numpy(), counts.numpy(), timeout=self._timeout)
+        self._comm.allgather(torch.tensor([nnz]).numpy(), counts.numpy(), timeout=self._timeout)
         top = int(counts.max())
-        all_idx = torch.zeros(n, top, idx.shape[1], dtype=torch.int64)
-        all_raw = torch.zeros(n, top, entry, dtype=torch.uint8)
-        works = []
-        if top:
-            pad_idx = torch.zeros(top, idx.shape[1], dtype=torch.int64)
-            pad_idx[:idx.shape[0]] = idx
-            pad_raw = torch.zeros(top, entry, dtype=torch.uint8)
-            pad_raw[:raw.shape[0]] = raw
-            comm.allgather(pad_idx.numpy(), all_idx.numpy(), timeout=self._timeout)
-            w = comm.allgather(pad_raw.numpy(), all_raw.numpy(), async_op=True, timeout=self._timeout)
-            works.append(w._w)  # braid's own Work: the completion queue watches those
 
         def finish():
-            keep = [r for r in range(n) if counts[r] > 0]
-            if keep:
-                i = torch.cat([all_idx[r, :counts[r]] for r in keep]).t()
-                v = torch.cat([all_raw[r, :counts[r]] for r in keep]).view(vals.dtype).reshape(-1, *vals.shape[1:])
-            else:
-                i, v = idx.t(), vals
+            got = torch.cat([gathered[r, :counts[r]] for r in range(n)]) if top else rows
+            i = got[:, :8 * dims].contiguous().view(-1).view(torch.int64).reshape(-1, dims).t()
+            v = got[:, 8 * dims:].contiguous().view(-1).view(vals.dtype).reshape(-1, *vals.shape[1:])
             t.copy_(torch.sparse_coo_tensor(i, v, t.shape).coalesce())
             return [t]
-        if not works:  # every rank's tensor is empty: nothing to gather
+        if not top:  # every rank's tensor is empty: nothing to gather
             src, out = Future(), Future()
             src.set_result((None, finish()))
             out.set_result([t])
             return _Work(src, out)
-        return self._work(works, finish)
+        padded = torch.zeros(top, rows.shape[1], dtype=torch.uint8)
+        padded[:nnz] = rows
+        gathered = torch.empty(n, top, rows.shape[1], dtype=torch.uint8)
+        w = self._comm.allgather(padded.numpy(), gathered.numpy(), async_op=True, timeout=self._timeout)
+        return self._work([w._w], finish)  # braid's own Work: the completion queue watches those
 
     def _flat(self, tensors, what: str, cuda: bool = False) -> torch.Tensor:
         """The tensors' elements in one new buffer (one collective instead of one per tensor)."""
@@ -884,6 +874,11 @@ def _create(store, rank, size, timeout):
     return BraidProcessGroup(comm, rank, size, timeout)
 
 
+def _raw(value) -> bytes:
+    """A value torch hands a store (str, bytes or a list of ints) as bytes."""
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
 class _LauncherStore(dist.Store):
     """braid's store (the one braidrun hosts) seen as a torch Store, under a prefix.
 
@@ -893,10 +888,10 @@ class _LauncherStore(dist.Store):
     methods for its set-up, barriers and c10d's store-based helpers; the collectives never
     touch the store."""
 
-    def __init__(self, store: Any, prefix: str, timeout: timedelta, endpoint: tuple = ()):
+    def __init__(self, prefix: str, timeout: timedelta):
         super().__init__()
-        self._s, self._p, self._endpoint = store, prefix, endpoint
         self.set_timeout(timeout)
+        self._s, self._p = _braid._launcher_store(self._wait_s()), prefix
         # torch holds the C++ half only: the Python half (whose methods are the overrides)
         # must outlive every group made from it, so the process keeps it.
         _launcher_stores.append(self)
@@ -904,16 +899,14 @@ class _LauncherStore(dist.Store):
     def clone(self):
         """A second connection to the same store and prefix (torch's shrink and split
         paths give a new group its own)."""
-        addr, port, token = self._endpoint
-        return _LauncherStore(_C.TcpStore(addr, port, False, self._wait_s(), token), self._p, self.timeout,
-                              self._endpoint)
+        return _LauncherStore(self._p, self.timeout)
 
     def _wait_s(self, timeout: Optional[timedelta] = None) -> float:
         t = timeout if timeout is not None else self.timeout
         return max(t.total_seconds(), 0.001)
 
     def set(self, key, value):
-        self._s.set(self._p + key, bytes(value) if not isinstance(value, str) else value.encode())
+        self._s.set(self._p + key, _raw(value))
 
     def get(self, key):
         return self._s.get(self._p + key, self._wait_s())
@@ -922,9 +915,7 @@ class _LauncherStore(dist.Store):
         return self._s.add(self._p + key, int(value))
 
     def compare_set(self, key, expected_value, desired_value):
-        def raw(v):
-            return v.encode() if isinstance(v, str) else bytes(v)
-        return self._s.compare_set(self._p + key, raw(expected_value), raw(desired_value))
+        return self._s.compare_set(self._p + key, _raw(expected_value), _raw(desired_value))
 
     def check(self, keys):
         return self._s.check([self._p + k for k in keys])
@@ -943,16 +934,14 @@ def _braid_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwa
     """braid://: braidrun's store, under a prefix per rendezvous, as torch's store."""
     env = _C.launch_environment()  # the library's reading of the variables (one precedence)
     rank, size = max(env["rank"], 0), max(env["world_size"], 1)
-    addr, port = env["master_addr"] or "127.0.0.1", env["master_port"]
-    if size > 1 and not port:
+    if size > 1 and not env["master_port"]:
         raise _braid._usage("braid:// rendezvous needs BRAID_MASTER_ADDR/BRAID_MASTER_PORT (run under braidrun)")
     generation = _rendezvous_count[0]
     _rendezvous_count[0] += 1
     if size == 1:
         yield (dist.HashStore(), rank, size)
         return
-    bstore = _C.TcpStore(addr, port, False, timeout.total_seconds(), env["auth_token"])
-    yield (_LauncherStore(bstore, f"torch/{generation}/", timeout, (addr, port, env["auth_token"])), rank, size)
+    yield (_LauncherStore(f"torch/{generation}/", timeout), rank, size)
 
 
 _rendezvous_count = [0]

@@ -897,8 +897,7 @@ Communicator Communicator::Impl::grow_impl(int new_size) {
   BRAID_CHECK(!engine->failed(), Aborted,
               "grow on rank " << rank << ": the communicator has failed (shrink it first): " << engine->reason());
   const std::uint64_t k = next_grow++;
-  const std::string sub = "grow" + std::to_string(k);
-  const std::string child_name = name + "." + sub;
+  const std::string sub = "grow" + std::to_string(k), suffix = "." + sub, child_name = name + suffix;
   // The offers: where the grown communicator's namespace is, one for each newcomer's join().
   // Written by rank 0 before it joins (a newcomer waits for its own); a later grow replaces
   // one that no newcomer took.
@@ -906,7 +905,7 @@ Communicator Communicator::Impl::grow_impl(int new_size) {
     for (int r = size; r < new_size; ++r)
       root_store->set(grow_offer_key(root_name, r), std::to_string(size) + "\n" + std::to_string(new_size) + "\n" +
                                                         root_prefix + "/" + sub + "\n" + child_name);
-  Communicator child = make_child(sub, "." + sub, rank, new_size);
+  Communicator child = make_child(sub, suffix, rank, new_size);
   BRAID_LOG(warn, "communicator '" << name << "' rank " << rank << ": growing " << size << " -> " << new_size
                                    << " ranks ('" << child_name << "')");
   return child;

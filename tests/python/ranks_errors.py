@@ -59,9 +59,7 @@ def shrink():
 
 def newcomer():
     """Started by rank 2 of the shrink scenario before it dies: joins the grown communicator."""
-    env = braid._C.launch_environment()
-    store = braid.TcpStore(env["master_addr"], env["master_port"], False, 60.0, env["auth_token"])
-    c = braid.Communicator.join(store, 2, 3, timeout=20.0)
+    c = braid.Communicator.join(braid._launcher_store(), 2, 3, timeout=20.0)
     x = np.full(1000, c.rank + 1, np.float32)
     c.allreduce(x)
     assert np.all(x == 6), x[:4]

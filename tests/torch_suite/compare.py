@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 PASSED = {"pass", "xfail"}
@@ -40,9 +41,7 @@ def main() -> int:
         return 0
     ref = json.loads(Path(args.reference).read_text()) if args.reference else {}
     gaps = known_gaps(Path(args.known))
-    counts = {}
-    for o, *_ in braid.values():
-        counts[o] = counts.get(o, 0) + 1
+    counts = Counter(o for o, *_ in braid.values())
     print(f"braid: {len(braid)} tests: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     missing, listed, stale = [], [], []
     for t, (o, secs, detail) in sorted(braid.items()):

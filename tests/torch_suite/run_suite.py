@@ -70,10 +70,12 @@ def _record_outcomes(path):
         started[name(test)] = time.monotonic()
         return orig_start(self, test)
     cls.startTest = start
-    first_line = lambda rest: str(rest[0][1]).strip().splitlines()[-1][:300] if rest and rest[0] else ""  # noqa: E731
+    def why(rest):  # the last error line of the failure (torch appends a repro hint after it)
+        lines = [ln for ln in str(rest[0][1]).strip().splitlines() if "PYTORCH_PRINT_REPRO" not in ln] if rest else []
+        return next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")[:300]
     hook("addSuccess", "pass")
-    hook("addFailure", "fail", first_line)
-    hook("addError", "error", first_line)
+    hook("addFailure", "fail", why)
+    hook("addError", "error", why)
     hook("addSkip", "skip", lambda rest: str(rest[0])[:300])
     hook("addExpectedFailure", "xfail")
     hook("addUnexpectedSuccess", "xpass")
@@ -86,6 +88,8 @@ def _record_outcomes(path):
 
 if os.environ.get("BRAID_SUITE_RESULTS") and __name__ == "__main__":  # not in the spawned ranks
     _record_outcomes(os.environ["BRAID_SUITE_RESULTS"])
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
