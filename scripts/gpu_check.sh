@@ -26,6 +26,10 @@
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
 #   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
 #   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
+#   nccl_device            tests/nccl nccl_device_test on CUDA: NCCL's C API (libbraid_nccl)
+#                          on device buffers, two communicators driven by one thread
+#   nccl_tests_*           nccl-tests' all_reduce_perf built against libbraid_nccl, when
+#                          NCCL_TESTS_SRC names its source
 #   bench_<n>r_<transport> allreduce_bench --device --backend nccl at n = 1, 2, 4 ranks on the
 #                          one GPU over shm and tcp (CSV per run; NCCL's rows beside braid's
 #                          where NCCL accepts the layout: NCCL < 2.30 refuses several ranks
@@ -240,8 +244,8 @@ EOF
     echo "NOTE: CLI11 not found: braidrun and the benches cannot build (give --deps DIR from --pack-deps)" >>"$out/env.log"
   [ -n "$prefix_path" ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix_path")
   [ "$have_tests" = 0 ] && cmake_args+=(-DBRAID_BUILD_TESTS=OFF)
-  targets="braid braid_info braidrun allreduce_bench"
-  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_device_hazards test_gpu_runtime test_device_exec"
+  targets="braid braid_info braidrun allreduce_bench braid_nccl"
+  [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_device_hazards test_gpu_runtime test_device_exec nccl_device_test"
   echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels bench_gpu_runtime"
   fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
 else
@@ -294,6 +298,30 @@ else
 fi
 wait
 [ "$gpu" = 1 ] && [ -n "$sanitizer" ] && require_device memcheck_allreduce
+
+# NCCL's C API (libbraid_nccl, docs/nccl-api.md) on device buffers: one thread, two
+# communicators (two GPUs, or both on the one), stream-ordered calls and grouped send/recv.
+if [ -x "$bd/tests/nccl/nccl_device_test" ]; then
+  fg_step nccl_device 60 "BRAID_GPU_BACKEND=$backend '$bd/tests/nccl/nccl_device_test'"
+else
+  skip nccl_device "not built (no GoogleTest: tests off)"
+fi
+
+# nccl-tests' own all_reduce_perf, compiled with braid's nccl.h and linked against
+# libbraid_nccl (named libnccl.so in a scratch NCCL_HOME), when NCCL_TESTS_SRC names a
+# checkout of its source (github.com/NVIDIA/nccl-tests; never vendored here).
+if [ "$gpu" = 1 ] && [ -n "${NCCL_TESTS_SRC:-}" ] && [ -f "$NCCL_TESTS_SRC/src/Makefile" ]; then
+  nh=$out/nccl_home
+  mkdir -p "$nh/include" "$nh/lib"
+  cp "$root/include/braid/nccl.h" "$nh/include/nccl.h"
+  ln -sf "$bd/bindings/nccl/libbraid_nccl.so" "$nh/lib/libnccl.so"
+  fg_step nccl_tests_build 150 "make -C '$NCCL_TESTS_SRC' -j $jobs NCCL_HOME='$nh' \
+    CUDA_HOME=\"\$(dirname \"\$(dirname \"\$(command -v nvcc)\")\")\" BUILDDIR='$out/nccl-tests-build'"
+  fg_step nccl_tests_all_reduce 90 "LD_LIBRARY_PATH='$nh/lib:$bd/bindings/nccl:$bd/src' \
+    '$out/nccl-tests-build/all_reduce_perf' -b 8 -e 64M -f 4 -g 1 -t 2 -c 1"
+else
+  skip nccl_tests "needs a GPU and NCCL_TESTS_SRC (a checkout of nccl-tests' source)"
+fi
 
 # --- timings, one at a time -----------------------------------------------------------------
 if [ "$gpu" = 1 ]; then

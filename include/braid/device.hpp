@@ -9,6 +9,7 @@
 #pragma once
 
 #include <braid/export.hpp>
+#include <braid/types.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,15 @@ BRAID_API int count() noexcept;
 /// memory allocated with device -1 and communicators created (CommOptions::device -1)
 /// afterwards on this thread use it. Throws InvalidUsage for a device that does not exist.
 BRAID_API void set_device(int device);
+/// The calling thread's current device (0 when the runtime has devices and none was set;
+/// -1 without a device runtime).
+BRAID_API int current_device();
+
+/// Where `p` points, as a collective with MemoryKind::automatic would classify it: `device`
+/// for device or managed memory of any GPU, else `host` (always `host` without a device
+/// runtime). One pointer query.
+BRAID_API MemoryKind memory_kind(const void* p);
+
 /// `bytes` of device memory on `device` (-1: the calling thread's current device).
 BRAID_API void* alloc(std::size_t bytes, int device = -1);
 /// Frees what alloc() returned (nullptr is fine).

@@ -23,11 +23,16 @@ namespace {
 
 constexpr const char* kUidMagic = "braid-uid-1";
 
-// Store servers started by create_unique_id(), waiting for this process's
-// communicator to adopt them.
+// Store servers started by create_unique_id(): waiting for this process's first
+// communicator of the id to adopt them, then shared by every communicator of the id made in
+// this process (ranks that are threads, ncclCommInitAll), so that it lives until the last.
+struct UidServer {
+  std::unique_ptr<TcpStoreServer> waiting;
+  std::weak_ptr<TcpStoreServer> adopted;
+};
 std::mutex g_uid_mu;
-std::map<std::string, std::unique_ptr<TcpStoreServer>>& uid_servers() {
-  static std::map<std::string, std::unique_ptr<TcpStoreServer>> servers;
+std::map<std::string, UidServer>& uid_servers() {
+  static std::map<std::string, UidServer> servers;
   return servers;
 }
 
@@ -68,7 +73,7 @@ UniqueId Communicator::create_unique_id() {
   BRAID_CHECK(s.size() < id.bytes.size(), Internal, "unique id text too long");
   std::memcpy(id.bytes.data(), s.data(), s.size());
   std::lock_guard<std::mutex> lock(g_uid_mu);
-  uid_servers()[nonce.str()] = std::move(server);
+  uid_servers()[nonce.str()].waiting = std::move(server);
   return id;
 }
 
@@ -89,9 +94,19 @@ Communicator Communicator::from_unique_id(const UniqueId& id, int rank, int size
       std::make_unique<Impl>(std::make_shared<PrefixStore>("uid-" + nonce, base), rank, size, options, addr, nonce);
   std::lock_guard<std::mutex> lock(g_uid_mu);
   if (auto it = uid_servers().find(nonce); it != uid_servers().end()) {
-    impl->hosted_server = std::move(it->second);
-    impl->hosts_store = true;
-    uid_servers().erase(it);
+    std::shared_ptr<TcpStoreServer> server;
+    if (it->second.waiting) {
+      server = std::shared_ptr<TcpStoreServer>(std::move(it->second.waiting));
+      it->second.adopted = server;
+    } else {
+      server = it->second.adopted.lock();
+    }
+    if (server) {
+      impl->hosted_server = std::move(server);
+      impl->hosts_store = true;
+    } else {
+      uid_servers().erase(it);  // its communicators are gone, and with them the store
+    }
   }
   return Communicator(std::move(impl));
 }

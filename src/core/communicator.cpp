@@ -281,7 +281,9 @@ Communicator::Impl::~Impl() {
     } else {
       store->add("exit", 1);
     }
-    if (hosts_store) {
+    // Of the communicators in this process that share the store (threads as ranks,
+    // children), the last to go waits.
+    if (hosts_store && hosted_server.use_count() <= 1) {
       const auto limit = std::chrono::steady_clock::now() +
                          (failed ? std::chrono::milliseconds(1000) : std::min(timeout, std::chrono::milliseconds(60000)));
       while (store->add("exit", 0) < size && std::chrono::steady_clock::now() < limit)

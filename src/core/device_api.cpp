@@ -19,6 +19,16 @@ int count() noexcept {
 
 void set_device(int device) { core::gpu_runtime().set_device(device); }
 
+int current_device() {
+  auto& rt = core::gpu_runtime();
+  return rt.device_count() > 0 ? rt.current_device() : -1;
+}
+
+MemoryKind memory_kind(const void* p) {
+  if (!p) return MemoryKind::host;
+  return core::gpu_runtime().classify(p).kind;
+}
+
 void* alloc(std::size_t bytes, int device) {
   auto& rt = core::gpu_runtime();
   return rt.alloc_device(bytes, device >= 0 ? device : rt.current_device());

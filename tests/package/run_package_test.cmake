@@ -22,10 +22,12 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIAB
 if(rc)
   message(FATAL_ERROR "building the consumer failed: ${rc}")
 endif()
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "the consumer failed: ${rc}")
-endif()
+foreach(program consumer nccl_consumer)
+  execute_process(COMMAND ${WORK_DIR}/build/${program} RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the consumer ${program} failed: ${rc}")
+  endif()
+endforeach()
 
 # The installed tools run from the prefix with no LD_LIBRARY_PATH: braid_info, and
 # braidrun starting two ranks of the installed allreduce_bench (a real 2-rank job).
