@@ -129,23 +129,34 @@ ncclResult_t on_comm(ncclComm* c, const char* what, F&& f) {
   return guarded(c, std::forward<F>(f));
 }
 
-bool valid_type(ncclDataType_t t) { return t >= 0 && t < ncclNumTypes; }
+// The integer a C caller passed for an NCCL enum. C lets any int through; C++ may not load
+// an enum object holding a value outside its range (UBSan's -fsanitize=enum), so every
+// enum argument is read through this, by address, before it is checked.
+template <class Enum>
+int raw(const Enum& e) {
+  static_assert(sizeof(Enum) == sizeof(int), "NCCL's enums are int-sized");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+bool valid_type(int t) { return t >= 0 && t < ncclNumTypes; }
 
 // The braid type that moves `t`'s bytes (unsigned and fp8 types as their same-size kin).
-DataType moved_type(ncclDataType_t t) {
+DataType moved_type(int t) {
   static constexpr DataType kTypes[ncclNumTypes] = {
       DataType::i8,  DataType::u8,  DataType::i32, DataType::i32, DataType::i64, DataType::i64,
       DataType::f16, DataType::f32, DataType::f64, DataType::bf16, DataType::u8,  DataType::u8};
   return kTypes[t];
 }
 
-ncclResult_t movement(const char* what, ncclDataType_t t, DataType* out) {
+ncclResult_t movement(const char* what, int t, DataType* out) {
   if (!valid_type(t)) return fail(ncclInvalidArgument, std::string(what) + ": invalid datatype " + std::to_string(t));
   *out = moved_type(t);
   return ncclSuccess;
 }
 
-ncclResult_t reduction(const char* what, ncclDataType_t t, ncclRedOp_t op, DataType* out, ReduceOp* rop) {
+ncclResult_t reduction(const char* what, int t, int op, DataType* out, ReduceOp* rop) {
   if (ncclResult_t r = movement(what, t, out)) return r;
   if (op < 0 || op >= ncclNumOps)
     return fail(ncclInvalidArgument, std::string(what) + ": reduction operator " + std::to_string(op) +
@@ -239,11 +250,11 @@ ncclResult_t post_p2p(ncclComm* c, bool send, void* buf, std::size_t count, Data
   return finish(c, kind, {std::move(w)});
 }
 
-ncclResult_t p2p(const char* what, bool send, void* buf, std::size_t count, ncclDataType_t dt, int peer,
+ncclResult_t p2p(const char* what, bool send, void* buf, std::size_t count, const ncclDataType_t& dt, int peer,
                  ncclComm* c, cudaStream_t stream) {
   return on_comm(c, what, [&] {
     DataType t;
-    if (ncclResult_t r = movement(what, dt, &t)) return r;
+    if (ncclResult_t r = movement(what, raw(dt), &t)) return r;
     if (peer < 0 || peer >= c->comm.size())
       return fail(ncclInvalidArgument, std::string(what) + ": peer " + std::to_string(peer) + " of " +
                                            std::to_string(c->comm.size()) + " ranks is out of range");
@@ -258,10 +269,10 @@ ncclResult_t p2p(const char* what, bool send, void* buf, std::size_t count, nccl
 // ncclGather and ncclScatter: the root's exchange with every rank as point-to-point
 // messages (to itself as well, unless in place), posted before any is awaited.
 ncclResult_t rooted(const char* what, bool gather, const void* sendbuff, void* recvbuff, std::size_t count,
-                    ncclDataType_t dt, int root, ncclComm* c, cudaStream_t stream) {
+                    const ncclDataType_t& dt, int root, ncclComm* c, cudaStream_t stream) {
   return on_comm(c, what, [&] {
     DataType t;
-    if (ncclResult_t r = movement(what, dt, &t)) return r;
+    if (ncclResult_t r = movement(what, raw(dt), &t)) return r;
     const int n = c->comm.size(), me = c->comm.rank();
     if (root < 0 || root >= n)
       return fail(ncclInvalidArgument, std::string(what) + ": root " + std::to_string(root) + " of " +
@@ -314,7 +325,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {
-  switch (result) {
+  switch (raw(result)) {
     case ncclSuccess: return "no error";
     case ncclUnhandledCudaError: return "unhandled cuda error (see ncclGetLastError)";
     case ncclSystemError: return "unhandled system error (see ncclGetLastError)";
@@ -519,7 +530,7 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, nc
 }
 
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t) {
-  return fail(ncclInvalidArgument, "ncclRedOpDestroy: operator " + std::to_string(op) +
+  return fail(ncclInvalidArgument, "ncclRedOpDestroy: operator " + std::to_string(raw(op)) +
                                        " was not made by ncclRedOpCreate* (braid makes none)");
 }
 
@@ -528,7 +539,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   return on_comm(comm, "ncclReduce", [&] {
     DataType t;
     ReduceOp o;
-    if (ncclResult_t r = reduction("ncclReduce", datatype, op, &t, &o)) return r;
+    if (ncclResult_t r = reduction("ncclReduce", raw(datatype), raw(op), &t, &o)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::ReduceOptions>(kind, stream);
     opts.root = root;
@@ -536,11 +547,12 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   });
 }
 
-ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t stream) {
+// ncclBroadcast and ncclBcast; the type by reference (see raw()).
+static ncclResult_t broadcast(const void* sendbuff, void* recvbuff, size_t count, const ncclDataType_t& datatype,
+                              int root, ncclComm_t comm, cudaStream_t stream) {
   return on_comm(comm, "ncclBroadcast", [&] {
     DataType t;
-    if (ncclResult_t r = movement("ncclBroadcast", datatype, &t)) return r;
+    if (ncclResult_t r = movement("ncclBroadcast", raw(datatype), &t)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::BroadcastOptions>(kind, stream);
     opts.root = root;
@@ -548,9 +560,14 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   });
 }
 
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return broadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
-  return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+  return broadcast(buff, buff, count, datatype, root, comm, stream);
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
@@ -558,7 +575,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   return on_comm(comm, "ncclAllReduce", [&] {
     DataType t;
     ReduceOp o;
-    if (ncclResult_t r = reduction("ncclAllReduce", datatype, op, &t, &o)) return r;
+    if (ncclResult_t r = reduction("ncclAllReduce", raw(datatype), raw(op), &t, &o)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::AllreduceOptions>(kind, stream);
     return finish(comm, kind, {comm->comm.allreduce(sendbuff, recvbuff, count, t, o, opts)});
@@ -570,7 +587,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   return on_comm(comm, "ncclReduceScatter", [&] {
     DataType t;
     ReduceOp o;
-    if (ncclResult_t r = reduction("ncclReduceScatter", datatype, op, &t, &o)) return r;
+    if (ncclResult_t r = reduction("ncclReduceScatter", raw(datatype), raw(op), &t, &o)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::ReduceScatterOptions>(kind, stream);
     return finish(comm, kind, {comm->comm.reduce_scatter(sendbuff, recvbuff, recvcount, t, o, opts)});
@@ -581,7 +598,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                            ncclComm_t comm, cudaStream_t stream) {
   return on_comm(comm, "ncclAllGather", [&] {
     DataType t;
-    if (ncclResult_t r = movement("ncclAllGather", datatype, &t)) return r;
+    if (ncclResult_t r = movement("ncclAllGather", raw(datatype), &t)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::AllgatherOptions>(kind, stream);
     return finish(comm, kind, {comm->comm.allgather(sendbuff, recvbuff, sendcount, t, opts)});
@@ -592,7 +609,7 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
                           ncclComm_t comm, cudaStream_t stream) {
   return on_comm(comm, "ncclAlltoAll", [&] {
     DataType t;
-    if (ncclResult_t r = movement("ncclAlltoAll", datatype, &t)) return r;
+    if (ncclResult_t r = movement("ncclAlltoAll", raw(datatype), &t)) return r;
     MemoryKind kind = kind_of({sendbuff, recvbuff});
     auto opts = options_for<braid::AlltoallOptions>(kind, stream);
     return finish(comm, kind, {comm->comm.alltoall(sendbuff, recvbuff, count, t, opts)});
