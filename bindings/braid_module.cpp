@@ -783,6 +783,32 @@ PYBIND11_MODULE(_C, m) {
             return c.alltoall(cptr(send), mptr(recv), count, dtype, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none(), py::arg("stream") = 0)
+      .def(
+          "gather",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, int root, std::optional<double> timeout, std::uintptr_t stream) {
+            braid::GatherOptions o;
+            o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
+            o.root = root;
+            py::gil_scoped_release nogil;
+            return c.gather(cptr(send), mptr(recv), count, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
+      .def(
+          "scatter",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
+             braid::DataType dtype, int root, std::optional<double> timeout, std::uintptr_t stream) {
+            braid::ScatterOptions o;
+            o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
+            o.root = root;
+            py::gil_scoped_release nogil;
+            return c.scatter(cptr(send), mptr(recv), count, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def("send", &p2p<true>, py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"),
            py::arg("tag") = 0, py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def("recv", &p2p<false>, py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("peer"),

@@ -45,9 +45,6 @@ using braid::ReduceOp;
 using braid::Work;
 
 constexpr unsigned kConfigMagic = 0xcafebeef;
-// Tag of the point-to-point messages that make up ncclGather and ncclScatter, apart from
-// the users' own ncclSend/ncclRecv (tag 0).
-constexpr std::uint32_t kRootedTag = 0x6e63636cu;
 
 thread_local std::string t_last_error;
 // Group state of this thread: depth, host operations to await at the outermost end, device
@@ -242,10 +239,9 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
 }
 
 ncclResult_t post_p2p(ncclComm* c, bool send, void* buf, std::size_t count, DataType t, int peer,
-                      cudaStream_t stream, std::uint32_t tag) {
+                      cudaStream_t stream) {
   MemoryKind kind = kind_of({buf});
   auto o = options_for<braid::P2POptions>(kind, stream);
-  o.tag = tag;
   Work w = send ? c->comm.send(buf, count, t, peer, o) : c->comm.recv(buf, count, t, peer, o);
   return finish(c, kind, {std::move(w)});
 }
@@ -262,46 +258,7 @@ ncclResult_t p2p(const char* what, bool send, void* buf, std::size_t count, cons
       t_group_p2p.push_back({c, send, buf, count, t, peer, stream});
       return ncclSuccess;
     }
-    return post_p2p(c, send, buf, count, t, peer, stream, 0);
-  });
-}
-
-// ncclGather and ncclScatter: the root's exchange with every rank as point-to-point
-// messages (to itself as well, unless in place), posted before any is awaited.
-ncclResult_t rooted(const char* what, bool gather, const void* sendbuff, void* recvbuff, std::size_t count,
-                    const ncclDataType_t& dt, int root, ncclComm* c, cudaStream_t stream) {
-  return on_comm(c, what, [&] {
-    DataType t;
-    if (ncclResult_t r = movement(what, raw(dt), &t)) return r;
-    const int n = c->comm.size(), me = c->comm.rank();
-    if (root < 0 || root >= n)
-      return fail(ncclInvalidArgument, std::string(what) + ": root " + std::to_string(root) + " of " +
-                                           std::to_string(n) + " ranks is out of range");
-    const std::size_t block = count * braid::dtype_size(t);
-    auto* blocks = static_cast<char*>(gather ? recvbuff : const_cast<void*>(sendbuff));
-    void* mine = gather ? const_cast<void*>(sendbuff) : recvbuff;
-    if (me == root && count > 0 && !blocks)
-      return fail(ncclInvalidArgument, std::string(what) + ": the root's " + (gather ? "recvbuff" : "sendbuff") + " is NULL");
-    const bool in_place = me == root && mine == blocks + static_cast<std::size_t>(root) * block;
-    MemoryKind kind = me == root ? kind_of({sendbuff, recvbuff}) : kind_of({mine});
-    auto o = options_for<braid::P2POptions>(kind, stream);
-    o.tag = kRootedTag;
-    std::vector<Work> works;
-    if (me == root) {
-      for (int r = 0; r < n; ++r) {
-        if (r == root && in_place) continue;
-        char* b = blocks + static_cast<std::size_t>(r) * block;
-        if (r == root) {  // to itself: both halves, the send first
-          works.push_back(gather ? c->comm.send(mine, count, t, root, o) : c->comm.send(b, count, t, root, o));
-          works.push_back(gather ? c->comm.recv(b, count, t, root, o) : c->comm.recv(mine, count, t, root, o));
-        } else {
-          works.push_back(gather ? c->comm.recv(b, count, t, r, o) : c->comm.send(b, count, t, r, o));
-        }
-      }
-    } else {
-      works.push_back(gather ? c->comm.send(mine, count, t, root, o) : c->comm.recv(mine, count, t, root, o));
-    }
-    return finish(c, kind, std::move(works));
+    return post_p2p(c, send, buf, count, t, peer, stream);
   });
 }
 
@@ -618,12 +575,26 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-  return rooted("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm, stream);
+  return on_comm(comm, "ncclGather", [&] {
+    DataType t;
+    if (ncclResult_t r = movement("ncclGather", raw(datatype), &t)) return r;
+    MemoryKind kind = kind_of({sendbuff, recvbuff});
+    auto opts = options_for<braid::GatherOptions>(kind, stream);
+    opts.root = root;
+    return finish(comm, kind, {comm->comm.gather(sendbuff, recvbuff, count, t, opts)});
+  });
 }
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  return rooted("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm, stream);
+  return on_comm(comm, "ncclScatter", [&] {
+    DataType t;
+    if (ncclResult_t r = movement("ncclScatter", raw(datatype), &t)) return r;
+    MemoryKind kind = kind_of({sendbuff, recvbuff});
+    auto opts = options_for<braid::ScatterOptions>(kind, stream);
+    opts.root = root;
+    return finish(comm, kind, {comm->comm.scatter(sendbuff, recvbuff, count, t, opts)});
+  });
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -654,7 +625,7 @@ ncclResult_t ncclGroupEnd(void) {
   p2p.swap(t_group_p2p);
   std::stable_partition(p2p.begin(), p2p.end(), [](const DeferredP2P& d) { return d.send; });
   for (const DeferredP2P& d : p2p)
-    keep(guarded(d.comm, [&] { return post_p2p(d.comm, d.send, d.buf, d.count, d.type, d.peer, d.stream, 0); }));
+    keep(guarded(d.comm, [&] { return post_p2p(d.comm, d.send, d.buf, d.count, d.type, d.peer, d.stream); }));
   std::vector<std::pair<ncclComm*, Work>> host;
   host.swap(t_group_host);
   for (auto& [comm, work] : host) keep(guarded(comm, [&] {

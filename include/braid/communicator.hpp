@@ -163,6 +163,16 @@ class BRAID_API Communicator {
   Work alltoall(const void* send, void* recv, std::size_t count, DataType dtype,
                 const AlltoallOptions& options = {});
 
+  /// Gathers `count` elements from every rank into the root's `recv` (size()*count, rank
+  /// order), as MPI_Gather and ncclGather. `recv` is written only on the root (may be null
+  /// elsewhere). In place on the root when send == recv + root*count.
+  Work gather(const void* send, void* recv, std::size_t count, DataType dtype, const GatherOptions& options = {});
+
+  /// Sends block j (count elements) of the root's `send` (size()*count) to rank j's `recv`,
+  /// as MPI_Scatter and ncclScatter. `send` is read only on the root (may be null
+  /// elsewhere). In place on the root when recv == send + root*count.
+  Work scatter(const void* send, void* recv, std::size_t count, DataType dtype, const ScatterOptions& options = {});
+
   /// Sends count elements to `peer`, matched by the peer's recv with the same tag, in
   /// order. Consecutive send/recv calls run together (like an NCCL group), so two
   /// ranks may exchange both ways without deadlock. `peer` may be this rank: the data is

@@ -77,6 +77,18 @@ struct ReduceScatterOptions : CollectiveOptions {
 /// Options of an all-to-all.
 struct AlltoallOptions : CollectiveOptions {};
 
+/// Options of a gather. `root` is the rank that receives every block.
+struct GatherOptions : CollectiveOptions {
+  /// Rank that receives the blocks.
+  int root = 0;
+};
+
+/// Options of a scatter. `root` is the rank whose blocks are sent.
+struct ScatterOptions : CollectiveOptions {
+  /// Rank that holds the blocks.
+  int root = 0;
+};
+
 /// Options of a point-to-point send or receive.
 struct P2POptions : CollectiveOptions {
   /// User tag to tell apart concurrent messages between the same pair.

@@ -571,6 +571,42 @@ class Communicator:
         w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout, _stream(stream, b, o))
         return self._post(w, (b, o), o.obj, async_op)
 
+    def gather(self, x: Any, out: Any = None, root: int = 0, *, async_op: bool = False,
+               timeout: Optional[float] = None, stream: Optional[int] = None):
+        """Gathers every rank's `x` into the root's `out` (size × len(x) elements, rank order;
+        allocated with shape (size, *x.shape) on the root if not given). Other ranks pass no
+        `out` and get None."""
+        b = _buffer(x, "gather input", writable=False, stream=stream)
+        n = self.size
+        o = None
+        if self.rank == root:
+            if out is None:
+                out = _empty_like(b, n * b.count, (n,) + tuple(b.shape))
+            o = _buffer(out, "gather output", writable=True, stream=stream)
+            _same_dtype(b, o, "gather")
+            if o.count != n * b.count:
+                raise _usage(f"gather: output has {o.count} elements but needs size*count = {n}*{b.count} = "
+                             f"{n * b.count}")
+        w = self._impl.gather(b.ptr, o.ptr if o else 0, b.count, b.dtype, root, timeout,
+                              _stream(stream, *([b, o] if o else [b])))
+        return self._post(w, (b, o) if o else (b,), o.obj if o else None, async_op)
+
+    def scatter(self, x: Any, out: Any, root: int = 0, *, async_op: bool = False,
+                timeout: Optional[float] = None, stream: Optional[int] = None):
+        """Sends block j of the root's `x` (size equal blocks) to rank j's `out`. `x` is read
+        only on the root (pass None elsewhere)."""
+        o = _buffer(out, "scatter output", writable=True, stream=stream)
+        b = None
+        if self.rank == root:
+            b = _buffer(x, "scatter input", writable=False, stream=stream)
+            _same_dtype(b, o, "scatter")
+            if b.count != self.size * o.count:
+                raise _usage(f"scatter: input has {b.count} elements but needs size*count = {self.size}*{o.count} = "
+                             f"{self.size * o.count}")
+        w = self._impl.scatter(b.ptr if b else 0, o.ptr, o.count, o.dtype, root, timeout,
+                               _stream(stream, *([b, o] if b else [o])))
+        return self._post(w, (b, o) if b else (o,), o.obj, async_op)
+
     def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
         """Sends `x` to `peer`; matched in order by the peer's recv with the same tag."""

@@ -747,24 +747,36 @@ class BraidProcessGroup(dist.ProcessGroup):
         raise _braid._unsupported("recv from any source; name the source rank (braid matches send/recv by peer)")
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        # Through all-gather: every rank receives, the root keeps (small messages only).
+        # braid's gather: only the root receives, into one buffer it then splits.
         root = opts.rootRank if opts is not None else 0
-        inp = input_tensors[0]
-        outs = output_tensors[0] if self.rank() == root else [torch.empty_like(inp) for _ in range(self.size())]
-        return self.allgather([outs], [inp])
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        # Through broadcast of the root's blocks; each rank keeps its own.
-        root = opts.rootRank if opts is not None else 0
-        out = output_tensors[0]
-        flat = (torch.cat([t.reshape(-1) for t in input_tensors[0]]) if self.rank() == root
-                else torch.empty(self.size() * out.numel(), dtype=out.dtype))
-        b = self._buf(flat, "scatter staging")
-        w = self._c.broadcast(b.ptr, b.ptr, b.count, b.dtype, root, self._timeout)
-        n, r = out.numel(), self.rank()
+        inp = self._buf(input_tensors[0], "gather input")
+        if self.rank() != root:
+            return self._work([self._c.gather(inp.ptr, 0, inp.count, inp.dtype, root, self._timeout)], lambda: [])
+        outs = output_tensors[0]
+        flat = torch.empty(self.size() * inp.count, dtype=input_tensors[0].dtype)
+        f = self._buf(flat, "gather staging")
+        w = self._c.gather(inp.ptr, f.ptr, inp.count, inp.dtype, root, self._timeout)
 
         def finish():
-            out.copy_(flat[r * n:(r + 1) * n].view_as(out))
+            for j, t in enumerate(outs):
+                t.copy_(flat[j * inp.count:(j + 1) * inp.count].view_as(t))
+            return outs
+
+        return self._work([w], finish)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        # braid's scatter: the root's blocks in one buffer; each rank receives only its own.
+        root = opts.rootRank if opts is not None else 0
+        out = output_tensors[0]
+        o = self._buf(out, "scatter output")
+        send = 0
+        keep = None
+        if self.rank() == root:
+            keep = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+            send = self._buf(keep, "scatter staging").ptr
+        w = self._c.scatter(send, o.ptr, o.count, o.dtype, root, self._timeout)
+
+        def finish(staging=keep):  # the root's blocks live until the scatter is done
             return [out]
 
         return self._work([w], finish)

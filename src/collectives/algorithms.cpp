@@ -61,6 +61,10 @@ const std::vector<AlgorithmRow>& algorithm_table() {
        always<build_ring_reduce_scatter>, ring_reduce_scatter},
       {C::alltoall, A::ring, "pairwise", "pairwise exchange: step k sends to rank r+k and receives from rank r-k",
        always<build_pairwise_alltoall>, nullptr},
+      {C::gather, A::ring, "direct", "every rank sends its block straight to the root", always<build_direct_gather>,
+       nullptr},
+      {C::scatter, A::ring, "direct", "the root sends each rank its block straight", always<build_direct_scatter>,
+       nullptr},
   };
   return rows;
 }

@@ -10,10 +10,11 @@ Builder::Builder(Plan& plan) : plan_(plan) {
   const PlanRequest& r = plan.request;
   slice_ = std::max<std::uint64_t>(1, r.slice_bytes / std::max<std::size_t>(1, r.elem_size));
   const std::uint64_t mine = static_cast<std::uint64_t>(r.rank) * r.count;
-  // In place, allgather's input is output[r*count...]; reduce_scatter's output is
-  // input[r*count...]; the others alias element for element.
-  if (r.collective == Collective::allgather) in_base_ = mine;
-  if (r.collective == Collective::reduce_scatter) out_base_ = mine;
+  // In place, allgather's (and the gather root's) input is output[r*count...];
+  // reduce_scatter's (and the scatter root's) output is input[r*count...]; the others
+  // alias element for element.
+  if (r.collective == Collective::allgather || r.collective == Collective::gather) in_base_ = mine;
+  if (r.collective == Collective::reduce_scatter || r.collective == Collective::scatter) out_base_ = mine;
   for (auto& s : spaces_) s.emplace(0, Seg{});
 }
 

@@ -610,7 +610,9 @@ double bus_factor(Collective c, int world) noexcept {
     case Collective::allreduce: return 2.0 * (n - 1) / n;
     case Collective::allgather:
     case Collective::reduce_scatter:
-    case Collective::alltoall: return (n - 1) / n;
+    case Collective::alltoall:
+    case Collective::gather:
+    case Collective::scatter: return (n - 1) / n;
     case Collective::broadcast:
     case Collective::reduce: return 1.0;
   }

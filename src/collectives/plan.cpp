@@ -20,6 +20,8 @@ const char* to_string(Collective c) noexcept {
     case Collective::allgather: return "allgather";
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::alltoall: return "alltoall";
+    case Collective::gather: return "gather";
+    case Collective::scatter: return "scatter";
   }
   return "?";
 }
@@ -32,6 +34,8 @@ BufferCounts buffer_counts(const PlanRequest& req) noexcept {
     case Collective::alltoall: return {c * n, c * n};
     case Collective::reduce: return {c, req.rank == req.root ? c : 0};
     case Collective::broadcast: return {req.rank == req.root ? c : 0, c};
+    case Collective::gather: return {c, req.rank == req.root ? c * n : 0};
+    case Collective::scatter: return {req.rank == req.root ? c * n : 0, c};
     default: return {c, c};
   }
 }

@@ -48,7 +48,7 @@
 namespace braid::collectives {
 
 /// Which collective a plan implements.
-enum class Collective : std::uint8_t { allreduce = 0, broadcast, reduce, allgather, reduce_scatter, alltoall };
+enum class Collective : std::uint8_t { allreduce = 0, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter };
 
 /// Name of a collective ("allreduce", ...).
 const char* to_string(Collective c) noexcept;
@@ -133,7 +133,7 @@ struct PlanRequest {
   std::size_t elem_size = 4;     ///< bytes per element, to size pipeline slices
   ReduceOp op = ReduceOp::sum;
   std::size_t slice_bytes = 512 * 1024;  ///< pipeline slice
-  int root = 0;                ///< broadcast / reduce root
+  int root = 0;                ///< broadcast / reduce / gather / scatter root
   bool deterministic = false;  ///< fixed reduction order (same bits for every algorithm)
   /// Host index of every rank (size world), for topology-aware plans: hierarchical
   /// needs it; rings and chains (ring, allgather, reduce_scatter, broadcast, reduce)
@@ -171,14 +171,16 @@ struct BufferCounts {
 /// | allgather      | count         | count * world          | out[j*count+i] = rank j's in[i]        |
 /// | reduce_scatter | count * world | count                  | out[i] = op of all in[r*count+i]       |
 /// | alltoall       | count * world | count * world          | out[j*count+i] = rank j's in[r*count+i]|
+/// | gather         | count         | count * world on root, else 0 | root: out[j*count+i] = rank j's in[i] |
+/// | scatter        | count * world on root, else 0 | count  | out[i] = root's in[r*count+i]          |
 ///
 /// (`count` is PlanRequest::count, the per-call count the API takes.) avg divides
 /// reduced elements by the world size exactly once (Step::finalize).
 ///
 /// In-place calls: allreduce, reduce, broadcast and alltoall alias input and output
-/// (same pointer); allgather in place means rank r's input *is* output[r*count,
-/// (r+1)*count); reduce_scatter in place means the output *is* input[r*count,
-/// (r+1)*count). Plans never write their input buffer, and every plan is correct both
+/// (same pointer); allgather (and gather, on the root) in place means rank r's input *is*
+/// output[r*count, (r+1)*count); reduce_scatter (and scatter, on the root) in place means
+/// the output *is* input[r*count, (r+1)*count). Plans never write their input buffer, and every plan is correct both
 /// in place and out of place (the verifier proves both), so one cached plan serves both
 /// kinds of call; plans also address `Plan::scratch_count` elements of scratch that
 /// the engine provides (uninitialized, private to the operation).

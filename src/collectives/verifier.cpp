@@ -425,8 +425,10 @@ struct Sim {
     out = {1, 0, bc.output};
     if (opt.in_place && bc.input > 0 && bc.output > 0) {
       switch (req.collective) {
-        case Collective::allgather: in = {1, rr * req.count, bc.input}; break;
-        case Collective::reduce_scatter: out = {0, rr * req.count, bc.output}; break;
+        case Collective::allgather:
+        case Collective::gather: in = {1, rr * req.count, bc.input}; break;
+        case Collective::reduce_scatter:
+        case Collective::scatter: out = {0, rr * req.count, bc.output}; break;
         default: in = {1, 0, bc.input}; break;
       }
     }
@@ -619,6 +621,10 @@ struct Sim {
           case Collective::allgather: check_output(rs, e, out(e), 1ull << (e / c), e % c, false, nullptr); break;
           case Collective::reduce_scatter: check_output(rs, e, out(e), full, r * c + e, true, nullptr); break;
           case Collective::alltoall: check_output(rs, e, out(e), 1ull << (e / c), r * c + e % c, false, nullptr); break;
+          case Collective::gather:
+            if (rs.rank == req.root) check_output(rs, e, out(e), 1ull << (e / c), e % c, false, nullptr);
+            break;
+          case Collective::scatter: check_output(rs, e, out(e), 1ull << req.root, r * c + e, false, nullptr); break;
         }
       }
     }
@@ -645,7 +651,8 @@ VerifyResult verify_plans(const PlanRequest& base, const VerifyOptions& options,
     sim.result.error = "the verifier handles worlds of 1..64 ranks";
     return sim.result;
   }
-  if ((base.collective == Collective::broadcast || base.collective == Collective::reduce) &&
+  if ((base.collective == Collective::broadcast || base.collective == Collective::reduce ||
+       base.collective == Collective::gather || base.collective == Collective::scatter) &&
       (base.root < 0 || base.root >= base.world)) {
     sim.result.error = "root " + std::to_string(base.root) + " outside the world";
     return sim.result;

@@ -487,13 +487,16 @@ void check_layout(collectives::Collective c, const void* send, void* recv, std::
   if (s + sb <= r || r + rb <= s) return;  // disjoint
   bool in_place = false;
   switch (c) {
-    case collectives::Collective::allgather: in_place = s == r + static_cast<std::size_t>(rank) * count * es; break;
-    case collectives::Collective::reduce_scatter: in_place = r == s + static_cast<std::size_t>(rank) * count * es; break;
+    case collectives::Collective::allgather:
+    case collectives::Collective::gather: in_place = s == r + static_cast<std::size_t>(rank) * count * es; break;
+    case collectives::Collective::reduce_scatter:
+    case collectives::Collective::scatter: in_place = r == s + static_cast<std::size_t>(rank) * count * es; break;
     default: in_place = s == r; break;
   }
   BRAID_CHECK(in_place, InvalidUsage,
               what << ": send and recv buffers overlap without following the in-place convention (same pointer; "
-                      "for allgather send == recv + rank*count; for reduce_scatter recv == send + rank*count); "
+                      "for allgather and gather send == recv + rank*count; for reduce_scatter and scatter "
+                      "recv == send + rank*count); "
                       "use disjoint buffers otherwise");
 }
 
@@ -514,7 +517,9 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   const char* what = call.what;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
   check_dtype_op(call.dtype, reduces ? call.op : ReduceOp::sum, what);
-  if (c == Collective::broadcast || c == Collective::reduce)
+  const bool rooted = c == Collective::broadcast || c == Collective::reduce || c == Collective::gather ||
+                      c == Collective::scatter;
+  if (rooted)
     BRAID_CHECK(call.root >= 0 && call.root < size, InvalidUsage,
                 what << ": root " << call.root << " is outside [0, " << size << ")");
   BRAID_CHECK(static_cast<int>(call.algorithm) < kNumAlgorithms, InvalidUsage,
@@ -525,9 +530,9 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   req.root = call.root;
   req.deterministic = reduces && (call.deterministic || cfg.deterministic);
   const auto counts = collectives::buffer_counts(req);
-  // Broadcast reads send only on the root; reduce writes recv only on the root.
-  const bool need_send = !(c == Collective::broadcast && rank != call.root);
-  const bool need_recv = !(c == Collective::reduce && rank != call.root);
+  // Broadcast and scatter read send only on the root; reduce and gather write recv only there.
+  const bool need_send = !((c == Collective::broadcast || c == Collective::scatter) && rank != call.root);
+  const bool need_recv = !((c == Collective::reduce || c == Collective::gather) && rank != call.root);
   check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, rank, call.count, need_send,
                need_recv, what);
   Algorithm algo = call.algorithm;
@@ -683,6 +688,26 @@ Work Communicator::alltoall(const void* send, void* recv, std::size_t count, Dat
   const auto buffers = [&] { return impl_->buffers_of(Collective::alltoall, send, recv, count, dtype, 0); };
   return impl_->device_or_host("alltoall", options, send, recv, buffers, [&](const void* s, void* r) {
     return impl_->collective(call_of(Collective::alltoall, "alltoall", s, r, count, dtype, options));
+  });
+}
+
+Work Communicator::gather(const void* send, void* recv, std::size_t count, DataType dtype,
+                          const GatherOptions& options) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::gather, send, recv, count, dtype, options.root); };
+  return impl_->device_or_host("gather", options, send, recv, buffers, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::gather, "gather", s, r, count, dtype, options);
+    call.root = options.root;
+    return impl_->collective(call);
+  });
+}
+
+Work Communicator::scatter(const void* send, void* recv, std::size_t count, DataType dtype,
+                           const ScatterOptions& options) {
+  const auto buffers = [&] { return impl_->buffers_of(Collective::scatter, send, recv, count, dtype, options.root); };
+  return impl_->device_or_host("scatter", options, send, recv, buffers, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::scatter, "scatter", s, r, count, dtype, options);
+    call.root = options.root;
+    return impl_->collective(call);
   });
 }
 

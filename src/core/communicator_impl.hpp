@@ -41,7 +41,7 @@ struct CollectiveCall {
   std::size_t count = 0;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;                 ///< reducing collectives only
-  int root = 0;                                ///< broadcast and reduce
+  int root = 0;                                ///< broadcast, reduce, gather, scatter
   Algorithm algorithm = Algorithm::automatic;  ///< what the caller asked for
   bool deterministic = false;
   std::chrono::milliseconds timeout{0};  ///< 0: the communicator's

@@ -743,8 +743,9 @@ void describe_call(const Operation& op, Record& r) {
     return;
   }
   r.algorithm = op.deferred && !*op.deferred ? "auto" : p->name();
-  if (p->request.collective == collectives::Collective::broadcast ||
-      p->request.collective == collectives::Collective::reduce)
+  const auto c = p->request.collective;
+  if (c == collectives::Collective::broadcast || c == collectives::Collective::reduce ||
+      c == collectives::Collective::gather || c == collectives::Collective::scatter)
     r.root = p->request.root;
 }
 

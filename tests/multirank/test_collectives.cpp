@@ -153,6 +153,42 @@ TEST_P(Collectives, AlltoallExchangesEveryBlock) {
       });
 }
 
+TEST_P(Collectives, GatherAndScatterToAndFromEveryKindOfRoot) {
+  const int n = world();
+  Group g = group();
+  const auto N = static_cast<std::size_t>(n);
+  for (std::size_t count : {0ul, 1ul, 333ul, 20000ul})
+    for (int root : {0, n - 1, n / 2})
+      for (bool in_place : {false, true})
+        run_threads(n, [&](int r) {
+          const bool is_root = r == root;
+          const std::size_t at = count * static_cast<std::size_t>(root);
+          // gather: the root's recv[j*count + k] = value(j, k); recv is null elsewhere
+          std::vector<std::int32_t> all(is_root ? count * N : 0, -99), mine(count);
+          for (std::size_t k = 0; k < count; ++k) mine[k] = value(r, k);
+          if (is_root && in_place) std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
+          GatherOptions go;
+          go.root = root;
+          const std::int32_t* send = is_root && in_place ? all.data() + at : mine.data();
+          g[r].gather(send, is_root ? all.data() : nullptr, count, DataType::i32, go).wait();
+          if (is_root) {
+            for (std::size_t j = 0; j < N; ++j)
+              for (std::size_t k = 0; k < count; ++k)
+                ASSERT_EQ(all[j * count + k], value(static_cast<int>(j), k)) << "gather root " << root << " block " << j;
+          }
+          // scatter: rank r's recv[k] = the root's block r, value(1000 + r, k); send null elsewhere
+          std::vector<std::int32_t> blocks(is_root ? count * N : 0), out(count, -99);
+          for (std::size_t j = 0; is_root && j < N; ++j)
+            for (std::size_t k = 0; k < count; ++k) blocks[j * count + k] = value(1000 + static_cast<int>(j), k);
+          ScatterOptions so;
+          so.root = root;
+          std::int32_t* recv = is_root && in_place ? blocks.data() + at : out.data();
+          g[r].scatter(is_root ? blocks.data() : nullptr, recv, count, DataType::i32, so).wait();
+          for (std::size_t k = 0; k < count; ++k)
+            ASSERT_EQ(recv[k], value(1000 + r, k)) << "scatter root " << root << " rank " << r << " element " << k;
+        });
+}
+
 // Every all-reduce algorithm on flat and multi-host layouts: correct and bitwise
 // identical on every rank.
 TEST_P(Collectives, EveryAllreduceAlgorithm) {

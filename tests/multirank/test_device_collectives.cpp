@@ -117,7 +117,7 @@ struct OwnStream {
   gpu::Stream s;
 };
 
-enum class Kind { allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, sendrecv };
+enum class Kind { allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter, sendrecv };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -127,6 +127,8 @@ const char* kind_name(Kind k) {
     case Kind::allgather: return "allgather";
     case Kind::reduce_scatter: return "reduce_scatter";
     case Kind::alltoall: return "alltoall";
+    case Kind::gather: return "gather";
+    case Kind::scatter: return "scatter";
     case Kind::sendrecv: return "sendrecv";
   }
   return "?";
@@ -162,19 +164,19 @@ Layout layout(const Case& c, int rank, int world) {
   Layout l;
   switch (c.kind) {
     case Kind::allreduce: case Kind::broadcast: case Kind::reduce: case Kind::sendrecv: l.in = l.out = n; break;
-    case Kind::allgather: l.in = n; l.out = n * w; break;
-    case Kind::reduce_scatter: l.in = n * w; l.out = n; break;
+    case Kind::allgather: case Kind::gather: l.in = n; l.out = n * w; break;
+    case Kind::reduce_scatter: case Kind::scatter: l.in = n * w; l.out = n; break;
     case Kind::alltoall: l.in = l.out = n * w; break;
   }
   if (!c.in_place) {
     l.in_at = 0;
     l.out_at = l.in;
     l.span = l.in + l.out;
-  } else if (c.kind == Kind::allgather) {
+  } else if (c.kind == Kind::allgather || c.kind == Kind::gather) {
     l.span = l.out;
     l.out_at = 0;
     l.in_at = r * n;
-  } else if (c.kind == Kind::reduce_scatter) {
+  } else if (c.kind == Kind::reduce_scatter || c.kind == Kind::scatter) {
     l.span = l.in;
     l.in_at = 0;
     l.out_at = r * n;
@@ -248,6 +250,20 @@ std::vector<Work> issue(Communicator& c, const Case& k, const void* in, void* ou
       w.push_back(c.alltoall(in, out, k.count, k.dtype, o));
       break;
     }
+    case Kind::gather: {
+      GatherOptions o;
+      set(o);
+      o.root = k.root;
+      w.push_back(c.gather(in, out, k.count, k.dtype, o));
+      break;
+    }
+    case Kind::scatter: {
+      ScatterOptions o;
+      set(o);
+      o.root = k.root;
+      w.push_back(c.scatter(in, out, k.count, k.dtype, o));
+      break;
+    }
     case Kind::sendrecv: {
       P2POptions o;
       set(o);
@@ -277,7 +293,7 @@ void check_case(Communicator& c, const Case& k, gpu::Stream stream, RankBuffers&
   const int rank = c.rank(), world = c.size();
   const std::size_t es = dtype_size(k.dtype);
   const Layout l = layout(k, rank, world);
-  const bool writes_out = !(k.kind == Kind::reduce && rank != k.root);
+  const bool writes_out = !((k.kind == Kind::reduce || k.kind == Kind::gather) && rank != k.root);
   std::vector<std::byte> host(l.span * es + 1), init(l.span * es + 1);
   fill(k.dtype, init.data(), l.span, rank, k.count);
   host = init;
@@ -318,6 +334,8 @@ std::vector<Case> cases(int world) {
       out.push_back({Kind::allgather, DataType::bf16, ReduceOp::sum, n, ip});
       out.push_back({Kind::reduce_scatter, DataType::f64, ReduceOp::max, n, ip});
       out.push_back({Kind::alltoall, DataType::u8, ReduceOp::sum, n, ip});
+      out.push_back({Kind::gather, DataType::i64, ReduceOp::sum, n, ip, world / 2});
+      out.push_back({Kind::scatter, DataType::f16, ReduceOp::sum, n, ip, world - 1});
     }
   out.push_back({Kind::sendrecv, DataType::i64, ReduceOp::sum, 3001, false});
   // Compressed all-reduce (f32 sum/avg), with error feedback where the codec needs it:

@@ -110,6 +110,19 @@ int main() {
     CHECK(h[5] == 5.0f && h[kCount / 2 + 5] == 10.0f);  // block 1 is rank 1's first half
   }
 
+  // Gather to rank 1, then scatter back from it: rank i ends with its own first half.
+  NCCLCHECK(ncclGroupStart());
+  for (int i = 0; i < kRanks; ++i) {
+    NCCLCHECK(ncclGather(send[i], recv[i], kCount / kRanks, ncclFloat, 1, comms[i], stream(i)));
+    NCCLCHECK(ncclScatter(recv[i], send[i], kCount / kRanks, ncclFloat, 1, comms[i], stream(i)));
+  }
+  NCCLCHECK(ncclGroupEnd());
+  for (int i = 0; i < kRanks; ++i) braid::device::synchronize(streams[i]);
+  for (int i = 0; i < kRanks; ++i) {
+    auto h = read_back(send[i], kCount / kRanks);
+    for (std::size_t k = 0; k < kCount / kRanks; k += 101) CHECK(h[k] == static_cast<float>((i + 1) * (k % 100)));
+  }
+
   // Refusals before any byte moves: host and device buffers mixed, another GPU's buffer.
   std::vector<float> host(kCount);
   CHECK(ncclAllReduce(host.data(), recv[0], kCount, ncclFloat, ncclSum, comms[0], stream(0)) == ncclInvalidArgument);

@@ -126,6 +126,15 @@ def others(comm):
             a2a = comm.alltoall(big[r])
             want = np.concatenate([big[j][r * count:(r + 1) * count] for j in range(n)])
             close(a2a, want, "alltoall")
+            for root in {0, n - 1}:
+                gathered = comm.gather(xs[r], root=root)
+                if r == root:
+                    close(gathered, np.stack(xs), f"gather root={root}")
+                else:
+                    assert gathered is None
+                mine = np.empty(count, dtype=dtype)
+                comm.scatter(big[root] if r == root else None, mine, root=root)
+                close(mine, big[root][r * count:(r + 1) * count], f"scatter root={root}")
     # send/recv around a ring, both directions at once
     x = np.full(257, r, dtype=np.int32)
     got = np.empty(257, dtype=np.int32)
@@ -136,7 +145,7 @@ def others(comm):
     wr.wait()
     assert np.all(got == left), got[:4]
     comm.barrier()
-    print(f"rank {r}: broadcast reduce allgather reduce_scatter alltoall send/recv ok")
+    print(f"rank {r}: broadcast reduce allgather reduce_scatter alltoall gather scatter send/recv ok")
 
 
 def async_work(comm):

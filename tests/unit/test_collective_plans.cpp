@@ -54,13 +54,16 @@ PlanRequest request(const Variant& v, int world, std::uint64_t count, std::size_
   return req;
 }
 
-bool rooted(Collective c) { return c == Collective::broadcast || c == Collective::reduce; }
+bool rooted(Collective c) {
+  return c == Collective::broadcast || c == Collective::reduce || c == Collective::gather || c == Collective::scatter;
+}
 bool reduces(Collective c) {
   return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
 }
 // Collectives whose count is per rank block: buffers grow with the world.
 bool blocked(Collective c) {
-  return c == Collective::allgather || c == Collective::reduce_scatter || c == Collective::alltoall;
+  return c == Collective::allgather || c == Collective::reduce_scatter || c == Collective::alltoall ||
+         c == Collective::gather || c == Collective::scatter;
 }
 
 std::vector<Variant> all_variants() {
@@ -70,7 +73,7 @@ std::vector<Variant> all_variants() {
     if (a == Algorithm::hierarchical || a == Algorithm::ring) v.push_back({Collective::allreduce, a, false, true});
   }
   for (Collective c : {Collective::broadcast, Collective::reduce, Collective::allgather, Collective::reduce_scatter,
-                       Collective::alltoall})
+                       Collective::alltoall, Collective::gather, Collective::scatter})
     for (Algorithm a : algorithms_for(c)) v.push_back({c, a});
   // Deterministic mode: one plan per reducing collective, whatever the algorithm.
   v.push_back({Collective::allreduce, Algorithm::tree, true});
