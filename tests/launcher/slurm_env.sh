@@ -3,8 +3,9 @@
 # variables a real `srun -n 2` sets (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 # SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_JOB_ID, ...) and no BRAID_*/MASTER_*
 # address: the store must be found at the step's first node and the port derived from
-# the job id, and the checked all-reduces must pass. A real Slurm cluster is untested
-# here (no Slurm on these machines); this is the environment it would give.
+# the job id, and the checked all-reduces must pass. The node list is localhost, so
+# rank 0's store listens on loopback; a real srun across nodes (where it does not) is
+# ctest cluster_slurm (tests/cluster/slurm_test.sh, scripts/slurm.sh).
 set -u
 bench=$1
 for v in $(env | sed -n 's/^\(BRAID_[A-Z_]*\|MASTER_[A-Z]*\|RANK\|WORLD_SIZE\|LOCAL_RANK\|OMPI_[A-Z_]*\|PMIX_[A-Z_]*\)=.*/\1/p'); do
