@@ -974,9 +974,14 @@ TcpStore::Impl::Impl(const std::string& host, std::uint16_t want_port, bool is_s
   port = want_port;
   std::string connect_host = host;
   if (is_server) {
-    server = core::make_store_server(core::store_bind_addresses(host), want_port, token, tls);
+    const std::string bind = core::store_bind_addresses(host);
+    server = core::make_store_server(bind, want_port, token, tls);
     port = server->port();
-    connect_host = "127.0.0.1";  // our own server: loopback always reaches it
+    // Our own server, at an address it listens on: the first one bound, or loopback when it
+    // listens on every address. (It listens only where it is advertised, so loopback alone
+    // reaches it only when the master address is a loopback one.)
+    connect_host = bind.substr(0, bind.find(','));
+    if (connect_host.empty() || connect_host == "0.0.0.0") connect_host = "127.0.0.1";
   }
   addr = host + ":" + std::to_string(port);
   auto start = Clock::now();

@@ -7,8 +7,9 @@ step's first node, 15000 + job id mod 10000), handed to torch as tcp://: torch's
 (what braid.torch.init_process_group picks outside braidrun) reads only torchrun's
 RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, which srun does not set. Under srun --mpi=pmix
 braid derives no address (its own communicators get rank 0's store through PMIx), so
-`address()` derives the one --mpi=none would; run it so with BRAID_SOCKET_IFNAME set
-(docs/cluster.md, "srun (Slurm)": without it the ranks advertise 127.0.0.1 and hang).
+`address()` derives the one --mpi=none would. With no master address the backend's
+communicator advertises an interface other hosts reach (it advertised 127.0.0.1 and hung
+across nodes until that was fixed; docs/cluster.md, "srun (Slurm)").
 
 Checks: an all_reduce of known values (sum over ranks), a broadcast from the last rank, an
 all_gather, and DistributedDataParallel on a tiny linear model for a few steps, whose

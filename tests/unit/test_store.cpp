@@ -850,6 +850,13 @@ TEST(TcpStore, HostedServerListensOnlyWhereAsked) {
   EXPECT_TRUE(connects("127.0.0.1", both.port()));
   EXPECT_TRUE(connects("127.0.0.3", both.port()));
   EXPECT_FALSE(connects("127.0.0.2", both.port()));
+  // Rank 0 reaches its own store at an address other than 127.0.0.1 (a master address on a
+  // NIC, as under srun across nodes): the owner connects where the server listens.
+  TcpStore other("127.0.0.2", 0, true, 5s);
+  other.set("k", "v");
+  EXPECT_EQ(other.get("k", 5s), "v");
+  EXPECT_TRUE(connects("127.0.0.2", other.port()));
+  EXPECT_FALSE(connects("127.0.0.1", other.port()));
   // An address that is not this host's is refused with a hint.
   try {
     TcpStoreServer elsewhere("192.0.2.1", 0);

@@ -423,7 +423,10 @@ TcpTransport::TcpTransport(const TcpOptions& options, Poller& poller, PeerDirect
     : Skeleton(options, poller, directory, "tcp", {wire::kHelloMagic, wire::kHelloBytes, &wire::hello_tail}),
       opts_(options),
       conns_(options.size) {
-  const std::string ip = select_address(opts_.ifname, opts_.master_addr);
+  // With no master address known (a communicator over a store the caller made, as the torch
+  // backend's over torch's), an interface other hosts can reach, not loopback: its ranks may
+  // be on other hosts (srun --mpi=pmix), and loopback there is their own.
+  const std::string ip = select_address(opts_.ifname, opts_.master_addr, true);
   const std::string where =
       !opts_.ifname.empty() ? "interface " + opts_.ifname + " (" + ip + ")" : ip;
   base::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));

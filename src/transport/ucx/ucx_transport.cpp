@@ -159,7 +159,8 @@ ucp_context_h acquire_context(const Api& api, const UcxOptions& o, std::string* 
   const std::string& zcopy = o.zcopy;
   // braid's interface, chosen before UCX is touched: a BRAID_SOCKET_IFNAME without an
   // address throws InvalidUsage here, leaving no context behind.
-  const Interface chosen = o.net_devices_given ? Interface{} : select_interface(o.ifname, o.master_addr);
+  // No master address known: an interface other hosts can reach (as the tcp transport).
+  const Interface chosen = o.net_devices_given ? Interface{} : select_interface(o.ifname, o.master_addr, true);
   ucp_context_h made = init_context(api, eager_limit, zcopy == "0", "", why);
   if (made == nullptr) return nullptr;
   const std::vector<std::string> resources = ucx::context_resources(api, made);
