@@ -19,12 +19,12 @@ struct SweepArgs : SweepFlags {
 
 /// Adds nccl-tests' flags; `dtypes`, `ops` and `blocking` are the help texts that differ.
 inline void add_sweep_options(CLI::App& app, SweepArgs& a, const char* dtypes, const char* ops, const char* blocking) {
-  app.add_option("--coll", a.coll, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall or sendrecv")
+  app.add_option("--coll", a.coll, "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter or sendrecv")
       ->capture_default_str();
   add_sweep_flags(app, a);
   app.add_option("-d,--datatype", a.dtype, dtypes)->capture_default_str();
   app.add_option("-o,--op", a.op, ops)->capture_default_str();
-  app.add_option("-r,--root", a.root, "root rank of broadcast and reduce")->capture_default_str();
+  app.add_option("-r,--root", a.root, "root rank of broadcast, reduce, gather and scatter")->capture_default_str();
   app.add_option("-z,--blocking", a.blocking, blocking)->capture_default_str();
   app.add_option("--csv", a.csv, "also write the table as CSV to this file (rank 0)");
   app.add_flag("--quiet", a.quiet, "accepted for compatibility with allreduce_bench (this bench prints no progress lines)");

@@ -128,6 +128,10 @@ class BraidBackend final : public Backend {
     const auto so = with(braid::ReduceScatterOptions{});
     const auto to = with(braid::AlltoallOptions{});
     const auto po = with(braid::P2POptions{});
+    braid::GatherOptions gao = with(braid::GatherOptions{});
+    gao.root = root;
+    braid::ScatterOptions sco = with(braid::ScatterOptions{});
+    sco.root = root;
     std::vector<braid::Work> works;
     for (int it = 0; it < iters; ++it) {
       switch (coll) {
@@ -137,6 +141,8 @@ class BraidBackend final : public Backend {
         case Coll::alltoall: works.push_back(c_.alltoall(l.in, l.out, count, dt, to)); break;
         case Coll::broadcast: works.push_back(c_.broadcast(l.in, l.out, count, dt, bo)); break;
         case Coll::reduce: works.push_back(c_.reduce(l.in, l.out, count, dt, rop, ro)); break;
+        case Coll::gather: works.push_back(c_.gather(l.in, l.out, count, dt, gao)); break;
+        case Coll::scatter: works.push_back(c_.scatter(l.in, l.out, count, dt, sco)); break;
         case Coll::sendrecv:
           works.push_back(c_.send(l.in, count, dt, (r + 1) % n, po));
           works.push_back(c_.recv(l.out, count, dt, (r + n - 1) % n, po));

@@ -5,8 +5,8 @@
 // Sizes follow nccl-tests: "size" is the largest buffer of the call in bytes (allgather's
 // output, reduce_scatter's input, alltoall's whole buffer), rounded down to a whole number
 // of elements per rank. algbw = size / time; busbw = algbw x the collective's factor from
-// nccl-tests' PERFORMANCE.md: allreduce 2(n-1)/n; allgather, reduce_scatter and alltoall
-// (n-1)/n; broadcast, reduce and sendrecv 1. Time is the slowest rank's mean per call.
+// nccl-tests' PERFORMANCE.md: allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall,
+// gather and scatter (n-1)/n; broadcast, reduce and sendrecv 1. Time is the slowest rank's mean per call.
 // sendrecv: each rank sends to rank+1 and receives from rank-1 (no in-place form).
 // A backend may put the buffers in device memory (collective_bench --device): the sweep
 // then fills and checks host copies and the backend moves them (Backend::device_buffer).
@@ -26,7 +26,7 @@
 
 namespace braid::bench {
 
-enum class Coll { allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, sendrecv };
+enum class Coll { allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv };
 enum class Type { f32, f64, f16, bf16, i8, u8, i32, i64 };
 enum class Op { sum, prod, min, max, avg };
 
@@ -45,6 +45,8 @@ inline constexpr CollInfo kColls[] = {
     {Coll::broadcast, "broadcast", "broadcast_perf", false, true},
     {Coll::reduce, "reduce", "reduce_perf", true, true},
     {Coll::alltoall, "alltoall", "alltoall_perf", false, false},
+    {Coll::gather, "gather", "gather_perf", false, true},
+    {Coll::scatter, "scatter", "scatter_perf", false, true},
     {Coll::sendrecv, "sendrecv", "sendrecv_perf", false, false},
 };
 
@@ -60,14 +62,18 @@ inline double bus_factor(Coll c, int n) {
   if (n <= 1) return 1.0;
   switch (c) {
     case Coll::allreduce: return 2.0 * (n - 1) / n;
-    case Coll::allgather: case Coll::reduce_scatter: case Coll::alltoall: return static_cast<double>(n - 1) / n;
+    case Coll::allgather: case Coll::reduce_scatter: case Coll::alltoall: case Coll::gather: case Coll::scatter:
+      return static_cast<double>(n - 1) / n;
     default: return 1.0;
   }
 }
 
 /// Ranks whose buffers the call splits into blocks (count per rank = elements / blocks).
 inline int blocks(Coll c, int n) {
-  return c == Coll::allgather || c == Coll::reduce_scatter || c == Coll::alltoall ? n : 1;
+  return c == Coll::allgather || c == Coll::reduce_scatter || c == Coll::alltoall || c == Coll::gather ||
+                 c == Coll::scatter
+             ? n
+             : 1;
 }
 
 struct TypeInfo {
@@ -244,8 +250,9 @@ class Backend {
   /// the output; reduce_scatter's output is this rank's block of the input; others alias).
   virtual Layout in_place(Coll c, std::byte* send, std::byte* recv, std::size_t count, std::size_t es) {
     (void)send;
-    if (c == Coll::allgather) return {recv + static_cast<std::size_t>(rank()) * count * es, recv};
-    if (c == Coll::reduce_scatter) return {recv, recv + static_cast<std::size_t>(rank()) * count * es};
+    if (c == Coll::allgather || c == Coll::gather) return {recv + static_cast<std::size_t>(rank()) * count * es, recv};
+    if (c == Coll::reduce_scatter || c == Coll::scatter)
+      return {recv, recv + static_cast<std::size_t>(rank()) * count * es};
     return {recv, recv};
   }
   /// Out-of-place layout.
@@ -320,6 +327,14 @@ inline long long count_wrong(const SweepOptions& o, int rank, int world, const s
         for (std::size_t i = 0; i < count; ++i)
           check_input(static_cast<std::size_t>(j) * count + i, j, static_cast<std::size_t>(rank) * count + i);
       break;
+    case Coll::gather:
+      if (rank != o.root) return 0;
+      for (int j = 0; j < world; ++j)
+        for (std::size_t i = 0; i < count; ++i) check_input(static_cast<std::size_t>(j) * count + i, j, i);
+      break;
+    case Coll::scatter:
+      for (std::size_t i = 0; i < count; ++i) check_input(i, o.root, static_cast<std::size_t>(rank) * count + i);
+      break;
     case Coll::sendrecv:
       for (std::size_t i = 0; i < count; ++i) check_input(i, (rank + world - 1) % world, i);
       break;
@@ -386,8 +401,8 @@ inline int sweep(Backend& b, const SweepOptions& o) {
       const Layout l = inplace ? b.in_place(c, sendp, recvp, count, es) : b.out_of_place(c, sendp, recvp);
       // The input: a whole buffer of `total` elements for reduce_scatter and alltoall,
       // `count` for the others.
-      const std::size_t in_elems = (c == Coll::reduce_scatter || c == Coll::alltoall) ? total : count;
-      const std::size_t out_elems = (c == Coll::allgather || c == Coll::alltoall) ? total : count;
+      const std::size_t in_elems = (c == Coll::reduce_scatter || c == Coll::alltoall || c == Coll::scatter) ? total : count;
+      const std::size_t out_elems = (c == Coll::allgather || c == Coll::alltoall || c == Coll::gather) ? total : count;
       fill_in(l.in, in_elems);
       b.barrier();
       if (o.warmup > 0) b.run(c, l, count, *o.type, o.op, o.root, o.warmup, o.blocking);

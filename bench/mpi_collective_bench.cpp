@@ -104,6 +104,21 @@ class MpiBackend final : public Backend {
         case Coll::alltoall:
           MPI_Alltoall(aliased ? MPI_IN_PLACE : l.in, n, dt, l.out, n, dt, MPI_COMM_WORLD);
           break;
+        case Coll::gather:
+          // In place on the root: its block already sits in the output (braid's layout).
+          if (rank_ == root && l.in != l.out && l.in > l.out &&
+              l.in < l.out + static_cast<std::size_t>(world_) * count * t.size)
+            MPI_Gather(MPI_IN_PLACE, n, dt, l.out, n, dt, root, MPI_COMM_WORLD);
+          else
+            MPI_Gather(l.in, n, dt, l.out, n, dt, root, MPI_COMM_WORLD);
+          break;
+        case Coll::scatter:
+          if (rank_ == root && l.out != l.in && l.out > l.in &&
+              l.out < l.in + static_cast<std::size_t>(world_) * count * t.size)
+            MPI_Scatter(l.in, n, dt, MPI_IN_PLACE, n, dt, root, MPI_COMM_WORLD);
+          else
+            MPI_Scatter(l.in, n, dt, l.out, n, dt, root, MPI_COMM_WORLD);
+          break;
         case Coll::sendrecv:
           MPI_Sendrecv(l.in, n, dt, (rank_ + 1) % world_, 0, l.out, n, dt, (rank_ + world_ - 1) % world_, 0,
                        MPI_COMM_WORLD, MPI_STATUS_IGNORE);

@@ -17,7 +17,7 @@ mpi() {
     mpirun --oversubscribe --bind-to none -np 3 --mca pml ob1 --mca btl self,tcp \
     --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -x BRAID_TIMEOUT=60s "$@" 2>&1
 }
-for c in allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv; do
+for c in allreduce allgather reduce_scatter broadcast reduce alltoall gather scatter sendrecv; do
   for bench in "$mpi_bench" "$braid_bench"; do
     out=$(mpi "$bench" --coll "$c" -b 4 -e 256K -f 16 -n 2 -w 1 -c 1 -d int32 -o max -r 2)
     rc=$?
