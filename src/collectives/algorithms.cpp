@@ -33,6 +33,11 @@ double ring_allgather(double n, double N, const LinkCost& l, double) { return (n
 double ring_reduce_scatter(double n, double N, const LinkCost& l, double g) {
   return (n - 1) * l.alpha + (n - 1) / n * N * (l.beta + g);
 }
+// Bruck: ceil(log2 n) exchanges, the ring's bytes.
+double bruck_allgather(double n, double N, const LinkCost& l, double) { return lg(n) * l.alpha + (n - 1) / n * N * l.beta; }
+double bruck_reduce_scatter(double n, double N, const LinkCost& l, double g) {
+  return lg(n) * l.alpha + (n - 1) / n * N * (l.beta + g);
+}
 
 }  // namespace
 
@@ -57,8 +62,13 @@ const std::vector<AlgorithmRow>& algorithm_table() {
       {C::reduce, A::tree, nullptr, "binomial tree towards the root", always<build_binomial_reduce>, nullptr},
       {C::allgather, A::ring, nullptr, "ring all-gather, in topology order", always<build_ring_allgather>,
        ring_allgather},
+      {C::allgather, A::rhd, "bruck", "Bruck: ceil(log2 n) exchanges at doubling distances (small messages)",
+       always<build_bruck_allgather>, bruck_allgather},
       {C::reduce_scatter, A::ring, nullptr, "ring reduce-scatter, pipelined in slices",
        always<build_ring_reduce_scatter>, ring_reduce_scatter},
+      {C::reduce_scatter, A::rhd, "bruck",
+       "Bruck's all-gather transposed: ceil(log2 n) exchanges at halving distances (small messages)",
+       always<build_bruck_reduce_scatter>, bruck_reduce_scatter},
       {C::alltoall, A::ring, "pairwise", "pairwise exchange: step k sends to rank r+k and receives from rank r-k",
        always<build_pairwise_alltoall>, nullptr},
       {C::gather, A::ring, "direct", "every rank sends its block straight to the root", always<build_direct_gather>,

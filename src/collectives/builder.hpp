@@ -150,6 +150,8 @@ void build_binomial_reduce(Builder& b);        // reduce.cpp
 void build_pairwise_alltoall(Builder& b);      // alltoall.cpp
 void build_direct_gather(Builder& b);          // gather.cpp
 void build_direct_scatter(Builder& b);         // gather.cpp
+void build_bruck_allgather(Builder& b);        // bruck.cpp
+void build_bruck_reduce_scatter(Builder& b);   // bruck.cpp
 void build_tree_allreduce(Builder& b);         // tree.cpp
 void build_rhd_allreduce(Builder& b);          // rhd.cpp
 /// False (and nothing built) when the layout does not suit it: use the ring.

@@ -130,7 +130,8 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   if (req.world < 1 || req.rank < 0 || req.rank >= req.world)
     throw Error(ErrorCode::InvalidUsage, "plan request with rank " + std::to_string(req.rank) +
                                              " outside world of " + std::to_string(req.world));
-  if ((req.collective == Collective::broadcast || req.collective == Collective::reduce) &&
+  if ((req.collective == Collective::broadcast || req.collective == Collective::reduce ||
+       req.collective == Collective::gather || req.collective == Collective::scatter) &&
       (req.root < 0 || req.root >= req.world))
     throw Error(ErrorCode::InvalidUsage, std::string(to_string(req.collective)) + " with root " +
                                              std::to_string(req.root) + " outside world of " + std::to_string(req.world));

@@ -38,10 +38,13 @@ MeasuredTuner::MeasuredTuner(const Config& cfg, Membership member, PlanCache& pl
 
 MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req, bool model_only) {
   Pick pick;
-  // Collectives with a single plan need no tuning.
-  if (req.collective != Collective::allreduce && req.collective != Collective::broadcast &&
-      req.collective != Collective::reduce)
+  // Collectives with a single plan need no tuning; all-gather and reduce-scatter (ring or
+  // Bruck) take the model's choice, unmeasured (trials exist for the three below).
+  const bool trials = req.collective == Collective::allreduce || req.collective == Collective::broadcast ||
+                      req.collective == Collective::reduce;
+  if (!trials && req.collective != Collective::allgather && req.collective != Collective::reduce_scatter)
     return pick;
+  if (!trials && req.deterministic) return pick;  // one fixed-order plan whatever the algorithm
   pick.algorithm = Algorithm::ring;
   if (member_.size == 1) return pick;
   collectives::Tuner* t = &tuner_ref();
@@ -55,7 +58,7 @@ MeasuredTuner::Pick MeasuredTuner::choose_algorithm(const PlanRequest& req, bool
     return pick;
   }
   pick.algorithm = model->algorithm;
-  if (!cfg_.tune_measure || model_only) {
+  if (!cfg_.tune_measure || model_only || !trials) {
     if (first) BRAID_LOG(info, "tuner: " << model->explanation);
     return pick;
   }
