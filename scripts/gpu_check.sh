@@ -309,15 +309,24 @@ fi
 
 # nccl-tests' own all_reduce_perf, compiled with braid's nccl.h and linked against
 # libbraid_nccl (named libnccl.so in a scratch NCCL_HOME), when NCCL_TESTS_SRC names a
-# checkout of its source (github.com/NVIDIA/nccl-tests; never vendored here).
+# checkout of its source (github.com/NVIDIA/nccl-tests; never vendored here). The header is
+# seen at API level 2.26: from 2.27 nccl-tests uses window registration and from 2.28 NCCL's
+# device API (nccl_device.h), which braid does not provide. CUDA_LIB points at a directory
+# with CUDA's runtime only, so that -lnccl cannot find the toolkit's own libnccl first.
+# (Compiled and linked this way on a machine without a GPU, 2026-11-29: nccl-tests 2.19.6,
+# every *_perf binary; docs/nccl-api.md.)
 if [ "$gpu" = 1 ] && [ -n "${NCCL_TESTS_SRC:-}" ] && [ -f "$NCCL_TESTS_SRC/src/Makefile" ]; then
   nh=$out/nccl_home
-  mkdir -p "$nh/include" "$nh/lib"
-  cp "$root/include/braid/nccl.h" "$nh/include/nccl.h"
+  cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+  mkdir -p "$nh/include" "$nh/lib" "$nh/cudalib"
+  cp "$root/include/braid/nccl.h" "$nh/include/braid_nccl.h"
+  printf '#include "braid_nccl.h"\n#undef NCCL_MINOR\n#define NCCL_MINOR 26\n#undef NCCL_VERSION_CODE\n#define NCCL_VERSION_CODE 22600\n' \
+    >"$nh/include/nccl.h"
   ln -sf "$bd/bindings/nccl/libbraid_nccl.so" "$nh/lib/libnccl.so"
-  fg_step nccl_tests_build 150 "make -C '$NCCL_TESTS_SRC' -j $jobs NCCL_HOME='$nh' \
-    CUDA_HOME=\"\$(dirname \"\$(dirname \"\$(command -v nvcc)\")\")\" BUILDDIR='$out/nccl-tests-build'"
-  fg_step nccl_tests_all_reduce 90 "LD_LIBRARY_PATH='$nh/lib:$bd/bindings/nccl:$bd/src' \
+  for f in "$cuda_home"/lib64/libcudart*; do ln -sf "$f" "$nh/cudalib/"; done
+  fg_step nccl_tests_build 150 "make -C '$NCCL_TESTS_SRC' -j $jobs MPI=0 NCCL_HOME='$nh' CUDA_HOME='$cuda_home' \
+    CUDA_LIB='$nh/cudalib' NVCC_GENCODE='-gencode=arch=compute_90,code=sm_90' BUILDDIR='$out/nccl-tests-build' src.build"
+  fg_step nccl_tests_all_reduce 90 "LD_LIBRARY_PATH='$bd/bindings/nccl:$bd/src' BRAID_GPU_BACKEND=cuda \
     '$out/nccl-tests-build/all_reduce_perf' -b 8 -e 64M -f 4 -g 1 -t 2 -c 1"
 else
   skip nccl_tests "needs a GPU and NCCL_TESTS_SRC (a checkout of nccl-tests' source)"

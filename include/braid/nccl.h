@@ -3,7 +3,8 @@
  * A program written for NCCL runs on braid by linking -lbraid_nccl instead of -lnccl: the
  * names, argument lists, enum values, the 128-byte ncclUniqueId and ncclConfig_t's layout
  * are NCCL 2.28's, so a program compiled against NCCL's own nccl.h links unchanged (CI
- * builds its C API test both ways, tests/nccl). This header needs no CUDA header.
+ * builds its C API test both ways, tests/nccl). It needs no CUDA header, and includes
+ * CUDA's runtime and fp16/bf16 headers, as NCCL's does, where they are on the include path.
  *
  * What braid adds: host buffers. Where NCCL takes device memory only, braid also takes
  * host memory (malloc'd or pinned), so the same program runs on machines without a GPU.
@@ -56,12 +57,27 @@
 #define BRAID_NCCL_API
 #endif
 
+/* As NCCL's header does, bring CUDA's runtime and half-precision types where they are on
+ * the include path (programs written for NCCL rely on it: nvcc, or -I<cuda>/include);
+ * elsewhere only CUDA's own spelling of a stream handle, so that no CUDA header is needed.
+ * BRAID_NCCL_NO_CUDA_HEADERS keeps them out. */
+#if defined(__has_include) && !defined(BRAID_NCCL_NO_CUDA_HEADERS)
+#if __has_include(<cuda_runtime.h>)
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#if __has_include(<cuda_bf16.h>)
+#include <cuda_bf16.h>
+#endif
+#define BRAID_NCCL_CUDA_HEADERS 1
+#endif
+#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* CUDA's own spelling of a stream handle, so that no CUDA header is needed. */
+#ifndef BRAID_NCCL_CUDA_HEADERS
 typedef struct CUstream_st* cudaStream_t;
+#endif
 
 typedef struct ncclComm* ncclComm_t;
 #define NCCL_COMM_NULL NULL
