@@ -9,7 +9,8 @@ std::shared_ptr<const collectives::Plan> PlanCache::plan_for(const collectives::
   const Key key(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count, req.elem_size,
                 static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) | (req.root << 2),
                 compressed ? compression::name(req.codec) + (req.feedback ? "+ef" : "") + (req.on_device ? "+dev" : "")
-                           : std::string());
+                           : std::string(),
+                req.slice_bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto* cached = plans_.find(key)) return *cached;
   auto plan = collectives::build_plan(req);

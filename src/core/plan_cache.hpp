@@ -25,8 +25,10 @@ class PlanCache {
 
  private:
   /// Collective, algorithm, count, element size, op/deterministic/root bits, codec name
-  /// with feedback ("" for none). The host map is not in it: it is fixed per communicator.
-  using Key = std::tuple<int, int, std::uint64_t, std::size_t, int, std::string>;
+  /// with feedback ("" for none), slice bytes (device-path calls slice by
+  /// BRAID_DEVICE_CHUNK_BYTES, host calls by BRAID_CHUNK_BYTES). The host map is not in it:
+  /// it is fixed per communicator.
+  using Key = std::tuple<int, int, std::uint64_t, std::size_t, int, std::string, std::size_t>;
   std::mutex mu_;  ///< guards plans_
   base::LruMap<Key, std::shared_ptr<const collectives::Plan>> plans_;
 };
