@@ -83,14 +83,21 @@ for c in allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv; 
     grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
   done
 done
-for perf in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf; do
+# gather and scatter (root 2, in and out of place, checked), one type: CI's time
+for c in gather scatter; do
+  "$run" -n 3 --timeout 120 -- "$cb" --coll "$c" -b 2 -e 300K -f 13 -n 2 -w 1 -c 1 -d int64 -r 2 \
+    >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --coll $c"; exit 1; }
+  grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
+done
+for perf in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf gather_perf \
+  scatter_perf sendrecv_perf; do
   "$run" -n 2 --timeout 60 -- "$b/bench/$perf" -b 1K -e 8K -f 8 -n 1 -w 0 >/tmp/braid-smoke-$$.txt ||
     { cat /tmp/braid-smoke-$$.txt; echo "FAILED: $perf"; exit 1; }
   want=${perf%_perf}; want=${want/all_reduce/allreduce}; want=${want/all_gather/allgather}
   grep -q "collective_bench: $want," /tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: $perf ran another collective"; exit 1; }
 done
 if "$run" -n 2 -- "$cb" --coll broadcast -r 5 -b 1K -e 1K >/dev/null 2>&1; then echo "FAILED: -r 5 of 2 ranks accepted"; exit 1; fi
-if "$run" -n 1 -- "$cb" --coll gather >/dev/null 2>&1; then echo "FAILED: --coll gather accepted"; exit 1; fi
+if "$run" -n 1 -- "$cb" --coll gatherv >/dev/null 2>&1; then echo "FAILED: --coll gatherv accepted"; exit 1; fi
 # Device buffers (--device) on the emulated device runtime, checked: three ranks on the
 # emulated runtime's two devices (local rank modulo two), every size through the stream.
 BRAID_GPU_BACKEND=emulated "$run" -n 3 --timeout 120 -- "$bench" --device -c 1 -b 2 -e 300K -f 13 -n 2 -w 1 \
