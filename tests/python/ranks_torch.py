@@ -552,6 +552,47 @@ def groups(braid_pg, gloo_pg):
     print(f"rank {r}: named groups destroyed one by one")
 
 
+def fsdp2_dtensor(braid_pg, gloo_pg):
+    """Issue 36 item 3: the functional collectives, DTensor and FSDP2 (fully_shard) on a
+    device mesh over a braid group, against the same on a gloo group: equal results."""
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name, pg in (("braid", braid_pg), ("gloo", gloo_pg)):
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        x = data((6, 4), torch.float32, r)
+        got = [fc.wait_tensor(fc.all_reduce(x, "sum", pg)),
+               fc.wait_tensor(fc.all_gather_single(x, 0, pg)),
+               fc.wait_tensor(fc.reduce_scatter_single(torch.cat([x] * n), "sum", 0, pg)),
+               fc.wait_tensor(fc.broadcast(x, n - 1, pg)),
+               fc.wait_tensor(fc.all_to_all_single(torch.cat([x] * n), None, None, pg))]
+        full = data((8, 6), torch.float32, 0)  # the same on every rank
+        dt = distribute_tensor(full, mesh, [Shard(0)])
+        assert torch.equal(dt.redistribute(mesh, [Replicate()]).to_local(), full), f"{name}: DTensor round trip"
+        got.append((dt * 2).sum().full_tensor())  # a partial sum reduced across the mesh
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            loss = model(data((8, 16), torch.float32, r, salt=step)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        got += [p.full_tensor() for p in model.parameters()]
+        out[name] = got
+    for i, (a, b) in enumerate(zip(out["braid"], out["gloo"])):
+        same(a, b, f"fsdp2_dtensor result {i}")
+    print(f"rank {r}: functional collectives, DTensor and FSDP2 on braid == gloo")
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")

@@ -22,6 +22,8 @@ SCENARIOS = [
      "coalesced and uneven collectives == gloo", 3, 150),
     ("work_wait_honors_its_timeout", 2, "wait_timeout", "Work.wait(timeout) ok", 2, 120),
     ("groups_are_named_and_destroyed_one_by_one", 2, "groups", "named groups destroyed one by one", 2, 120),
+    ("functional_collectives_dtensor_and_fsdp2_equal_gloo", 2, "fsdp2_dtensor",
+     "functional collectives, DTensor and FSDP2 on braid == gloo", 2, 150),
 ]
 
 
