@@ -628,10 +628,13 @@ ncclResult_t ncclGroupEnd(void) {
     keep(guarded(d.comm, [&] { return post_p2p(d.comm, d.send, d.buf, d.count, d.type, d.peer, d.stream); }));
   std::vector<std::pair<ncclComm*, Work>> host;
   host.swap(t_group_host);
-  for (auto& [comm, work] : host) keep(guarded(comm, [&] {
-         work.wait();
-         return ncclSuccess;
-       }));
+  for (auto& h : host) {  // (clang before C++20 cannot capture a structured binding)
+    const Work& work = h.second;
+    keep(guarded(h.first, [&work] {
+      work.wait();
+      return ncclSuccess;
+    }));
+  }
   t_group_error = ncclSuccess;
   return result;
 }
