@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <new>
 #include <string>
@@ -137,19 +136,15 @@ int raw(const Enum& e) {
   return v;
 }
 
-bool valid_type(int t) { return t >= 0 && t < ncclNumTypes; }
-
-// The braid type that moves `t`'s bytes (unsigned and fp8 types as their same-size kin).
-DataType moved_type(int t) {
+// The braid type that moves NCCL type `t`'s bytes (unsigned and fp8 types as their
+// same-size kin).
+ncclResult_t movement(const char* what, int t, DataType* out) {
   static constexpr DataType kTypes[ncclNumTypes] = {
       DataType::i8,  DataType::u8,  DataType::i32, DataType::i32, DataType::i64, DataType::i64,
       DataType::f16, DataType::f32, DataType::f64, DataType::bf16, DataType::u8,  DataType::u8};
-  return kTypes[t];
-}
-
-ncclResult_t movement(const char* what, int t, DataType* out) {
-  if (!valid_type(t)) return fail(ncclInvalidArgument, std::string(what) + ": invalid datatype " + std::to_string(t));
-  *out = moved_type(t);
+  if (t < 0 || t >= ncclNumTypes)
+    return fail(ncclInvalidArgument, std::string(what) + ": invalid datatype " + std::to_string(t));
+  *out = kTypes[t];
   return ncclSuccess;
 }
 
@@ -238,9 +233,21 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   });
 }
 
+// One collective call: the communicator checked, then the call's types (`check`, which
+// reports what is wrong), the buffers classified once, and `post` given the options for
+// their memory kind; completion is awaited where finish() says.
+template <class Options, class Check, class Post>
+ncclResult_t collective(ncclComm* c, const char* what, const void* send, const void* recv, cudaStream_t stream,
+                        Check&& check, Post&& post) {
+  return on_comm(c, what, [&] {
+    if (ncclResult_t r = check()) return r;
+    MemoryKind kind = kind_of({send, recv});
+    return finish(c, kind, {post(options_for<Options>(kind, stream))});
+  });
+}
+
 ncclResult_t post_p2p(ncclComm* c, bool send, void* buf, std::size_t count, DataType t, int peer,
-                      cudaStream_t stream) {
-  MemoryKind kind = kind_of({buf});
+                      cudaStream_t stream, MemoryKind kind) {
   auto o = options_for<braid::P2POptions>(kind, stream);
   Work w = send ? c->comm.send(buf, count, t, peer, o) : c->comm.recv(buf, count, t, peer, o);
   return finish(c, kind, {std::move(w)});
@@ -254,11 +261,12 @@ ncclResult_t p2p(const char* what, bool send, void* buf, std::size_t count, cons
     if (peer < 0 || peer >= c->comm.size())
       return fail(ncclInvalidArgument, std::string(what) + ": peer " + std::to_string(peer) + " of " +
                                            std::to_string(c->comm.size()) + " ranks is out of range");
-    if (t_group_depth > 0 && kind_of({buf}) == MemoryKind::device) {
+    const MemoryKind kind = kind_of({buf});
+    if (t_group_depth > 0 && kind == MemoryKind::device) {
       t_group_p2p.push_back({c, send, buf, count, t, peer, stream});
       return ncclSuccess;
     }
-    return post_p2p(c, send, buf, count, t, peer, stream);
+    return post_p2p(c, send, buf, count, t, peer, stream, kind);
   });
 }
 
@@ -493,108 +501,97 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t) {
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclReduce", [&] {
-    DataType t;
-    ReduceOp o;
-    if (ncclResult_t r = reduction("ncclReduce", raw(datatype), raw(op), &t, &o)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::ReduceOptions>(kind, stream);
-    opts.root = root;
-    return finish(comm, kind, {comm->comm.reduce(sendbuff, recvbuff, count, t, o, opts)});
-  });
-}
-
-// ncclBroadcast and ncclBcast; the type by reference (see raw()).
-static ncclResult_t broadcast(const void* sendbuff, void* recvbuff, size_t count, const ncclDataType_t& datatype,
-                              int root, ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclBroadcast", [&] {
-    DataType t;
-    if (ncclResult_t r = movement("ncclBroadcast", raw(datatype), &t)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::BroadcastOptions>(kind, stream);
-    opts.root = root;
-    return finish(comm, kind, {comm->comm.broadcast(sendbuff, recvbuff, count, t, opts)});
-  });
+  DataType t;
+  ReduceOp o;
+  return collective<braid::ReduceOptions>(
+      comm, "ncclReduce", sendbuff, recvbuff, stream,
+      [&] { return reduction("ncclReduce", raw(datatype), raw(op), &t, &o); },
+      [&](braid::ReduceOptions opts) {
+        opts.root = root;
+        return comm->comm.reduce(sendbuff, recvbuff, count, t, o, opts);
+      });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  return broadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+  DataType t;
+  return collective<braid::BroadcastOptions>(
+      comm, "ncclBroadcast", sendbuff, recvbuff, stream, [&] { return movement("ncclBroadcast", raw(datatype), &t); },
+      [&](braid::BroadcastOptions opts) {
+        opts.root = root;
+        return comm->comm.broadcast(sendbuff, recvbuff, count, t, opts);
+      });
 }
 
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
-  return broadcast(buff, buff, count, datatype, root, comm, stream);
+  DataType t;  // not through ncclBroadcast: that would copy the enum argument (see raw())
+  return collective<braid::BroadcastOptions>(
+      comm, "ncclBcast", buff, buff, stream, [&] { return movement("ncclBcast", raw(datatype), &t); },
+      [&](braid::BroadcastOptions opts) {
+        opts.root = root;
+        return comm->comm.broadcast(buff, buff, count, t, opts);
+      });
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclAllReduce", [&] {
-    DataType t;
-    ReduceOp o;
-    if (ncclResult_t r = reduction("ncclAllReduce", raw(datatype), raw(op), &t, &o)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::AllreduceOptions>(kind, stream);
-    return finish(comm, kind, {comm->comm.allreduce(sendbuff, recvbuff, count, t, o, opts)});
-  });
+  DataType t;
+  ReduceOp o;
+  return collective<braid::AllreduceOptions>(
+      comm, "ncclAllReduce", sendbuff, recvbuff, stream,
+      [&] { return reduction("ncclAllReduce", raw(datatype), raw(op), &t, &o); },
+      [&](const braid::AllreduceOptions& opts) { return comm->comm.allreduce(sendbuff, recvbuff, count, t, o, opts); });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclReduceScatter", [&] {
-    DataType t;
-    ReduceOp o;
-    if (ncclResult_t r = reduction("ncclReduceScatter", raw(datatype), raw(op), &t, &o)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::ReduceScatterOptions>(kind, stream);
-    return finish(comm, kind, {comm->comm.reduce_scatter(sendbuff, recvbuff, recvcount, t, o, opts)});
-  });
+  DataType t;
+  ReduceOp o;
+  return collective<braid::ReduceScatterOptions>(
+      comm, "ncclReduceScatter", sendbuff, recvbuff, stream,
+      [&] { return reduction("ncclReduceScatter", raw(datatype), raw(op), &t, &o); },
+      [&](const braid::ReduceScatterOptions& opts) {
+        return comm->comm.reduce_scatter(sendbuff, recvbuff, recvcount, t, o, opts);
+      });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclAllGather", [&] {
-    DataType t;
-    if (ncclResult_t r = movement("ncclAllGather", raw(datatype), &t)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::AllgatherOptions>(kind, stream);
-    return finish(comm, kind, {comm->comm.allgather(sendbuff, recvbuff, sendcount, t, opts)});
-  });
+  DataType t;
+  return collective<braid::AllgatherOptions>(
+      comm, "ncclAllGather", sendbuff, recvbuff, stream, [&] { return movement("ncclAllGather", raw(datatype), &t); },
+      [&](const braid::AllgatherOptions& opts) { return comm->comm.allgather(sendbuff, recvbuff, sendcount, t, opts); });
 }
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                           ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclAlltoAll", [&] {
-    DataType t;
-    if (ncclResult_t r = movement("ncclAlltoAll", raw(datatype), &t)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::AlltoallOptions>(kind, stream);
-    return finish(comm, kind, {comm->comm.alltoall(sendbuff, recvbuff, count, t, opts)});
-  });
+  DataType t;
+  return collective<braid::AlltoallOptions>(
+      comm, "ncclAlltoAll", sendbuff, recvbuff, stream, [&] { return movement("ncclAlltoAll", raw(datatype), &t); },
+      [&](const braid::AlltoallOptions& opts) { return comm->comm.alltoall(sendbuff, recvbuff, count, t, opts); });
 }
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                         ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclGather", [&] {
-    DataType t;
-    if (ncclResult_t r = movement("ncclGather", raw(datatype), &t)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::GatherOptions>(kind, stream);
-    opts.root = root;
-    return finish(comm, kind, {comm->comm.gather(sendbuff, recvbuff, count, t, opts)});
-  });
+  DataType t;
+  return collective<braid::GatherOptions>(
+      comm, "ncclGather", sendbuff, recvbuff, stream, [&] { return movement("ncclGather", raw(datatype), &t); },
+      [&](braid::GatherOptions opts) {
+        opts.root = root;
+        return comm->comm.gather(sendbuff, recvbuff, count, t, opts);
+      });
 }
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                          ncclComm_t comm, cudaStream_t stream) {
-  return on_comm(comm, "ncclScatter", [&] {
-    DataType t;
-    if (ncclResult_t r = movement("ncclScatter", raw(datatype), &t)) return r;
-    MemoryKind kind = kind_of({sendbuff, recvbuff});
-    auto opts = options_for<braid::ScatterOptions>(kind, stream);
-    opts.root = root;
-    return finish(comm, kind, {comm->comm.scatter(sendbuff, recvbuff, count, t, opts)});
-  });
+  DataType t;
+  return collective<braid::ScatterOptions>(
+      comm, "ncclScatter", sendbuff, recvbuff, stream, [&] { return movement("ncclScatter", raw(datatype), &t); },
+      [&](braid::ScatterOptions opts) {
+        opts.root = root;
+        return comm->comm.scatter(sendbuff, recvbuff, count, t, opts);
+      });
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -624,8 +621,11 @@ ncclResult_t ncclGroupEnd(void) {
   std::vector<DeferredP2P> p2p;
   p2p.swap(t_group_p2p);
   std::stable_partition(p2p.begin(), p2p.end(), [](const DeferredP2P& d) { return d.send; });
-  for (const DeferredP2P& d : p2p)
-    keep(guarded(d.comm, [&] { return post_p2p(d.comm, d.send, d.buf, d.count, d.type, d.peer, d.stream); }));
+  for (const DeferredP2P& d : p2p) {
+    keep(guarded(d.comm, [&] {
+      return post_p2p(d.comm, d.send, d.buf, d.count, d.type, d.peer, d.stream, MemoryKind::device);
+    }));
+  }
   std::vector<std::pair<ncclComm*, Work>> host;
   host.swap(t_group_host);
   for (auto& h : host) {  // (clang before C++20 cannot capture a structured binding)

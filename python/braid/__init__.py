@@ -587,9 +587,9 @@ class Communicator:
             if o.count != n * b.count:
                 raise _usage(f"gather: output has {o.count} elements but needs size*count = {n}*{b.count} = "
                              f"{n * b.count}")
-        w = self._impl.gather(b.ptr, o.ptr if o else 0, b.count, b.dtype, root, timeout,
-                              _stream(stream, *([b, o] if o else [b])))
-        return self._post(w, (b, o) if o else (b,), o.obj if o else None, async_op)
+        bufs = (b, o) if o else (b,)
+        w = self._impl.gather(b.ptr, o.ptr if o else 0, b.count, b.dtype, root, timeout, _stream(stream, *bufs))
+        return self._post(w, bufs, o.obj if o else None, async_op)
 
     def scatter(self, x: Any, out: Any, root: int = 0, *, async_op: bool = False,
                 timeout: Optional[float] = None, stream: Optional[int] = None):
@@ -603,9 +603,9 @@ class Communicator:
             if b.count != self.size * o.count:
                 raise _usage(f"scatter: input has {b.count} elements but needs size*count = {self.size}*{o.count} = "
                              f"{self.size * o.count}")
-        w = self._impl.scatter(b.ptr if b else 0, o.ptr, o.count, o.dtype, root, timeout,
-                               _stream(stream, *([b, o] if b else [o])))
-        return self._post(w, (b, o) if b else (o,), o.obj, async_op)
+        bufs = (b, o) if b else (o,)
+        w = self._impl.scatter(b.ptr if b else 0, o.ptr, o.count, o.dtype, root, timeout, _stream(stream, *bufs))
+        return self._post(w, bufs, o.obj, async_op)
 
     def send(self, x: Any, peer: int, tag: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
                   stream: Optional[int] = None):
