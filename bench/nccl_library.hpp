@@ -63,6 +63,7 @@ inline int red_op(ReduceOp op) {
     case ReduceOp::max: return 2;
     case ReduceOp::min: return 3;
     case ReduceOp::avg: return 4;
+    case ReduceOp::premul_sum: return -1;  // an operator ncclRedOpCreatePreMulSum makes, not an enum value
   }
   return -1;
 }

@@ -396,7 +396,8 @@ PYBIND11_MODULE(_C, m) {
       .value("prod", braid::ReduceOp::prod)
       .value("min", braid::ReduceOp::min)
       .value("max", braid::ReduceOp::max)
-      .value("avg", braid::ReduceOp::avg);
+      .value("avg", braid::ReduceOp::avg)
+      .value("premul_sum", braid::ReduceOp::premul_sum);
   py::enum_<braid::Algorithm>(m, "Algorithm")
       .value("auto", braid::Algorithm::automatic)
       .value("ring", braid::Algorithm::ring)
@@ -706,8 +707,10 @@ PYBIND11_MODULE(_C, m) {
           "allreduce",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
              braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, braid::Algorithm algorithm,
-             const std::string& codec, const std::string& ef_key, bool deterministic, std::uintptr_t stream) {
+             const std::string& codec, const std::string& ef_key, bool deterministic, std::uintptr_t stream,
+             double scale) {
             braid::AllreduceOptions o;
+            o.scale = scale;
             o.timeout = ms(timeout);
             o.stream = reinterpret_cast<void*>(stream);
             o.algorithm = algorithm;
@@ -719,7 +722,8 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("timeout") = py::none(), py::arg("algorithm") = braid::Algorithm::automatic,
-          py::arg("codec") = "", py::arg("ef_key") = "", py::arg("deterministic") = false, py::arg("stream") = 0)
+          py::arg("codec") = "", py::arg("ef_key") = "", py::arg("deterministic") = false, py::arg("stream") = 0,
+          py::arg("scale") = 1.0)
       .def(
           "broadcast",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
@@ -737,8 +741,9 @@ PYBIND11_MODULE(_C, m) {
           "reduce",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
              braid::DataType dtype, braid::ReduceOp op, int root, std::optional<double> timeout,
-             bool deterministic, std::uintptr_t stream) {
+             bool deterministic, std::uintptr_t stream, double scale) {
             braid::ReduceOptions o;
+            o.scale = scale;
             o.timeout = ms(timeout);
             o.stream = reinterpret_cast<void*>(stream);
             o.root = root;
@@ -747,7 +752,8 @@ PYBIND11_MODULE(_C, m) {
             return c.reduce(cptr(send), mptr(recv), count, dtype, op, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
-          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0)
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0,
+          py::arg("scale") = 1.0)
       .def(
           "allgather",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
@@ -762,8 +768,10 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "reduce_scatter",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
-             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, bool deterministic, std::uintptr_t stream) {
+             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, bool deterministic, std::uintptr_t stream,
+             double scale) {
             braid::ReduceScatterOptions o;
+            o.scale = scale;
             o.timeout = ms(timeout);
             o.stream = reinterpret_cast<void*>(stream);
             o.deterministic = deterministic;
@@ -771,7 +779,8 @@ PYBIND11_MODULE(_C, m) {
             return c.reduce_scatter(cptr(send), mptr(recv), count, dtype, op, o);
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0)
+          py::arg("timeout") = py::none(), py::arg("deterministic") = false, py::arg("stream") = 0,
+          py::arg("scale") = 1.0)
       .def(
           "alltoall",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,

@@ -14,9 +14,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <string>
@@ -34,6 +36,14 @@ struct ncclComm {
   std::vector<braid::Work> in_flight;  // device calls not yet seen complete
   ncclResult_t async_error = ncclSuccess;
   bool revoked = false;  // by ncclCommRevoke or NCCL_SHRINK_ABORT, not by a failure
+  // Operators of ncclRedOpCreatePreMulSum: operator ncclNumOps + i is premul[i] (its datatype
+  // and factor; a destroyed one has live false and its number is reused).
+  struct PreMul {
+    bool live = false;
+    int datatype = 0;
+    double scale = 1.0;
+  };
+  std::vector<PreMul> premul;
 };
 
 namespace {
@@ -152,8 +162,7 @@ ncclResult_t reduction(const char* what, int t, int op, DataType* out, ReduceOp*
   if (ncclResult_t r = movement(what, t, out)) return r;
   if (op < 0 || op >= ncclNumOps)
     return fail(ncclInvalidArgument, std::string(what) + ": reduction operator " + std::to_string(op) +
-                                         " is not one of NCCL's built-in ones (braid creates none: no "
-                                         "ncclRedOpCreatePreMulSum)");
+                                         " is not one of NCCL's built-in ones");
   static constexpr ReduceOp kOps[ncclNumOps] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::max, ReduceOp::min,
                                                 ReduceOp::avg};
   *rop = kOps[op];
@@ -165,6 +174,61 @@ ncclResult_t reduction(const char* what, int t, int op, DataType* out, ReduceOp*
     return fail(ncclInvalidArgument, std::string(what) + ": braid reduces ncclUint32/ncclUint64 with "
                                                          "ncclSum and ncclProd only");
   return ncclSuccess;
+}
+
+// reduction() for operator `op` of `c`, which may be one of its ncclRedOpCreatePreMulSum
+// operators: then *rop is premul_sum and *scale its factor (1 otherwise).
+ncclResult_t reduction_of(const ncclComm* c, const char* what, int t, int op, DataType* out, ReduceOp* rop,
+                          double* scale) {
+  *scale = 1.0;
+  if (op < ncclNumOps || c == nullptr) return reduction(what, t, op, out, rop);
+  const auto i = static_cast<std::size_t>(op - ncclNumOps);
+  if (i >= c->premul.size() || !c->premul[i].live)
+    return fail(ncclInvalidArgument, std::string(what) + ": reduction operator " + std::to_string(op) +
+                                         " is neither built in nor a live ncclRedOpCreatePreMulSum operator of "
+                                         "this communicator");
+  if (c->premul[i].datatype != t)
+    return fail(ncclInvalidArgument, std::string(what) + ": operator " + std::to_string(op) +
+                                         " was created for datatype " + std::to_string(c->premul[i].datatype) +
+                                         ", the call passes " + std::to_string(t));
+  if (ncclResult_t r = reduction(what, t, ncclSum, out, rop)) return r;
+  *rop = ReduceOp::premul_sum;
+  *scale = c->premul[i].scale;
+  return ncclSuccess;
+}
+
+// The value of a host scalar of NCCL type `t`, as a double.
+bool scalar_value(const void* p, int t, double* v) {
+  auto half_bits = [](std::uint16_t h, bool bf) {
+    std::uint32_t u;
+    if (bf) {
+      u = static_cast<std::uint32_t>(h) << 16;
+    } else {  // binary16 -> binary32 (exact)
+      const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu;
+      if (e == 0x1f) {
+        const double x = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+        return sign ? -x : x;
+      }
+      const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -24) : std::ldexp(1.0 + m / 1024.0, static_cast<int>(e) - 15);
+      return sign ? -mag : mag;
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return static_cast<double>(f);
+  };
+  switch (t) {
+    case ncclInt8: *v = *static_cast<const std::int8_t*>(p); return true;
+    case ncclUint8: *v = *static_cast<const std::uint8_t*>(p); return true;
+    case ncclInt32: *v = *static_cast<const std::int32_t*>(p); return true;
+    case ncclUint32: *v = *static_cast<const std::uint32_t*>(p); return true;
+    case ncclInt64: *v = static_cast<double>(*static_cast<const std::int64_t*>(p)); return true;
+    case ncclUint64: *v = static_cast<double>(*static_cast<const std::uint64_t*>(p)); return true;
+    case ncclFloat16: *v = half_bits(*static_cast<const std::uint16_t*>(p), false); return true;
+    case ncclFloat32: *v = *static_cast<const float*>(p); return true;
+    case ncclFloat64: *v = *static_cast<const double*>(p); return true;
+    case ncclBfloat16: *v = half_bits(*static_cast<const std::uint16_t*>(p), true); return true;
+    default: return false;
+  }
 }
 
 MemoryKind kind_of(std::initializer_list<const void*> buffers) {
@@ -488,26 +552,56 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void*) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void*, ncclDataType_t, ncclScalarResidence_t, ncclComm_t) {
-  if (op) *op = ncclNumOps;
-  return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: braid has no pre-multiplied sum yet; "
-                                   "scale the input and use ncclSum");
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  const char* what = "ncclRedOpCreatePreMulSum";
+  if (!op || !scalar || !comm) return fail(ncclInvalidArgument, std::string(what) + ": op, scalar or comm is NULL");
+  const int t = raw(datatype), where = raw(residence);
+  DataType type;
+  ReduceOp sum;
+  if (ncclResult_t r = reduction(what, t, ncclSum, &type, &sum)) return r;
+  if (where == ncclScalarDevice)
+    return fail(ncclInvalidArgument, std::string(what) + ": ncclScalarDevice (a factor read from device memory "
+                                                         "when each collective runs) is not supported yet; pass "
+                                                         "ncclScalarHostImmediate");
+  if (where != ncclScalarHostImmediate)
+    return fail(ncclInvalidArgument, std::string(what) + ": invalid residence " + std::to_string(where));
+  double v = 1.0;
+  if (!scalar_value(scalar, t, &v))
+    return fail(ncclInvalidArgument, std::string(what) + ": no premultiplied sum for datatype " + std::to_string(t));
+  std::lock_guard<std::mutex> lock(comm->mu);
+  std::size_t i = 0;
+  while (i < comm->premul.size() && comm->premul[i].live) ++i;
+  if (i == comm->premul.size()) comm->premul.emplace_back();
+  comm->premul[i] = {true, t, v};
+  *op = static_cast<ncclRedOp_t>(ncclNumOps + static_cast<int>(i));
+  return ncclSuccess;
 }
 
-ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t) {
-  return fail(ncclInvalidArgument, "ncclRedOpDestroy: operator " + std::to_string(raw(op)) +
-                                       " was not made by ncclRedOpCreate* (braid makes none)");
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  const int o = raw(op);
+  if (!comm) return fail(ncclInvalidArgument, "ncclRedOpDestroy: comm is NULL");
+  std::lock_guard<std::mutex> lock(comm->mu);
+  const auto i = static_cast<std::size_t>(o - ncclNumOps);
+  if (o < ncclNumOps || i >= comm->premul.size() || !comm->premul[i].live)
+    return fail(ncclInvalidArgument, "ncclRedOpDestroy: operator " + std::to_string(o) +
+                                         " was not made by ncclRedOpCreatePreMulSum on this communicator (or "
+                                         "was destroyed already)");
+  comm->premul[i].live = false;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
   DataType t;
   ReduceOp o;
+  double scale = 1.0;
   return collective<braid::ReduceOptions>(
       comm, "ncclReduce", sendbuff, recvbuff, stream,
-      [&] { return reduction("ncclReduce", raw(datatype), raw(op), &t, &o); },
+      [&] { return reduction_of(comm, "ncclReduce", raw(datatype), raw(op), &t, &o, &scale); },
       [&](braid::ReduceOptions opts) {
         opts.root = root;
+        opts.scale = scale;
         return comm->comm.reduce(sendbuff, recvbuff, count, t, o, opts);
       });
 }
@@ -538,20 +632,26 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   DataType t;
   ReduceOp o;
+  double scale = 1.0;
   return collective<braid::AllreduceOptions>(
       comm, "ncclAllReduce", sendbuff, recvbuff, stream,
-      [&] { return reduction("ncclAllReduce", raw(datatype), raw(op), &t, &o); },
-      [&](const braid::AllreduceOptions& opts) { return comm->comm.allreduce(sendbuff, recvbuff, count, t, o, opts); });
+      [&] { return reduction_of(comm, "ncclAllReduce", raw(datatype), raw(op), &t, &o, &scale); },
+      [&](braid::AllreduceOptions opts) {
+        opts.scale = scale;
+        return comm->comm.allreduce(sendbuff, recvbuff, count, t, o, opts);
+      });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   DataType t;
   ReduceOp o;
+  double scale = 1.0;
   return collective<braid::ReduceScatterOptions>(
       comm, "ncclReduceScatter", sendbuff, recvbuff, stream,
-      [&] { return reduction("ncclReduceScatter", raw(datatype), raw(op), &t, &o); },
-      [&](const braid::ReduceScatterOptions& opts) {
+      [&] { return reduction_of(comm, "ncclReduceScatter", raw(datatype), raw(op), &t, &o, &scale); },
+      [&](braid::ReduceScatterOptions opts) {
+        opts.scale = scale;
         return comm->comm.reduce_scatter(sendbuff, recvbuff, recvcount, t, o, opts);
       });
 }

@@ -21,8 +21,10 @@
  *     sum/product); min, max and avg on them, and every reduction of the fp8 types, return
  *     ncclInvalidArgument. fp8 moves (all-gather, broadcast, all-to-all, gather, scatter,
  *     send/recv) as bytes.
- *   - ncclRedOpCreatePreMulSum returns ncclInvalidArgument: braid has no pre-multiplied
- *     sum yet.
+ *   - ncclRedOpCreatePreMulSum takes ncclScalarHostImmediate factors (ncclScalarDevice
+ *     returns ncclInvalidArgument); the operator works in ncclAllReduce, ncclReduce and
+ *     ncclReduceScatter of its communicator and datatype. Integer types need an integral
+ *     factor that fits the type.
  *   - ncclCommInitRank's store (the rendezvous) lives in the process that called
  *     ncclGetUniqueId; ncclCommShrink needs that process alive.
  *   - config->blocking = 0 is accepted; calls then complete as in blocking mode (NCCL

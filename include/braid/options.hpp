@@ -49,6 +49,10 @@ struct AllreduceOptions : CollectiveOptions {
   /// whatever the algorithm and layout; also on with BRAID_DETERMINISTIC. Costs
   /// latency (see docs/algorithms.md).
   bool deterministic = false;
+  /// ReduceOp::premul_sum's factor: every rank multiplies its input by it before the sum
+  /// (ignored by the other operations). Integer types need an integral value that fits
+  /// the type.
+  double scale = 1.0;
 };
 
 /// Options of a broadcast. `root` is the rank whose buffer is sent.
@@ -63,6 +67,10 @@ struct ReduceOptions : CollectiveOptions {
   int root = 0;
   /// Fixed reduction order (see AllreduceOptions::deterministic).
   bool deterministic = false;
+  /// ReduceOp::premul_sum's factor: every rank multiplies its input by it before the sum
+  /// (ignored by the other operations). Integer types need an integral value that fits
+  /// the type.
+  double scale = 1.0;
 };
 
 /// Options of an all-gather.
@@ -72,6 +80,10 @@ struct AllgatherOptions : CollectiveOptions {};
 struct ReduceScatterOptions : CollectiveOptions {
   /// Fixed reduction order (see AllreduceOptions::deterministic).
   bool deterministic = false;
+  /// ReduceOp::premul_sum's factor: every rank multiplies its input by it before the sum
+  /// (ignored by the other operations). Integer types need an integral value that fits
+  /// the type.
+  double scale = 1.0;
 };
 
 /// Options of an all-to-all.

@@ -34,16 +34,25 @@ inline constexpr int kNumDataTypes = 8;
 /// `avg` is the sum divided by the number of ranks; on integer types the
 /// division truncates toward zero (as NCCL's ncclAvg). Integer sums wrap
 /// modulo 2^bits, like the hardware.
+///
+/// `premul_sum` is NCCL's ncclRedOpCreatePreMulSum: every rank multiplies its input by
+/// the call's factor (the `scale` of AllreduceOptions, ReduceOptions and
+/// ReduceScatterOptions) before the sum, so the result is sum over ranks of scale * x.
+/// Scaling first is what keeps an f16 gradient sum in range when the factor is 1/world
+/// (what DDP and FSDP fold into the reduction). Floating types multiply in their own
+/// precision (f16/bf16 in f32, rounded back once); integer types need an integral factor
+/// that fits the type, and multiply with wrap-around.
 enum class ReduceOp : std::uint8_t {
-  sum = 0,  ///< a + b
-  prod,     ///< a * b
-  min,      ///< min(a, b); NaN propagates for floating types.
-  max,      ///< max(a, b); NaN propagates for floating types.
-  avg,      ///< sum / world size.
+  sum = 0,     ///< a + b
+  prod,        ///< a * b
+  min,         ///< min(a, b); NaN propagates for floating types.
+  max,         ///< max(a, b); NaN propagates for floating types.
+  avg,         ///< sum / world size.
+  premul_sum,  ///< sum of scale * x (the factor is the call's `scale` option).
 };
 
 /// Number of reduction operations; valid ReduceOp values are [0, kNumReduceOps).
-inline constexpr int kNumReduceOps = 5;
+inline constexpr int kNumReduceOps = 6;
 
 /// All-reduce algorithm choice. `automatic` lets the tuner decide (docs/cost-model.md).
 enum class Algorithm : std::uint8_t {
@@ -93,7 +102,7 @@ BRAID_API std::string_view to_string(MemoryKind m) noexcept;
 /// (also float32, float16, float64, int, char, uint8_t...). Empty when unknown.
 BRAID_API std::optional<DataType> parse_dtype(std::string_view name) noexcept;
 
-/// Parses an operation name (sum, prod, min, max, avg). Empty when unknown.
+/// Parses an operation name (sum, prod, min, max, avg, premul_sum). Empty when unknown.
 BRAID_API std::optional<ReduceOp> parse_op(std::string_view name) noexcept;
 
 /// Parses an algorithm name (auto, ring, tree, rhd, hier/hierarchical). Empty when unknown.

@@ -77,7 +77,8 @@ _TORCH_DTYPE_NAMES = {
     "torch.int32": DataType.i32, "torch.int64": DataType.i64,
 }
 _OPS = {"sum": ReduceOp.sum, "prod": ReduceOp.prod, "product": ReduceOp.prod,
-        "min": ReduceOp.min, "max": ReduceOp.max, "avg": ReduceOp.avg, "mean": ReduceOp.avg}
+        "min": ReduceOp.min, "max": ReduceOp.max, "avg": ReduceOp.avg, "mean": ReduceOp.avg,
+        "premul_sum": ReduceOp.premul_sum}
 
 
 def _error(cls: type, code: str, message: str) -> Error:
@@ -281,7 +282,7 @@ def _op(op: Union[str, ReduceOp]) -> ReduceOp:
         return op
     r = _OPS.get(str(op).lower())
     if r is None:
-        raise _usage(f"unknown reduction {op!r}; use one of sum, prod, min, max, avg")
+        raise _usage(f"unknown reduction {op!r}; use one of sum, prod, min, max, avg, premul_sum")
     return r
 
 
@@ -482,8 +483,11 @@ class Communicator:
     def allreduce(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *, async_op: bool = False,
                   algorithm: Union[None, str, Algorithm] = None, codec: Optional[str] = None,
                   ef_key: Optional[str] = None, deterministic: bool = False, timeout: Optional[float] = None,
-                  stream: Optional[int] = None):
+                  stream: Optional[int] = None, scale: float = 1.0):
         """Reduces `x` over ranks, in place by default (into `out` if given).
+
+        op="premul_sum" sums scale * x (every rank multiplies its input by `scale` first,
+        as NCCL's ncclRedOpCreatePreMulSum and torch's PREMUL_SUM).
 
         `codec` compresses inside the collective ("none", "fp16", "int8", "sign1", "topk:0.01", ...);
         biased codecs (sign1, topk) need an `ef_key`, the name of the error-feedback residual
@@ -494,7 +498,7 @@ class Communicator:
         if o.count != b.count:
             raise _usage(f"allreduce: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.allreduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), timeout, _algorithm(algorithm),
-                                 codec or "", ef_key or "", deterministic, _stream(stream, b, o))
+                                 codec or "", ef_key or "", deterministic, _stream(stream, b, o), float(scale))
         return self._post(w, (b, o), o.obj, async_op)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, timeout: Optional[float] = None,
@@ -506,15 +510,16 @@ class Communicator:
 
     def reduce(self, x: Any, root: int = 0, op: Union[str, ReduceOp] = "sum", out: Any = None, *,
                async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
-                  stream: Optional[int] = None):
-        """Reduces every rank's `x` into root's `out` (default: root's `x`, in place)."""
+               stream: Optional[int] = None, scale: float = 1.0):
+        """Reduces every rank's `x` into root's `out` (default: root's `x`, in place);
+        `scale` is op="premul_sum"'s factor."""
         b = _buffer(x, "reduce input", writable=out is None, stream=stream)
         o = b if out is None else _buffer(out, "reduce output", writable=True, stream=stream)
         _same_dtype(b, o, "reduce")
         if o.count != b.count:
             raise _usage(f"reduce: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.reduce(b.ptr, o.ptr, b.count, b.dtype, _op(op), root, timeout, deterministic,
-                              _stream(stream, b, o))
+                              _stream(stream, b, o), float(scale))
         return self._post(w, (b, o), o.obj, async_op)
 
     def allgather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,
@@ -535,9 +540,10 @@ class Communicator:
 
     def reduce_scatter(self, x: Any, out: Any = None, op: Union[str, ReduceOp] = "sum", *,
                        async_op: bool = False, deterministic: bool = False, timeout: Optional[float] = None,
-                  stream: Optional[int] = None):
+                       stream: Optional[int] = None, scale: float = 1.0):
         """Reduces `x` (size × count elements) over ranks and leaves block `rank` in `out`
-        (count elements; allocated with shape x.shape[1:] when x.shape[0] == size)."""
+        (count elements; allocated with shape x.shape[1:] when x.shape[0] == size); `scale`
+        is op="premul_sum"'s factor."""
         b = _buffer(x, "reduce_scatter input", writable=False, stream=stream)
         n = self.size
         if b.count % n:
@@ -551,7 +557,7 @@ class Communicator:
         if o.count != count:
             raise _usage(f"reduce_scatter: output has {o.count} elements but input/size = {count}")
         w = self._impl.reduce_scatter(b.ptr, o.ptr, count, b.dtype, _op(op), timeout, deterministic,
-                                      _stream(stream, b, o))
+                                      _stream(stream, b, o), float(scale))
         return self._post(w, (b, o), o.obj, async_op)
 
     def alltoall(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: Optional[float] = None,

@@ -34,7 +34,7 @@ std::string_view to_string(DataType t) noexcept {
 }
 
 std::string_view to_string(ReduceOp op) noexcept {
-  static constexpr std::string_view names[] = {"sum", "prod", "min", "max", "avg"};
+  static constexpr std::string_view names[] = {"sum", "prod", "min", "max", "avg", "premul_sum"};
   const auto i = static_cast<unsigned>(op);
   return i < std::size(names) ? names[i] : "invalid";
 }

@@ -427,6 +427,7 @@ struct Sim {
         }
         break;
       case StepKind::copy:
+      case StepKind::scale:  // one read, one write, like a copy
         schedule(reserve_compute(r, t, static_cast<double>(x.bytes) * copy_beta), g, r);
         break;
       case StepKind::reduce:

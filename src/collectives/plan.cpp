@@ -67,7 +67,7 @@ void Plan::seal() {
 }
 
 std::string Plan::describe() const {
-  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce", "encode", "decode", "decode_add"};
+  static const char* kinds[] = {"send", "recv", "recv_reduce", "copy", "reduce", "encode", "decode", "decode_add", "scale"};
   static const char* bufs[] = {"in", "out", "scratch", "packed", "fb_worker", "fb_owner"};
   std::ostringstream os;
   os << to_string(request.collective) << "/" << name() << " rank "
@@ -126,7 +126,59 @@ std::vector<Algorithm> algorithms_for(Collective c) {
   return v;
 }
 
+namespace {
+
+/// premul_sum: the sum plan run on a scaled copy of the input (plan.hpp). One scale step
+/// writes input * factor into fresh scratch, and every step of the sum plan depends on it
+/// and reads the copy where it read the input. (In place, the steps that write the output,
+/// which is the input, then also come after the scale.)
+void prescale(Plan& plan) {
+  const std::uint64_t n = buffer_counts(plan.request).input;
+  if (n == 0) return;
+  const std::uint64_t at = plan.scratch_count;
+  plan.scratch_count += n;
+  const std::vector<Step> sum_steps = std::move(plan.steps);
+  const std::vector<std::uint32_t> sum_deps = std::move(plan.deps);
+  plan.steps.clear();
+  plan.deps.clear();
+  const auto phase = static_cast<std::uint32_t>(plan.phase_names.size());
+  plan.phase_names.push_back("premul scale");
+  const std::uint32_t first = plan.add(Step(StepKind::scale, -1, {Buffer::input, 0, n}, {Buffer::scratch, at, n}, false, phase));
+  const auto copy_of_input = [at](Region r) {
+    if (r.buf == Buffer::input && r.count > 0) {
+      r.buf = Buffer::scratch;
+      r.offset += at;
+    }
+    return r;
+  };
+  std::vector<std::uint32_t> deps;
+  for (Step s : sum_steps) {
+    deps.assign(1, first);
+    for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(sum_deps[s.dep_begin + k] + 1);
+    s.src = copy_of_input(s.src);
+    s.src2 = copy_of_input(s.src2);
+    plan.add(s, deps);
+  }
+}
+
+std::shared_ptr<Plan> build_unscaled(const PlanRequest& req);
+
+}  // namespace
+
 std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
+  auto plan = build_unscaled(req);
+  if (req.op == ReduceOp::premul_sum &&
+      (req.collective == Collective::allreduce || req.collective == Collective::reduce ||
+       req.collective == Collective::reduce_scatter)) {
+    prescale(*plan);
+    plan->seal();
+  }
+  return plan;
+}
+
+namespace {
+
+std::shared_ptr<Plan> build_unscaled(const PlanRequest& req) {
   if (req.world < 1 || req.rank < 0 || req.rank >= req.world)
     throw Error(ErrorCode::InvalidUsage, "plan request with rank " + std::to_string(req.rank) +
                                              " outside world of " + std::to_string(req.world));
@@ -185,5 +237,7 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   plan->seal();
   return plan;
 }
+
+}  // namespace
 
 }  // namespace braid::collectives

@@ -25,6 +25,10 @@
 // - `finalize` on a step that writes dst applies the op's finishing touch to dst once
 //   the step is done (avg: divide by the world size). Each output element must be
 //   finalized exactly once for avg, never for other ops.
+// - premul_sum plans are the sum plan run on a scaled copy of the input: scale steps
+//   first write input * factor into scratch (the factor is the call's, not the plan's,
+//   so one cached plan serves every factor), every other step reads that copy where the
+//   sum plan reads the input, and depends on the scale steps (prescale() in plan.cpp).
 // - Compressed plans (PlanRequest::codec set; collectives/compressed.cpp) also encode
 //   f32 values into the `packed` buffer and decode them back (encode, decode,
 //   decode_add), and send and receive packed regions. Packed regions count encoded
@@ -83,6 +87,7 @@ enum class StepKind : std::uint8_t {
   encode,       ///< dst (packed) = encode(src [+ residual src2]); residual src2 updated
   decode,       ///< dst = decode(src packed); with sum_start, +0.0f + decode(src)
   decode_add,   ///< dst = dst + decode(src packed) (f32)
+  scale,        ///< dst = src * the call's factor (premul_sum; local)
 };
 
 /// True for the steps that run on the rank itself (no peer): in plan order.

@@ -33,6 +33,7 @@ struct Elem {
   std::uint64_t hash = 0;   ///< expression that produced it
   bool finalized = false;
   std::uint8_t quant = 0;   ///< times quantised (encoded) on the way
+  bool scaled = false;      ///< premul_sum: multiplied by the factor (leaves only, once)
 };
 
 struct Lock {
@@ -110,6 +111,7 @@ struct Sim {
   int world = 1;
   std::uint64_t full = 0;
   bool avg = false;
+  bool premul = false;         ///< premul_sum: every contribution is scaled once, before any reduction
   std::uint8_t quantised = 0;  ///< times every output value is quantised (codec plans)
   std::vector<RankSim> ranks;
   std::vector<std::deque<std::vector<Elem>>> channels;  // [from * world + to]
@@ -211,7 +213,9 @@ struct Sim {
       fail(rs, i, "reduces element " + std::to_string(a.index) + " with element " + std::to_string(b.index) +
                       " (at destination element " + std::to_string(at) + ")");
     if (a.mask & b.mask) fail(rs, i, "counts a contribution twice at element " + std::to_string(at));
-    return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false, std::max(a.quant, b.quant)};
+    if (premul && !(a.scaled && b.scaled))
+      fail(rs, i, "reduces a contribution that was not scaled (premul_sum) at element " + std::to_string(at));
+    return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false, std::max(a.quant, b.quant), premul};
   }
 
   void finalize(RankSim& rs, std::uint32_t i, const Region& r) {
@@ -295,6 +299,18 @@ struct Sim {
       case StepKind::copy:
         store(rs, i, read_src(rs, i, "copy"));
         break;
+      case StepKind::scale: {
+        if (!premul) fail(rs, i, "scales although the call is not a premul_sum");
+        auto data = read_src(rs, i, "scale");
+        for (std::uint64_t e = 0; e < data.size(); ++e) {
+          if (data[e].scaled || data[e].mask != (1ull << rs.rank))
+            fail(rs, i, "scales element " + std::to_string(s.src.offset + e) +
+                            ", which is not this rank's own unscaled input (scaled twice, or after a reduction)");
+          data[e].scaled = true;
+        }
+        store(rs, i, data);
+        break;
+      }
       case StepKind::encode: {
         if (s.dst.buf != Buffer::packed || s.src.buf == Buffer::packed)
           fail(rs, i, "encodes from " + std::string(buffer_name(s.src.buf)) + " into " + buffer_name(s.dst.buf) +
@@ -575,7 +591,9 @@ struct Sim {
     const Elem& x = got;
     const bool fin = reduced && avg;
     std::string why;
-    if (x.mask != mask || x.index != index || x.finalized != fin) {
+    if (reduced && premul && !x.scaled) {
+      why = "holds " + describe(x) + ", which was never scaled (premul_sum)";
+    } else if (x.mask != mask || x.index != index || x.finalized != fin) {
       Elem want{mask, index, 0, fin};
       why = "holds " + describe(x) + ", expected " + describe(want);
     } else if (reduced && req.deterministic && x.hash != fold_hash(index)) {
@@ -646,6 +664,7 @@ VerifyResult verify_plans(const PlanRequest& base, const VerifyOptions& options,
   sim.opt = options;
   sim.world = base.world;
   sim.avg = base.op == ReduceOp::avg;
+  sim.premul = base.op == ReduceOp::premul_sum && reduces(base.collective);
   if (base.codec.kind != compression::CodecKind::none) sim.quantised = base.codec.kind == compression::CodecKind::topk ? 1 : 2;
   if (base.world < 1 || base.world > 64) {
     sim.result.error = "the verifier handles worlds of 1..64 ranks";

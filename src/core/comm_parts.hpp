@@ -31,6 +31,7 @@ struct Posting {
   void* out = nullptr;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
+  double scale = 1.0;                    ///< premul_sum's factor
   std::chrono::milliseconds timeout{0};  ///< 0: the communicator's
   const char* what = "";                 ///< the call's name in errors and logs (read during post only)
   std::shared_ptr<void> keepalive;       ///< held until the operation completes

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
 #include <functional>
 #include <future>
 #include <limits>
@@ -54,7 +55,23 @@ void check_dtype_op(DataType dtype, ReduceOp op, const char* what) {
                    << " (use braid::DataType: f32 f64 f16 bf16 i8 u8 i32 i64)");
   BRAID_CHECK(static_cast<unsigned>(op) < static_cast<unsigned>(kNumReduceOps), InvalidUsage,
               what << ": unknown reduce op value " << static_cast<int>(op)
-                   << " (use braid::ReduceOp: sum prod min max avg)");
+                   << " (use braid::ReduceOp: sum prod min max avg premul_sum)");
+}
+
+/// premul_sum's factor must be one the element type can multiply by: any value for
+/// floating types, an integral one inside the type's range for integer types.
+void check_premul_scale(DataType dtype, double scale, const char* what) {
+  if (is_floating(dtype)) return;
+  double lo = -9223372036854775808.0, hi = 9223372036854775808.0;  // [-2^63, 2^63)
+  switch (dtype) {
+    case DataType::i8: lo = -128, hi = 128; break;
+    case DataType::u8: lo = 0, hi = 256; break;
+    case DataType::i32: lo = -2147483648.0, hi = 2147483648.0; break;
+    default: break;
+  }
+  BRAID_CHECK(std::isfinite(scale) && std::trunc(scale) == scale && scale >= lo && scale < hi, InvalidUsage,
+              what << ": premul_sum on " << to_string(dtype) << " needs an integral scale in [" << lo << ", " << hi
+                   << "), got " << scale);
 }
 
 /// Timeouts beyond a year are treated as "a year": far enough for any job, and
@@ -324,6 +341,7 @@ Work Communicator::Impl::post(core::Posting p) {
   o.output = p.out;
   o.dtype = p.dtype;
   o.op = p.op;
+  o.scale = p.scale;
   o.timeout = p.timeout.count() > 0 ? clamp_timeout(p.timeout) : timeout;
   o.work = std::make_shared<detail::WorkState>();
   o.keepalive = std::move(p.keepalive);
@@ -357,6 +375,7 @@ Work Communicator::Impl::post(core::Posting p) {
     call.output = o.output;
     call.dtype = o.dtype;
     call.op = o.op;
+    call.scale = o.scale;
     call.feedback[0] = o.feedback[0];
     call.feedback[1] = o.feedback[1];
     call.codec_step = o.codec_step;
@@ -517,6 +536,7 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   const char* what = call.what;
   const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
   check_dtype_op(call.dtype, reduces ? call.op : ReduceOp::sum, what);
+  if (reduces && call.op == ReduceOp::premul_sum) check_premul_scale(call.dtype, call.scale, what);
   const bool rooted = c == Collective::broadcast || c == Collective::reduce || c == Collective::gather ||
                       c == Collective::scatter;
   if (rooted)
@@ -548,6 +568,7 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   p.out = need_recv ? call.recv : nullptr;
   p.dtype = call.dtype;
   p.op = req.op;
+  p.scale = call.scale;
   p.timeout = call.timeout;
   p.what = what;
   p.deferred = std::move(pick.deferred);
@@ -636,6 +657,7 @@ Work Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
                                           t_posting_program ? impl_->staging->device() : -1);
     core::CollectiveCall call = call_of(Collective::allreduce, "allreduce", s, r, count, dtype, options);
     call.op = op;
+    call.scale = options.scale;
     call.algorithm = options.algorithm;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
@@ -658,6 +680,7 @@ Work Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
   return impl_->device_or_host("reduce", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::reduce, "reduce", s, r, count, dtype, options);
     call.op = op;
+    call.scale = options.scale;
     call.root = options.root;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
@@ -678,6 +701,7 @@ Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t coun
   return impl_->device_or_host("reduce_scatter", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::reduce_scatter, "reduce_scatter", s, r, count, dtype, options);
     call.op = op;
+    call.scale = options.scale;
     call.deterministic = options.deterministic;
     return impl_->collective(call);
   });

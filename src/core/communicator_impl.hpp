@@ -41,6 +41,7 @@ struct CollectiveCall {
   std::size_t count = 0;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;                 ///< reducing collectives only
+  double scale = 1.0;                          ///< premul_sum's factor
   int root = 0;                                ///< broadcast, reduce, gather, scatter
   Algorithm algorithm = Algorithm::automatic;  ///< what the caller asked for
   bool deterministic = false;

@@ -194,6 +194,27 @@ void DeviceExec::divide(DataType dtype, void* buf, std::size_t n, int divisor) {
   enqueue_kernel(rt_, stream_, [=] { kernels::divide(dtype, buf, n, divisor); });
 }
 
+void DeviceExec::scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor) {
+  if (n == 0) return;
+  OnDevice on(*this);
+#if BRAID_HAVE_CUDA
+  if (rt_.backend() == gpu::Backend::cuda) {
+    kernels::cuda::ScaleArgs args;
+    args.dtype = dtype;
+    args.dst = dst;
+    args.src = src;
+    args.n = n;
+    args.factor = factor;
+    gpu::count_launch();
+    const auto st = kernels::cuda::scale(args, static_cast<kernels::cuda::Stream>(stream_));
+    BRAID_CHECK(st == 0, Cuda, "device scale of " << n << " x " << to_string(dtype) << " failed: "
+                                                  << kernels::cuda::status_string(st));
+    return;
+  }
+#endif
+  enqueue_kernel(rt_, stream_, [=] { kernels::scale(dtype, dst, src, n, factor); });
+}
+
 void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, const float* x, float* residual,
                         std::size_t n, std::uint8_t* out, std::uint64_t step, std::uint64_t offset) {
   if (n == 0) return;

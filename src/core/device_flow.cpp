@@ -440,6 +440,9 @@ void DeviceFlow::enqueue(const Plan& plan, const FlowCall& call, gpu::Stream cal
           d.decode_add(plan.request.codec, at.frame, reinterpret_cast<const std::uint8_t*>(at.ptr(st.src)),
                        st.dst.count, reinterpret_cast<float*>(at.ptr(st.dst)), where);
           break;
+        case StepKind::scale:
+          d.scale(call.dtype, at.ptr(st.dst), at.ptr(st.src), st.dst.count, call.scale);
+          break;
       }
       if (st.finalize) d.divide(call.dtype, at.ptr(st.dst), st.dst.count, plan.request.world);
     }

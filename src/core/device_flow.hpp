@@ -107,6 +107,7 @@ struct FlowCall {
   void* output = nullptr;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
+  double scale = 1.0;  ///< premul_sum's factor
   float* feedback[2] = {nullptr, nullptr};  ///< compressed plans: device residuals
   std::uint64_t codec_step = 0;
   const std::string* name = nullptr;  ///< for error messages

@@ -75,6 +75,7 @@ const char* kind_name(StepKind k) {
     case StepKind::encode: return "encode";
     case StepKind::decode: return "decode";
     case StepKind::decode_add: return "decode-and-add";
+    case StepKind::scale: return "scale";
   }
   return "?";
 }
@@ -1162,6 +1163,9 @@ bool Engine::post_ready(Exec& ex) {
       case StepKind::decode_add:
         compression::decode_add_framed(p.request.codec, ex.frame, reinterpret_cast<const std::uint8_t*>(ex.ptr(s.src)),
                                        s.dst.count, reinterpret_cast<float*>(ex.ptr(s.dst)));
+        break;
+      case StepKind::scale:
+        kernels::scale(ex.op.dtype, ex.ptr(s.dst), ex.ptr(s.src), s.dst.count, ex.op.scale);
         break;
       default:
         if (ex.ptr(s.dst) != ex.ptr(s.src)) std::memmove(ex.ptr(s.dst), ex.ptr(s.src), s.dst.count * ex.elem);

@@ -76,6 +76,7 @@ struct Operation {
   void* output = nullptr;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
+  double scale = 1.0;  ///< premul_sum's factor (the plan's scale steps)
   std::chrono::milliseconds timeout{0};
   std::shared_ptr<detail::WorkState> work;
   std::shared_ptr<void> keepalive;  ///< buffers owned by the library (barrier)

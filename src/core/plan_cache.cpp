@@ -7,7 +7,8 @@ namespace braid::core {
 std::shared_ptr<const collectives::Plan> PlanCache::plan_for(const collectives::PlanRequest& req) {
   const bool compressed = req.codec.kind != compression::CodecKind::none;
   const Key key(static_cast<int>(req.collective), static_cast<int>(req.algorithm), req.count, req.elem_size,
-                static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) | (req.root << 2),
+                static_cast<int>(req.op == ReduceOp::avg) | (req.deterministic ? 2 : 0) |
+                    (req.op == ReduceOp::premul_sum ? 4 : 0) | (req.root << 3),
                 compressed ? compression::name(req.codec) + (req.feedback ? "+ef" : "") + (req.on_device ? "+dev" : "")
                            : std::string(),
                 req.slice_bytes);

@@ -152,7 +152,7 @@ TEST_P(AllreduceThreads, EveryTypeOpAndCount) {
   int case_no = 0;
   for (std::size_t count : counts)
     for (int ti = 0; ti < kNumDataTypes; ++ti)
-      for (int oi = 0; oi < kNumReduceOps; ++oi) {
+      for (int oi = 0; oi <= static_cast<int>(ReduceOp::avg); ++oi) {  // premul_sum: PremulSum below
         const auto t = static_cast<DataType>(ti);
         const auto op = static_cast<ReduceOp>(oi);
         const bool in_place = (case_no++ % 2) == 1;
@@ -189,6 +189,105 @@ INSTANTIATE_TEST_SUITE_P(Worlds, AllreduceThreads,
                          ::testing::ValuesIn(test::grid({2, 3, 5, 8}, {{"shm", {1, 2, 3, 4, 5, 7, 8}},
                                                                        {"ibverbs", {3}}})),
                          test::grid_name);
+
+// premul_sum (NCCL's ncclRedOpCreatePreMulSum, torch's PREMUL_SUM): every rank's input is
+// multiplied by the call's scale before the sum, in all-reduce (every algorithm, and the
+// deterministic order), reduce and reduce-scatter, in and out of place. Values are chosen so
+// that the f32 results are exact. f16 shows why scaling comes first: 2 x 40000 overflows
+// the type, 2 x (0.5 x 40000) does not. Integers need an integral scale.
+TEST(PremulSum, ScalesEveryInputOnceBeforeTheSum) {
+  for (int n : {1, 3, 4}) {
+    CommOptions opt;
+    opt.chunk_bytes = 4096;  // several slices of the 20000-byte buffers
+    Group g(n, opt, n == 4 ? 2 : 0);
+    const std::size_t count = 5000;
+    auto x = [](int r, std::size_t i) { return static_cast<float>((r + 1) * static_cast<int>(i % 13) - 5); };
+    auto want = [&](std::size_t i, double s) {
+      double acc = 0;
+      for (int r = 0; r < n; ++r) acc += s * x(r, i);
+      return static_cast<float>(acc);
+    };
+    int case_no = 0;
+    for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::hierarchical})
+      for (bool det : {false, true})
+        for (bool in_place : {false, true}) {
+          if (det && a != Algorithm::automatic) continue;
+          const double s = case_no++ % 2 ? 0.25 : -2.0;
+          run_threads(n, [&](int r) {
+            std::vector<float> in(count), out(count, -1.0f);
+            for (std::size_t i = 0; i < count; ++i) in[i] = x(r, i);
+            if (in_place) out = in;
+            AllreduceOptions o;
+            o.algorithm = a;
+            o.deterministic = det;
+            o.scale = s;
+            g[r].allreduce(in_place ? out.data() : in.data(), out.data(), count, DataType::f32, ReduceOp::premul_sum, o)
+                .wait();
+            for (std::size_t i = 0; i < count; ++i)
+              ASSERT_EQ(out[i], want(i, s)) << "world " << n << " " << to_string(a) << (det ? " deterministic" : "")
+                                            << (in_place ? " in place" : "") << " element " << i;
+            if (!in_place) ASSERT_EQ(in[5], x(r, 5)) << "the input was written";
+          });
+        }
+    // reduce to the last rank, and reduce-scatter, in and out of place.
+    for (bool in_place : {false, true})
+      run_threads(n, [&](int r) {
+        std::vector<float> in(count), out(count, -1.0f);
+        for (std::size_t i = 0; i < count; ++i) in[i] = x(r, i);
+        if (in_place) out = in;
+        ReduceOptions o;
+        o.root = n - 1;
+        o.scale = 0.5;
+        g[r].reduce(in_place ? out.data() : in.data(), out.data(), count, DataType::f32, ReduceOp::premul_sum, o).wait();
+        if (r == n - 1)
+          for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], want(i, 0.5)) << "reduce element " << i;
+        const std::size_t block = 37;
+        std::vector<float> all(block * static_cast<std::size_t>(n)), mine(block, -1.0f);
+        for (std::size_t i = 0; i < all.size(); ++i) all[i] = x(r, i);
+        float* dst = in_place ? all.data() + static_cast<std::size_t>(r) * block : mine.data();
+        ReduceScatterOptions so;
+        so.scale = 4.0;
+        g[r].reduce_scatter(all.data(), dst, block, DataType::f32, ReduceOp::premul_sum, so).wait();
+        for (std::size_t i = 0; i < block; ++i)
+          ASSERT_EQ(dst[i], want(static_cast<std::size_t>(r) * block + i, 4.0)) << "reduce_scatter element " << i;
+      });
+    if (n == 1) continue;
+    run_threads(n, [&](int r) {
+      // f16: scaled first, the sum stays finite (and exact: 40000 is a multiple of 32).
+      std::vector<std::uint16_t> h(8, kernels::float_to_half(40000.0f));
+      AllreduceOptions o;
+      o.scale = 1.0 / n;
+      g[r].allreduce(h.data(), h.data(), h.size(), DataType::f16, ReduceOp::premul_sum, o).wait();
+      const float got = kernels::half_to_float(h[0]);
+      EXPECT_TRUE(std::isfinite(got)) << got;
+      EXPECT_NEAR(got, 40000.0f, 40000.0f * 4e-3f);
+      // Integers: an integral scale, with wrap-around; a fractional one is refused.
+      std::vector<std::int32_t> v(5);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = r + static_cast<int>(i);
+      o.scale = -3;
+      g[r].allreduce(v.data(), v.data(), v.size(), DataType::i32, ReduceOp::premul_sum, o).wait();
+      for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], -3 * (n * (n - 1) / 2 + n * static_cast<int>(i)));
+      o.scale = 0.5;
+      EXPECT_THROW(g[r].allreduce(v.data(), v.data(), v.size(), DataType::i32, ReduceOp::premul_sum, o), Error);
+      std::uint8_t u = 1;
+      o.scale = 256;
+      EXPECT_THROW(g[r].allreduce(&u, &u, 1, DataType::u8, ReduceOp::premul_sum, o), Error);
+      // A codec compresses sums and averages only.
+      AllreduceOptions c;
+      c.codec = "int8";
+      c.scale = 0.5;
+      std::vector<float> f(64, 1.0f);
+      try {
+        g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::premul_sum, c).wait();
+        ADD_FAILURE() << "premul_sum with a codec was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::InvalidUsage);
+        EXPECT_NE(std::string(e.what()).find("premul_sum"), std::string::npos) << e.what();
+      }
+      g[r].barrier().wait();  // the refusals left the communicator healthy
+    });
+  }
+}
 
 TEST(AllreduceSemantics, NanAndInfPropagate) {
   Group g(3);

@@ -46,7 +46,7 @@ TEST(Processes, AllreduceOverFileStoreIsBitwiseIdentical) {
       Communicator c(store, r, n, opt);
       int k = 0;
       for (DataType t : {DataType::f32, DataType::bf16, DataType::i32})
-        for (int oi = 0; oi < kNumReduceOps; ++oi) {
+        for (int oi = 0; oi <= static_cast<int>(ReduceOp::avg); ++oi) {
           const auto op = static_cast<ReduceOp>(oi);
           const std::size_t count = 40000 + static_cast<std::size_t>(k);
           std::vector<std::int32_t> ibuf(count);

@@ -204,7 +204,7 @@ static void errors(ncclComm_t comm) {
   CHECK(ncclBroadcast(x, x, 4, ncclFloat, n, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclSend(x, 4, ncclFloat, -1, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclGather(x, x, 1, ncclFloat, n + 3, comm, NULL) == ncclInvalidArgument);
-  CHECK(ncclRedOpCreatePreMulSum(&op, x, ncclFloat, ncclScalarHostImmediate, comm) == ncclInvalidArgument);
+  CHECK(ncclRedOpCreatePreMulSum(&op, x, ncclFloat, ncclScalarDevice, comm) == ncclInvalidArgument);
   CHECK(ncclGroupEnd() == ncclInvalidUsage);
   { /* an error inside a group is reported by the call and again by ncclGroupEnd */
     NCCLCHECK(ncclGroupStart());
@@ -220,6 +220,46 @@ static void errors(ncclComm_t comm) {
   ncclResult_t async = ncclInternalError;
   NCCLCHECK(ncclCommGetAsyncError(comm, &async));
   CHECK(async == ncclSuccess);
+}
+
+/* ncclRedOpCreatePreMulSum: each rank's input times the factor, then the sum; the operator
+   belongs to its communicator and datatype, and is gone once destroyed. */
+static void premul(ncclComm_t comm) {
+  int n = 0, me = 0;
+  NCCLCHECK(ncclCommCount(comm, &n));
+  NCCLCHECK(ncclCommUserRank(comm, &me));
+  float half = 0.5f, f[3] = {2.0f * (float)(me + 1), -4.0f, 6.0f}, g[3];
+  ncclRedOp_t op, op2;
+  NCCLCHECK(ncclRedOpCreatePreMulSum(&op, &half, ncclFloat, ncclScalarHostImmediate, comm));
+  CHECK((int)op >= (int)ncclNumOps);
+  NCCLCHECK(ncclAllReduce(f, g, 3, ncclFloat, op, comm, NULL));
+  CHECK(g[0] == (float)(n * (n + 1) / 2) && g[1] == -2.0f * (float)n && g[2] == 3.0f * (float)n);
+  {
+    float in[64], out = 0;
+    for (int j = 0; j < n; ++j) in[j] = 2.0f * (float)(j + 1);
+    NCCLCHECK(ncclReduceScatter(in, &out, 1, ncclFloat, op, comm, NULL));
+    CHECK(out == (float)(n * (me + 1)));
+  }
+  {
+    int32_t three = 3, v[2] = {me, -1};
+    NCCLCHECK(ncclRedOpCreatePreMulSum(&op2, &three, ncclInt32, ncclScalarHostImmediate, comm));
+    CHECK(op2 != op);
+    NCCLCHECK(ncclReduce(v, v, 2, ncclInt32, op2, n - 1, comm, NULL));
+    if (me == n - 1) CHECK(v[0] == 3 * n * (n - 1) / 2 && v[1] == -3 * n);
+    CHECK(ncclAllReduce(f, g, 3, ncclFloat, op2, comm, NULL) == ncclInvalidArgument); /* made for int32 */
+    NCCLCHECK(ncclRedOpDestroy(op2, comm));
+  }
+  {
+    uint16_t quarter = 0x3400, h[1] = {0x4400}; /* f16 0.25 and 4.0 */
+    NCCLCHECK(ncclRedOpCreatePreMulSum(&op2, &quarter, ncclFloat16, ncclScalarHostImmediate, comm));
+    NCCLCHECK(ncclAllReduce(h, h, 1, ncclFloat16, op2, comm, NULL));
+    CHECK(n != 2 || h[0] == 0x4000); /* 2 x (0.25 x 4) = 2 */
+    NCCLCHECK(ncclRedOpDestroy(op2, comm));
+  }
+  NCCLCHECK(ncclRedOpDestroy(op, comm));
+  CHECK(ncclAllReduce(f, g, 3, ncclFloat, op, comm, NULL) == ncclInvalidArgument);
+  CHECK(ncclRedOpDestroy(op, comm) == ncclInvalidArgument);
+  CHECK(ncclRedOpDestroy(ncclSum, comm) == ncclInvalidArgument);
 }
 
 /* Split by parity; rank 0 takes no color and gets NULL. */
@@ -263,6 +303,7 @@ static int run_rank(const char* mode, int n, ncclUniqueId id) {
   if (strcmp(mode, "collectives") == 0) {
     collectives(comm);
     errors(comm);
+    premul(comm);
     if (n >= 3) split(comm);
     NCCLCHECK(ncclCommFinalize(comm));
     NCCLCHECK(ncclCommDestroy(comm));

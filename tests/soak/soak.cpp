@@ -679,6 +679,7 @@ typename Elem<D>::Store combine(ReduceOp op, typename Elem<D>::Store a, typename
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
+      case ReduceOp::premul_sum:  // the default scale, 1
         return E::store(x + y);
       case ReduceOp::prod:
         return E::store(x * y);
@@ -693,6 +694,7 @@ typename Elem<D>::Store combine(ReduceOp op, typename Elem<D>::Store a, typename
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
+      case ReduceOp::premul_sum:  // the default scale, 1
         return static_cast<S>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
       case ReduceOp::prod: {
         using W = std::conditional_t<(sizeof(S) < sizeof(unsigned)), unsigned, U>;  // no signed promotion

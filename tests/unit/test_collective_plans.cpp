@@ -117,7 +117,11 @@ void prove_everywhere(const Variant& v) {
         for (int root : roots)
           for (bool in_place : {false, true}) {
             if (!small && in_place != ((count + slice + static_cast<std::uint64_t>(root)) % 2 == 1)) continue;
-            const ReduceOp op = reduces(v.collective) && (count + w) % 3 == 0 ? ReduceOp::avg : ReduceOp::sum;
+            const std::uint64_t pick = (count + w + slice) % 3;
+            const ReduceOp op = !reduces(v.collective) ? ReduceOp::sum
+                                : pick == 0             ? ReduceOp::avg
+                                : pick == 1             ? ReduceOp::premul_sum
+                                                        : ReduceOp::sum;
             const auto err = prove(request(v, world, count, slice, root, op), in_place, w * 131 + count + slice);
             ASSERT_TRUE(err.empty()) << err;
           }
@@ -140,7 +144,10 @@ TEST_P(EveryPlan, ProvenUnderManyInterleavingsAndEagerSends) {
   for (std::uint64_t seed = 0; seed < 60; ++seed) {
     const int world = 5 + static_cast<int>(seed % 4);
     auto req = request(v, world, 23, 8, static_cast<int>(seed) % world,
-                       reduces(v.collective) && seed % 5 == 0 ? ReduceOp::avg : ReduceOp::sum);
+                       !reduces(v.collective) ? ReduceOp::sum
+                       : seed % 5 == 0        ? ReduceOp::avg
+                       : seed % 5 == 1        ? ReduceOp::premul_sum
+                                              : ReduceOp::sum);
     VerifyOptions o;
     o.in_place = seed % 2 == 0;
     o.seed = seed;
@@ -474,6 +481,45 @@ TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
     caught = !verify_plans(req, o, mutated(direct)).ok;
   }
   EXPECT_TRUE(caught);
+}
+
+TEST(VerifierCatches, PremulSumWithoutItsScaleOrScalingTwice) {
+  // premul_sum plans scale each rank's input once, before any reduction. The sum plan run
+  // as a premul_sum reduces unscaled contributions; scaling a scaled copy again, or a
+  // partial sum, is caught too.
+  for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter}) {
+    auto req = request({c, Algorithm::ring}, 4, 6, 1 << 20, 0, ReduceOp::premul_sum);
+    ASSERT_TRUE(verify_plans(req, VerifyOptions{}).ok) << to_string(c);
+    auto unscaled = verify_plans(req, VerifyOptions{}, [](const PlanRequest& q) {
+      PlanRequest plain = q;
+      plain.op = ReduceOp::sum;
+      return build_plan(plain);
+    });
+    EXPECT_FALSE(unscaled.ok) << to_string(c);
+    EXPECT_NE(unscaled.error.find("not scaled"), std::string::npos) << unscaled.error;
+    auto twice = run_broken(req, [](Plan& p) {
+      const Step first = p.steps.front();
+      ASSERT_EQ(first.kind, StepKind::scale);
+      p.add(Step(StepKind::scale, -1, first.dst, first.dst), {0});
+      // Everything else waits for the second scale too.
+      Plan q;
+      q.request = p.request;
+      q.scratch_count = p.scratch_count;
+      q.phase_names = p.phase_names;
+      q.add(first);
+      q.add(p.steps.back(), {0});
+      for (std::size_t i = 1; i + 1 < p.steps.size(); ++i) {
+        std::vector<std::uint32_t> deps{1};
+        const Step& s = p.steps[i];
+        for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(p.deps[s.dep_begin + k] + 1);
+        q.add(s, deps);
+      }
+      q.seal();
+      p = q;
+    });
+    EXPECT_FALSE(twice.ok) << to_string(c);
+    EXPECT_NE(twice.error.find("scaled twice"), std::string::npos) << twice.error;
+  }
 }
 
 TEST(VerifierCatches, ReductionOutOfRankOrderInDeterministicMode) {

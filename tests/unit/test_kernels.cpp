@@ -93,7 +93,8 @@ template <class T>
 T ref_float_op(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return a + b;
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: return a + b;
     case ReduceOp::prod: return a * b;
     case ReduceOp::min:
       if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
@@ -114,7 +115,8 @@ T ref_int_op(ReduceOp op, T a, T b) {
   i128 r = 0;
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: r = x + y; break;
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: r = x + y; break;
     case ReduceOp::prod: {
       // |x*y| < 2^126 for 64-bit operands, so it fits.
       r = x * y;
@@ -392,6 +394,62 @@ TEST(ReduceSpecials, SignedZeroOperandOrderIsStable) {
 // The best and portable paths agree bit for bit on every op for f16 and bf16, over every
 // bit pattern as first operand, including subnormal, infinite and overflowing results
 // (NaN results only need to be NaN on both: payload choice between two NaNs is free).
+// premul_sum's input scaling: floats multiply once in their precision (f16/bf16 in f32,
+// rounded once), integers wrap; in place gives the same bits.
+TEST(Scale, EveryTypeAgainstAReference) {
+  const std::size_t n = 1031;
+  std::mt19937 rng(7);
+  for (double factor : {0.5, -3.0, 1.0 / 3.0}) {
+    std::vector<float> f(n), fo(n);
+    std::vector<double> d(n), dout(n);
+    std::vector<std::uint16_t> h(n), ho(n), b(n), bo(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      f[i] = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 0.37f;
+      d[i] = f[i];
+      h[i] = float_to_half(f[i]);
+      b[i] = float_to_bf16(f[i]);
+    }
+    scale(DataType::f32, fo.data(), f.data(), n, factor);
+    scale(DataType::f64, dout.data(), d.data(), n, factor);
+    scale(DataType::f16, ho.data(), h.data(), n, factor);
+    scale(DataType::bf16, bo.data(), b.data(), n, factor);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(f2u(fo[i]), f2u(f[i] * static_cast<float>(factor))) << i;
+      ASSERT_EQ(dout[i], d[i] * factor) << i;
+      ASSERT_EQ(ho[i], float_to_half(half_to_float(h[i]) * static_cast<float>(factor))) << i;
+      ASSERT_EQ(bo[i], float_to_bf16(bf16_to_float(b[i]) * static_cast<float>(factor))) << i;
+    }
+    std::vector<float> inplace = f;
+    scale(DataType::f32, inplace.data(), inplace.data(), n, factor);
+    ASSERT_EQ(0, std::memcmp(inplace.data(), fo.data(), n * sizeof(float)));
+  }
+  // f16: scaling first keeps 2 x 40000 in range (the plain sum overflows to inf).
+  const std::uint16_t big = float_to_half(40000.0f);
+  std::uint16_t half_big = 0;
+  scale(DataType::f16, &half_big, &big, 1, 0.5);
+  EXPECT_EQ(half_to_float(half_big), 20000.0f);
+  // Integers multiply and wrap in their width.
+  const std::int8_t i8[] = {-128, -1, 0, 1, 63, 127};
+  std::int8_t i8o[6];
+  scale(DataType::i8, i8o, i8, 6, -3.0);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(i8o[i], static_cast<std::int8_t>(static_cast<std::uint8_t>(i8[i] * -3))) << i;
+  const std::uint8_t u8[] = {0, 1, 100, 255};
+  std::uint8_t u8o[4];
+  scale(DataType::u8, u8o, u8, 4, 3.0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(u8o[i], static_cast<std::uint8_t>(u8[i] * 3)) << i;
+  const std::int32_t i32[] = {-5, 7, 1 << 30};
+  std::int32_t i32o[3];
+  scale(DataType::i32, i32o, i32, 3, 4.0);
+  EXPECT_EQ(i32o[0], -20);
+  EXPECT_EQ(i32o[1], 28);
+  EXPECT_EQ(i32o[2], 0);  // 2^32 wraps to 0
+  const std::int64_t i64[] = {-5, 1ll << 40};
+  std::int64_t i64o[2];
+  scale(DataType::i64, i64o, i64, 2, -7.0);
+  EXPECT_EQ(i64o[0], 35);
+  EXPECT_EQ(i64o[1], -7ll * (1ll << 40));
+}
+
 TEST(ReduceHalf, PathsAgreeBitwise) {
   const std::size_t n = 65536 + 3;
   std::vector<std::uint16_t> a(n), b(n);

@@ -76,6 +76,17 @@ struct DivideArgs {
 /// Enqueues the division.
 Status divide(const DivideArgs& args, Stream stream) noexcept;
 
+/// dst[i] = src[i] * factor, as kernels::scale (premul_sum's input scaling).
+struct ScaleArgs {
+  DataType dtype = DataType::f32;  ///< Element type.
+  void* dst = nullptr;             ///< Output; may equal src.
+  const void* src = nullptr;       ///< Input.
+  std::size_t n = 0;               ///< Elements.
+  double factor = 1.0;             ///< The factor (integral for integer types).
+};
+/// Enqueues the scaling.
+Status scale(const ScaleArgs& args, Stream stream) noexcept;
+
 /// A codec as the device kernels see it (compression::CodecSpec minus names and topk).
 struct DeviceCodec {
   /// Family.

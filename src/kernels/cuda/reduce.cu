@@ -1,4 +1,5 @@
-// braid CUDA reduction kernels: dst = a (op) b for every dtype x op, and divide() for avg.
+// braid CUDA reduction kernels: dst = a (op) b for every dtype x op, divide() for avg and
+// scale() for premul_sum.
 // Same arithmetic as src/kernels/host/reduce.cpp: integers wrap (unsigned arithmetic),
 // f16/bf16 are widened to f32, combined and rounded back to nearest even with the host's
 // bit recipes, floating min/max return isnan(a) ? a : (a < b ? a : b) (resp. >).
@@ -103,7 +104,8 @@ template <template <Op> class E>
 Status by_op(const ReduceArgs& r, Stream s) {
   switch (r.op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return launch_reduce<E<Op::sum>>(r, s);
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: return launch_reduce<E<Op::sum>>(r, s);
     case ReduceOp::prod: return launch_reduce<E<Op::prod>>(r, s);
     case ReduceOp::min: return launch_reduce<E<Op::min>>(r, s);
     case ReduceOp::max: return launch_reduce<E<Op::max>>(r, s);
@@ -144,6 +146,37 @@ __global__ void divide_int(T* p, std::size_t n, int divisor) {
   }
 }
 
+// scale (premul_sum's input, once per call), scalar grid-stride; kernels::scale's arithmetic.
+template <class T>
+__global__ void scale_float(T* d, const T* x, std::size_t n, T k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = fmul(x[i], k);
+}
+template <bool Half>
+__global__ void scale_16(std::uint16_t* d, const std::uint16_t* x, std::size_t n, float k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = static_cast<std::uint16_t>(Half ? f2h(fmul(h2f(x[i]), k)) : f2bf(fmul(bf2f(x[i]), k)));
+}
+template <class T>
+__global__ void scale_int(T* d, const T* x, std::size_t n, std::int64_t k) {
+  using U = typename Wrap<T>::type;
+  const auto w = static_cast<U>(static_cast<std::uint64_t>(k));
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = static_cast<T>(static_cast<U>(static_cast<U>(x[i]) * w));
+}
+template <class T, class K>
+Status launch_scale(const ScaleArgs& r, Stream s, K k) {
+  const unsigned grid = grid_for(r.n, 256);
+  if constexpr (std::is_integral_v<T>)
+    scale_int<T><<<grid, 256, 0, s>>>(static_cast<T*>(r.dst), static_cast<const T*>(r.src), r.n, k);
+  else
+    scale_float<T><<<grid, 256, 0, s>>>(static_cast<T*>(r.dst), static_cast<const T*>(r.src), r.n, k);
+  return last_status();
+}
+
 }  // namespace
 
 Status reduce(const ReduceArgs& r, Stream s) noexcept {
@@ -182,6 +215,31 @@ Status divide(const DivideArgs& r, Stream s) noexcept {
     case DataType::i64: divide_int<std::int64_t><<<grid, 256, 0, s>>>(static_cast<std::int64_t*>(r.buf), r.n, r.divisor); break;
   }
   return last_status();
+}
+
+Status scale(const ScaleArgs& r, Stream s) noexcept {
+  if (static_cast<int>(r.dtype) >= kNumDataTypes) return kInvalidValue;
+  if (r.n == 0) return 0;
+  if (!r.dst || !r.src) return kInvalidValue;
+  const std::int64_t k = r.factor >= -9.2e18 && r.factor <= 9.2e18 ? static_cast<std::int64_t>(r.factor) : 0;
+  const float kf = static_cast<float>(r.factor);
+  switch (r.dtype) {
+    case DataType::f32: return launch_scale<float>(r, s, kf);
+    case DataType::f64: return launch_scale<double>(r, s, r.factor);
+    case DataType::f16:
+    case DataType::bf16: {
+      auto* d = static_cast<std::uint16_t*>(r.dst);
+      const auto* x = static_cast<const std::uint16_t*>(r.src);
+      if (r.dtype == DataType::f16) scale_16<true><<<grid_for(r.n, 256), 256, 0, s>>>(d, x, r.n, kf);
+      else scale_16<false><<<grid_for(r.n, 256), 256, 0, s>>>(d, x, r.n, kf);
+      return last_status();
+    }
+    case DataType::i8: return launch_scale<std::int8_t>(r, s, k);
+    case DataType::u8: return launch_scale<std::uint8_t>(r, s, k);
+    case DataType::i32: return launch_scale<std::int32_t>(r, s, k);
+    case DataType::i64: return launch_scale<std::int64_t>(r, s, k);
+  }
+  return kInvalidValue;
 }
 
 }  // namespace braid::kernels::cuda

@@ -405,7 +405,8 @@ template <template <class> class KOf>
 void dispatch_op(ReduceOp op, void* dst, const void* a, const void* b, std::size_t n) noexcept {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: run<KOf<Sum>>(dst, a, b, n); return;
+    case ReduceOp::avg:
+    case ReduceOp::premul_sum: run<KOf<Sum>>(dst, a, b, n); return;
     case ReduceOp::prod: run<KOf<Prod>>(dst, a, b, n); return;
     case ReduceOp::min: run<KOf<Min>>(dst, a, b, n); return;
     case ReduceOp::max: run<KOf<Max>>(dst, a, b, n); return;
@@ -430,7 +431,8 @@ void reduce_half(ReduceOp op, void* dst, const void* a, const void* b, std::size
     const auto* y = static_cast<const std::uint16_t*>(b);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: f16c_reduce<ReduceOp::sum>(d, x, y, n); return;
+      case ReduceOp::avg:
+      case ReduceOp::premul_sum: f16c_reduce<ReduceOp::sum>(d, x, y, n); return;
       case ReduceOp::prod: f16c_reduce<ReduceOp::prod>(d, x, y, n); return;
       case ReduceOp::min: f16c_reduce<ReduceOp::min>(d, x, y, n); return;
       case ReduceOp::max: f16c_reduce<ReduceOp::max>(d, x, y, n); return;
@@ -489,6 +491,31 @@ void divide_int(void* buf, std::size_t n, int divisor) noexcept {
   for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<W>(p[i]) / d);
 }
 
+// premul_sum's input scaling (not hot: one pass over the input), one baseline copy.
+template <class T>
+void scale_native(void* dst, const void* src, std::size_t n, T k) noexcept {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(src);
+  for (std::size_t i = 0; i < n; ++i) d[i] = x[i] * k;
+}
+
+template <class Fmt>
+void scale_16(void* dst, const void* src, std::size_t n, float k) noexcept {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  const auto* x = static_cast<const std::uint16_t*>(src);
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint16_t>(Fmt::round_lo(Fmt::lo(x[i]) * k));
+}
+
+template <class T>
+void scale_int(void* dst, const void* src, std::size_t n, double factor) noexcept {
+  // The caller checked the factor; an out-of-range one still must not be UB here.
+  const std::int64_t k = factor >= -9.2e18 && factor <= 9.2e18 ? static_cast<std::int64_t>(factor) : 0;
+  const auto w = static_cast<WrapT<T>>(static_cast<std::uint64_t>(k));
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(src);
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<WrapT<T>>(static_cast<WrapT<T>>(x[i]) * w));
+}
+
 }  // namespace
 
 void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b,
@@ -523,6 +550,19 @@ void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept {
     case DataType::u8: divide_int<std::uint8_t>(buf, n, divisor); return;
     case DataType::i32: divide_int<std::int32_t>(buf, n, divisor); return;
     case DataType::i64: divide_int<std::int64_t>(buf, n, divisor); return;
+  }
+}
+
+void scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor) noexcept {
+  switch (dtype) {
+    case DataType::f32: scale_native<float>(dst, src, n, static_cast<float>(factor)); return;
+    case DataType::f64: scale_native<double>(dst, src, n, factor); return;
+    case DataType::f16: scale_16<HalfFmt>(dst, src, n, static_cast<float>(factor)); return;
+    case DataType::bf16: scale_16<Bf16Fmt>(dst, src, n, static_cast<float>(factor)); return;
+    case DataType::i8: scale_int<std::int8_t>(dst, src, n, factor); return;
+    case DataType::u8: scale_int<std::uint8_t>(dst, src, n, factor); return;
+    case DataType::i32: scale_int<std::int32_t>(dst, src, n, factor); return;
+    case DataType::i64: scale_int<std::int64_t>(dst, src, n, factor); return;
   }
 }
 

@@ -22,6 +22,12 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
 /// precision (f16/bf16 in f32, rounded back); integers truncate toward zero.
 void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept;
 
+/// dst[i] = src[i] * factor for i < n, the input scaling of ReduceOp::premul_sum. Floats
+/// multiply in their own precision (f16/bf16 in f32 with the factor as a float, rounded
+/// back once); integers multiply by the factor converted to int64 (the caller checks that
+/// it is integral and fits the type), wrapping. dst may equal src.
+void scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor) noexcept;
+
 /// IEEE binary16 bits -> float (exact).
 float half_to_float(std::uint16_t h) noexcept;
 /// float -> IEEE binary16 bits, round to nearest even; overflow -> inf; NaN stays NaN.
