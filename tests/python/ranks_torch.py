@@ -593,6 +593,42 @@ def fsdp2_dtensor(braid_pg, gloo_pg):
     print(f"rank {r}: functional collectives, DTensor and FSDP2 on braid == gloo")
 
 
+def fp8(braid_pg, gloo_pg):
+    """float8_e4m3fn / float8_e5m2 tensors on the braid backend (gloo has no fp8): sums of
+    multiples of 1/4 small enough to stay exact in any order, min, max, saturation at the
+    largest finite value, all_gather and broadcast, against references built here."""
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    def bits(t):
+        return t.view(torch.uint8)
+
+    for dtype, k, top in ((torch.float8_e4m3fn, 2, 448.0), (torch.float8_e5m2, 1, 57344.0)):
+        def vals(rank):
+            g = torch.Generator().manual_seed(1000 + rank)
+            return torch.randint(-k, k + 1, (1001,), generator=g).float() * 0.25
+
+        x = vals(r).to(dtype)
+        for op, ref in ((dist.ReduceOp.SUM, lambda a, b: a + b), (dist.ReduceOp.MAX, torch.maximum),
+                        (dist.ReduceOp.MIN, torch.minimum)):
+            want = vals(0)
+            for q in range(1, n):
+                want = ref(want, vals(q))
+            y = x.clone()
+            dist.all_reduce(y, op=op, group=braid_pg)
+            assert torch.equal(bits(y), bits(want.to(dtype))), f"{dtype} {op}: {y[:6].float().tolist()}"
+        big = torch.full((7,), top).to(dtype)
+        dist.all_reduce(big, group=braid_pg)  # n x max saturates to max: no NaN, no inf
+        assert torch.equal(bits(big), bits(torch.full((7,), top).to(dtype))), f"{dtype} saturation: {big.tolist()}"
+        outs = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(outs, x, group=braid_pg)
+        for q in range(n):
+            assert torch.equal(bits(outs[q]), bits(vals(q).to(dtype))), f"{dtype} all_gather block {q}"
+        b = x.clone()
+        dist.broadcast(b, src=n - 1, group=braid_pg)
+        assert torch.equal(bits(b), bits(vals(n - 1).to(dtype))), f"{dtype} broadcast"
+    print(f"rank {r}: fp8 all_reduce, all_gather and broadcast ok")
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")
