@@ -73,6 +73,7 @@ using braid::ReduceOp;
 namespace perf = braid::bench;
 static_assert(static_cast<int>(DataType::f16) == static_cast<int>(perf::Type::f16) &&
               static_cast<int>(DataType::i64) == static_cast<int>(perf::Type::i64) &&
+              static_cast<int>(DataType::f8e5m2) == static_cast<int>(perf::Type::f8e5m2) &&
               static_cast<int>(ReduceOp::avg) == static_cast<int>(perf::Op::avg));
 perf::Type to_perf(DataType t) { return static_cast<perf::Type>(t); }
 perf::Op to_perf(ReduceOp op) { return static_cast<perf::Op>(op); }
@@ -643,8 +644,8 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                  "1: wait for each all-reduce before posting the next (a training step's pattern; the time is then "
                  "the latency of one call); 0: post all iterations, then wait (nccl-tests' default)")
       ->capture_default_str();
-  app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64")->capture_default_str();
-  app.add_option("-o,--op", oname, "sum, prod, min, max, avg")->capture_default_str();
+  app.add_option("-d,--datatype", dname, "float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2")->capture_default_str();
+  app.add_option("-o,--op", oname, "sum, prod, min, max, avg, premul_sum (factor 1: the cost of its scale pass)")->capture_default_str();
   app.add_option("--algo", aname,
                  "auto, ring, tree, rhd, hier; or a comma-separated list (auto,ring,tree,rhd) to run them side by "
                  "side: every size runs each algorithm --rounds times, interleaved, and the table gives the median "

@@ -48,6 +48,8 @@ braid::DataType to_braid(Type t) {
     case Type::u8: return braid::DataType::u8;
     case Type::i32: return braid::DataType::i32;
     case Type::i64: return braid::DataType::i64;
+    case Type::f8e4m3: return braid::DataType::f8e4m3;
+    case Type::f8e5m2: return braid::DataType::f8e5m2;
   }
   return braid::DataType::f32;
 }
@@ -199,7 +201,7 @@ int main(int argc, char** argv) {
                "torchrun or srun."};
   SweepArgs args;
   if (by_name) args.coll = by_name->name;
-  add_sweep_options(app, args, "float, half, bfloat16, double, int8, uint8, int32, int64",
+  add_sweep_options(app, args, "float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3, f8e5m2",
                     "sum, prod, min, max, avg (reducing collectives)", "1: wait for each call before posting the next");
   bool device = false;
   app.add_flag("--device", device,

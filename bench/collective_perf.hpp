@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +28,7 @@
 namespace braid::bench {
 
 enum class Coll { allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv };
-enum class Type { f32, f64, f16, bf16, i8, u8, i32, i64 };
+enum class Type { f32, f64, f16, bf16, i8, u8, i32, i64, f8e4m3, f8e5m2 };
 enum class Op { sum, prod, min, max, avg };
 
 struct CollInfo {
@@ -83,7 +84,8 @@ struct TypeInfo {
 };
 inline constexpr TypeInfo kTypes[] = {{"float", Type::f32, 4}, {"double", Type::f64, 8}, {"half", Type::f16, 2},
                                       {"bfloat16", Type::bf16, 2}, {"int8", Type::i8, 1}, {"uint8", Type::u8, 1},
-                                      {"int32", Type::i32, 4}, {"int64", Type::i64, 8}};
+                                      {"int32", Type::i32, 4}, {"int64", Type::i64, 8},
+                                      {"f8e4m3", Type::f8e4m3, 1}, {"f8e5m2", Type::f8e5m2, 1}};
 inline const TypeInfo* find_type(const std::string& name) {
   for (const auto& t : kTypes)
     if (name == t.name) return &t;
@@ -159,11 +161,33 @@ inline float from_bf16(std::uint16_t h) {
   return f;
 }
 
-/// Rank `rank`'s input element `i` (sums of a few hundred ranks stay exact even in bf16).
+// OCP fp8 (E4M3 "fn" when e4m3, else E5M2) from its definition, and the nearest value by
+// search (ties to the even code, saturating): a reference, not braid's conversion.
+inline double from_fp8(std::uint8_t b, bool e4m3) {
+  const int mbits = e4m3 ? 3 : 2, ebits = 7 - mbits, bias = e4m3 ? 7 : 15;
+  const int e = (b >> mbits) & ((1 << ebits) - 1), m = b & ((1 << mbits) - 1);
+  const double sign = (b & 0x80) ? -1.0 : 1.0;
+  if (e == 0) return sign * std::ldexp(m, 1 - bias - mbits);
+  return sign * std::ldexp(1.0 + static_cast<double>(m) / (1 << mbits), e - bias);
+}
+inline std::uint8_t to_fp8(double v, bool e4m3) {
+  const int maxcode = e4m3 ? 0x7e : 0x7b;
+  int best = 0;
+  for (int c = 1; c <= maxcode; ++c) {
+    const double d = std::fabs(from_fp8(static_cast<std::uint8_t>(c), e4m3) - std::fabs(v));
+    const double bd = std::fabs(from_fp8(static_cast<std::uint8_t>(best), e4m3) - std::fabs(v));
+    if (d < bd || (d == bd && c % 2 == 0)) best = c;
+  }
+  return static_cast<std::uint8_t>(best | (v < 0 ? 0x80 : 0));
+}
+
+/// Rank `rank`'s input element `i` (sums of a few hundred ranks stay exact even in bf16;
+/// in fp8 only the first 8 ranks contribute to sums, so every partial sum is exact).
 inline double input_value(Op op, int rank, std::size_t i, Type t) {
   const auto k = static_cast<long long>((static_cast<std::size_t>(rank) * 7 + i * 13) % 5);
   if (op == Op::prod) return (k == 0 && t != Type::u8) ? -1.0 : 1.0;
   if (t == Type::u8) return static_cast<double>(k % 3);
+  if ((t == Type::f8e4m3 || t == Type::f8e5m2) && (op == Op::sum || op == Op::avg) && rank >= 8) return 0.0;
   return static_cast<double>(k % 3 - 1);  // -1, 0, 1
 }
 
@@ -177,6 +201,8 @@ inline void store_value(Type t, void* buf, std::size_t i, double v) {
     case Type::u8: static_cast<std::uint8_t*>(buf)[i] = static_cast<std::uint8_t>(v); break;
     case Type::i32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
     case Type::i64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+    case Type::f8e4m3: static_cast<std::uint8_t*>(buf)[i] = to_fp8(v, true); break;
+    case Type::f8e5m2: static_cast<std::uint8_t*>(buf)[i] = to_fp8(v, false); break;
   }
 }
 
@@ -206,6 +232,13 @@ inline void expected_value(Type t, Op op, int world, std::size_t i, void* out) {
     case Type::bf16:
       static_cast<std::uint16_t*>(out)[0] = to_bf16(from_bf16(to_bf16(static_cast<float>(acc))) / static_cast<float>(world));
       break;
+    case Type::f8e4m3:
+    case Type::f8e5m2: {  // the sum rounded to fp8, divided in f32, rounded again
+      const bool e4 = t == Type::f8e4m3;
+      const float q = static_cast<float>(from_fp8(to_fp8(acc, e4), e4)) / static_cast<float>(world);
+      static_cast<std::uint8_t*>(out)[0] = to_fp8(q, e4);
+      break;
+    }
     default: store_value(t, out, 0, static_cast<double>(static_cast<long long>(acc) / world)); break;
   }
 }

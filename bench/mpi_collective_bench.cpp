@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   std::string err = resolve(args, "mpi_collective_bench", &o);
   o.blocking = true;
   if (o.type && mpi_type(o.type->type) == MPI_DATATYPE_NULL)
-    err += "-d " + args.dtype + " is unsupported by MPI (no standard half-precision type); ";
+    err += "-d " + args.dtype + " is unsupported by MPI (no standard half-precision or fp8 type); ";
   if (Op op{}; parse_op(args.op, &op) && mpi_op(op) == MPI_OP_NULL)
     err += "-o " + args.op + " is unsupported by MPI (no average; use sum); ";
   if (o.type && o.hi / o.type->size > static_cast<std::size_t>(INT_MAX)) err += "-e too large for an MPI int count; ";

@@ -40,7 +40,7 @@ static_assert(sizeof(UniqueId) == 128, "ncclUniqueId is 128 bytes");
 using Comm = struct ncclComm*;
 
 /// ncclDataType_t of a braid type (nccl.h: int8 0, uint8 1, int32 2, int64 4, float16 6,
-/// float32 7, float64 8, bfloat16 9).
+/// float32 7, float64 8, bfloat16 9, float8e4m3 10, float8e5m2 11).
 inline int data_type(DataType t) {
   switch (t) {
     case DataType::i8: return 0;
@@ -51,6 +51,8 @@ inline int data_type(DataType t) {
     case DataType::f32: return 7;
     case DataType::f64: return 8;
     case DataType::bf16: return 9;
+    case DataType::f8e4m3: return 10;
+    case DataType::f8e5m2: return 11;
   }
   return -1;
 }

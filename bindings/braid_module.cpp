@@ -390,7 +390,9 @@ PYBIND11_MODULE(_C, m) {
       .value("i8", braid::DataType::i8)
       .value("u8", braid::DataType::u8)
       .value("i32", braid::DataType::i32)
-      .value("i64", braid::DataType::i64);
+      .value("i64", braid::DataType::i64)
+      .value("f8e4m3", braid::DataType::f8e4m3)
+      .value("f8e5m2", braid::DataType::f8e5m2);
   py::enum_<braid::ReduceOp>(m, "ReduceOp")
       .value("sum", braid::ReduceOp::sum)
       .value("prod", braid::ReduceOp::prod)

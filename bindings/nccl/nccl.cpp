@@ -146,12 +146,12 @@ int raw(const Enum& e) {
   return v;
 }
 
-// The braid type that moves NCCL type `t`'s bytes (unsigned and fp8 types as their
-// same-size kin).
+// The braid type that moves NCCL type `t`'s bytes (unsigned 32/64-bit types as their
+// signed kin, which sum and multiply to the same bits).
 ncclResult_t movement(const char* what, int t, DataType* out) {
   static constexpr DataType kTypes[ncclNumTypes] = {
-      DataType::i8,  DataType::u8,  DataType::i32, DataType::i32, DataType::i64, DataType::i64,
-      DataType::f16, DataType::f32, DataType::f64, DataType::bf16, DataType::u8,  DataType::u8};
+      DataType::i8,  DataType::u8,  DataType::i32,  DataType::i32,    DataType::i64,   DataType::i64,
+      DataType::f16, DataType::f32, DataType::f64,  DataType::bf16,   DataType::f8e4m3, DataType::f8e5m2};
   if (t < 0 || t >= ncclNumTypes)
     return fail(ncclInvalidArgument, std::string(what) + ": invalid datatype " + std::to_string(t));
   *out = kTypes[t];
@@ -167,9 +167,6 @@ ncclResult_t reduction(const char* what, int t, int op, DataType* out, ReduceOp*
                                                 ReduceOp::avg};
   *rop = kOps[op];
   bool unsigned_wide = t == ncclUint32 || t == ncclUint64;
-  if (t == ncclFloat8e4m3 || t == ncclFloat8e5m2)
-    return fail(ncclInvalidArgument, std::string(what) + ": braid does not reduce fp8 data (it moves it: "
-                                                         "all-gather, broadcast, all-to-all, send/recv)");
   if (unsigned_wide && op != ncclSum && op != ncclProd)
     return fail(ncclInvalidArgument, std::string(what) + ": braid reduces ncclUint32/ncclUint64 with "
                                                          "ncclSum and ncclProd only");

@@ -12,9 +12,12 @@ namespace braid {
 
 /// Element type of a buffer handed to a collective.
 ///
-/// f16 and bf16 are reduced in f32 and rounded back to nearest-even after every
-/// arithmetic step. fp8 (e4m3, e5m2) exists as a compression codec of f32 all-reduces
-/// (docs/codecs.md), not as an element type: there is no fp8 reduction.
+/// f16, bf16 and the two fp8 types are reduced in f32 and rounded back to nearest-even
+/// after every arithmetic step (a ring over n ranks rounds n-1 times). The fp8 types are
+/// OCP FP8 (as torch.float8_e4m3fn / torch.float8_e5m2 and CUDA's __nv_fp8_e4m3 /
+/// __nv_fp8_e5m2); rounding back saturates to the largest finite value (CUDA's
+/// __NV_SATFINITE) and keeps NaN a NaN. Compression codecs take only f32, f16 and bf16
+/// input: an fp8 collective never compresses (docs/codecs.md).
 enum class DataType : std::uint8_t {
   f32 = 0,  ///< IEEE-754 binary32.
   f64,      ///< IEEE-754 binary64.
@@ -24,10 +27,12 @@ enum class DataType : std::uint8_t {
   u8,       ///< 8-bit unsigned integer.
   i32,      ///< Two's-complement 32-bit signed integer.
   i64,      ///< Two's-complement 64-bit signed integer.
+  f8e4m3,   ///< OCP FP8 E4M3 ("fn"): bias 7, no infinities, NaN = S.1111.111, max ±448.
+  f8e5m2,   ///< OCP FP8 E5M2: bias 15, IEEE-like with ±inf and NaNs, max finite ±57344.
 };
 
 /// Number of element types; valid DataType values are [0, kNumDataTypes).
-inline constexpr int kNumDataTypes = 8;
+inline constexpr int kNumDataTypes = 10;
 
 /// Reduction applied element by element.
 ///
@@ -82,7 +87,7 @@ enum class MemoryKind : std::uint8_t {
 /// Size in bytes of one element of `t`; 0 for a value outside the enum.
 BRAID_API std::size_t dtype_size(DataType t) noexcept;
 
-/// True for f32, f64, f16 and bf16.
+/// True for f32, f64, f16, bf16, f8e4m3 and f8e5m2.
 BRAID_API bool is_floating(DataType t) noexcept;
 
 /// Canonical lower-case name ("f32", "bf16", ...); "invalid" outside the enum.
@@ -98,8 +103,9 @@ BRAID_API std::string_view to_string(Algorithm a) noexcept;
 BRAID_API std::string_view to_string(MemoryKind m) noexcept;
 
 /// Parses a type name. Accepts the canonical names and the nccl-tests/PyTorch
-/// spellings: float, half, bfloat16, double, int8, uint8, int32, int64
-/// (also float32, float16, float64, int, char, uint8_t...). Empty when unknown.
+/// spellings: float, half, bfloat16, double, int8, uint8, int32, int64, f8e4m3,
+/// f8e5m2 (also float32, float16, float64, int, char, fp8e4m3, float8_e4m3fn, e4m3,
+/// fp8e5m2, float8_e5m2, e5m2...). Empty when unknown.
 BRAID_API std::optional<DataType> parse_dtype(std::string_view name) noexcept;
 
 /// Parses an operation name (sum, prod, min, max, avg, premul_sum). Empty when unknown.

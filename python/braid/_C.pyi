@@ -27,6 +27,8 @@ class DataType:
     u8: ClassVar[DataType]
     i32: ClassVar[DataType]
     i64: ClassVar[DataType]
+    f8e4m3: ClassVar[DataType]
+    f8e5m2: ClassVar[DataType]
     @property
     def name(self) -> str: ...
     @property

@@ -70,11 +70,14 @@ _NP_DTYPES = {
     np.dtype(np.int64): DataType.i64,
 }
 _NP_OF = {v: k for k, v in _NP_DTYPES.items()}
+#: NumPy has no fp8 type of its own; ml_dtypes' (what JAX uses) are matched by name.
+_NP_DTYPE_NAMES = {"float8_e4m3fn": DataType.f8e4m3, "float8_e5m2": DataType.f8e5m2}
 _TORCH_DTYPE_NAMES = {
     "torch.float32": DataType.f32, "torch.float64": DataType.f64,
     "torch.float16": DataType.f16, "torch.bfloat16": DataType.bf16,
     "torch.int8": DataType.i8, "torch.uint8": DataType.u8,
     "torch.int32": DataType.i32, "torch.int64": DataType.i64,
+    "torch.float8_e4m3fn": DataType.f8e4m3, "torch.float8_e5m2": DataType.f8e5m2,
 }
 _OPS = {"sum": ReduceOp.sum, "prod": ReduceOp.prod, "product": ReduceOp.prod,
         "min": ReduceOp.min, "max": ReduceOp.max, "avg": ReduceOp.avg, "mean": ReduceOp.avg,
@@ -153,7 +156,8 @@ def _cuda_array(x: Any, what: str, writable: bool) -> _Buf:
 _DLPACK_CUDA = (2, 13)
 #: DLPack (code, bits) -> braid type; lanes must be 1.
 _DLPACK_TYPES = {(2, 32): DataType.f32, (2, 64): DataType.f64, (2, 16): DataType.f16, (4, 16): DataType.bf16,
-                 (0, 8): DataType.i8, (1, 8): DataType.u8, (0, 32): DataType.i32, (0, 64): DataType.i64}
+                 (0, 8): DataType.i8, (1, 8): DataType.u8, (0, 32): DataType.i32, (0, 64): DataType.i64,
+                 (10, 8): DataType.f8e4m3, (12, 8): DataType.f8e5m2}  # kDLFloat8_e4m3fn, kDLFloat8_e5m2
 
 
 def _dlpack_device_buffer(x: Any, what: str, writable: bool, stream: Optional[int]) -> _Buf:
@@ -169,7 +173,7 @@ def _dlpack_device_buffer(x: Any, what: str, writable: bool, stream: Optional[in
     dt = _DLPACK_TYPES.get((v["code"], v["bits"])) if v["lanes"] == 1 else None
     if dt is None:
         raise _usage(f"{what} has DLPack type code {v['code']}, {v['bits']} bits x {v['lanes']} lanes, which braid "
-                     "does not reduce; use float16/32/64, bfloat16, int8/32/64 or uint8")
+                     "does not reduce; use float16/32/64, bfloat16, float8_e4m3fn, float8_e5m2, int8/32/64 or uint8")
     shape = tuple(int(d) for d in v["shape"])
     count = 1
     for d in shape:
@@ -247,8 +251,10 @@ def _buffer(x: Any, what: str, writable: bool, stream: Optional[int] = None) -> 
                              f"NumPy can view ({e}); copy it to the CPU first") from None
     dt = _NP_DTYPES.get(x.dtype)
     if dt is None:
+        dt = _NP_DTYPE_NAMES.get(x.dtype.name)
+    if dt is None:
         raise _usage(f"{what} has dtype {x.dtype}, which braid does not reduce; use one of "
-                     + ", ".join(str(d) for d in _NP_DTYPES) + " (native byte order)")
+                     + ", ".join([str(d) for d in _NP_DTYPES] + list(_NP_DTYPE_NAMES)) + " (native byte order)")
     if not x.flags.c_contiguous:
         raise _usage(f"{what} is not C-contiguous (strides {x.strides} for shape {x.shape}); "
                      "pass np.ascontiguousarray(x) and copy the result back")

@@ -46,14 +46,26 @@ _RED = (  # torch hands a ReduceOp object that compares equal to these, but hash
     (dist.ReduceOp.MIN, _C.ReduceOp.min),
     (dist.ReduceOp.MAX, _C.ReduceOp.max),
     (dist.ReduceOp.AVG, _C.ReduceOp.avg),
+    (dist.ReduceOp.PREMUL_SUM, _C.ReduceOp.premul_sum),
 )
 
 
 def _red(op) -> "_C.ReduceOp":
     r = next((b for t, b in _RED if op == t), None)
     if r is None:
-        raise _braid._unsupported(f"the braid backend has no reduction {op}; use SUM, PRODUCT, MIN, MAX or AVG")
+        raise _braid._unsupported(f"the braid backend has no reduction {op}; use SUM, PRODUCT, MIN, MAX, AVG "
+                                  "or PREMUL_SUM")
     return r
+
+
+def _scale(opts) -> float:
+    """PREMUL_SUM's factor (torch.distributed._make_nccl_premul_sum: a number, or a one-element
+    tensor, read now); 1.0 for every other reduction."""
+    op = opts.reduceOp if opts is not None else None
+    if op is None or op != dist.ReduceOp.PREMUL_SUM:
+        return 1.0
+    f = op.factor
+    return float(f.item() if isinstance(f, torch.Tensor) else f)
 
 
 #: What takes CUDA tensors in the braid backend (the rest: CPU tensors).
@@ -365,6 +377,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         if len(tensors) == 1 and tensors[0].is_sparse:
             return self._allreduce_sparse(tensors[0], op)
         device = _cuda_device(tensors, "allreduce")
@@ -372,7 +385,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             b = self._buf(t, f"allreduce tensor {i}", cuda=True)
             works.append(self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto,
-                                           "", "", False, b.stream))
+                                           "", "", False, b.stream, scale=sc))
         return self._work(works, lambda: list(tensors), device)
 
     def _allreduce_sparse(self, t: torch.Tensor, op) -> "dist.Work":
@@ -438,10 +451,11 @@ class BraidProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         """One all-reduce over the flattened tensors (one dtype), results copied back."""
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         flat = self._flat(tensors, "allreduce_coalesced", cuda=True)
         b = self._buf(flat, "allreduce_coalesced staging", cuda=True)
         w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, "", "", False,
-                              b.stream)
+                              b.stream, scale=sc)
 
         return self._work([w], lambda: _unflatten(flat, tensors), _cuda_device([flat], "allreduce_coalesced"))
 
@@ -459,10 +473,11 @@ class BraidProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         works = []
         for i, t in enumerate(tensors):
             b = self._buf(t, f"reduce tensor {i}")
-            works.append(self._c.reduce(b.ptr, b.ptr, b.count, b.dtype, op, root, self._timeout, False))
+            works.append(self._c.reduce(b.ptr, b.ptr, b.count, b.dtype, op, root, self._timeout, False, scale=sc))
         return self._work(works, lambda: list(tensors))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's names)
@@ -554,13 +569,14 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         device = _cuda_device([output, input], "reduce_scatter")
         i = self._buf(input, "reduce_scatter input", cuda=True)
         o = self._buf(output, "reduce_scatter output", cuda=True)
         if i.count != o.count * self.size() or o.dtype != i.dtype:
             raise _braid._usage(f"reduce_scatter: input has {i.count} {i.dtype.name} elements, needs "
                                 f"{self.size()}*{o.count} {o.dtype.name}")
-        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, o.stream)
+        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, o.stream, scale=sc)
         return self._work([w], lambda: [output], device)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
@@ -571,18 +587,20 @@ class BraidProcessGroup(dist.ProcessGroup):
         block of the reduced input k."""
         n = self.size()
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         self._check_pairs("reduce_scatter_tensor_coalesced", inputs, "input", outputs, "output")
         self._flat(outputs, "reduce_scatter_tensor_coalesced")  # one dtype, CPU, contiguous
         # Rank j's block of the flat input holds block j of every input, in order.
         flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
         flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype)
         i, o = self._buf(flat_in, "reduce_scatter staging"), self._buf(flat_out, "reduce_scatter staging")
-        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False)
+        w = self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, scale=sc)
 
         return self._work([w], lambda: (flat_in, _unflatten(flat_out, outputs))[1])  # flat_in alive until done
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        sc = _scale(opts)
         works, keep = [], []
         for k, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
             if len(ins) != self.size():
@@ -594,7 +612,7 @@ class BraidProcessGroup(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in ins])
             i = self._buf(flat, "reduce_scatter staging")
             o = self._buf(out, f"reduce_scatter output {k}")
-            works.append(self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False))
+            works.append(self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, scale=sc))
             keep.append(flat)
         return self._work(works, lambda: (keep, output_tensors)[1])
 

@@ -19,16 +19,20 @@ std::size_t dtype_size(DataType t) noexcept {
     case DataType::u8: return 1;
     case DataType::i32: return 4;
     case DataType::i64: return 8;
+    case DataType::f8e4m3: return 1;
+    case DataType::f8e5m2: return 1;
   }
   return 0;
 }
 
 bool is_floating(DataType t) noexcept {
-  return t == DataType::f32 || t == DataType::f64 || t == DataType::f16 || t == DataType::bf16;
+  return t == DataType::f32 || t == DataType::f64 || t == DataType::f16 || t == DataType::bf16 ||
+         t == DataType::f8e4m3 || t == DataType::f8e5m2;
 }
 
 std::string_view to_string(DataType t) noexcept {
-  static constexpr std::string_view names[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
+  static constexpr std::string_view names[] = {"f32", "f64", "f16", "bf16", "i8",
+                                                    "u8",  "i32", "i64", "f8e4m3", "f8e5m2"};
   const auto i = static_cast<unsigned>(t);
   return i < std::size(names) ? names[i] : "invalid";
 }
@@ -63,6 +67,10 @@ std::optional<DataType> parse_dtype(std::string_view name) noexcept {
       {"u8", DataType::u8},     {"uint8", DataType::u8},
       {"i32", DataType::i32},   {"int32", DataType::i32},   {"int", DataType::i32},
       {"i64", DataType::i64},   {"int64", DataType::i64},   {"long", DataType::i64},
+      {"f8e4m3", DataType::f8e4m3}, {"fp8e4m3", DataType::f8e4m3},
+      {"float8_e4m3fn", DataType::f8e4m3}, {"e4m3", DataType::f8e4m3},
+      {"f8e5m2", DataType::f8e5m2}, {"fp8e5m2", DataType::f8e5m2},
+      {"float8_e5m2", DataType::f8e5m2}, {"e5m2", DataType::f8e5m2},
   };
   for (const auto& a : aliases)
     if (n == a.name) return a.t;

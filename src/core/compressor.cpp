@@ -225,7 +225,17 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
   const CodecSpec spec = options.codec.empty() && configured_
                              ? *configured_
                              : compression::parse_codec(options.codec.empty() ? cfg_.codec : options.codec);
-  if (spec.kind != CodecKind::automatic) return spec;
+  if (spec.kind != CodecKind::automatic) {
+    // Checked here, when the call is made, so that a device call on the staged path (whose
+    // Compressor::allreduce runs once the stream has staged the input) is refused too
+    // before any byte moves.
+    BRAID_CHECK(spec.kind == CodecKind::none || dtype == DataType::f32 || dtype == DataType::bf16 ||
+                    dtype == DataType::f16,
+                InvalidUsage,
+                "allreduce[" << compression::name(spec) << "]: compressed all-reduce takes f32, bf16 or f16 buffers, got "
+                             << to_string(dtype) << "; pass codec \"none\" for " << to_string(dtype));
+    return spec;
+  }
   // auto compresses only what it can (f32 sum/avg across ranks), and only between
   // hosts: inside a host the "link" is memory (shared memory or loopback copies), and
   // the host codec passes cost more memory traffic than the bytes they save. Across
@@ -260,11 +270,10 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
                            const CodecSpec& spec, const AllreduceOptions& options, int device) {
   const std::string codec = compression::name(spec);
   const std::string what = "allreduce[" + codec + "]";
-  // Everything is checked here, before any byte moves.
+  // Everything but the dtype (resolve_codec) is checked here, before any byte moves.
   const bool half = dtype == DataType::bf16 || dtype == DataType::f16;
-  BRAID_CHECK(dtype == DataType::f32 || half, InvalidUsage,
-              what << ": compressed all-reduce takes f32, bf16 or f16 buffers, got " << to_string(dtype)
-                   << "; pass codec \"none\" for " << to_string(dtype));
+  BRAID_CHECK(dtype == DataType::f32 || half, Internal,
+              what << ": " << to_string(dtype) << " buffers reached the compressor (resolve_codec refuses them)");
   // bf16/f16 device buffers with a codec are staged by the communicator (they are widened
   // to f32 by host tasks): they never reach here with a device.
   BRAID_CHECK(!half || device < 0, Internal,

@@ -366,8 +366,10 @@ bool same_elem(DataType t, const std::uint8_t* a, const std::uint8_t* b) {
   }
 }
 
-const DataType kTypes[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                           DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+// fp8 operands are random bytes (NaNs and e5m2 infinities included); results must match
+// bit for bit (NaN is always 0x7f).
+const DataType kTypes[] = {DataType::f32, DataType::f64, DataType::f16,    DataType::bf16,  DataType::i8,
+                           DataType::u8,  DataType::i32, DataType::i64,    DataType::f8e4m3, DataType::f8e5m2};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg};
 
 struct Offsets {

@@ -11,6 +11,7 @@
 #include "kernels/host/reduce.hpp"
 #include "kernels/host/rng.hpp"
 
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,6 +53,35 @@ void check_fp8() {
 TEST(CudaRecipes, Fp8ConversionsMatchTheHost) {
   check_fp8<BlockFormat::fp8e4m3>();
   check_fp8<BlockFormat::fp8e5m2>();
+}
+
+// narrow() (the f8e4m3/f8e5m2 element types' rounding, host fp8.hpp and device
+// codec_device.cuh) is CUDA's own __nv_cvt_float_to_fp8(v, __NV_SATFINITE, ...) (what the
+// __nv_fp8_e4m3(float) / __nv_fp8_e5m2(float) constructors call; here its host code) bit
+// for bit: every fp8 value, the midpoints and their neighbours, infinities, NaNs, and
+// every 61st float pattern.
+template <BlockFormat F>
+void check_narrow_is_cuda_satfinite() {
+  const __nv_fp8_interpretation_t kind = F == BlockFormat::fp8e4m3 ? __NV_E4M3 : __NV_E5M2;
+  auto check = [&](float f) {
+    const auto cuda = static_cast<std::uint32_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, kind));
+    ASSERT_EQ(d::Fp8<F>::narrow(f), cuda) << std::hex << fbits(f);
+    ASSERT_EQ(hk::float_to_fp8(f, F), cuda) << std::hex << fbits(f);
+  };
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const float v = d::Fp8<F>::decode(c), w = d::Fp8<F>::decode(c + 1);
+    for (float x : {v, std::nextafter(v, 0.0f), std::nextafter(v, 1e30f), std::nextafter(v, -1e30f)}) check(x);
+    if (c < 255 && std::isfinite(v) && std::isfinite(w)) {
+      const float mid = (v + w) / 2;
+      for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f), -mid}) check(x);
+    }
+  }
+  for (float x : {INFINITY, -INFINITY, NAN, -NAN, 1e30f, -1e30f, 0x1p-40f, -0x1p-40f}) check(x);
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 61) check(d::u2f(static_cast<std::uint32_t>(u)));
+}
+TEST(CudaRecipes, Fp8NarrowIsCudasSatfiniteConversion) {
+  check_narrow_is_cuda_satfinite<BlockFormat::fp8e4m3>();
+  check_narrow_is_cuda_satfinite<BlockFormat::fp8e5m2>();
 }
 
 TEST(CudaRecipes, PhiloxKeyingMatchesTheHost) {

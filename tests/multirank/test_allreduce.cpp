@@ -4,8 +4,11 @@
 // on every rank and equal to a reference: exact for integers and min/max; for sums
 // within (n-1)·u·Σ|x| (u = unit roundoff of the type: each of the n-1 additions on
 // the way rounds once), for avg that bound / n plus one rounding, for prod within
-// (n-1)·u·|result| (docs/algorithms.md).
+// (n-1)·u·|result| (docs/algorithms.md). fp8 rounds so coarsely (u = 2^-4, 2^-3) that
+// the first-order bounds are replaced by γ(n-1) = (n-1)u / (1 - (n-1)u), plus the
+// absolute error of results in the subnormal range.
 #include "core/unique_id.hpp"
+#include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/reduce.hpp"
 #include "test_support.hpp"
 
@@ -30,8 +33,23 @@ double unit_roundoff(DataType t) {
     case DataType::f64: return std::ldexp(1.0, -53);
     case DataType::f16: return std::ldexp(1.0, -11);
     case DataType::bf16: return std::ldexp(1.0, -8);
+    case DataType::f8e4m3: return std::ldexp(1.0, -4);
+    case DataType::f8e5m2: return std::ldexp(1.0, -3);
     default: return 0;
   }
+}
+
+// Half the smallest subnormal: the absolute error of one rounding near zero.
+double underflow_error(DataType t) {
+  switch (t) {
+    case DataType::f8e4m3: return std::ldexp(1.0, -10);
+    case DataType::f8e5m2: return std::ldexp(1.0, -17);
+    default: return 0;  // the fill keeps the other types' results far from their subnormals
+  }
+}
+
+kernels::BlockFormat fp8_format(DataType t) {
+  return t == DataType::f8e4m3 ? kernels::BlockFormat::fp8e4m3 : kernels::BlockFormat::fp8e5m2;
 }
 
 double load(DataType t, const std::byte* p, std::size_t i) {
@@ -40,6 +58,8 @@ double load(DataType t, const std::byte* p, std::size_t i) {
     case DataType::f64: return reinterpret_cast<const double*>(p)[i];
     case DataType::f16: return kernels::half_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
     case DataType::bf16: return kernels::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DataType::f8e4m3:
+    case DataType::f8e5m2: return kernels::fp8_to_float(reinterpret_cast<const std::uint8_t*>(p)[i], fp8_format(t));
     default: return 0;
   }
 }
@@ -79,6 +99,10 @@ void fill(DataType t, ReduceOp op, std::byte* p, std::size_t n, std::mt19937& rn
       case DataType::u8: reinterpret_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(k); break;
       case DataType::i32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(k * 1000003); break;
       case DataType::i64: reinterpret_cast<std::int64_t*>(p)[i] = k * 1000000007LL; break;
+      case DataType::f8e4m3:
+      case DataType::f8e5m2:
+        reinterpret_cast<std::uint8_t*>(p)[i] = kernels::float_to_fp8(static_cast<float>(f), fp8_format(t));
+        break;
     }
   }
 }
@@ -98,7 +122,7 @@ std::size_t check(DataType t, ReduceOp op, const std::vector<std::vector<std::by
         const double v = load(t, in[static_cast<std::size_t>(r)].data(), i);
         mag += std::fabs(v);
         switch (op) {
-          case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+          case ReduceOp::sum: case ReduceOp::avg: case ReduceOp::premul_sum: acc += v; break;
           case ReduceOp::prod: acc *= v; break;
           case ReduceOp::min: acc = std::min(acc, v); break;
           case ReduceOp::max: acc = std::max(acc, v); break;
@@ -107,11 +131,14 @@ std::size_t check(DataType t, ReduceOp op, const std::vector<std::vector<std::by
       // For f64 the double-precision reference rounds as often as the library does, so
       // the two may each be off by the bound.
       const double u = unit_roundoff(t) * (t == DataType::f64 ? 2 : 1);
+      const bool fp8 = t == DataType::f8e4m3 || t == DataType::f8e5m2;
+      const double nu = (n - 1) * u, g = fp8 ? nu / (1 - nu) : nu;  // γ(n-1), first order for wide types
+      const double eta = underflow_error(t) * (n - 1) * std::pow(1.5, n - 1);  // prod factors are <= 1.5
       got = load(t, out, i);
       want = acc;
-      if (op == ReduceOp::sum) bound = (n - 1) * u * mag;
-      if (op == ReduceOp::avg) want = acc / n, bound = (n - 1) * u * mag / n + u * std::fabs(want) * 2;
-      if (op == ReduceOp::prod) bound = (n - 1) * u * std::fabs(acc) * 1.01;
+      if (op == ReduceOp::sum) bound = g * mag;
+      if (op == ReduceOp::avg) want = acc / n, bound = g * mag / n + u * std::fabs(want) * 2 + eta;
+      if (op == ReduceOp::prod) bound = g * std::fabs(acc) * 1.01 + eta;
       ok = std::fabs(got - want) <= bound;
     } else {
       std::uint64_t acc = load_int(t, in[0].data(), i);
@@ -120,7 +147,7 @@ std::size_t check(DataType t, ReduceOp op, const std::vector<std::vector<std::by
         const std::uint64_t v = load_int(t, in[static_cast<std::size_t>(r)].data(), i);
         const std::int64_t sv = as_signed(t, v);
         switch (op) {
-          case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+          case ReduceOp::sum: case ReduceOp::avg: case ReduceOp::premul_sum: acc += v; break;
           case ReduceOp::prod: acc *= v; break;
           case ReduceOp::min: sacc = std::min(sacc, sv); break;
           case ReduceOp::max: sacc = std::max(sacc, sv); break;
@@ -226,7 +253,9 @@ TEST(PremulSum, ScalesEveryInputOnceBeforeTheSum) {
             for (std::size_t i = 0; i < count; ++i)
               ASSERT_EQ(out[i], want(i, s)) << "world " << n << " " << to_string(a) << (det ? " deterministic" : "")
                                             << (in_place ? " in place" : "") << " element " << i;
-            if (!in_place) ASSERT_EQ(in[5], x(r, 5)) << "the input was written";
+            if (!in_place) {
+              ASSERT_EQ(in[5], x(r, 5)) << "the input was written";
+            }
           });
         }
     // reduce to the last rank, and reduce-scatter, in and out of place.
@@ -239,8 +268,9 @@ TEST(PremulSum, ScalesEveryInputOnceBeforeTheSum) {
         o.root = n - 1;
         o.scale = 0.5;
         g[r].reduce(in_place ? out.data() : in.data(), out.data(), count, DataType::f32, ReduceOp::premul_sum, o).wait();
-        if (r == n - 1)
+        if (r == n - 1) {
           for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], want(i, 0.5)) << "reduce element " << i;
+        }
         const std::size_t block = 37;
         std::vector<float> all(block * static_cast<std::size_t>(n)), mine(block, -1.0f);
         for (std::size_t i = 0; i < all.size(); ++i) all[i] = x(r, i);
@@ -306,6 +336,41 @@ TEST(AllreduceSemantics, NanAndInfPropagate) {
     if (op == ReduceOp::sum) {
       EXPECT_TRUE(std::isinf(out[0][2]));
       EXPECT_TRUE(std::isnan(out[0][3]));  // inf + -inf
+    }
+  }
+}
+
+// fp8 sums saturate at every step (CUDA's satfinite) instead of overflowing to NaN (e4m3)
+// or inf (e5m2); an e5m2 inf input saturates too; NaN stays NaN (0x7f); every algorithm,
+// every rank the same bits.
+TEST(AllreduceSemantics, Fp8Saturates) {
+  Group g(4);
+  for (Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd}) {
+    std::vector<std::vector<std::uint8_t>> e4(4), e5(4);
+    for (int r = 0; r < 4; ++r) {
+      e4[static_cast<std::size_t>(r)] = {0x7e, 0xfe, 0x38, static_cast<std::uint8_t>(r == 2 ? 0xff : 0x38)};
+      e5[static_cast<std::size_t>(r)] = {0x7b, static_cast<std::uint8_t>(r == 1 ? 0x7c : 0x3c), 0xfb, 0x3c};
+    }
+    run_threads(4, [&](int r) {
+      AllreduceOptions o;
+      o.algorithm = algo;
+      auto& a = e4[static_cast<std::size_t>(r)];
+      auto& b = e5[static_cast<std::size_t>(r)];
+      g[r].allreduce(a.data(), a.data(), a.size(), DataType::f8e4m3, ReduceOp::sum, o).wait();
+      g[r].allreduce(b.data(), b.data(), b.size(), DataType::f8e5m2, ReduceOp::sum, o).wait();
+    });
+    for (int r = 0; r < 4; ++r) {
+      SCOPED_TRACE(std::string(to_string(algo)) + " rank " + std::to_string(r));
+      const auto& a = e4[static_cast<std::size_t>(r)];
+      const auto& b = e5[static_cast<std::size_t>(r)];
+      EXPECT_EQ(a[0], 0x7e);  // 4 x 448 -> 448
+      EXPECT_EQ(a[1], 0xfe);  // 4 x -448 -> -448
+      EXPECT_EQ(a[2], 0x48);  // 4 x 1.0 = 4.0
+      EXPECT_EQ(a[3], 0x7f);  // a NaN (-NaN 0xff on one rank) gives 0x7f
+      EXPECT_EQ(b[0], 0x7b);  // 4 x 57344 -> 57344
+      EXPECT_EQ(b[1], 0x7b);  // inf + 3 -> 57344 (satfinite)
+      EXPECT_EQ(b[2], 0xfb);
+      EXPECT_EQ(b[3], 0x44);  // 4.0
     }
   }
 }

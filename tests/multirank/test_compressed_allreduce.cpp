@@ -195,6 +195,11 @@ TEST(Compressed, BadCallsAreRefusedBeforeAnyByteMoves) {
     AllreduceOptions o;
     o.codec = "int8";
     refused([&] { g[r].allreduce(d.data(), d.data(), d.size(), DataType::f64, ReduceOp::sum, o); }, "f32, bf16 or f16");
+    // fp8 buffers: no codec takes them, and nothing is written.
+    std::vector<std::uint8_t> e(100, 0x38);
+    for (DataType t : {DataType::f8e4m3, DataType::f8e5m2})
+      refused([&] { g[r].allreduce(e.data(), e.data(), e.size(), t, ReduceOp::sum, o); }, "f32, bf16 or f16");
+    EXPECT_EQ(e, std::vector<std::uint8_t>(100, 0x38));
     refused([&] { g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::max, o); }, "sum and avg");
     o.codec = "int9";
     refused([&] { g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::sum, o); }, "int8");
@@ -207,6 +212,11 @@ TEST(Compressed, BadCallsAreRefusedBeforeAnyByteMoves) {
     o.ef_key = "b0";
     g[r].allreduce(f.data(), f.data(), f.size(), DataType::f32, ReduceOp::sum, o).wait();
     refused([&] { g[r].allreduce(f.data(), f.data(), 50, DataType::f32, ReduceOp::sum, o); }, "b0");
+    // codec=auto on fp8 picks none: a plain sum.
+    AllreduceOptions a;
+    a.codec = "auto";
+    g[r].allreduce(e.data(), e.data(), e.size(), DataType::f8e5m2, ReduceOp::sum, a).wait();
+    EXPECT_EQ(e[7], 0x3c);  // e5m2 0x38 = 0.5: 0.5 + 0.5 = 1.0 (0x3c)
     // The communicator is still healthy after the refusals.
     std::vector<float> ones(10, 1.0f);
     g[r].allreduce(ones.data(), ones.data(), ones.size(), DataType::f32, ReduceOp::sum).wait();

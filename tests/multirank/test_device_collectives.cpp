@@ -197,6 +197,12 @@ void fill(DataType t, std::byte* p, std::size_t n, int rank, std::size_t salt) {
       case DataType::i8: case DataType::u8: { p[i] = static_cast<std::byte>(v); break; }
       case DataType::i32: { const std::int32_t x = v; std::memcpy(p + 4 * i, &x, 4); break; }
       case DataType::i64: { const std::int64_t x = v * 1000003LL; std::memcpy(p + 8 * i, &x, 8); break; }
+      case DataType::f8e4m3:
+      case DataType::f8e5m2: {
+        const auto f = t == DataType::f8e4m3 ? kernels::BlockFormat::fp8e4m3 : kernels::BlockFormat::fp8e5m2;
+        p[i] = static_cast<std::byte>(kernels::float_to_fp8(static_cast<float>(v) * 0.375f, f));
+        break;
+      }
     }
   }
 }
@@ -323,8 +329,8 @@ void check_case(Communicator& c, const Case& k, gpu::Stream stream, RankBuffers&
 
 std::vector<Case> cases(int world) {
   std::vector<Case> out;
-  const DataType all_types[] = {DataType::f32, DataType::f64, DataType::f16, DataType::bf16,
-                                DataType::i8,  DataType::u8,  DataType::i32, DataType::i64};
+  const DataType all_types[] = {DataType::f32, DataType::f64, DataType::f16,    DataType::bf16,  DataType::i8,
+                                DataType::u8,  DataType::i32, DataType::i64,    DataType::f8e4m3, DataType::f8e5m2};
   const ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg,
                               ReduceOp::premul_sum};
   for (DataType t : all_types)
@@ -345,6 +351,9 @@ std::vector<Case> cases(int world) {
       out.push_back({Kind::alltoall, DataType::u8, ReduceOp::sum, n, ip});
       out.push_back({Kind::gather, DataType::i64, ReduceOp::sum, n, ip, world / 2});
       out.push_back({Kind::scatter, DataType::f16, ReduceOp::sum, n, ip, world - 1});
+      out.push_back({Kind::allgather, DataType::f8e4m3, ReduceOp::sum, n, ip});
+      out.push_back({Kind::broadcast, DataType::f8e5m2, ReduceOp::sum, n, ip, 0});
+      out.push_back({Kind::reduce_scatter, DataType::f8e5m2, ReduceOp::sum, n, ip});
     }
   out.push_back({Kind::sendrecv, DataType::i64, ReduceOp::sum, 3001, false});
   // Compressed all-reduce (f32 sum/avg), with error feedback where the codec needs it:
@@ -516,6 +525,40 @@ TEST(DevicePath, HalfBuffersWithACodecAreStaged) {
     ho.codec = "int8";
     g[r].allreduce(host.data(), host.data(), count, DataType::bf16, ReduceOp::sum, ho).wait();
     EXPECT_EQ(std::vector<std::uint16_t>(back.data(), back.data() + count), host);
+  });
+}
+
+// fp8 device buffers with a codec (the codecs take f32/f16/bf16 only) are refused with
+// InvalidUsage when the call is made, on either device path, and nothing is written.
+TEST(DevicePath, Fp8BuffersWithACodecAreRefusedBeforeAnyByteMoves) {
+  if (skip_without_device()) GTEST_SKIP() << "no device runtime: " << rt().describe();
+  const std::size_t count = 1001;
+  test::Group g(2);
+  run_threads(2, [&](int r) {
+    OwnStream s;
+    DeviceBuffer buf(count);
+    PinnedHost<std::uint8_t> in(count, 0x38), back(count, 0);
+    rt().copy_async(buf.data(), in.data(), count, s.s);
+    for (DataType t : {DataType::f8e4m3, DataType::f8e5m2}) {
+      AllreduceOptions o;
+      o.stream = s.s;
+      o.codec = "int8";
+      try {
+        g[r].allreduce(buf.data(), buf.data(), count, t, ReduceOp::sum, o);
+        ADD_FAILURE() << to_string(t) << " with a codec was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::InvalidUsage) << e.what();
+        EXPECT_NE(std::string(e.what()).find("f32, bf16 or f16"), std::string::npos) << e.what();
+      }
+    }
+    // codec=auto picks none for fp8: the sum is the plain one.
+    AllreduceOptions o;
+    o.stream = s.s;
+    o.codec = "auto";
+    g[r].allreduce(buf.data(), buf.data(), count, DataType::f8e4m3, ReduceOp::sum, o).wait();
+    rt().copy_async(back.data(), buf.data(), count, s.s);
+    rt().synchronize(s.s);
+    for (std::size_t i = 0; i < count; i += 97) ASSERT_EQ(back[i], 0x40) << i;  // 1 + 1 = 2
   });
 }
 

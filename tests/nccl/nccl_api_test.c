@@ -18,6 +18,7 @@
 #include <braid/nccl.h>
 #endif
 
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,6 +53,18 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The value of an OCP fp8 byte (ebits 4: E4M3, bias 7, S.1111.111 NaN; ebits 5: E5M2,
+ * bias 15, IEEE-like), written from the format's definition. */
+static double fp8_value(unsigned char b, int ebits) {
+  const int mbits = 7 - ebits, bias = ebits == 4 ? 7 : 15;
+  const int e = (b >> mbits) & ((1 << ebits) - 1), m = b & ((1 << mbits) - 1);
+  const double sign = (b & 0x80) ? -1.0 : 1.0;
+  if (ebits == 4 && e == 15 && m == 7) return NAN;
+  if (ebits == 5 && e == 31) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * ldexp((double)m, 1 - bias - mbits);
+  return sign * ldexp(1.0 + (double)m / (1 << mbits), e - bias);
 }
 
 /* Every collective on host buffers, with values that check placement and reduction. */
@@ -98,6 +111,29 @@ static void collectives(ncclComm_t comm) {
     for (int r = 1; r <= n; ++r) fact *= r;
     if (me == root) CHECK(out[0] == fact);
     else CHECK(out[0] == 0);
+  }
+  { /* fp8 reductions (f32 inside, rounded back, saturating): sums of ones, a sum past the
+     * largest finite value (448 / 57344: it saturates, it does not become NaN or inf),
+     * min and max of mixed signs. Expected values decoded independently (fp8_value). */
+    unsigned char e4[4], e5[4];
+    e4[0] = 0x38, e5[0] = 0x3c; /* 1.0 */
+    e4[1] = 0x7e, e5[1] = 0x7b; /* 448, 57344: the largest finite values */
+    e4[2] = me == 0 ? 0xb8 : 0x30, e5[2] = me == 0 ? 0xbc : 0x38; /* -1.0 on rank 0, else 0.5 */
+    e4[3] = (unsigned char)(0x38 + me), e5[3] = (unsigned char)(0x3c + me); /* 1 + me/8, 1 + me/4 */
+    unsigned char e4max[4], e5max[4], e4min[4], e5min[4];
+    memcpy(e4max, e4, 4), memcpy(e5max, e5, 4), memcpy(e4min, e4, 4), memcpy(e5min, e5, 4);
+    NCCLCHECK(ncclAllReduce(e4, e4, 2, ncclFloat8e4m3, ncclSum, comm, NULL));
+    NCCLCHECK(ncclAllReduce(e5, e5, 2, ncclFloat8e5m2, ncclSum, comm, NULL));
+    CHECK(fp8_value(e4[0], 4) == (double)n && fp8_value(e5[0], 5) == (double)n);
+    CHECK(e4[1] == 0x7e && e5[1] == 0x7b);
+    NCCLCHECK(ncclAllReduce(e4max + 2, e4max + 2, 2, ncclFloat8e4m3, ncclMax, comm, NULL));
+    NCCLCHECK(ncclAllReduce(e5max + 2, e5max + 2, 2, ncclFloat8e5m2, ncclMax, comm, NULL));
+    NCCLCHECK(ncclAllReduce(e4min + 2, e4min + 2, 2, ncclFloat8e4m3, ncclMin, comm, NULL));
+    NCCLCHECK(ncclAllReduce(e5min + 2, e5min + 2, 2, ncclFloat8e5m2, ncclMin, comm, NULL));
+    CHECK(fp8_value(e4max[2], 4) == (n > 1 ? 0.5 : -1.0) && fp8_value(e5max[2], 5) == (n > 1 ? 0.5 : -1.0));
+    CHECK(fp8_value(e4min[2], 4) == -1.0 && fp8_value(e5min[2], 5) == -1.0);
+    CHECK(fp8_value(e4max[3], 4) == 1 + (n - 1) / 8.0 && fp8_value(e5max[3], 5) == 1 + (n - 1) / 4.0);
+    CHECK(fp8_value(e4min[3], 4) == 1.0 && fp8_value(e5min[3], 5) == 1.0);
   }
   /* broadcast, and ncclBcast in place */
   for (size_t i = 0; i < count; ++i) f[i] = me == 1 % n ? (float)i : -1.0f;
@@ -199,7 +235,6 @@ static void errors(ncclComm_t comm) {
   CHECK(ncclAllReduce(x, x, 4, (ncclDataType_t)42, ncclSum, comm, NULL) == ncclInvalidArgument);
   CHECK(strstr(ncclGetLastError(NULL), "datatype") != NULL);
   CHECK(ncclAllReduce(x, x, 1, ncclUint32, ncclMax, comm, NULL) == ncclInvalidArgument);
-  CHECK(ncclAllReduce(x, x, 4, ncclFloat8e5m2, ncclSum, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclAllReduce(x, x, 4, ncclFloat, (ncclRedOp_t)9, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclBroadcast(x, x, 4, ncclFloat, n, comm, NULL) == ncclInvalidArgument);
   CHECK(ncclSend(x, 4, ncclFloat, -1, comm, NULL) == ncclInvalidArgument);

@@ -593,6 +593,70 @@ def fsdp2_dtensor(braid_pg, gloo_pg):
     print(f"rank {r}: functional collectives, DTensor and FSDP2 on braid == gloo")
 
 
+def fp8(braid_pg, gloo_pg):
+    """float8_e4m3fn / float8_e5m2 tensors on the braid backend (gloo has no fp8): sums of
+    multiples of 1/4 small enough to stay exact in any order, min, max, saturation at the
+    largest finite value, all_gather and broadcast, against references built here."""
+    r, n = dist.get_rank(), dist.get_world_size()
+
+    def bits(t):
+        return t.view(torch.uint8)
+
+    for dtype, k, top in ((torch.float8_e4m3fn, 2, 448.0), (torch.float8_e5m2, 1, 57344.0)):
+        def vals(rank):
+            g = torch.Generator().manual_seed(1000 + rank)
+            return torch.randint(-k, k + 1, (1001,), generator=g).float() * 0.25
+
+        x = vals(r).to(dtype)
+        for op, ref in ((dist.ReduceOp.SUM, lambda a, b: a + b), (dist.ReduceOp.MAX, torch.maximum),
+                        (dist.ReduceOp.MIN, torch.minimum)):
+            want = vals(0)
+            for q in range(1, n):
+                want = ref(want, vals(q))
+            y = x.clone()
+            dist.all_reduce(y, op=op, group=braid_pg)
+            assert torch.equal(bits(y), bits(want.to(dtype))), f"{dtype} {op}: {y[:6].float().tolist()}"
+        big = torch.full((7,), top).to(dtype)
+        dist.all_reduce(big, group=braid_pg)  # n x max saturates to max: no NaN, no inf
+        assert torch.equal(bits(big), bits(torch.full((7,), top).to(dtype))), f"{dtype} saturation: {big.tolist()}"
+        outs = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(outs, x, group=braid_pg)
+        for q in range(n):
+            assert torch.equal(bits(outs[q]), bits(vals(q).to(dtype))), f"{dtype} all_gather block {q}"
+        b = x.clone()
+        dist.broadcast(b, src=n - 1, group=braid_pg)
+        assert torch.equal(bits(b), bits(vals(n - 1).to(dtype))), f"{dtype} broadcast"
+    print(f"rank {r}: fp8 all_reduce, all_gather and broadcast ok")
+
+
+def premul(braid_pg, gloo_pg):
+    """PREMUL_SUM (torch.distributed._make_nccl_premul_sum, which FSDP uses to fold the
+    gradient division into the reduction; gloo has none): each rank's input times the
+    factor, then the sum, in all_reduce, reduce and reduce_scatter_tensor, with a number or
+    a one-element tensor as the factor; f16 inputs whose plain sum would overflow stay finite."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.arange(12, dtype=torch.float32) * (r + 1)
+    total = sum(q + 1 for q in range(n))
+    for factor in (0.5, torch.tensor([0.25])):
+        f = float(factor) if not isinstance(factor, torch.Tensor) else float(factor.item())
+        y = x.clone()
+        dist.all_reduce(y, op=dist._make_nccl_premul_sum(factor), group=braid_pg)
+        assert torch.equal(y, torch.arange(12, dtype=torch.float32) * total * f), f"all_reduce {factor}: {y.tolist()}"
+        z = x.clone()
+        dist.reduce(z, dst=n - 1, op=dist._make_nccl_premul_sum(factor), group=braid_pg)
+        if r == n - 1:
+            assert torch.equal(z, y), f"reduce {factor}: {z.tolist()}"
+        inp = torch.arange(3 * n, dtype=torch.float32) * (r + 1)
+        out = torch.empty(3)
+        dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(factor), group=braid_pg)
+        want = torch.arange(3 * r, 3 * r + 3, dtype=torch.float32) * total * f
+        assert torch.equal(out, want), f"reduce_scatter_tensor {factor}: {out.tolist()}"
+    h = torch.full((5,), 40000.0, dtype=torch.float16)
+    dist.all_reduce(h, op=dist._make_nccl_premul_sum(1.0 / n), group=braid_pg)
+    assert torch.isfinite(h).all() and abs(float(h[0]) - 40000.0) < 200, f"f16: {h.tolist()}"
+    print(f"rank {r}: premul_sum ok")
+
+
 def main():
     bt.init_process_group("gloo")  # braid:// rendezvous under braidrun
     braid_pg = dist.new_group(backend="braid")

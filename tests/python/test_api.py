@@ -41,6 +41,21 @@ def test_wrong_dtype(comm, bad):
         comm.allreduce(bad)
 
 
+def test_fp8_dtypes_are_element_types(comm):
+    """torch's float8 types map to braid's f8e4m3/f8e5m2; a one-rank all-reduce keeps the
+    bits, and a codec is refused (the codecs take f32/f16/bf16 only)."""
+    torch = pytest.importorskip("torch")
+    assert braid._TORCH_DTYPE_NAMES["torch.float8_e4m3fn"] == braid._C.DataType.f8e4m3
+    assert braid._TORCH_DTYPE_NAMES["torch.float8_e5m2"] == braid._C.DataType.f8e5m2
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        x = torch.tensor([1.0, -0.5, 448.0 if dt == torch.float8_e4m3fn else 57344.0]).to(dt)
+        before = x.view(torch.uint8).clone()
+        assert comm.allreduce(x) is x and torch.equal(x.view(torch.uint8), before)
+        with pytest.raises(braid.InvalidUsageError, match="f32, bf16 or f16"):
+            comm.allreduce(x, codec="int8")
+        assert torch.equal(x.view(torch.uint8), before)
+
+
 def test_non_contiguous(comm):
     with pytest.raises(braid.InvalidUsageError, match="not C-contiguous"):
         comm.allreduce(np.zeros(10, np.float32)[::2])

@@ -61,6 +61,7 @@
 #include "compression/codec.hpp"
 #include "compression/error_feedback.hpp"
 #include "compression/reference.hpp"
+#include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/reduce.hpp"
 
 #include <dirent.h>
@@ -431,12 +432,17 @@ class Schedule {
     o.count = pick_count(dtype_size(o.dtype), blocks);
     if (o.kind == Kind::reduce || (o.kind == Kind::allreduce && o.algorithm == Algorithm::automatic))
       from_menu(o, o.kind == Kind::reduce ? 2 : 0);
+    // fp8's exact values stay exact in any order only up to 8 ranks (make_value): beyond,
+    // the reference folds in the library's fixed order (det).
+    const bool fp8 = o.dtype == DataType::f8e4m3 || o.dtype == DataType::f8e5m2;
+    if (fp8 && world_ > 8) o.deterministic = true;
     if (!is_floating(o.dtype)) {
       o.values = Values::integer;
     } else if (o.deterministic || o.op == ReduceOp::min || o.op == ReduceOp::max) {
-      o.values = v < 0.6 ? Values::det : Values::exact;
+      o.values = v < 0.6 || (fp8 && world_ > 8) ? Values::det : Values::exact;
     } else if (o.kind == Kind::allreduce && (o.op == ReduceOp::sum || o.op == ReduceOp::avg)) {
-      o.values = v < 0.4 ? Values::tol : Values::exact;
+      // fp8's rounding (u = 2^-4, 2^-3) is too coarse for the first-order bound of tol.
+      o.values = v < 0.4 && !fp8 ? Values::tol : Values::exact;
     } else {
       o.values = Values::exact;
     }
@@ -588,6 +594,18 @@ struct Elem<DataType::bf16> : FloatElem<std::uint16_t> {
   static std::uint16_t store(float c) { return kernels::float_to_bf16(c); }
   static constexpr double unit = 0x1p-8;
 };
+template <>
+struct Elem<DataType::f8e4m3> : FloatElem<std::uint8_t> {
+  static float load(std::uint8_t s) { return kernels::fp8_to_float(s, kernels::BlockFormat::fp8e4m3); }
+  static std::uint8_t store(float c) { return kernels::float_to_fp8(c, kernels::BlockFormat::fp8e4m3); }
+  static constexpr double unit = 0x1p-4;
+};
+template <>
+struct Elem<DataType::f8e5m2> : FloatElem<std::uint8_t> {
+  static float load(std::uint8_t s) { return kernels::fp8_to_float(s, kernels::BlockFormat::fp8e5m2); }
+  static std::uint8_t store(float c) { return kernels::float_to_fp8(c, kernels::BlockFormat::fp8e5m2); }
+  static constexpr double unit = 0x1p-3;
+};
 template <class S>
 struct IntElem {
   using Store = S;
@@ -620,6 +638,10 @@ auto with_dtype(DataType t, F&& f) {
       return f(std::integral_constant<DataType, DataType::u8>{});
     case DataType::i32:
       return f(std::integral_constant<DataType, DataType::i32>{});
+    case DataType::f8e4m3:
+      return f(std::integral_constant<DataType, DataType::f8e4m3>{});
+    case DataType::f8e5m2:
+      return f(std::integral_constant<DataType, DataType::f8e5m2>{});
     case DataType::i64:
       break;
   }
@@ -649,6 +671,10 @@ typename Elem<D>::Store make_value(std::uint64_t h, Values v, ReduceOp op) {
           static const float f[6] = {-2.0f, -1.0f, -0.5f, 0.5f, 1.0f, 2.0f};
           return E::store(f[h % 6]);
         }
+        // fp8 keeps every partial sum of up to 8 ranks exact: multiples of 1/4 below 4
+        // (e4m3, 4 significant bits) or 2 (e5m2, 3 bits).
+        if constexpr (D == DataType::f8e4m3) return E::store(static_cast<float>(static_cast<int>(h % 5) - 2) * 0.25f);
+        if constexpr (D == DataType::f8e5m2) return E::store(static_cast<float>(static_cast<int>(h % 3) - 1) * 0.25f);
         return E::store(static_cast<float>(static_cast<int>(h % 17) - 8) * 0.25f);
       }
       case Values::det:

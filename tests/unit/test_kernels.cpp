@@ -1,7 +1,8 @@
 // Proves the host reduction kernels (src/kernels/host/reduce.cpp) against independent
 // scalar references: every dtype x op at awkward lengths, in-place aliasing, NaN/inf
-// propagation, integer wrap-around, divide(), and the f16/bf16 conversions (exhaustive
-// over all 65536 bit patterns, and at every rounding tie). The references below use
+// propagation, integer wrap-around, divide(), the f16/bf16 conversions (exhaustive
+// over all 65536 bit patterns, and at every rounding tie), and fp8 (every pair of
+// values, every op, against the exact result rounded once). The references below use
 // double arithmetic and std::rint, not the bit tricks of the kernels.
 #include "kernels/host/bits.hpp"
 #include "kernels/host/reduce.hpp"
@@ -84,6 +85,34 @@ std::uint16_t ref_float_to_bf16(float f) {
 
 float ref_bf16_to_float(std::uint16_t h) { return u2f(static_cast<std::uint32_t>(h) << 16); }
 
+// OCP fp8 by its definition: E4M3 ("fn": bias 7, no inf, S.1111.111 NaN) when e4m3, else
+// E5M2 (bias 15, IEEE-like).
+double ref_fp8_value(std::uint8_t b, bool e4m3) {
+  const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, efield = e4m3 ? 15 : 31;
+  const int e = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+  const double sign = (b & 0x80) ? -1.0 : 1.0;
+  if (e4m3 && (b & 0x7f) == 0x7f) return std::nan("");
+  if (!e4m3 && e == efield) return m ? std::nan("") : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(m, 1 - bias - mbits);
+  return sign * std::ldexp((1 << mbits) + m, e - bias - mbits);
+}
+
+// x rounded once to nearest even, saturating to the largest finite value (infinities
+// too), NaN -> 0x7f: CUDA's __NV_SATFINITE conversion.
+std::uint8_t ref_to_fp8(double x, bool e4m3) {
+  const std::uint32_t maxcode = e4m3 ? 0x7e : 0x7b;
+  if (std::isnan(x)) return 0x7f;
+  const std::uint32_t sign = std::signbit(x) ? 0x80u : 0u;
+  if (std::isinf(x)) return static_cast<std::uint8_t>(sign | maxcode);
+  // e4m3 has no all-ones exponent for inf: 16 is never reached below 2^9, and anything
+  // past the largest code saturates.
+  std::uint32_t c = ref_encode(std::fabs(x), e4m3 ? 3 : 2, e4m3 ? 7 : 15, e4m3 ? 16 : 31);
+  if (c > maxcode) c = maxcode;
+  return static_cast<std::uint8_t>(sign | c);
+}
+
+bool is_fp8(DataType dt) { return dt == DataType::f8e4m3 || dt == DataType::f8e5m2; }
+
 bool half_is_nan(std::uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 bool bf16_is_nan(std::uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
@@ -140,6 +169,12 @@ T ref_elem(DataType dt, ReduceOp op, T a, T b) {
       return ref_float_to_half(ref_float_op(op, ref_half_to_float(a), ref_half_to_float(b)));
     if (dt == DataType::bf16)
       return ref_float_to_bf16(ref_float_op(op, ref_bf16_to_float(a), ref_bf16_to_float(b)));
+  }
+  if constexpr (std::is_same_v<T, std::uint8_t>) {
+    if (is_fp8(dt)) {
+      const bool e4 = dt == DataType::f8e4m3;
+      return ref_to_fp8(ref_float_op(op, ref_fp8_value(a, e4), ref_fp8_value(b, e4)), e4);
+    }
   }
   if constexpr (std::is_floating_point_v<T>)
     return ref_float_op(op, a, b);
@@ -254,6 +289,8 @@ void for_each_dtype(DataType dt, F&& f) {
     case DataType::u8: f(std::uint8_t{}); break;
     case DataType::i32: f(std::int32_t{}); break;
     case DataType::i64: f(std::int64_t{}); break;
+    case DataType::f8e4m3:
+    case DataType::f8e5m2: f(std::uint8_t{}); break;  // every byte: NaN and inf included
   }
 }
 
@@ -423,6 +460,20 @@ TEST(Scale, EveryTypeAgainstAReference) {
     scale(DataType::f32, inplace.data(), inplace.data(), n, factor);
     ASSERT_EQ(0, std::memcmp(inplace.data(), fo.data(), n * sizeof(float)));
   }
+  // fp8: every code times the factor, rounded once (satfinite) against the reference.
+  for (DataType dt : {DataType::f8e4m3, DataType::f8e5m2}) {
+    const bool e4 = dt == DataType::f8e4m3;
+    std::uint8_t in[256], out[256];
+    for (int c = 0; c < 256; ++c) in[c] = static_cast<std::uint8_t>(c);
+    for (double factor : {0.5, -3.0, 100.0}) {
+      scale(dt, out, in, 256, factor);
+      for (int c = 0; c < 256; ++c) {
+        const float want_v = ref_fp8_value(in[c], e4) * static_cast<float>(factor);
+        ASSERT_TRUE(same_result(dt, ReduceOp::sum, ref_to_fp8(want_v, e4), out[c]))
+            << to_string(dt) << " code " << c << " x " << factor;
+      }
+    }
+  }
   // f16: scaling first keeps 2 x 40000 in range (the plain sum overflows to inf).
   const std::uint16_t big = float_to_half(40000.0f);
   std::uint16_t half_big = 0;
@@ -527,6 +578,75 @@ TEST(ReduceHalf, SumRoundsToNearestEven) {
   });
 }
 
+// --- fp8 ------------------------------------------------------------------------------
+
+// Every pair of fp8 values (2^16, NaNs and e5m2's infinities included) under every op, on
+// every path, equals the exact result (double holds every sum and product of two fp8
+// values exactly) rounded once: so widening to f32 and rounding back loses nothing to
+// double rounding, saturates and keeps NaN a NaN.
+TEST(ReduceFp8, EveryPairMatchesTheExactResultRoundedOnce) {
+  constexpr std::size_t n = 65536;
+  std::vector<std::uint8_t> a(n), b(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<std::uint8_t>(i);
+    b[i] = static_cast<std::uint8_t>(i >> 8);
+  }
+  for_each_path([&](const std::string& path) {
+    SCOPED_TRACE("path " + path);
+    for (DataType dt : {DataType::f8e4m3, DataType::f8e5m2}) {
+      const bool e4 = dt == DataType::f8e4m3;
+      for (int o = 0; o < kNumReduceOps; ++o) {
+        const auto op = static_cast<ReduceOp>(o);
+        std::vector<std::uint8_t> out(n);
+        reduce(dt, op, out.data(), a.data(), b.data(), n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double x = ref_fp8_value(a[i], e4), y = ref_fp8_value(b[i], e4);
+          double exact = 0;
+          switch (op) {
+            case ReduceOp::sum:
+            case ReduceOp::avg:
+            case ReduceOp::premul_sum: exact = x + y; break;
+            case ReduceOp::prod: exact = x * y; break;
+            case ReduceOp::min: exact = std::isnan(x) || std::isnan(y) ? NAN : (x < y ? x : y); break;
+            case ReduceOp::max: exact = std::isnan(x) || std::isnan(y) ? NAN : (x > y ? x : y); break;
+          }
+          ASSERT_EQ(out[i], ref_to_fp8(exact, e4))
+              << to_string(dt) << " " << to_string(op) << std::hex << " a=0x" << int{a[i]} << " b=0x" << int{b[i]};
+        }
+      }
+    }
+  });
+}
+
+// The documented edges, by value: saturation instead of NaN/inf, ties to even, NaN -> 0x7f.
+TEST(ReduceFp8, SaturatesRoundsToEvenAndCanonicalisesNan) {
+  auto one = [](DataType dt, ReduceOp op, std::uint8_t x, std::uint8_t y) {
+    std::vector<std::uint8_t> va(131, x), vb(131, y), out(131);  // vector body and tail
+    reduce(dt, op, out.data(), va.data(), vb.data(), va.size());
+    EXPECT_EQ(out[0], out[130]);
+    return out[130];
+  };
+  const auto e4 = DataType::f8e4m3, e5 = DataType::f8e5m2;
+  for_each_path([&](const std::string& path) {
+    SCOPED_TRACE("path " + path);
+    EXPECT_EQ(one(e4, ReduceOp::sum, 0x7e, 0x7e), 0x7e);  // 448 + 448 -> 448, not NaN
+    EXPECT_EQ(one(e4, ReduceOp::sum, 0xfe, 0xfe), 0xfe);  // -448 - 448 -> -448
+    EXPECT_EQ(one(e4, ReduceOp::sum, 0x7e, 0x50), 0x7e);  // 448 + 8 = 456 -> 448
+    EXPECT_EQ(one(e4, ReduceOp::sum, 0x38, 0x18), 0x38);  // 1 + 1/16: tie -> 1 (even)
+    EXPECT_EQ(one(e4, ReduceOp::sum, 0x39, 0x18), 0x3a);  // 1.125 + 1/16: tie -> 1.25 (even)
+    EXPECT_EQ(one(e4, ReduceOp::prod, 0x01, 0x30), 0x00);  // 2^-9 * 0.5: tie -> 0
+    EXPECT_EQ(one(e4, ReduceOp::max, 0xff, 0x38), 0x7f);  // NaN wins, as 0x7f
+    EXPECT_EQ(one(e4, ReduceOp::min, 0x38, 0xff), 0x7f);
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0x7b, 0x7b), 0x7b);  // 57344 + 57344 -> 57344
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0x7c, 0x3c), 0x7b);  // inf + 1 -> 57344 (satfinite)
+    EXPECT_EQ(one(e5, ReduceOp::max, 0xfc, 0xfc), 0xfb);  // -inf -> -57344
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0x7c, 0xfc), 0x7f);  // inf - inf = NaN -> 0x7f
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0xfe, 0x3c), 0x7f);  // -NaN (0xfe) -> 0x7f
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0x3c, 0x30), 0x3c);  // 1 + 1/8: tie -> 1 (even)
+    EXPECT_EQ(one(e5, ReduceOp::sum, 0x3d, 0x30), 0x3e);  // 1.25 + 1/8: tie -> 1.5 (even)
+  });
+}
+
 // --- Integer wrap -----------------------------------------------------------------------
 
 template <class T>
@@ -612,6 +732,14 @@ TEST(Divide, MatchesReferenceAllTypes) {
                 : ref_float_to_bf16(ref_bf16_to_float(v[i]) / static_cast<float>(d));
             ASSERT_EQ(r[i], want) << to_string(dt) << " n=" << n << " i=" << i << " v=" << v[i] << " d=" << d;
           }
+        }
+        for (DataType dt : {DataType::f8e4m3, DataType::f8e5m2}) {
+          const auto v = random_data<std::uint8_t>(dt, n, 14);
+          const auto r = divided(dt, v, d);
+          const bool e4 = dt == DataType::f8e4m3;
+          for (std::size_t i = 0; i < n; ++i)
+            ASSERT_EQ(r[i], ref_to_fp8(ref_fp8_value(v[i], e4) / d, e4))
+                << to_string(dt) << " n=" << n << " i=" << i << " v=" << int{v[i]} << " d=" << d;
         }
         {
           const auto v = random_data<std::int32_t>(DataType::i32, n, 10);

@@ -51,7 +51,8 @@ BRAID_DEV void uniforms8(std::uint64_t seed, std::uint64_t step, std::uint64_t g
 }
 
 // ---------------------------------------------------------------------------------------
-// fp8 (codec_kernels.cpp Fp8<F>).
+// fp8 (kernels/host/fp8.hpp Fp8<F>): the codecs' conversions and the f8e4m3/f8e5m2
+// element types' (reduce.cu).
 
 template <BlockFormat F>
 struct Fp8 {
@@ -76,6 +77,10 @@ struct Fp8 {
     std::uint32_t r = a < kMinNormalBits ? sub : normal;
     r = r < kMaxCode ? r : kMaxCode;
     return r | sign;
+  }
+  // Any v: encode(), and NaN -> 0x7f (CUDA's satfinite conversion, fp8.hpp narrow).
+  static BRAID_DEV std::uint32_t narrow(float v) {
+    return (f2u(v) & 0x7fffffffu) > 0x7f800000u ? 0x7fu : encode(v);
   }
   static BRAID_DEV float decode(std::uint32_t code) {
     const std::uint32_t c = code & 0x7fu;

@@ -1,12 +1,13 @@
 // braid CUDA reduction kernels: dst = a (op) b for every dtype x op, divide() for avg and
 // scale() for premul_sum.
 // Same arithmetic as src/kernels/host/reduce.cpp: integers wrap (unsigned arithmetic),
-// f16/bf16 are widened to f32, combined and rounded back to nearest even with the host's
-// bit recipes, floating min/max return isnan(a) ? a : (a < b ? a : b) (resp. >).
+// f16/bf16/fp8 are widened to f32, combined and rounded back to nearest even with the
+// host's bit recipes (fp8: codec_device.cuh Fp8, satfinite, NaN -> 0x7f), floating min/max return isnan(a) ? a : (a < b ? a : b) (resp. >).
 //
 // Layout: one grid-stride kernel per (type, op). Work items are a scalar head (elements
 // before dst reaches 16-byte alignment), 16-byte vectors, and a scalar tail; when a or b
 // is misaligned relative to dst everything is scalar (correct, slower).
+#include "kernels/cuda/codec_device.cuh"
 #include "kernels/cuda/device_common.cuh"
 
 namespace braid::kernels::cuda {
@@ -51,6 +52,17 @@ template <Op O>
 struct Bf16E {
   using S = std::uint16_t;
   static BRAID_DEV S apply(S a, S b) { return static_cast<S>(f2bf(apply_native<O>(bf2f(a), bf2f(b)))); }
+};
+
+template <BlockFormat F>
+struct Fp8Of {
+  template <Op O>
+  struct E {
+    using S = std::uint8_t;
+    static BRAID_DEV S apply(S a, S b) {
+      return static_cast<S>(Fp8<F>::narrow(apply_native<O>(Fp8<F>::decode(a), Fp8<F>::decode(b))));
+    }
+  };
 };
 
 template <class E>
@@ -133,6 +145,12 @@ __global__ void divide_16(std::uint16_t* p, std::size_t n, float q) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     p[i] = static_cast<std::uint16_t>(Half ? f2h(fdiv(h2f(p[i]), q)) : f2bf(fdiv(bf2f(p[i]), q)));
 }
+template <BlockFormat F>
+__global__ void divide_fp8(std::uint8_t* p, std::size_t n, float q) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = static_cast<std::uint8_t>(Fp8<F>::narrow(fdiv(Fp8<F>::decode(p[i]), q)));
+}
 template <class T>
 __global__ void divide_int(T* p, std::size_t n, int divisor) {
   using U = typename Wrap<T>::type;
@@ -158,6 +176,12 @@ __global__ void scale_16(std::uint16_t* d, const std::uint16_t* x, std::size_t n
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     d[i] = static_cast<std::uint16_t>(Half ? f2h(fmul(h2f(x[i]), k)) : f2bf(fmul(bf2f(x[i]), k)));
+}
+template <BlockFormat F>
+__global__ void scale_fp8(std::uint8_t* d, const std::uint8_t* x, std::size_t n, float k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = static_cast<std::uint8_t>(Fp8<F>::narrow(fmul(Fp8<F>::decode(x[i]), k)));
 }
 template <class T>
 __global__ void scale_int(T* d, const T* x, std::size_t n, std::int64_t k) {
@@ -192,6 +216,8 @@ Status reduce(const ReduceArgs& r, Stream s) noexcept {
     case DataType::u8: return by_op<NativeOf<std::uint8_t>::E>(r, s);
     case DataType::i32: return by_op<NativeOf<std::int32_t>::E>(r, s);
     case DataType::i64: return by_op<NativeOf<std::int64_t>::E>(r, s);
+    case DataType::f8e4m3: return by_op<Fp8Of<BlockFormat::fp8e4m3>::E>(r, s);
+    case DataType::f8e5m2: return by_op<Fp8Of<BlockFormat::fp8e5m2>::E>(r, s);
   }
   return kInvalidValue;
 }
@@ -213,6 +239,8 @@ Status divide(const DivideArgs& r, Stream s) noexcept {
     case DataType::u8: divide_int<std::uint8_t><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.buf), r.n, r.divisor); break;
     case DataType::i32: divide_int<std::int32_t><<<grid, 256, 0, s>>>(static_cast<std::int32_t*>(r.buf), r.n, r.divisor); break;
     case DataType::i64: divide_int<std::int64_t><<<grid, 256, 0, s>>>(static_cast<std::int64_t*>(r.buf), r.n, r.divisor); break;
+    case DataType::f8e4m3: divide_fp8<BlockFormat::fp8e4m3><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.buf), r.n, static_cast<float>(r.divisor)); break;
+    case DataType::f8e5m2: divide_fp8<BlockFormat::fp8e5m2><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.buf), r.n, static_cast<float>(r.divisor)); break;
   }
   return last_status();
 }
@@ -238,6 +266,14 @@ Status scale(const ScaleArgs& r, Stream s) noexcept {
     case DataType::u8: return launch_scale<std::uint8_t>(r, s, k);
     case DataType::i32: return launch_scale<std::int32_t>(r, s, k);
     case DataType::i64: return launch_scale<std::int64_t>(r, s, k);
+    case DataType::f8e4m3:
+    case DataType::f8e5m2: {
+      auto* d = static_cast<std::uint8_t*>(r.dst);
+      const auto* x = static_cast<const std::uint8_t*>(r.src);
+      if (r.dtype == DataType::f8e4m3) scale_fp8<BlockFormat::fp8e4m3><<<grid_for(r.n, 256), 256, 0, s>>>(d, x, r.n, kf);
+      else scale_fp8<BlockFormat::fp8e5m2><<<grid_for(r.n, 256), 256, 0, s>>>(d, x, r.n, kf);
+      return last_status();
+    }
   }
   return kInvalidValue;
 }

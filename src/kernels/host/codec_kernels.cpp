@@ -14,6 +14,7 @@
 //   so the residual may alias either input.
 #include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/bits.hpp"
+#include "kernels/host/fp8.hpp"
 
 #include "kernels/host/reduce.hpp"
 #include "kernels/host/rng.hpp"
@@ -48,16 +49,9 @@ BRAID_INLINE float load_f32(const std::uint8_t* p) noexcept {
 }
 BRAID_INLINE void store_f32(std::uint8_t* p, float f) noexcept { std::memcpy(p, &f, 4); }
 
-// Bitwise select, c ? a : b, with both arms computed: under -ftrapping-math GCC will not
-// if-convert a ?: whose arm holds a float operation, and then does not vectorise the loop.
-BRAID_INLINE std::uint32_t usel(bool c, std::uint32_t a, std::uint32_t b) noexcept {
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  return (a & m) | (b & ~m);
-}
+using bits::rne;
+using bits::usel;
 BRAID_INLINE float fsel(bool c, float a, float b) noexcept { return u2f(usel(c, f2u(a), f2u(b))); }
-
-constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-BRAID_INLINE float rne(float v) noexcept { return (v + kMagic) - kMagic; }
 
 constexpr std::uint32_t kNanBits = 0x7fc00000u;  // the scale of a non-finite block
 constexpr float kTinyAbsmax = 0x1p-100f;          // smaller blocks encode as zero
@@ -72,51 +66,7 @@ BRAID_INLINE std::uint32_t abs_bits_max(const float* y, std::uint32_t len) noexc
   return m;
 }
 
-// ---------------------------------------------------------------------------------------
-// fp8 conversions, branch-free.
-
-template <BlockFormat F>
-struct Fp8 {
-  static constexpr int kMbits = F == BlockFormat::fp8e4m3 ? 3 : 2;
-  static constexpr int kBias = F == BlockFormat::fp8e4m3 ? 7 : 15;
-  static constexpr std::uint32_t kMaxCode = F == BlockFormat::fp8e4m3 ? 0x7eu : 0x7bu;
-  static constexpr float kMax = F == BlockFormat::fp8e4m3 ? 448.0f : 57344.0f;
-  // 2^(kBias - 1 + kMbits): subnormal codes are rint(|v| * this).
-  static constexpr float kSubScale = F == BlockFormat::fp8e4m3 ? 512.0f : 65536.0f;
-  static constexpr float kSubStep = 1.0f / kSubScale;
-
-  // Finite v only (NaN handled by the caller); saturates.
-  static BRAID_INLINE std::uint32_t encode(float v) noexcept {
-    const std::uint32_t u = f2u(v);
-    const std::uint32_t sign = (u >> 24) & 0x80u;
-    const std::uint32_t a = u & 0x7fffffffu;
-    constexpr int kShift = 23 - kMbits;
-    const std::uint32_t normal =
-        (a - (static_cast<std::uint32_t>(127 - kBias) << 23) + ((1u << (kShift - 1)) - 1u) + ((a >> kShift) & 1u)) >>
-        kShift;
-    // Clamped to the subnormal range first so the int conversion cannot overflow on the
-    // lanes that take the normal path.
-    constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(127 + 1 - kBias) << 23;
-    const float as = u2f(usel(a < kMinNormalBits, a, kMinNormalBits));
-    const std::uint32_t sub = static_cast<std::uint32_t>(static_cast<std::int32_t>(rne(as * kSubScale)));
-    std::uint32_t r = usel(a < (static_cast<std::uint32_t>(127 + 1 - kBias) << 23), sub, normal);
-    r = usel(r < kMaxCode, r, kMaxCode);
-    return r | sign;
-  }
-  static BRAID_INLINE float decode(std::uint32_t code) noexcept {
-    const std::uint32_t c = code & 0x7fu;
-    const std::uint32_t sign = (code & 0x80u) << 24;
-    const float normal = u2f((c << (23 - kMbits)) + (static_cast<std::uint32_t>(127 - kBias) << 23));
-    const float sub = static_cast<float>(static_cast<std::int32_t>(c)) * kSubStep;
-    std::uint32_t r = usel((c >> kMbits) == 0, f2u(sub), f2u(normal));
-    if constexpr (F == BlockFormat::fp8e4m3) {
-      r = usel(c == 0x7fu, kNanBits, r);
-    } else {
-      r = usel(c >= 0x7cu, usel(c == 0x7cu, 0x7f800000u, kNanBits), r);
-    }
-    return u2f(r | sign);
-  }
-};
+using fp8::Fp8;
 
 // ---------------------------------------------------------------------------------------
 // OCP Microscaling (MX v1.0): blocks of 32 values share an E8M0 scale X = 2^k (one byte,
@@ -831,9 +781,8 @@ bool topk_decode(const std::uint8_t* in, std::size_t n, std::size_t k, float* ou
 }
 
 std::uint8_t float_to_fp8(float v, BlockFormat format) noexcept {
-  if (v != v) return format == BlockFormat::fp8e4m3 ? 0x7f : 0x7e;
-  return static_cast<std::uint8_t>(format == BlockFormat::fp8e4m3 ? Fp8<BlockFormat::fp8e4m3>::encode(v)
-                                                                  : Fp8<BlockFormat::fp8e5m2>::encode(v));
+  return static_cast<std::uint8_t>(format == BlockFormat::fp8e4m3 ? Fp8<BlockFormat::fp8e4m3>::narrow(v)
+                                                                  : Fp8<BlockFormat::fp8e5m2>::narrow(v));
 }
 
 float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept {

@@ -71,8 +71,9 @@ void topk_encode(const float* in, const float* add, std::size_t n, std::size_t k
 bool topk_decode(const std::uint8_t* in, std::size_t n, std::size_t k, float* out, bool accumulate) noexcept;
 
 /// OCP fp8 E4M3 (bias 7, no inf, 0x7f/0xff NaN) / E5M2 (bias 15, IEEE-like) bits of
-/// v, round to nearest even, saturating to the largest finite value (448 / 57344).
-/// NaN input gives the format's NaN.
+/// v, round to nearest even, saturating to the largest finite value (448 / 57344;
+/// infinities too). NaN gives 0x7f in both formats. Bit for bit CUDA's
+/// __nv_cvt_float_to_fp8(v, __NV_SATFINITE, ...) (kernels/host/fp8.hpp).
 std::uint8_t float_to_fp8(float v, BlockFormat format) noexcept;
 /// The value of fp8 bits (exact).
 float fp8_to_float(std::uint8_t bits, BlockFormat format) noexcept;

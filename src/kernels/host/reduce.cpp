@@ -24,6 +24,12 @@
 //   vcvtph2ps/vcvtps2ph instead. The portable conversions match F16C bit for bit (checked
 //   over all 2^32 floats, NaN payloads included); the arithmetic between them agrees
 //   except for the payload of a NaN result when both inputs are NaN.
+// * f8e4m3/f8e5m2 are widened to f32 the same way, one byte per 32-bit lane, with the fp8
+//   codec's conversions (fp8.hpp): rounding back is nearest-even, saturating to the largest
+//   finite value, NaN -> 0x7f, as CUDA's __nv_fp8_e4m3(float)/__nv_fp8_e5m2(float). A sum,
+//   product or quotient of two fp8 values rounded first to f32 then to fp8 equals the
+//   exact result rounded once (f32 has more than 2p+2 bits for these p; the unit test
+//   checks all 2^16 pairs per op).
 // * Integers wrap: the arithmetic is done in the unsigned type of the same width (or
 //   `unsigned` for narrower types, to dodge the promotion to int), which has no UB.
 // * Floating min/max propagate NaN: min(a, b) = isnan(a) ? a : (a < b ? a : b). The inner
@@ -32,6 +38,7 @@
 //   builtins keep the expression if-convertible under -ftrapping-math.
 #include "kernels/host/reduce.hpp"
 #include "kernels/host/bits.hpp"
+#include "kernels/host/fp8.hpp"
 
 #include <atomic>
 #include <cstring>
@@ -60,13 +67,9 @@ namespace {
 using bits::f2u;
 using bits::u2f;
 
-// Bitwise select, cond ? x : y. Used where an arm holds a float operation: under the
-// default -ftrapping-math GCC would sink that operation into a branch of a ?: and then
-// refuse to if-convert (and so vectorise) the loop; a mask keeps it unconditional.
-BRAID_INLINE std::uint32_t select(bool cond, std::uint32_t x, std::uint32_t y) noexcept {
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(cond);
-  return (x & m) | (y & ~m);
-}
+// Bitwise select (bits::usel) where an arm holds a float operation, so that the loops
+// if-convert and vectorise under the default -ftrapping-math.
+using bits::usel;
 
 // binary16 (low 16 bits of h) -> binary32. Normals re-bias the exponent; subnormals are
 // renormalised by one exact float subtraction; inf/NaN get the all-ones exponent, and a
@@ -79,7 +82,7 @@ BRAID_INLINE float h2f(std::uint32_t h) noexcept {
   const std::uint32_t infnan = (em + ((255u - 31u) << 23)) | (em > 0x0f800000u ? 0x00400000u : 0u);
   // Subnormal m * 2^-24: (1 + m/1024) * 2^-14 - 2^-14, exact.
   const std::uint32_t sub = f2u(u2f(em + (113u << 23)) - u2f(113u << 23));
-  const std::uint32_t r = select(exp == 0x0f800000u, infnan, select(exp == 0, sub, normal));
+  const std::uint32_t r = usel(exp == 0x0f800000u, infnan, usel(exp == 0, sub, normal));
   return u2f(r | sign);
 }
 
@@ -100,8 +103,8 @@ BRAID_INLINE std::uint32_t f2h(float f) noexcept {
   // rounding leaves the half mantissa in the low bits.
   const std::uint32_t sub = f2u(u2f(a) + 0.5f) - 0x3f000000u;
   const std::uint32_t infnan = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
-  std::uint32_t r = select(a < (113u << 23), sub, normal);
-  r = select(a >= ((127u + 16u) << 23), infnan, r);  // |f| >= 65536: inf (or NaN)
+  std::uint32_t r = usel(a < (113u << 23), sub, normal);
+  r = usel(a >= ((127u + 16u) << 23), infnan, r);  // |f| >= 65536: inf (or NaN)
   return r | sign;
 }
 
@@ -200,6 +203,21 @@ struct PairK {
   static BRAID_INLINE void put(Elem* p, Word w) noexcept { std::memcpy(p, &w, sizeof w); }
   static BRAID_INLINE Word apply(Word x, Word y) noexcept {
     return Fmt::round_lo(Op::apply(Fmt::lo(x), Fmt::lo(y))) | Fmt::round_hi(Op::apply(Fmt::hi(x), Fmt::hi(y)));
+  }
+};
+
+// One fp8 byte per word (a 32-bit lane, so that widening and narrowing stay in 32-bit
+// lanes), widened to f32, reduced and rounded back (satfinite).
+template <class Op, BlockFormat F>
+struct Fp8K {
+  using Elem = std::uint8_t;
+  using Word = std::uint32_t;
+  static constexpr std::size_t kPerWord = 1;
+  static BRAID_INLINE Word get(const Elem* p) noexcept { return *p; }
+  static BRAID_INLINE void put(Elem* p, Word w) noexcept { *p = static_cast<Elem>(w); }
+  static BRAID_INLINE Word apply(Word x, Word y) noexcept {
+    using C = fp8::Fp8<F>;
+    return C::narrow(Op::apply(C::decode(x), C::decode(y)));
   }
 };
 
@@ -422,6 +440,10 @@ template <class Op>
 using HalfK = PairK<Op, HalfFmt>;
 template <class Op>
 using Bf16K = PairK<Op, Bf16Fmt>;
+template <class Op>
+using E4m3K = Fp8K<Op, BlockFormat::fp8e4m3>;
+template <class Op>
+using E5m2K = Fp8K<Op, BlockFormat::fp8e5m2>;
 
 void reduce_half(ReduceOp op, void* dst, const void* a, const void* b, std::size_t n) noexcept {
 #if BRAID_X86_DISPATCH
@@ -474,6 +496,13 @@ void divide_pairs(void* buf, std::size_t n, float q) noexcept {
   for (std::size_t i = 2 * w; i < n; ++i) p[i] = static_cast<std::uint16_t>(div(p[i]));  // lo lane
 }
 
+template <BlockFormat F>
+void divide_fp8(void* buf, std::size_t n, float q) noexcept {
+  using C = fp8::Fp8<F>;
+  auto* p = static_cast<std::uint8_t*>(buf);
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::uint8_t>(C::narrow(C::decode(p[i]) / q));
+}
+
 // Truncating division. x / -1 is a wrapping negation (INT_MIN / -1 would be UB), and a
 // zero divisor leaves the data untouched rather than trapping.
 template <class T>
@@ -506,6 +535,14 @@ void scale_16(void* dst, const void* src, std::size_t n, float k) noexcept {
   for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint16_t>(Fmt::round_lo(Fmt::lo(x[i]) * k));
 }
 
+template <BlockFormat F>
+void scale_fp8(void* dst, const void* src, std::size_t n, float k) noexcept {
+  using C = fp8::Fp8<F>;
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* x = static_cast<const std::uint8_t*>(src);
+  for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint8_t>(C::narrow(C::decode(x[i]) * k));
+}
+
 template <class T>
 void scale_int(void* dst, const void* src, std::size_t n, double factor) noexcept {
   // The caller checked the factor; an out-of-range one still must not be UB here.
@@ -529,6 +566,8 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
     case DataType::u8: dispatch_op<NativeOf<std::uint8_t>::K>(op, dst, a, b, n); return;
     case DataType::i32: dispatch_op<NativeOf<std::int32_t>::K>(op, dst, a, b, n); return;
     case DataType::i64: dispatch_op<NativeOf<std::int64_t>::K>(op, dst, a, b, n); return;
+    case DataType::f8e4m3: dispatch_op<E4m3K>(op, dst, a, b, n); return;
+    case DataType::f8e5m2: dispatch_op<E5m2K>(op, dst, a, b, n); return;
   }
 }
 
@@ -550,6 +589,8 @@ void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept {
     case DataType::u8: divide_int<std::uint8_t>(buf, n, divisor); return;
     case DataType::i32: divide_int<std::int32_t>(buf, n, divisor); return;
     case DataType::i64: divide_int<std::int64_t>(buf, n, divisor); return;
+    case DataType::f8e4m3: divide_fp8<BlockFormat::fp8e4m3>(buf, n, static_cast<float>(divisor)); return;
+    case DataType::f8e5m2: divide_fp8<BlockFormat::fp8e5m2>(buf, n, static_cast<float>(divisor)); return;
   }
 }
 
@@ -563,6 +604,8 @@ void scale(DataType dtype, void* dst, const void* src, std::size_t n, double fac
     case DataType::u8: scale_int<std::uint8_t>(dst, src, n, factor); return;
     case DataType::i32: scale_int<std::int32_t>(dst, src, n, factor); return;
     case DataType::i64: scale_int<std::int64_t>(dst, src, n, factor); return;
+    case DataType::f8e4m3: scale_fp8<BlockFormat::fp8e4m3>(dst, src, n, static_cast<float>(factor)); return;
+    case DataType::f8e5m2: scale_fp8<BlockFormat::fp8e5m2>(dst, src, n, static_cast<float>(factor)); return;
   }
 }
 

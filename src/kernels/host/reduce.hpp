@@ -1,7 +1,8 @@
 // braid host kernels: element-wise reduction and the helpers around it.
 //
-// Depends on nothing but braid/types.hpp. f16 and bf16 are widened to f32 for the
-// arithmetic and rounded back to nearest-even; integer arithmetic wraps. Floating
+// Depends on nothing but braid/types.hpp. f16, bf16, f8e4m3 and f8e5m2 are widened to
+// f32 for the arithmetic and rounded back to nearest-even (fp8: saturating to the largest
+// finite value, NaN -> 0x7f, as CUDA's satfinite conversion); integer arithmetic wraps. Floating
 // min/max propagate NaN (if either input is NaN the result is NaN).
 #pragma once
 
@@ -19,12 +20,12 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
             std::size_t n) noexcept;
 
 /// buf[i] = buf[i] / divisor, for finishing `avg`. Floats divide in their own
-/// precision (f16/bf16 in f32, rounded back); integers truncate toward zero.
+/// precision (f16/bf16/fp8 in f32, rounded back); integers truncate toward zero.
 void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept;
 
 /// dst[i] = src[i] * factor for i < n, the input scaling of ReduceOp::premul_sum. Floats
-/// multiply in their own precision (f16/bf16 in f32 with the factor as a float, rounded
-/// back once); integers multiply by the factor converted to int64 (the caller checks that
+/// multiply in their own precision (f16/bf16/fp8 in f32 with the factor as a float,
+/// rounded back once); integers multiply by the factor converted to int64 (the caller checks that
 /// it is integral and fits the type), wrapping. dst may equal src.
 void scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor) noexcept;
 
