@@ -173,6 +173,31 @@ class BRAID_API Communicator {
   /// elsewhere). In place on the root when recv == send + root*count.
   Work scatter(const void* send, void* recv, std::size_t count, DataType dtype, const ScatterOptions& options = {});
 
+  /// All-gather of blocks of their own sizes (MPI_Allgatherv with the blocks back to back;
+  /// torch's all_gather of uneven tensors, FSDP's uneven shards): rank j contributes
+  /// counts[j] elements, and every rank's `recv` gets every block, in rank order (the sum
+  /// of counts). `counts` has size() entries, the same on every rank; a block may be empty.
+  /// In place when send == recv + (the counts before rank()).
+  Work allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DataType dtype,
+                  const AllgatherOptions& options = {});
+
+  /// Reduce-scatter into blocks of their own sizes (MPI_Reduce_scatter): `send` holds the
+  /// sum of counts elements, and rank r's `recv` gets block r (counts[r] elements, after
+  /// the counts before r) reduced over all ranks. `counts` as for allgatherv. In place
+  /// when recv == send + (the counts before rank()). Not in deterministic mode.
+  Work reduce_scatter_v(const void* send, void* recv, const std::vector<std::size_t>& counts, DataType dtype,
+                        ReduceOp op, const ReduceScatterOptions& options = {});
+
+  /// All-to-all of blocks of their own sizes (MPI_Alltoallv with the blocks back to back;
+  /// torch's all_to_all_single with split sizes, MoE token exchange): block j of `send`
+  /// (send_counts[j] elements) goes to rank j, and block j of `recv` (recv_counts[j]) comes
+  /// from rank j. Rank j's send_counts[r] must equal rank r's recv_counts[j]: where they
+  /// differ the receiving rank's call fails with a RemoteError naming the sender and both
+  /// sizes (and its communicator with it; the sender hears at its next call). In place
+  /// (send == recv) only when send_counts == recv_counts.
+  Work alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                 const std::vector<std::size_t>& recv_counts, DataType dtype, const AlltoallOptions& options = {});
+
   /// Sends count elements to `peer`, matched by the peer's recv with the same tag, in
   /// order. Consecutive send/recv calls run together (like an NCCL group), so two
   /// ranks may exchange both ways without deadlock. `peer` may be this rank: the data is

@@ -75,6 +75,12 @@ const std::vector<AlgorithmRow>& algorithm_table() {
        nullptr},
       {C::scatter, A::ring, "direct", "the root sends each rank its block straight", always<build_direct_scatter>,
        nullptr},
+      {C::allgatherv, A::ring, nullptr, "ring all-gather of blocks of their own sizes, in topology order",
+       always<build_ring_allgather>, nullptr},
+      {C::reduce_scatter_v, A::ring, nullptr, "ring reduce-scatter of blocks of their own sizes, pipelined in slices",
+       always<build_ring_reduce_scatter>, nullptr},
+      {C::alltoallv, A::ring, "pairwise", "pairwise exchange of blocks of their own sizes",
+       always<build_pairwise_alltoall>, nullptr},
   };
   return rows;
 }

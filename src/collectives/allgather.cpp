@@ -9,20 +9,22 @@
 // Per rank: n-1 messages of `count` elements (times slices) sent and received, i.e.
 // (n-1)/n of the output. Time ~ (n-1)·α + (n-1)·N·β, with N = count·elem bytes per
 // rank: bandwidth-optimal, latency linear in n.
+//
+// allgatherv is the same ring over blocks of their own sizes (rank_blocks()): each hop
+// carries the block it carries, an empty block no message at all.
 #include "collectives/builder.hpp"
 
 namespace braid::collectives {
 
 void build_ring_allgather(Builder& b) {
   const PlanRequest& req = b.req();
-  if (req.count == 0) return;
+  const BlockLayout blocks = rank_blocks(req);
+  if (blocks.total == 0) return;
   const Ring ring = ring_from(req, topology_order(req).front());
-  const std::uint64_t c = req.count;
-  const auto me = static_cast<std::uint64_t>(req.rank);
-  b.copy({Buffer::input, 0, c}, {Buffer::output, me * c, c}, b.phase("local copy"));
+  const auto me = static_cast<std::size_t>(req.rank);
+  b.copy({Buffer::input, 0, blocks.count[me]}, blocks.region(Buffer::output, me), b.phase("local copy"));
   ring_allgather(
-      b, ring,
-      [&](std::uint64_t pos) { return Region{Buffer::output, static_cast<std::uint64_t>(ring.ranks[pos]) * c, c}; },
+      b, ring, [&](std::uint64_t pos) { return blocks.region(Buffer::output, static_cast<std::size_t>(ring.ranks[pos])); },
       b.phase("all-gather"));
 }
 

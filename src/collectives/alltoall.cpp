@@ -17,27 +17,38 @@
 // Per rank: (n-1)·count elements sent and received in n-1 messages, floor(n/2)·count
 // elements of scratch and of local copy. Time ~ (n-1)·α + (n-1)·N·β with N =
 // count·elem bytes per peer (latency linear in n; no bytes travel twice).
+//
+// alltoallv is the same exchange over blocks of their own sizes (sent_blocks() and
+// received_blocks(): its row and column of the count matrix); an empty block is no
+// message. In place it needs the same layout both ways (the communicator checks), so
+// the parking above holds block for block.
 #include "collectives/builder.hpp"
 
 namespace braid::collectives {
 
 void build_pairwise_alltoall(Builder& b) {
   const PlanRequest& req = b.req();
-  if (req.count == 0) return;
-  const std::uint64_t c = req.count, n = static_cast<std::uint64_t>(req.world), r = static_cast<std::uint64_t>(req.rank);
+  const BlockLayout out = sent_blocks(req), in = received_blocks(req);
+  if (out.total == 0 && in.total == 0) return;
+  const std::uint64_t n = static_cast<std::uint64_t>(req.world), r = static_cast<std::uint64_t>(req.rank);
   const std::uint32_t ph = b.phase("pairwise exchange"), local = b.phase("local copy");
-  b.copy({Buffer::input, r * c, c}, {Buffer::output, r * c, c}, local);
-  const std::uint64_t parked = n / 2;
-  const std::uint64_t base = b.scratch(parked * c);
+  b.copy(out.region(Buffer::input, r), in.region(Buffer::output, r), local);
+  std::vector<std::uint64_t> park(n, 0);  // scratch offset of the block parked from rank (r - k)
+  std::uint64_t parked = 0;
+  for (std::uint64_t k = 1; 2 * k <= n; ++k) {
+    park[k] = parked;
+    parked += in.count[(r + n - k) % n];
+  }
+  const std::uint64_t base = b.scratch(parked);
   for (std::uint64_t k = 1; k < n; ++k) {
     const std::uint64_t to = (r + k) % n, from = (r + n - k) % n;
-    b.send(static_cast<int>(to), {Buffer::input, to * c, c}, ph);
-    if (2 * k <= n) b.recv(static_cast<int>(from), {Buffer::scratch, base + (k - 1) * c, c}, ph);
-    else b.recv(static_cast<int>(from), {Buffer::output, from * c, c}, ph);
+    b.send(static_cast<int>(to), out.region(Buffer::input, to), ph);
+    if (2 * k <= n) b.recv(static_cast<int>(from), {Buffer::scratch, base + park[k], in.count[from]}, ph);
+    else b.recv(static_cast<int>(from), in.region(Buffer::output, from), ph);
   }
   for (std::uint64_t k = 1; 2 * k <= n; ++k) {
     const std::uint64_t from = (r + n - k) % n;
-    b.copy({Buffer::scratch, base + (k - 1) * c, c}, {Buffer::output, from * c, c}, local);
+    b.copy({Buffer::scratch, base + park[k], in.count[from]}, in.region(Buffer::output, from), local);
   }
 }
 

@@ -9,12 +9,18 @@ namespace braid::collectives {
 Builder::Builder(Plan& plan) : plan_(plan) {
   const PlanRequest& r = plan.request;
   slice_ = std::max<std::uint64_t>(1, r.slice_bytes / std::max<std::size_t>(1, r.elem_size));
-  const std::uint64_t mine = static_cast<std::uint64_t>(r.rank) * r.count;
-  // In place, allgather's (and the gather root's) input is output[r*count...];
-  // reduce_scatter's (and the scatter root's) output is input[r*count...]; the others
-  // alias element for element.
-  if (r.collective == Collective::allgather || r.collective == Collective::gather) in_base_ = mine;
-  if (r.collective == Collective::reduce_scatter || r.collective == Collective::scatter) out_base_ = mine;
+  std::uint64_t mine = static_cast<std::uint64_t>(r.rank) * r.count;
+  if (r.collective == Collective::allgatherv || r.collective == Collective::reduce_scatter_v)
+    mine = rank_blocks(r).at[static_cast<std::size_t>(r.rank)];
+  // In place, allgather's (and allgatherv's, and the gather root's) input is output[rank's
+  // block]; reduce_scatter's (reduce_scatter_v's, the scatter root's) output is input[rank's
+  // block]; the others alias element for element.
+  if (r.collective == Collective::allgather || r.collective == Collective::allgatherv ||
+      r.collective == Collective::gather)
+    in_base_ = mine;
+  if (r.collective == Collective::reduce_scatter || r.collective == Collective::reduce_scatter_v ||
+      r.collective == Collective::scatter)
+    out_base_ = mine;
   for (auto& s : spaces_) s.emplace(0, Seg{});
 }
 

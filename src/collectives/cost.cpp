@@ -613,7 +613,10 @@ double bus_factor(Collective c, int world) noexcept {
     case Collective::reduce_scatter:
     case Collective::alltoall:
     case Collective::gather:
-    case Collective::scatter: return (n - 1) / n;
+    case Collective::scatter:
+    case Collective::allgatherv:
+    case Collective::reduce_scatter_v:
+    case Collective::alltoallv: return (n - 1) / n;
     case Collective::broadcast:
     case Collective::reduce: return 1.0;
   }

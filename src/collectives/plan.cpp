@@ -22,8 +22,51 @@ const char* to_string(Collective c) noexcept {
     case Collective::alltoall: return "alltoall";
     case Collective::gather: return "gather";
     case Collective::scatter: return "scatter";
+    case Collective::allgatherv: return "allgatherv";
+    case Collective::reduce_scatter_v: return "reduce_scatter_v";
+    case Collective::alltoallv: return "alltoallv";
   }
   return "?";
+}
+
+namespace {
+// Blocks of the given sizes, back to back.
+BlockLayout back_to_back(std::vector<std::uint64_t> count) {
+  BlockLayout l;
+  l.count = std::move(count);
+  l.at.resize(l.count.size());
+  for (std::size_t j = 0; j < l.count.size(); ++j) {
+    l.at[j] = l.total;
+    l.total += l.count[j];
+  }
+  return l;
+}
+// Block sizes of alltoallv's view: what it sends (first half) or receives (second half).
+std::vector<std::uint64_t> view_half(const PlanRequest& req, bool sent) {
+  const auto n = static_cast<std::size_t>(req.world);
+  if (!req.counts || req.counts->size() != 2 * n) return std::vector<std::uint64_t>(n, 0);
+  const auto first = req.counts->begin() + static_cast<std::ptrdiff_t>(sent ? 0 : n);
+  return std::vector<std::uint64_t>(first, first + static_cast<std::ptrdiff_t>(n));
+}
+}  // namespace
+
+BlockLayout rank_blocks(const PlanRequest& req) {
+  const auto n = static_cast<std::size_t>(req.world);
+  if (is_v(req.collective)) {
+    if (req.counts && req.counts->size() == n) return back_to_back(*req.counts);
+    return back_to_back(std::vector<std::uint64_t>(n, 0));
+  }
+  return back_to_back(std::vector<std::uint64_t>(n, req.count));
+}
+
+BlockLayout sent_blocks(const PlanRequest& req) {
+  if (req.collective == Collective::alltoallv) return back_to_back(view_half(req, true));
+  return rank_blocks(req);
+}
+
+BlockLayout received_blocks(const PlanRequest& req) {
+  if (req.collective == Collective::alltoallv) return back_to_back(view_half(req, false));
+  return rank_blocks(req);
 }
 
 BufferCounts buffer_counts(const PlanRequest& req) noexcept {
@@ -36,6 +79,23 @@ BufferCounts buffer_counts(const PlanRequest& req) noexcept {
     case Collective::broadcast: return {req.rank == req.root ? c : 0, c};
     case Collective::gather: return {c, req.rank == req.root ? c * n : 0};
     case Collective::scatter: return {req.rank == req.root ? c * n : 0, c};
+    case Collective::allgatherv:
+    case Collective::reduce_scatter_v: {
+      if (!req.counts || req.counts->size() != n || req.rank < 0 || req.rank >= req.world) return {0, 0};
+      std::uint64_t total = 0;
+      for (const std::uint64_t x : *req.counts) total += x;
+      const std::uint64_t mine = (*req.counts)[static_cast<std::size_t>(req.rank)];
+      return req.collective == Collective::allgatherv ? BufferCounts{mine, total} : BufferCounts{total, mine};
+    }
+    case Collective::alltoallv: {
+      if (!req.counts || req.counts->size() != 2 * n) return {0, 0};
+      BufferCounts bc;
+      for (std::size_t j = 0; j < n; ++j) {
+        bc.input += (*req.counts)[j];
+        bc.output += (*req.counts)[n + j];
+      }
+      return bc;
+    }
     default: return {c, c};
   }
 }
@@ -169,7 +229,7 @@ std::shared_ptr<const Plan> build_plan(const PlanRequest& req) {
   auto plan = build_unscaled(req);
   if (req.op == ReduceOp::premul_sum &&
       (req.collective == Collective::allreduce || req.collective == Collective::reduce ||
-       req.collective == Collective::reduce_scatter)) {
+       req.collective == Collective::reduce_scatter || req.collective == Collective::reduce_scatter_v)) {
     prescale(*plan);
     plan->seal();
   }
@@ -187,6 +247,17 @@ std::shared_ptr<Plan> build_unscaled(const PlanRequest& req) {
       (req.root < 0 || req.root >= req.world))
     throw Error(ErrorCode::InvalidUsage, std::string(to_string(req.collective)) + " with root " +
                                              std::to_string(req.root) + " outside world of " + std::to_string(req.world));
+  if (is_v(req.collective)) {
+    const std::size_t n = static_cast<std::size_t>(req.world), want = req.collective == Collective::alltoallv ? 2 * n : n;
+    if (!req.counts || req.counts->size() != want)
+      throw Error(ErrorCode::InvalidUsage, std::string(to_string(req.collective)) + " needs " + std::to_string(want) +
+                                               " block counts, got " +
+                                               std::to_string(req.counts ? req.counts->size() : 0));
+    if (req.deterministic)
+      throw Error(ErrorCode::Unsupported, std::string(to_string(req.collective)) +
+                                              " has no deterministic (rank-order) plan; use reduce_scatter with equal "
+                                              "blocks, or turn deterministic mode off for this call");
+  }
   auto plan = std::make_shared<Plan>();
   plan->request = req;
   Algorithm& algo = plan->request.algorithm;

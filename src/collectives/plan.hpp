@@ -52,7 +52,24 @@
 namespace braid::collectives {
 
 /// Which collective a plan implements.
-enum class Collective : std::uint8_t { allreduce = 0, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter };
+enum class Collective : std::uint8_t {
+  allreduce = 0,
+  broadcast,
+  reduce,
+  allgather,
+  reduce_scatter,
+  alltoall,
+  gather,
+  scatter,
+  allgatherv,        ///< all-gather of per-rank block sizes (PlanRequest::counts)
+  reduce_scatter_v,  ///< reduce-scatter into per-rank block sizes (PlanRequest::counts)
+  alltoallv,         ///< all-to-all of per-pair block sizes (PlanRequest::counts, a matrix)
+};
+
+/// True for the collectives whose blocks have sizes of their own (PlanRequest::counts).
+constexpr bool is_v(Collective c) noexcept {
+  return c == Collective::allgatherv || c == Collective::reduce_scatter_v || c == Collective::alltoallv;
+}
 
 /// Name of a collective ("allreduce", ...).
 const char* to_string(Collective c) noexcept;
@@ -157,7 +174,31 @@ struct PlanRequest {
   /// one cache-sized frame at a time. The messages (and every bit of the result) are the
   /// same either way; only this rank's compute steps differ.
   bool on_device = false;
+  /// The v-collectives' block sizes (`count` then only sizes the call for logs, metrics
+  /// and inline running: the larger of this rank's two buffers; null for the others):
+  /// allgatherv and reduce_scatter_v: element count of each rank's block (size world);
+  /// alltoallv: this rank's view, size 2 * world: what it sends each rank, then what it
+  /// receives from each rank (all a rank knows at run time; the verifier takes the whole
+  /// matrix, [from * world + to], and hands each rank its view). Blocks lie back to back
+  /// in rank order.
+  std::shared_ptr<const std::vector<std::uint64_t>> counts;
 };
+
+/// Where each rank's block lies in one of a collective's buffers: block j is
+/// [at[j], at[j] + count[j]). Every block has the same size for the plain collectives.
+struct BlockLayout {
+  std::vector<std::uint64_t> at, count;
+  std::uint64_t total = 0;
+  Region region(Buffer b, std::size_t j) const noexcept { return Region{b, at[j], count[j]}; }
+};
+
+/// The per-rank blocks of an all-gather's output or a reduce-scatter's input (count each,
+/// or PlanRequest::counts for allgatherv/reduce_scatter_v).
+BlockLayout rank_blocks(const PlanRequest& req);
+/// An all-to-all's input of req.rank: block j goes to rank j (row req.rank for alltoallv).
+BlockLayout sent_blocks(const PlanRequest& req);
+/// An all-to-all's output of req.rank: block j comes from rank j (column req.rank for alltoallv).
+BlockLayout received_blocks(const PlanRequest& req);
 
 /// Element counts of a collective's two user buffers (see buffer_counts()).
 struct BufferCounts {
@@ -178,6 +219,13 @@ struct BufferCounts {
 /// | alltoall       | count * world | count * world          | out[j*count+i] = rank j's in[r*count+i]|
 /// | gather         | count         | count * world on root, else 0 | root: out[j*count+i] = rank j's in[i] |
 /// | scatter        | count * world on root, else 0 | count  | out[i] = root's in[r*count+i]          |
+/// | allgatherv     | counts[r]     | sum of counts          | block j = rank j's input               |
+/// | reduce_scatter_v | sum of counts | counts[r]            | out[i] = op of all in[at_r + i]        |
+/// | alltoallv      | row r's sum   | column r's sum         | block j = rank j's block r             |
+///
+/// (v-collectives: blocks back to back in rank order, at_r = sum of counts before r;
+/// in place as their plain kin, where alltoallv in place needs equal send and receive
+/// layouts.)
 ///
 /// (`count` is PlanRequest::count, the per-call count the API takes.) avg divides
 /// reduced elements by the world size exactly once (Step::finalize).

@@ -60,7 +60,8 @@ const char* buffer_name(Buffer b) {
 }
 
 bool reduces(Collective c) {
-  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+  return c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter ||
+         c == Collective::reduce_scatter_v;
 }
 
 // Where a plan's buffer lives in a rank's memory: storage `phys` from element `base`.
@@ -429,9 +430,22 @@ struct Sim {
       out.push_back({rs.localq[rs.local_head], 0});
   }
 
+  // alltoallv: rank r's view of the whole matrix (what it sends, then what it receives).
+  std::shared_ptr<const std::vector<std::uint64_t>> alltoallv_view(int r) const {
+    const auto n = static_cast<std::size_t>(world), rr = static_cast<std::size_t>(r);
+    auto v = std::make_shared<std::vector<std::uint64_t>>(2 * n, 0);
+    if (req.counts && req.counts->size() == n * n)
+      for (std::size_t j = 0; j < n; ++j) {
+        (*v)[j] = (*req.counts)[rr * n + j];
+        (*v)[n + j] = (*req.counts)[j * n + rr];
+      }
+    return v;
+  }
+
   void setup_rank(RankSim& rs, const PlanBuilder& builder) {
     PlanRequest r = req;
     r.rank = rs.rank;
+    if (req.collective == Collective::alltoallv) r.counts = alltoallv_view(rs.rank);
     rs.plan = builder(r);
     const BufferCounts bc = buffer_counts(r);
     const std::uint64_t rr = static_cast<std::uint64_t>(rs.rank);
@@ -445,6 +459,8 @@ struct Sim {
         case Collective::gather: in = {1, rr * req.count, bc.input}; break;
         case Collective::reduce_scatter:
         case Collective::scatter: out = {0, rr * req.count, bc.output}; break;
+        case Collective::allgatherv: in = {1, rank_blocks(r).at[rr], bc.input}; break;
+        case Collective::reduce_scatter_v: out = {0, rank_blocks(r).at[rr], bc.output}; break;
         default: in = {1, 0, bc.input}; break;
       }
     }
@@ -571,6 +587,12 @@ struct Sim {
                               " to rank " + std::to_string(to) + " were never received"};
   }
 
+  // The block of `l` that holds element e (the last of equal offsets: empty blocks hold none).
+  static std::size_t block_of(const BlockLayout& l, std::uint64_t e) {
+    const auto it = std::upper_bound(l.at.begin(), l.at.end(), e);
+    return static_cast<std::size_t>(it - l.at.begin()) - 1;
+  }
+
   // The hash of ((x0 op x1) op x2) ... op x(n-1) at index `index`.
   std::uint64_t fold_hash(std::uint64_t index) const {
     std::uint64_t h = leaf_hash(0, index);
@@ -625,6 +647,10 @@ struct Sim {
       const auto& m = rs.mem[v.phys];
       const auto r = static_cast<std::uint64_t>(rs.rank);
       auto out = [&](std::uint64_t e) -> const Elem& { return m[v.base + e]; };
+      PlanRequest mine = req;
+      mine.rank = rs.rank;
+      if (req.collective == Collective::alltoallv) mine.counts = alltoallv_view(rs.rank);
+      const BlockLayout blocks = rank_blocks(mine), got_from = received_blocks(mine);
       for (std::uint64_t e = 0; e < v.size; ++e) {
         switch (req.collective) {
           case Collective::allreduce: {
@@ -643,6 +669,21 @@ struct Sim {
             if (rs.rank == req.root) check_output(rs, e, out(e), 1ull << (e / c), e % c, false, nullptr);
             break;
           case Collective::scatter: check_output(rs, e, out(e), 1ull << req.root, r * c + e, false, nullptr); break;
+          case Collective::allgatherv: {
+            const std::size_t j = block_of(blocks, e);
+            check_output(rs, e, out(e), 1ull << j, e - blocks.at[j], false, nullptr);
+            break;
+          }
+          case Collective::reduce_scatter_v: check_output(rs, e, out(e), full, blocks.at[r] + e, true, nullptr); break;
+          case Collective::alltoallv: {
+            // Block j came from rank j: its block r, which starts at rank j's send offset for r.
+            const std::size_t j = block_of(got_from, e);
+            PlanRequest sender = req;
+            sender.rank = static_cast<int>(j);
+            sender.counts = alltoallv_view(sender.rank);
+            check_output(rs, e, out(e), 1ull << j, sent_blocks(sender).at[r] + (e - got_from.at[j]), false, nullptr);
+            break;
+          }
         }
       }
     }

@@ -427,6 +427,12 @@ void Communicator::Impl::check_same_call(const collectives::Plan& plan, DataType
   // Ranks that disagree about the root hang or run a different tree: part of the call.
   if (plan.request.collective == Collective::broadcast || plan.request.collective == Collective::reduce)
     sig << ", root=" << plan.request.root;
+  // Every rank passes the same block sizes to these two (alltoallv's differ by rank).
+  if ((plan.request.collective == Collective::allgatherv || plan.request.collective == Collective::reduce_scatter_v) &&
+      plan.request.counts) {
+    sig << ", counts=";
+    for (const std::uint64_t x : *plan.request.counts) sig << x << ' ';
+  }
   sig << ", algo=" << (automatic ? std::string_view("auto") : to_string(plan.request.algorithm)) << ")";
   const std::string base = "check/" + std::to_string(k) + "/";
   if (engine->failed()) {
@@ -490,11 +496,12 @@ namespace {
 /// allgather is in place when send == recv + rank*count; reduce_scatter when
 /// recv == send + rank*count. Any other overlap is refused.
 void check_layout(collectives::Collective c, const void* send, void* recv, std::uint64_t in_count,
-                  std::uint64_t out_count, std::size_t es, int rank, std::uint64_t count, bool need_send,
-                  bool need_recv, const char* what) {
+                  std::uint64_t out_count, std::size_t es, std::uint64_t own_block_at, bool need_send, bool need_recv,
+                  bool same_layout, const char* what) {
   const std::uint64_t limit = (std::numeric_limits<std::size_t>::max() >> 2) / es;
-  BRAID_CHECK(in_count <= limit && out_count <= limit && count <= limit, InvalidUsage,
-              what << ": count " << count << " of " << es << "-byte elements overflows the address space");
+  BRAID_CHECK(in_count <= limit && out_count <= limit, InvalidUsage,
+              what << ": " << std::max(in_count, out_count) << " " << es
+                   << "-byte elements overflow the address space");
   if (need_send && in_count > 0)
     BRAID_CHECK(send != nullptr, InvalidUsage, what << ": send buffer is null with " << in_count << " elements to send");
   if (need_recv && out_count > 0)
@@ -507,15 +514,22 @@ void check_layout(collectives::Collective c, const void* send, void* recv, std::
   bool in_place = false;
   switch (c) {
     case collectives::Collective::allgather:
-    case collectives::Collective::gather: in_place = s == r + static_cast<std::size_t>(rank) * count * es; break;
+    case collectives::Collective::allgatherv:
+    case collectives::Collective::gather: in_place = s == r + static_cast<std::size_t>(own_block_at) * es; break;
     case collectives::Collective::reduce_scatter:
-    case collectives::Collective::scatter: in_place = r == s + static_cast<std::size_t>(rank) * count * es; break;
+    case collectives::Collective::reduce_scatter_v:
+    case collectives::Collective::scatter: in_place = r == s + static_cast<std::size_t>(own_block_at) * es; break;
+    case collectives::Collective::alltoallv:
+      BRAID_CHECK(s != r || same_layout, InvalidUsage,
+                  what << ": in place (send == recv) needs send_counts == recv_counts; use disjoint buffers");
+      in_place = s == r;
+      break;
     default: in_place = s == r; break;
   }
   BRAID_CHECK(in_place, InvalidUsage,
               what << ": send and recv buffers overlap without following the in-place convention (same pointer; "
-                      "for allgather and gather send == recv + rank*count; for reduce_scatter and scatter "
-                      "recv == send + rank*count); "
+                      "for allgather(v) and gather send == recv + the offset of this rank's block; for "
+                      "reduce_scatter(_v) and scatter recv == send + that offset); "
                       "use disjoint buffers otherwise");
 }
 
@@ -534,7 +548,8 @@ core::CollectiveCall call_of(Collective c, const char* what, const void* send, v
 Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   const Collective c = call.collective;
   const char* what = call.what;
-  const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter;
+  const bool reduces = c == Collective::allreduce || c == Collective::reduce || c == Collective::reduce_scatter ||
+                       c == Collective::reduce_scatter_v;
   check_dtype_op(call.dtype, reduces ? call.op : ReduceOp::sum, what);
   if (reduces && call.op == ReduceOp::premul_sum) check_premul_scale(call.dtype, call.scale, what);
   const bool rooted = c == Collective::broadcast || c == Collective::reduce || c == Collective::gather ||
@@ -549,18 +564,36 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   if (t_posting_program) req.slice_bytes = cfg.device_chunk_bytes;
   req.root = call.root;
   req.deterministic = reduces && (call.deterministic || cfg.deterministic);
-  const auto counts = collectives::buffer_counts(req);
+  auto counts = collectives::buffer_counts(req);
   // Broadcast and scatter read send only on the root; reduce and gather write recv only there.
   const bool need_send = !((c == Collective::broadcast || c == Collective::scatter) && rank != call.root);
   const bool need_recv = !((c == Collective::reduce || c == Collective::gather) && rank != call.root);
-  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, rank, call.count, need_send,
-               need_recv, what);
+  std::uint64_t own_block_at = static_cast<std::uint64_t>(rank) * call.count;
+  bool same_layout = true;
+  if (collectives::is_v(c)) {
+    req.counts = call.counts;
+    counts = collectives::buffer_counts(req);
+    // The size that decides inline running, and that names and meters the call: what this
+    // rank holds at the larger end (the blocks themselves come from counts).
+    req.count = std::max(counts.input, counts.output);
+    if (c == Collective::alltoallv) {
+      const auto n = static_cast<std::size_t>(size);
+      same_layout = std::equal(call.counts->begin(), call.counts->begin() + static_cast<std::ptrdiff_t>(n),
+                               call.counts->begin() + static_cast<std::ptrdiff_t>(n));
+    } else {
+      own_block_at = collectives::rank_blocks(req).at[static_cast<std::size_t>(rank)];
+    }
+  }
+  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, own_block_at, need_send, need_recv,
+               same_layout, what);
   Algorithm algo = call.algorithm;
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).
   if (size > 1) req.host_of = topology->host_of();
   core::MeasuredTuner::Pick pick;
   // A device-path call enqueues its program when it is issued: the model decides, at once.
+  // The v-collectives have one algorithm each: nothing to choose or measure.
+  if (collectives::is_v(c)) algo = collectives::algorithms_for(c).front();
   if (algo == Algorithm::automatic) pick = tuner->choose_algorithm(req, t_posting_program);
   req.algorithm = algo == Algorithm::automatic ? pick.algorithm : algo;
   core::Posting p;
@@ -587,10 +620,12 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
 }
 
 core::CallBuffers Communicator::Impl::buffers_of(Collective c, const void* send, void* recv, std::size_t count,
-                                                DataType dtype, int root) const {
+                                                DataType dtype, int root,
+                                                std::shared_ptr<const std::vector<std::uint64_t>> blocks) const {
   PlanRequest req(c, size, count, dtype_size(dtype), ReduceOp::sum);
   req.rank = rank;
   req.root = root;
+  req.counts = std::move(blocks);
   const auto counts = collectives::buffer_counts(req);
   core::CallBuffers b{send, 0, recv, 0};
   if (__builtin_mul_overflow(counts.input, req.elem_size, &b.send_bytes) ||
@@ -731,6 +766,63 @@ Work Communicator::scatter(const void* send, void* recv, std::size_t count, Data
   return impl_->device_or_host("scatter", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::scatter, "scatter", s, r, count, dtype, options);
     call.root = options.root;
+    return impl_->collective(call);
+  });
+}
+
+namespace {
+/// The v-collectives' block sizes as a plan takes them: `parts` lists of size() counts
+/// each, one after the other (alltoallv: what is sent, then what is received).
+std::shared_ptr<const std::vector<std::uint64_t>> block_counts(
+    std::initializer_list<const std::vector<std::size_t>*> parts, int size, const char* what) {
+  auto v = std::make_shared<std::vector<std::uint64_t>>();
+  for (const auto* p : parts) {
+    BRAID_CHECK(p->size() == static_cast<std::size_t>(size), InvalidUsage,
+                what << ": " << p->size() << " block counts for a communicator of " << size
+                     << " ranks; pass one count per rank");
+    std::uint64_t total = 0;
+    for (const std::size_t x : *p)
+      BRAID_CHECK(!__builtin_add_overflow(total, static_cast<std::uint64_t>(x), &total), InvalidUsage,
+                  what << ": the block counts overflow");
+    v->insert(v->end(), p->begin(), p->end());
+  }
+  return v;
+}
+}  // namespace
+
+Work Communicator::allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DataType dtype,
+                              const AllgatherOptions& options) {
+  const auto blocks = block_counts({&counts}, impl_->size, "allgatherv");
+  const auto buffers = [&] { return impl_->buffers_of(Collective::allgatherv, send, recv, 0, dtype, 0, blocks); };
+  return impl_->device_or_host("allgatherv", options, send, recv, buffers, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::allgatherv, "allgatherv", s, r, 0, dtype, options);
+    call.counts = blocks;
+    return impl_->collective(call);
+  });
+}
+
+Work Communicator::reduce_scatter_v(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                    DataType dtype, ReduceOp op, const ReduceScatterOptions& options) {
+  const auto blocks = block_counts({&counts}, impl_->size, "reduce_scatter_v");
+  const auto buffers = [&] { return impl_->buffers_of(Collective::reduce_scatter_v, send, recv, 0, dtype, 0, blocks); };
+  return impl_->device_or_host("reduce_scatter_v", options, send, recv, buffers, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::reduce_scatter_v, "reduce_scatter_v", s, r, 0, dtype, options);
+    call.op = op;
+    call.scale = options.scale;
+    call.deterministic = options.deterministic;
+    call.counts = blocks;
+    return impl_->collective(call);
+  });
+}
+
+Work Communicator::alltoallv(const void* send, const std::vector<std::size_t>& send_counts, void* recv,
+                             const std::vector<std::size_t>& recv_counts, DataType dtype,
+                             const AlltoallOptions& options) {
+  const auto blocks = block_counts({&send_counts, &recv_counts}, impl_->size, "alltoallv");
+  const auto buffers = [&] { return impl_->buffers_of(Collective::alltoallv, send, recv, 0, dtype, 0, blocks); };
+  return impl_->device_or_host("alltoallv", options, send, recv, buffers, [&](const void* s, void* r) {
+    core::CollectiveCall call = call_of(Collective::alltoallv, "alltoallv", s, r, 0, dtype, options);
+    call.counts = blocks;
     return impl_->collective(call);
   });
 }

@@ -42,6 +42,8 @@ struct CollectiveCall {
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;                 ///< reducing collectives only
   double scale = 1.0;                          ///< premul_sum's factor
+  /// The v-collectives' block sizes (collectives::PlanRequest::counts), checked.
+  std::shared_ptr<const std::vector<std::uint64_t>> counts;
   int root = 0;                                ///< broadcast, reduce, gather, scatter
   Algorithm algorithm = Algorithm::automatic;  ///< what the caller asked for
   bool deterministic = false;
@@ -109,7 +111,8 @@ struct Communicator::Impl final : core::Poster {
   /// (zero where it does not touch a buffer, or where the count overflows: the host
   /// path then refuses the call).
   core::CallBuffers buffers_of(collectives::Collective c, const void* send, void* recv, std::size_t count,
-                               DataType dtype, int root) const;
+                               DataType dtype, int root,
+                               std::shared_ptr<const std::vector<std::uint64_t>> blocks = nullptr) const;
   /// Runs host(send, recv) for host buffers; for device buffers (`buffers()` says how many
   /// bytes of each the call touches), runs it on pinned copies through `staging`, joined
   /// to options.stream (core/device_staging.hpp). Without a device runtime this is one

@@ -189,6 +189,109 @@ TEST_P(Collectives, GatherAndScatterToAndFromEveryKindOfRoot) {
         });
 }
 
+// allgatherv, reduce_scatter_v and alltoallv: blocks of their own sizes (empty ones, one
+// rank with everything, large ones in several slices), in and out of place (alltoallv in
+// place with equal send and receive counts), and refusals before any byte moves.
+TEST_P(Collectives, UnevenBlocksInAllgathervReduceScatterVAndAlltoallv) {
+  const int n = world();
+  Group g = group();
+  const auto N = static_cast<std::size_t>(n);
+  auto size_of = [&](int shape, std::size_t j) -> std::size_t {
+    switch (shape) {
+      case 0: return j % 3 == 1 ? 0 : 7 * j + 1;        // small, some empty
+      case 1: return j == N - 1 ? 30000 : 0;            // one rank has everything
+      default: return 5000 + 1000 * j;                  // several slices each
+    }
+  };
+  for (int shape = 0; shape < 3; ++shape)
+    for (bool in_place : {false, true})
+      run_threads(n, [&](int r) {
+        std::vector<std::size_t> counts(N), at(N);
+        std::size_t total = 0;
+        for (std::size_t j = 0; j < N; ++j) {
+          counts[j] = size_of(shape, j);
+          at[j] = total;
+          total += counts[j];
+        }
+        const auto me = static_cast<std::size_t>(r);
+        // allgatherv
+        std::vector<std::int32_t> all(total, -99), mine(counts[me]);
+        for (std::size_t k = 0; k < counts[me]; ++k) mine[k] = value(r, k);
+        if (in_place) std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at[me]));
+        g[r].allgatherv(in_place ? all.data() + at[me] : mine.data(), all.data(), counts, DataType::i32).wait();
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < counts[j]; ++k)
+            ASSERT_EQ(all[at[j] + k], value(static_cast<int>(j), k)) << "allgatherv shape " << shape << " block " << j;
+        // reduce_scatter_v (sum, and premul_sum with a factor of 3)
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::premul_sum}) {
+          std::vector<std::int32_t> in(total), out(counts[me], -99);
+          for (std::size_t k = 0; k < total; ++k) in[k] = value(r, k);
+          ReduceScatterOptions o;
+          o.scale = 3;
+          std::int32_t* dst = in_place ? in.data() + at[me] : out.data();
+          g[r].reduce_scatter_v(in.data(), dst, counts, DataType::i32, op, o).wait();
+          for (std::size_t k = 0; k < counts[me]; ++k) {
+            std::int64_t want = 0;
+            for (int q = 0; q < n; ++q) want += value(q, at[me] + k);
+            if (op == ReduceOp::premul_sum) want *= 3;
+            ASSERT_EQ(dst[k], static_cast<std::int32_t>(want)) << "reduce_scatter_v " << to_string(op) << " shape " << shape;
+          }
+        }
+        // alltoallv: rank r sends rank j a block of (r + 2j + shape) % 5 * 700 elements
+        // (symmetric in r and j when in place).
+        auto pair = [&](std::size_t from, std::size_t to) -> std::size_t {
+          return in_place ? ((from + to + static_cast<std::size_t>(shape)) % 4) * 700
+                          : ((from + 2 * to + static_cast<std::size_t>(shape)) % 5) * 700;
+        };
+        std::vector<std::size_t> sc(N), rc(N), sat(N), rat(N);
+        std::size_t st = 0, rt = 0;
+        for (std::size_t j = 0; j < N; ++j) {
+          sc[j] = pair(me, j), rc[j] = pair(j, me);
+          sat[j] = st, rat[j] = rt;
+          st += sc[j], rt += rc[j];
+        }
+        std::vector<std::int32_t> send(st), recv(rt, -99);
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < sc[j]; ++k) send[sat[j] + k] = value(r, 100000 * j + k);
+        std::int32_t* rb = in_place ? send.data() : recv.data();
+        g[r].alltoallv(send.data(), sc, rb, rc, DataType::i32).wait();
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < rc[j]; ++k)
+            ASSERT_EQ(rb[rat[j] + k], value(static_cast<int>(j), 100000 * me + k))
+                << "alltoallv shape " << shape << (in_place ? " in place" : "") << " from " << j;
+      });
+  // Refused before any byte moves: counts of the wrong length, in place with unequal layouts.
+  run_threads(n, [&](int r) {
+    std::vector<std::int32_t> buf(4 * N + 4);
+    EXPECT_THROW(g[r].allgatherv(buf.data(), buf.data() + 2 * N + 2, std::vector<std::size_t>(N + 1, 1), DataType::i32),
+                 Error);
+    std::vector<std::size_t> a(N, 1), b(N, 1);
+    b[0] = 2;
+    EXPECT_THROW(g[r].alltoallv(buf.data(), a, buf.data(), b, DataType::i32), Error);
+    g[r].barrier().wait();
+  });
+}
+
+// alltoallv's counts disagree (rank 0 sends 5 elements, rank 1 expects 4): the receiver's
+// call fails naming the peer and the mismatch, nothing is written past the block.
+TEST(UnevenBlocks, AlltoallvCountsThatDisagreeFailNamingThePeer) {
+  Group g(2);
+  run_threads(2, [&](int r) {
+    std::vector<float> s(10, 1.0f), d(10, 0.0f);
+    const std::vector<std::size_t> sc = r == 0 ? std::vector<std::size_t>{1, 5} : std::vector<std::size_t>{4, 1};
+    const std::vector<std::size_t> rc = r == 0 ? std::vector<std::size_t>{1, 4} : std::vector<std::size_t>{4, 1};
+    try {
+      g[r].alltoallv(s.data(), sc, d.data(), rc, DataType::f32).wait();
+      EXPECT_EQ(r, 0) << "rank 1 received 5 elements where it expected 4";
+    } catch (const Error& e) {
+      EXPECT_EQ(r, 1);
+      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("16 bytes, got tag"), std::string::npos) << e.what();
+      EXPECT_EQ(d[5], 0.0f);
+    }
+  });
+}
+
 // Every all-reduce algorithm on flat and multi-host layouts: correct and bitwise
 // identical on every rank.
 TEST_P(Collectives, EveryAllreduceAlgorithm) {

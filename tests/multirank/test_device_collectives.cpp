@@ -117,7 +117,20 @@ struct OwnStream {
   gpu::Stream s;
 };
 
-enum class Kind { allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, gather, scatter, sendrecv };
+enum class Kind {
+  allreduce,
+  broadcast,
+  reduce,
+  allgather,
+  reduce_scatter,
+  alltoall,
+  gather,
+  scatter,
+  sendrecv,
+  allgatherv,
+  reduce_scatter_v,
+  alltoallv
+};
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -130,8 +143,33 @@ const char* kind_name(Kind k) {
     case Kind::gather: return "gather";
     case Kind::scatter: return "scatter";
     case Kind::sendrecv: return "sendrecv";
+    case Kind::allgatherv: return "allgatherv";
+    case Kind::reduce_scatter_v: return "reduce_scatter_v";
+    case Kind::alltoallv: return "alltoallv";
   }
   return "?";
+}
+
+// The v-collectives' block sizes for a case of `count`: rank j's block, and what rank
+// `from` sends rank `to` (symmetric for an in-place case).
+std::vector<std::size_t> v_blocks(std::size_t count, int world) {
+  std::vector<std::size_t> v(static_cast<std::size_t>(world));
+  for (std::size_t j = 0; j < v.size(); ++j) v[j] = (count * (j + 1)) % (count + 5);
+  return v;
+}
+std::size_t v_pair(std::size_t count, bool in_place, int from, int to) {
+  const auto f = static_cast<std::size_t>(from), t = static_cast<std::size_t>(to);
+  return (count + (in_place ? f + t : 3 * f + t)) % (count + 4);
+}
+std::vector<std::size_t> v_line(std::size_t count, bool in_place, int rank, int world, bool sent) {
+  std::vector<std::size_t> v(static_cast<std::size_t>(world));
+  for (int j = 0; j < world; ++j) v[static_cast<std::size_t>(j)] = sent ? v_pair(count, in_place, rank, j) : v_pair(count, in_place, j, rank);
+  return v;
+}
+std::size_t sum_of(const std::vector<std::size_t>& v, std::size_t upto) {
+  std::size_t s = 0;
+  for (std::size_t j = 0; j < upto; ++j) s += v[j];
+  return s;
 }
 
 struct Case {
@@ -167,19 +205,33 @@ Layout layout(const Case& c, int rank, int world) {
     case Kind::allgather: case Kind::gather: l.in = n; l.out = n * w; break;
     case Kind::reduce_scatter: case Kind::scatter: l.in = n * w; l.out = n; break;
     case Kind::alltoall: l.in = l.out = n * w; break;
+    case Kind::allgatherv: {
+      const auto b = v_blocks(n, world);
+      l.in = b[r], l.out = sum_of(b, w);
+      break;
+    }
+    case Kind::reduce_scatter_v: {
+      const auto b = v_blocks(n, world);
+      l.in = sum_of(b, w), l.out = b[r];
+      break;
+    }
+    case Kind::alltoallv:
+      l.in = sum_of(v_line(n, c.in_place, rank, world, true), w);
+      l.out = sum_of(v_line(n, c.in_place, rank, world, false), w);
+      break;
   }
   if (!c.in_place) {
     l.in_at = 0;
     l.out_at = l.in;
     l.span = l.in + l.out;
-  } else if (c.kind == Kind::allgather || c.kind == Kind::gather) {
+  } else if (c.kind == Kind::allgather || c.kind == Kind::gather || c.kind == Kind::allgatherv) {
     l.span = l.out;
     l.out_at = 0;
-    l.in_at = r * n;
-  } else if (c.kind == Kind::reduce_scatter || c.kind == Kind::scatter) {
+    l.in_at = c.kind == Kind::allgatherv ? sum_of(v_blocks(n, world), r) : r * n;
+  } else if (c.kind == Kind::reduce_scatter || c.kind == Kind::scatter || c.kind == Kind::reduce_scatter_v) {
     l.span = l.in;
     l.in_at = 0;
-    l.out_at = r * n;
+    l.out_at = c.kind == Kind::reduce_scatter_v ? sum_of(v_blocks(n, world), r) : r * n;
   } else {
     l.span = l.in;
   }
@@ -274,6 +326,26 @@ std::vector<Work> issue(Communicator& c, const Case& k, const void* in, void* ou
       w.push_back(c.scatter(in, out, k.count, k.dtype, o));
       break;
     }
+    case Kind::allgatherv: {
+      AllgatherOptions o;
+      set(o);
+      w.push_back(c.allgatherv(in, out, v_blocks(k.count, world), k.dtype, o));
+      break;
+    }
+    case Kind::reduce_scatter_v: {
+      ReduceScatterOptions o;
+      set(o);
+      o.scale = scale;
+      w.push_back(c.reduce_scatter_v(in, out, v_blocks(k.count, world), k.dtype, k.op, o));
+      break;
+    }
+    case Kind::alltoallv: {
+      AlltoallOptions o;
+      set(o);
+      w.push_back(c.alltoallv(in, v_line(k.count, k.in_place, rank, world, true), out,
+                              v_line(k.count, k.in_place, rank, world, false), k.dtype, o));
+      break;
+    }
     case Kind::sendrecv: {
       P2POptions o;
       set(o);
@@ -347,6 +419,9 @@ std::vector<Case> cases(int world) {
       // f32 with values whose sums are exact in any order: the host path's reduce may be
       // measured into another algorithm than the device path's.
       out.push_back({Kind::reduce, DataType::f32, ReduceOp::premul_sum, n, ip, world - 1});
+      out.push_back({Kind::allgatherv, DataType::i32, ReduceOp::sum, n + 3, ip});
+      out.push_back({Kind::reduce_scatter_v, DataType::f32, ReduceOp::premul_sum, n + 3, ip});
+      out.push_back({Kind::alltoallv, DataType::u8, ReduceOp::sum, n + 3, ip});
       out.push_back({Kind::reduce_scatter, DataType::f32, ReduceOp::premul_sum, n, ip});
       out.push_back({Kind::alltoall, DataType::u8, ReduceOp::sum, n, ip});
       out.push_back({Kind::gather, DataType::i64, ReduceOp::sum, n, ip, world / 2});

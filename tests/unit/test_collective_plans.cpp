@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -483,6 +484,67 @@ TEST(VerifierCatches, InPlaceAlltoallWithoutParking) {
   EXPECT_TRUE(caught);
 }
 
+// The v-collectives: blocks of their own sizes, empty ones included, over worlds 1..16,
+// in and out of place (alltoallv in place where its matrix is symmetric), sum, avg and
+// premul_sum for reduce_scatter_v, several slicings and interleavings.
+TEST(VCollectives, ProvenForRandomBlockSizes) {
+  std::mt19937_64 rng(11);
+  for (int world = 1; world <= 16; ++world)
+    for (int trial = 0; trial < 6; ++trial) {
+      const auto n = static_cast<std::size_t>(world);
+      auto size = [&] { return rng() % 4 == 0 ? 0 : rng() % 23; };
+      auto blocks = std::make_shared<std::vector<std::uint64_t>>(n);
+      for (auto& x : *blocks) x = size();
+      auto matrix = std::make_shared<std::vector<std::uint64_t>>(n * n);
+      const bool symmetric = trial % 2 == 1;
+      for (std::size_t a = 0; a < n; ++a)
+        for (std::size_t b = 0; b < n; ++b)
+          (*matrix)[a * n + b] = symmetric && b < a ? (*matrix)[b * n + a] : size();
+      for (Collective c : {Collective::allgatherv, Collective::reduce_scatter_v, Collective::alltoallv})
+        for (bool in_place : {false, true}) {
+          if (in_place && c == Collective::alltoallv && !symmetric) continue;
+          PlanRequest req(c, world, 0, 4,
+                          c != Collective::reduce_scatter_v ? ReduceOp::sum
+                          : trial % 3 == 0                  ? ReduceOp::avg
+                          : trial % 3 == 1                  ? ReduceOp::premul_sum
+                                                            : ReduceOp::sum);
+          req.algorithm = Algorithm::automatic;
+          req.slice_bytes = trial % 2 ? 12 : 1 << 20;
+          req.counts = c == Collective::alltoallv ? matrix : blocks;
+          if (trial == 5 && world % 4 == 0) req.host_of = hosts(world, 2);
+          VerifyOptions o;
+          o.in_place = in_place;
+          o.seed = static_cast<std::uint64_t>(world * 100 + trial);
+          o.rendezvous = trial % 3 != 2;
+          o.post_first = trial % 2 == 0;
+          const auto r = verify_plans(req, o);
+          ASSERT_TRUE(r.ok) << to_string(c) << " world " << world << " trial " << trial
+                            << (in_place ? " in place" : "") << ": " << r.error;
+        }
+    }
+}
+
+TEST(VCollectives, RefuseMissingCountsAndDeterministicMode) {
+  PlanRequest req(Collective::allgatherv, 3, 0);
+  EXPECT_THROW(build_plan(req), braid::Error);
+  req.counts = std::make_shared<std::vector<std::uint64_t>>(2, 1);
+  EXPECT_THROW(build_plan(req), braid::Error);
+  req.collective = Collective::reduce_scatter_v;
+  req.counts = std::make_shared<std::vector<std::uint64_t>>(3, 1);
+  req.deterministic = true;
+  EXPECT_THROW(build_plan(req), braid::Error);
+  // A wrong block size in one rank's plan is caught (the message sizes disagree).
+  PlanRequest ag(Collective::allgatherv, 4, 0);
+  ag.counts = std::make_shared<std::vector<std::uint64_t>>(std::vector<std::uint64_t>{3, 0, 5, 2});
+  EXPECT_TRUE(verify_plans(ag, VerifyOptions{}).ok);
+  auto r = verify_plans(ag, VerifyOptions{}, [](const PlanRequest& q) {
+    PlanRequest wrong = q;
+    if (q.rank == 1) wrong.counts = std::make_shared<std::vector<std::uint64_t>>(std::vector<std::uint64_t>{3, 0, 4, 2});
+    return build_plan(wrong);
+  });
+  EXPECT_FALSE(r.ok);
+}
+
 TEST(VerifierCatches, PremulSumWithoutItsScaleOrScalingTwice) {
   // premul_sum plans scale each rank's input once, before any reduction. The sum plan run
   // as a premul_sum reduces unscaled contributions; scaling a scaled copy again, or a
@@ -552,6 +614,8 @@ TEST(AlgorithmTable, CoversTheEnumAndDrivesDispatch) {
     EXPECT_NE(std::find(offered.begin(), offered.end(), row.algorithm), offered.end());
     PlanRequest req(row.collective, 4, 10);
     req.algorithm = row.algorithm;
+    if (is_v(row.collective))
+      req.counts = std::make_shared<std::vector<std::uint64_t>>(row.collective == Collective::alltoallv ? 8 : 4, 10);
     const auto plan = build_plan(req);
     if (plan->request.algorithm == row.algorithm) {  // hierarchical falls back without a host map
       EXPECT_EQ(std::string(plan->name()), row.label ? row.label : std::string(to_string(row.algorithm)));
