@@ -795,6 +795,45 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("timeout") = py::none(), py::arg("stream") = 0)
       .def(
+          "allgatherv",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, const std::vector<std::size_t>& counts,
+             braid::DataType dtype, std::optional<double> timeout, std::uintptr_t stream) {
+            braid::AllgatherOptions o;
+            o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
+            py::gil_scoped_release nogil;
+            return c.allgatherv(cptr(send), mptr(recv), counts, dtype, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("counts"), py::arg("dtype"), py::arg("timeout") = py::none(),
+          py::arg("stream") = 0)
+      .def(
+          "reduce_scatter_v",
+          [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, const std::vector<std::size_t>& counts,
+             braid::DataType dtype, braid::ReduceOp op, std::optional<double> timeout, std::uintptr_t stream,
+             double scale) {
+            braid::ReduceScatterOptions o;
+            o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
+            o.scale = scale;
+            py::gil_scoped_release nogil;
+            return c.reduce_scatter_v(cptr(send), mptr(recv), counts, dtype, op, o);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("counts"), py::arg("dtype"), py::arg("op"),
+          py::arg("timeout") = py::none(), py::arg("stream") = 0, py::arg("scale") = 1.0)
+      .def(
+          "alltoallv",
+          [](braid::Communicator& c, std::uintptr_t send, const std::vector<std::size_t>& send_counts,
+             std::uintptr_t recv, const std::vector<std::size_t>& recv_counts, braid::DataType dtype,
+             std::optional<double> timeout, std::uintptr_t stream) {
+            braid::AlltoallOptions o;
+            o.timeout = ms(timeout);
+            o.stream = reinterpret_cast<void*>(stream);
+            py::gil_scoped_release nogil;
+            return c.alltoallv(cptr(send), send_counts, mptr(recv), recv_counts, dtype, o);
+          },
+          py::arg("send"), py::arg("send_counts"), py::arg("recv"), py::arg("recv_counts"), py::arg("dtype"),
+          py::arg("timeout") = py::none(), py::arg("stream") = 0)
+      .def(
           "gather",
           [](braid::Communicator& c, std::uintptr_t send, std::uintptr_t recv, std::size_t count,
              braid::DataType dtype, int root, std::optional<double> timeout, std::uintptr_t stream) {

@@ -20,7 +20,7 @@ import atexit
 import sys
 import threading
 import weakref
-from typing import Any, BinaryIO, Optional, Sequence, Union
+from typing import Any, BinaryIO, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -581,6 +581,68 @@ class Communicator:
         if o.count != b.count:
             raise _usage(f"alltoall: input has {b.count} elements but output has {o.count}; they must match")
         w = self._impl.alltoall(b.ptr, o.ptr, b.count // n, b.dtype, timeout, _stream(stream, b, o))
+        return self._post(w, (b, o), o.obj, async_op)
+
+    def _counts(self, counts: Sequence[int], what: str) -> List[int]:
+        c = [int(x) for x in counts]
+        if len(c) != self.size or any(x < 0 for x in c):
+            raise _usage(f"{what}: needs {self.size} non-negative block counts (one per rank), got {list(counts)}")
+        return c
+
+    def allgatherv(self, x: Any, counts: Sequence[int], out: Any = None, *, async_op: bool = False,
+                   timeout: Optional[float] = None, stream: Optional[int] = None):
+        """All-gather of blocks of their own sizes: rank j contributes counts[j] elements (`x`
+        here, counts[rank] of them), and `out` (sum(counts) elements, allocated if not given)
+        gets every block back to back in rank order. The same counts on every rank."""
+        c = self._counts(counts, "allgatherv")
+        b = _buffer(x, "allgatherv input", writable=False, stream=stream)
+        if b.count != c[self.rank]:
+            raise _usage(f"allgatherv: input has {b.count} elements but counts[{self.rank}] is {c[self.rank]}")
+        if out is None:
+            out = _empty_like(b, sum(c))
+        o = _buffer(out, "allgatherv output", writable=True, stream=stream)
+        _same_dtype(b, o, "allgatherv")
+        if o.count != sum(c):
+            raise _usage(f"allgatherv: output has {o.count} elements but the counts sum to {sum(c)}")
+        w = self._impl.allgatherv(b.ptr, o.ptr, c, b.dtype, timeout, _stream(stream, b, o))
+        return self._post(w, (b, o), o.obj, async_op)
+
+    def reduce_scatter_v(self, x: Any, counts: Sequence[int], out: Any = None, op: Union[str, ReduceOp] = "sum", *,
+                         async_op: bool = False, timeout: Optional[float] = None, stream: Optional[int] = None,
+                         scale: float = 1.0):
+        """Reduce-scatter into blocks of their own sizes: `x` holds sum(counts) elements, and
+        `out` (counts[rank] elements, allocated if not given) gets this rank's block reduced
+        over all ranks. The same counts on every rank; `scale` is op="premul_sum"'s factor."""
+        c = self._counts(counts, "reduce_scatter_v")
+        b = _buffer(x, "reduce_scatter_v input", writable=False, stream=stream)
+        if b.count != sum(c):
+            raise _usage(f"reduce_scatter_v: input has {b.count} elements but the counts sum to {sum(c)}")
+        if out is None:
+            out = _empty_like(b, c[self.rank])
+        o = _buffer(out, "reduce_scatter_v output", writable=True, stream=stream)
+        _same_dtype(b, o, "reduce_scatter_v")
+        if o.count != c[self.rank]:
+            raise _usage(f"reduce_scatter_v: output has {o.count} elements but counts[{self.rank}] is {c[self.rank]}")
+        w = self._impl.reduce_scatter_v(b.ptr, o.ptr, c, b.dtype, _op(op), timeout, _stream(stream, b, o),
+                                        float(scale))
+        return self._post(w, (b, o), o.obj, async_op)
+
+    def alltoallv(self, x: Any, send_counts: Sequence[int], recv_counts: Sequence[int], out: Any = None, *,
+                  async_op: bool = False, timeout: Optional[float] = None, stream: Optional[int] = None):
+        """All-to-all of blocks of their own sizes (MPI_Alltoallv, back to back): block j of `x`
+        (send_counts[j] elements) goes to rank j; block j of `out` (recv_counts[j] elements,
+        allocated if not given) comes from rank j, whose send_counts[rank] must match."""
+        sc, rc = self._counts(send_counts, "alltoallv"), self._counts(recv_counts, "alltoallv")
+        b = _buffer(x, "alltoallv input", writable=False, stream=stream)
+        if b.count != sum(sc):
+            raise _usage(f"alltoallv: input has {b.count} elements but send_counts sum to {sum(sc)}")
+        if out is None:
+            out = _empty_like(b, sum(rc))
+        o = _buffer(out, "alltoallv output", writable=True, stream=stream)
+        _same_dtype(b, o, "alltoallv")
+        if o.count != sum(rc):
+            raise _usage(f"alltoallv: output has {o.count} elements but recv_counts sum to {sum(rc)}")
+        w = self._impl.alltoallv(b.ptr, sc, o.ptr, rc, b.dtype, timeout, _stream(stream, b, o))
         return self._post(w, (b, o), o.obj, async_op)
 
     def gather(self, x: Any, out: Any = None, root: int = 0, *, async_op: bool = False,

@@ -22,7 +22,6 @@ lives in the launcher and survives any rank, rank 0 included.
 from __future__ import annotations
 
 import atexit
-import itertools
 import math
 import threading
 import time
@@ -88,7 +87,6 @@ def _check(t: torch.Tensor, what: str, cuda: bool = False) -> torch.Tensor:
 
 
 _TorchStore = _braid._TorchStore
-_ALLTOALLV_TAG = 0x7a11  # point-to-point tag of all_to_all with split sizes
 _MONITORED_TAG = 0x7a12  # point-to-point tag of monitored_barrier
 
 
@@ -545,24 +543,31 @@ class BraidProcessGroup(dist.ProcessGroup):
         return self._allgather_flat(input_list, "allgather_coalesced", finish)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        """Output j gets rank j's input. Outputs of different sizes (rank j's input has
+        output j's size, as with NCCL) go through braid's allgatherv."""
         works, finishers = [], []
         for k, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):
             i = self._buf(inp, f"allgather input {k}")
             if len(outs) != self.size():
                 raise _braid._usage(f"allgather: {len(outs)} output tensors for a group of {self.size()}")
+            counts = [o.numel() for o in outs]
             for j, o in enumerate(outs):
-                if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                    raise _braid._usage(f"allgather: output {j} is {o.numel()} x {o.dtype}, input is "
-                                        f"{inp.numel()} x {inp.dtype}; sizes and dtypes must match")
-            flat = torch.empty(self.size() * inp.numel(), dtype=inp.dtype)
+                if o.dtype != inp.dtype:
+                    raise _braid._usage(f"allgather: output {j} is {o.dtype}, input is {inp.dtype}")
+            if counts[self.rank()] != inp.numel():
+                raise _braid._usage(f"allgather: output {self.rank()} (this rank's) has {counts[self.rank()]} "
+                                    f"elements, the input {inp.numel()}; they must match")
+            flat = torch.empty(sum(counts), dtype=inp.dtype)
             f = self._buf(flat, "allgather staging")
-            works.append(self._c.allgather(i.ptr, f.ptr, i.count, i.dtype, self._timeout))
-            finishers.append((outs, flat, inp.numel()))
+            if len(set(counts)) == 1:
+                works.append(self._c.allgather(i.ptr, f.ptr, i.count, i.dtype, self._timeout))
+            else:
+                works.append(self._c.allgatherv(i.ptr, f.ptr, counts, i.dtype, self._timeout))
+            finishers.append((outs, flat))
 
         def finish():
-            for outs, flat, n in finishers:
-                for j, o in enumerate(outs):
-                    o.copy_(flat[j * n:(j + 1) * n].view_as(o))
+            for outs, flat in finishers:
+                _unflatten(flat, outs)
             return output_tensors
 
         return self._work(works, finish)
@@ -605,14 +610,21 @@ class BraidProcessGroup(dist.ProcessGroup):
         for k, (out, ins) in enumerate(zip(output_tensors, input_tensors)):
             if len(ins) != self.size():
                 raise _braid._usage(f"reduce_scatter: {len(ins)} input tensors for a group of {self.size()}")
+            counts = [t.numel() for t in ins]
             for j, t in enumerate(ins):
-                if t.numel() != out.numel() or t.dtype != out.dtype:
-                    raise _braid._usage(f"reduce_scatter: input {j} is {t.numel()} x {t.dtype}, output is "
-                                        f"{out.numel()} x {out.dtype}; sizes and dtypes must match")
+                if t.dtype != out.dtype:
+                    raise _braid._usage(f"reduce_scatter: input {j} is {t.dtype}, output is {out.dtype}")
+            if counts[self.rank()] != out.numel():
+                raise _braid._usage(f"reduce_scatter: input {self.rank()} (this rank's block) has "
+                                    f"{counts[self.rank()]} elements, the output {out.numel()}; they must match")
             flat = torch.cat([t.reshape(-1) for t in ins])
             i = self._buf(flat, "reduce_scatter staging")
             o = self._buf(out, f"reduce_scatter output {k}")
-            works.append(self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False, scale=sc))
+            if len(set(counts)) == 1:
+                works.append(self._c.reduce_scatter(i.ptr, o.ptr, o.count, o.dtype, op, self._timeout, False,
+                                                    scale=sc))
+            else:  # blocks of their own sizes (as NCCL allows): braid's reduce_scatter_v
+                works.append(self._c.reduce_scatter_v(i.ptr, o.ptr, counts, o.dtype, op, self._timeout, scale=sc))
             keep.append(flat)
         return self._work(works, lambda: (keep, output_tensors)[1])
 
@@ -632,8 +644,7 @@ class BraidProcessGroup(dist.ProcessGroup):
     def _alltoallv(self, output, input, out_splits, in_splits, finish=None):  # noqa: A002
         """all_to_all_single with split sizes (rows of dim 0), as gloo's: block j of the
         input goes to rank j; block j of the output comes from rank j. Empty splits mean
-        equal blocks. Runs as one send and one receive per peer (braid runs point-to-point
-        operations beside each other) plus a local copy of this rank's own block."""
+        equal blocks. One braid alltoallv (element counts: split rows times the row size)."""
         n, r = self.size(), self.rank()
         self._buf(output, "alltoall output")  # CPU, contiguous, writable
         self._buf(input, "alltoall input")
@@ -656,20 +667,11 @@ class BraidProcessGroup(dist.ProcessGroup):
         row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
         if ins[r] * row_in != outs[r] * row_out:
             raise _braid._usage(f"alltoall: this rank's own block is {ins[r]} input rows but {outs[r]} output rows")
-        src, dst = input.reshape(-1), output.reshape(-1)
-        in_off = [row_in * s for s in itertools.accumulate([0] + ins[:-1])]
-        out_off = [row_out * s for s in itertools.accumulate([0] + outs[:-1])]
-        works = []
-        for k in range(1, n):  # pairwise order: every rank sends to r+k while receiving from r-k
-            to, frm = (r + k) % n, (r - k) % n
-            s = self._buf(src[in_off[to]:in_off[to] + ins[to] * row_in], "alltoall block")
-            d = self._buf(dst[out_off[frm]:out_off[frm] + outs[frm] * row_out], "alltoall block")
-            works.append(self._c.send(s.ptr, s.count, s.dtype, to, _ALLTOALLV_TAG, self._timeout))
-            works.append(self._c.recv(d.ptr, d.count, d.dtype, frm, _ALLTOALLV_TAG, self._timeout))
-        dst[out_off[r]:out_off[r] + outs[r] * row_out].copy_(src[in_off[r]:in_off[r] + ins[r] * row_in])
+        i, o = self._buf(input, "alltoall input"), self._buf(output, "alltoall output")
+        w = self._c.alltoallv(i.ptr, [s * row_in for s in ins], o.ptr, [s * row_out for s in outs], i.dtype,
+                              self._timeout)
         done = finish or (lambda: [output])
-        keep = (input, output, src, dst)  # the blocks stay alive until every send and receive is done
-        return self._work(works, lambda: (keep, done())[1])
+        return self._work([w], lambda: (input, done())[1])  # input alive until done
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
         return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
@@ -679,7 +681,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         if len(input_tensors) != n or len(output_tensors) != n:
             raise _braid._usage(f"alltoall: needs {n} input and {n} output tensors")
         sizes = {t.numel() for t in list(input_tensors) + list(output_tensors)}
-        if len(sizes) != 1:  # uneven: point-to-point, as all_to_all_single with split sizes
+        if len(sizes) != 1:  # uneven: braid's alltoallv, as all_to_all_single with split sizes
             flat_in = self._flat(input_tensors, "alltoall")
             flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
 

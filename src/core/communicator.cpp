@@ -819,6 +819,10 @@ Work Communicator::alltoallv(const void* send, const std::vector<std::size_t>& s
                              const std::vector<std::size_t>& recv_counts, DataType dtype,
                              const AlltoallOptions& options) {
   const auto blocks = block_counts({&send_counts, &recv_counts}, impl_->size, "alltoallv");
+  const auto me = static_cast<std::size_t>(impl_->rank);
+  BRAID_CHECK(send_counts[me] == recv_counts[me], InvalidUsage,
+              "alltoallv: rank " << me << " sends itself " << send_counts[me] << " elements but expects "
+                                 << recv_counts[me] << " from itself; send_counts[rank] must equal recv_counts[rank]");
   const auto buffers = [&] { return impl_->buffers_of(Collective::alltoallv, send, recv, 0, dtype, 0, blocks); };
   return impl_->device_or_host("alltoallv", options, send, recv, buffers, [&](const void* s, void* r) {
     core::CollectiveCall call = call_of(Collective::alltoallv, "alltoallv", s, r, 0, dtype, options);

@@ -268,6 +268,9 @@ TEST_P(Collectives, UnevenBlocksInAllgathervReduceScatterVAndAlltoallv) {
     std::vector<std::size_t> a(N, 1), b(N, 1);
     b[0] = 2;
     EXPECT_THROW(g[r].alltoallv(buf.data(), a, buf.data(), b, DataType::i32), Error);
+    b[0] = 1;
+    b[static_cast<std::size_t>(r)] = 0;  // what a rank sends itself is what it receives from itself
+    EXPECT_THROW(g[r].alltoallv(buf.data(), a, buf.data() + 2 * N, b, DataType::i32), Error);
     g[r].barrier().wait();
   });
 }

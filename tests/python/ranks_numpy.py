@@ -135,6 +135,22 @@ def others(comm):
                 mine = np.empty(count, dtype=dtype)
                 comm.scatter(big[root] if r == root else None, mine, root=root)
                 close(mine, big[root][r * count:(r + 1) * count], f"scatter root={root}")
+    # v-collectives: blocks of their own sizes, one of them empty
+    counts = [(3 * j + 1) % 5 for j in range(n)]
+    mine = np.arange(counts[r], dtype=np.float32) + 100 * r
+    g = comm.allgatherv(mine, counts)
+    want = np.concatenate([np.arange(counts[j], dtype=np.float32) + 100 * j for j in range(n)])
+    assert np.array_equal(g, want), ("allgatherv", g, want)
+    full = [np.arange(sum(counts), dtype=np.float32) * (j + 1) for j in range(n)]
+    rs = comm.reduce_scatter_v(full[r], counts, op="premul_sum", scale=0.5)
+    at = sum(counts[:r])
+    assert np.array_equal(rs, 0.5 * sum(full)[at:at + counts[r]]), ("reduce_scatter_v", rs)
+    sc = [(r + j) % 3 for j in range(n)]
+    rc = [(j + r) % 3 for j in range(n)]
+    send = np.concatenate([np.full(sc[j], 10 * r + j, dtype=np.int64) for j in range(n)])
+    got = comm.alltoallv(send, sc, rc)
+    want = np.concatenate([np.full(rc[j], 10 * j + r, dtype=np.int64) for j in range(n)])
+    assert np.array_equal(got, want), ("alltoallv", got, want)
     # send/recv around a ring, both directions at once
     x = np.full(257, r, dtype=np.int32)
     got = np.empty(257, dtype=np.int32)
@@ -145,7 +161,7 @@ def others(comm):
     wr.wait()
     assert np.all(got == left), got[:4]
     comm.barrier()
-    print(f"rank {r}: broadcast reduce allgather reduce_scatter alltoall gather scatter send/recv ok")
+    print(f"rank {r}: broadcast reduce allgather reduce_scatter alltoall gather scatter v-collectives send/recv ok")
 
 
 def async_work(comm):

@@ -654,7 +654,27 @@ def premul(braid_pg, gloo_pg):
     h = torch.full((5,), 40000.0, dtype=torch.float16)
     dist.all_reduce(h, op=dist._make_nccl_premul_sum(1.0 / n), group=braid_pg)
     assert torch.isfinite(h).all() and abs(float(h[0]) - 40000.0) < 200, f"f16: {h.tolist()}"
-    print(f"rank {r}: premul_sum ok")
+    # Uneven blocks, as NCCL allows them (gloo refuses): all_gather into outputs of their own
+    # sizes (allgatherv), reduce_scatter of inputs of their own sizes (reduce_scatter_v), and
+    # all_to_all_single with split sizes (alltoallv), empty blocks included.
+    sizes = [(2 * q + 1) % 4 for q in range(n)]
+    outs = [torch.full((sizes[q],), -1.0) for q in range(n)]
+    dist.all_gather(outs, torch.arange(sizes[r], dtype=torch.float32) + 10 * r, group=braid_pg)
+    for q in range(n):
+        assert torch.equal(outs[q], torch.arange(sizes[q], dtype=torch.float32) + 10 * q), f"all_gather {q}: {outs[q]}"
+    ins = [torch.arange(sizes[q], dtype=torch.float32) * (r + 1) + q for q in range(n)]
+    out = torch.empty(sizes[r])
+    dist.reduce_scatter(out, ins, group=braid_pg)
+    want = sum(torch.arange(sizes[r], dtype=torch.float32) * (q + 1) + r for q in range(n))
+    assert torch.equal(out, want), f"reduce_scatter: {out} != {want}"
+    send_rows = [(r + q) % 3 for q in range(n)]
+    recv_rows = [(q + r) % 3 for q in range(n)]
+    x = torch.cat([torch.full((send_rows[q], 2), float(10 * r + q)) for q in range(n)])
+    y = torch.empty(sum(recv_rows), 2)
+    dist.all_to_all_single(y, x, recv_rows, send_rows, group=braid_pg)
+    want = torch.cat([torch.full((recv_rows[q], 2), float(10 * q + r)) for q in range(n)])
+    assert torch.equal(y, want), f"all_to_all_single: {y} != {want}"
+    print(f"rank {r}: premul_sum and uneven blocks ok")
 
 
 def main():

@@ -25,7 +25,7 @@ SCENARIOS = [
     ("functional_collectives_dtensor_and_fsdp2_equal_gloo", 2, "fsdp2_dtensor",
      "functional collectives, DTensor and FSDP2 on braid == gloo", 2, 150),
     ("fp8_tensors_reduce_gather_and_broadcast_3", 3, "fp8", "fp8 all_reduce, all_gather and broadcast ok", 3, 120),
-    ("premul_sum_scales_before_the_sum_3", 3, "premul", "premul_sum ok", 3, 120),
+    ("premul_sum_and_uneven_blocks_3", 3, "premul", "premul_sum and uneven blocks ok", 3, 120),
 ]
 
 
