@@ -145,6 +145,12 @@ class BraidBackend final : public Backend {
         case Coll::reduce: works.push_back(c_.reduce(l.in, l.out, count, dt, rop, ro)); break;
         case Coll::gather: works.push_back(c_.gather(l.in, l.out, count, dt, gao)); break;
         case Coll::scatter: works.push_back(c_.scatter(l.in, l.out, count, dt, sco)); break;
+        case Coll::allgatherv: works.push_back(c_.allgatherv(l.in, l.out, v_counts(coll, count, n, r), dt, go)); break;
+        case Coll::alltoallv: {
+          const auto v = v_counts(coll, count, n, r);
+          works.push_back(c_.alltoallv(l.in, v, l.out, v, dt, to));
+          break;
+        }
         case Coll::sendrecv:
           works.push_back(c_.send(l.in, count, dt, (r + 1) % n, po));
           works.push_back(c_.recv(l.out, count, dt, (r + n - 1) % n, po));

@@ -27,7 +27,7 @@
 
 namespace braid::bench {
 
-enum class Coll { allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv };
+enum class Coll { allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv, allgatherv, alltoallv };
 enum class Type { f32, f64, f16, bf16, i8, u8, i32, i64, f8e4m3, f8e5m2 };
 enum class Op { sum, prod, min, max, avg };
 
@@ -49,6 +49,8 @@ inline constexpr CollInfo kColls[] = {
     {Coll::gather, "gather", "gather_perf", false, true},
     {Coll::scatter, "scatter", "scatter_perf", false, true},
     {Coll::sendrecv, "sendrecv", "sendrecv_perf", false, false},
+    {Coll::allgatherv, "allgatherv", "all_gatherv_perf", false, false},
+    {Coll::alltoallv, "alltoallv", "alltoallv_perf", false, false},
 };
 
 /// The collective named `name` (--coll value or nccl-tests binary name), or null.
@@ -64,6 +66,7 @@ inline double bus_factor(Coll c, int n) {
   switch (c) {
     case Coll::allreduce: return 2.0 * (n - 1) / n;
     case Coll::allgather: case Coll::reduce_scatter: case Coll::alltoall: case Coll::gather: case Coll::scatter:
+    case Coll::allgatherv: case Coll::alltoallv:
       return static_cast<double>(n - 1) / n;
     default: return 1.0;
   }
@@ -72,9 +75,29 @@ inline double bus_factor(Coll c, int n) {
 /// Ranks whose buffers the call splits into blocks (count per rank = elements / blocks).
 inline int blocks(Coll c, int n) {
   return c == Coll::allgather || c == Coll::reduce_scatter || c == Coll::alltoall || c == Coll::gather ||
-                 c == Coll::scatter
+                 c == Coll::scatter || c == Coll::allgatherv || c == Coll::alltoallv
              ? n
              : 1;
+}
+
+/// The v-collectives' skewed blocks: block k of n holds 2·count·(k+1)/(n+1) elements (sizes
+/// in proportion 1 : 2 : … : n, `count` on average, never more than count·n in all).
+/// allgatherv: rank j contributes block j. alltoallv: rank `from` sends rank `to` block
+/// (from + to) mod n, so what a rank sends and what it receives have the same sizes.
+inline std::size_t v_block(std::size_t count, int n, int k) {
+  return 2 * count * static_cast<std::size_t>(k + 1) / static_cast<std::size_t>(n + 1);
+}
+/// Block sizes of `rank`'s call (allgatherv: every rank's; alltoallv: what it sends or
+/// receives, which are the same), and their offsets.
+inline std::vector<std::size_t> v_counts(Coll c, std::size_t count, int n, int rank) {
+  std::vector<std::size_t> v(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) v[static_cast<std::size_t>(j)] = v_block(count, n, c == Coll::alltoallv ? (rank + j) % n : j);
+  return v;
+}
+inline std::vector<std::size_t> v_offsets(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> at(counts.size(), 0);
+  for (std::size_t j = 1; j < counts.size(); ++j) at[j] = at[j - 1] + counts[j - 1];
+  return at;
 }
 
 struct TypeInfo {
@@ -284,6 +307,8 @@ class Backend {
   virtual Layout in_place(Coll c, std::byte* send, std::byte* recv, std::size_t count, std::size_t es) {
     (void)send;
     if (c == Coll::allgather || c == Coll::gather) return {recv + static_cast<std::size_t>(rank()) * count * es, recv};
+    if (c == Coll::allgatherv)
+      return {recv + v_offsets(v_counts(c, count, world(), rank()))[static_cast<std::size_t>(rank())] * es, recv};
     if (c == Coll::reduce_scatter || c == Coll::scatter)
       return {recv, recv + static_cast<std::size_t>(rank()) * count * es};
     return {recv, recv};
@@ -371,6 +396,23 @@ inline long long count_wrong(const SweepOptions& o, int rank, int world, const s
     case Coll::sendrecv:
       for (std::size_t i = 0; i < count; ++i) check_input(i, (rank + world - 1) % world, i);
       break;
+    case Coll::allgatherv: {
+      const auto counts = v_counts(Coll::allgatherv, count, world, rank);
+      const auto off = v_offsets(counts);
+      for (int j = 0; j < world; ++j)
+        for (std::size_t i = 0; i < counts[static_cast<std::size_t>(j)]; ++i) check_input(off[static_cast<std::size_t>(j)] + i, j, i);
+      break;
+    }
+    case Coll::alltoallv: {
+      const auto mine = v_counts(Coll::alltoallv, count, world, rank);
+      const auto off = v_offsets(mine);
+      for (int j = 0; j < world; ++j) {
+        const auto from = v_offsets(v_counts(Coll::alltoallv, count, world, j));  // rank j's send offsets
+        for (std::size_t i = 0; i < mine[static_cast<std::size_t>(j)]; ++i)
+          check_input(off[static_cast<std::size_t>(j)] + i, j, from[static_cast<std::size_t>(rank)] + i);
+      }
+      break;
+    }
   }
   return wrong;
 }
@@ -434,8 +476,15 @@ inline int sweep(Backend& b, const SweepOptions& o) {
       const Layout l = inplace ? b.in_place(c, sendp, recvp, count, es) : b.out_of_place(c, sendp, recvp);
       // The input: a whole buffer of `total` elements for reduce_scatter and alltoall,
       // `count` for the others.
-      const std::size_t in_elems = (c == Coll::reduce_scatter || c == Coll::alltoall || c == Coll::scatter) ? total : count;
-      const std::size_t out_elems = (c == Coll::allgather || c == Coll::alltoall || c == Coll::gather) ? total : count;
+      std::size_t in_elems = (c == Coll::reduce_scatter || c == Coll::alltoall || c == Coll::scatter) ? total : count;
+      std::size_t out_elems = (c == Coll::allgather || c == Coll::alltoall || c == Coll::gather) ? total : count;
+      if (c == Coll::allgatherv || c == Coll::alltoallv) {
+        const auto v = v_counts(c, count, world, rank);
+        std::size_t sum = 0;
+        for (const std::size_t x : v) sum += x;
+        in_elems = c == Coll::allgatherv ? v[static_cast<std::size_t>(rank)] : sum;
+        out_elems = sum;
+      }
       fill_in(l.in, in_elems);
       b.barrier();
       if (o.warmup > 0) b.run(c, l, count, *o.type, o.op, o.root, o.warmup, o.blocking);

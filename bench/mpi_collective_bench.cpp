@@ -119,6 +119,22 @@ class MpiBackend final : public Backend {
           else
             MPI_Scatter(l.in, n, dt, l.out, n, dt, root, MPI_COMM_WORLD);
           break;
+        case Coll::allgatherv:
+        case Coll::alltoallv: {
+          const auto v = v_counts(c, count, world_, rank_);
+          const auto at = v_offsets(v);
+          std::vector<int> vc(v.begin(), v.end()), va(at.begin(), at.end());
+          if (c == Coll::allgatherv)
+            // In place: this rank's block already sits in the output.
+            MPI_Allgatherv(l.in > l.out && l.in < l.out + static_cast<std::size_t>(world_) * count * t.size ? MPI_IN_PLACE
+                                                                                                     : l.in,
+                           vc[static_cast<std::size_t>(rank_)], dt,
+                           l.out, vc.data(), va.data(), dt, MPI_COMM_WORLD);
+          else
+            MPI_Alltoallv(aliased ? MPI_IN_PLACE : l.in, vc.data(), va.data(), dt, l.out, vc.data(), va.data(), dt,
+                          MPI_COMM_WORLD);
+          break;
+        }
         case Coll::sendrecv:
           MPI_Sendrecv(l.in, n, dt, (rank_ + 1) % world_, 0, l.out, n, dt, (rank_ + world_ - 1) % world_, 0,
                        MPI_COMM_WORLD, MPI_STATUS_IGNORE);

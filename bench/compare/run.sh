@@ -121,9 +121,9 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 case $coll in
   allreduce) ;;
-  allgather|reduce_scatter|broadcast|reduce|alltoall|gather|scatter|sendrecv)
+  allgather|reduce_scatter|broadcast|reduce|alltoall|gather|scatter|sendrecv|allgatherv|alltoallv)
     [ "$braid_algos" = auto ] || die "--braid-algos is for --coll allreduce (collective_bench has no --algo)" ;;
-  *) die "unknown --coll '$coll' (allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv)" ;;
+  *) die "unknown --coll '$coll' (allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv, allgatherv, alltoallv)" ;;
 esac
 targets=(allreduce_bench braidrun mpi_allreduce_bench collective_bench mpi_collective_bench)
 # Gloo's bench exists only when CMake found Gloo (libgloo-dev).
