@@ -83,8 +83,8 @@ for c in allreduce allgather reduce_scatter broadcast reduce alltoall sendrecv; 
     grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
   done
 done
-# gather and scatter (root 2, in and out of place, checked), one type: CI's time
-for c in gather scatter; do
+# gather and scatter (root 2), allgatherv and alltoallv (skewed blocks), in and out of place, checked, one type: CI's time
+for c in gather scatter allgatherv alltoallv; do
   "$run" -n 3 --timeout 120 -- "$cb" --coll "$c" -b 2 -e 300K -f 13 -n 2 -w 1 -c 1 -d int64 -r 2 \
     >/tmp/braid-smoke-$$.txt || { cat /tmp/braid-smoke-$$.txt; echo "FAILED: --coll $c"; exit 1; }
   grep -q "Out of bounds values : 0 OK" /tmp/braid-smoke-$$.txt
