@@ -141,6 +141,7 @@ std::string Plan::describe() const {
       os << " src " << bufs[static_cast<int>(s.src.buf)] << "[" << s.src.offset << "+" << s.src.count << "]";
     if (s.kind == StepKind::reduce || (s.kind == StepKind::encode && s.src2.count > 0))
       os << " src2 " << bufs[static_cast<int>(s.src2.buf)] << "[" << s.src2.offset << "+" << s.src2.count << "]";
+    if (s.scale_src) os << " (src scaled)";
     if (s.kind != StepKind::send)
       os << " dst " << bufs[static_cast<int>(s.dst.buf)] << "[" << s.dst.offset << "+" << s.dst.count << "]";
     if (s.finalize) os << " finalize";
@@ -188,36 +189,41 @@ std::vector<Algorithm> algorithms_for(Collective c) {
 
 namespace {
 
-/// premul_sum: the sum plan run on a scaled copy of the input (plan.hpp). One scale step
-/// writes input * factor into fresh scratch, and every step of the sum plan depends on it
-/// and reads the copy where it read the input. (In place, the steps that write the output,
-/// which is the input, then also come after the scale.)
+/// premul_sum: the sum plan with this rank's input scaled where it is first read
+/// (plan.hpp). A recv_reduce or reduce of the input scales it inside the reduction
+/// (Step::scale_src); every other read of the input (a send, a copy, a reduce's second
+/// operand) reads a scaled copy in fresh scratch that a scale step, placed just before it
+/// with its dependencies, writes. In place, the steps that write the output (the input)
+/// were ordered after the sum plan's readers of those elements, and so still are: each
+/// reader now depends on its scale step.
 void prescale(Plan& plan) {
-  const std::uint64_t n = buffer_counts(plan.request).input;
-  if (n == 0) return;
-  const std::uint64_t at = plan.scratch_count;
-  plan.scratch_count += n;
   const std::vector<Step> sum_steps = std::move(plan.steps);
   const std::vector<std::uint32_t> sum_deps = std::move(plan.deps);
   plan.steps.clear();
   plan.deps.clear();
-  const auto phase = static_cast<std::uint32_t>(plan.phase_names.size());
-  plan.phase_names.push_back("premul scale");
-  const std::uint32_t first = plan.add(Step(StepKind::scale, -1, {Buffer::input, 0, n}, {Buffer::scratch, at, n}, false, phase));
-  const auto copy_of_input = [at](Region r) {
-    if (r.buf == Buffer::input && r.count > 0) {
-      r.buf = Buffer::scratch;
-      r.offset += at;
-    }
-    return r;
-  };
+  std::uint32_t phase = kNoStep;
+  std::vector<std::uint32_t> moved(sum_steps.size(), kNoStep);  // old index -> new
   std::vector<std::uint32_t> deps;
-  for (Step s : sum_steps) {
-    deps.assign(1, first);
-    for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(sum_deps[s.dep_begin + k] + 1);
-    s.src = copy_of_input(s.src);
-    s.src2 = copy_of_input(s.src2);
-    plan.add(s, deps);
+  for (std::size_t i = 0; i < sum_steps.size(); ++i) {
+    Step s = sum_steps[i];
+    deps.clear();
+    for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(moved[sum_deps[s.dep_begin + k]]);
+    const bool reduces = s.kind == StepKind::recv_reduce || s.kind == StepKind::reduce;
+    if (reduces && s.src.buf == Buffer::input && s.src.count > 0) s.scale_src = true;
+    const std::vector<std::uint32_t> own = deps;
+    for (Region* r : {&s.src, &s.src2}) {
+      if (r->buf != Buffer::input || r->count == 0 || (r == &s.src && s.scale_src)) continue;
+      if (r == &s.src2 && s.kind != StepKind::reduce) continue;  // src2 is a second operand of reduce only
+      if (phase == kNoStep) {
+        phase = static_cast<std::uint32_t>(plan.phase_names.size());
+        plan.phase_names.push_back("premul scale");
+      }
+      const Region copy{Buffer::scratch, plan.scratch_count, r->count};
+      plan.scratch_count += r->count;
+      deps.push_back(plan.add(Step(StepKind::scale, -1, *r, copy, false, phase), own));
+      *r = copy;
+    }
+    moved[i] = plan.add(s, deps);
   }
 }
 

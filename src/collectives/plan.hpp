@@ -25,10 +25,12 @@
 // - `finalize` on a step that writes dst applies the op's finishing touch to dst once
 //   the step is done (avg: divide by the world size). Each output element must be
 //   finalized exactly once for avg, never for other ops.
-// - premul_sum plans are the sum plan run on a scaled copy of the input: scale steps
-//   first write input * factor into scratch (the factor is the call's, not the plan's,
-//   so one cached plan serves every factor), every other step reads that copy where the
-//   sum plan reads the input, and depends on the scale steps (prescale() in plan.cpp).
+// - premul_sum plans are the sum plan with each rank's input scaled by the call's factor
+//   where it is first read (the factor is the call's, not the plan's, so one cached plan
+//   serves every factor; prescale() in plan.cpp): a recv_reduce or reduce of the input
+//   scales it inside the reduction (Step::scale_src); any other read of the input (a
+//   send, a copy) reads a copy that a `scale` step, placed just before it, wrote into
+//   scratch.
 // - Compressed plans (PlanRequest::codec set; collectives/compressed.cpp) also encode
 //   f32 values into the `packed` buffer and decode them back (encode, decode,
 //   decode_add), and send and receive packed regions. Packed regions count encoded
@@ -130,6 +132,10 @@ struct Step {
   std::uint32_t dep_begin = 0;  ///< dependencies are deps[dep_begin, dep_begin + dep_count)
   std::uint32_t dep_count = 0;
   std::uint32_t phase = 0;      ///< index into Plan::phase_names, for error messages
+  /// premul_sum plans: a recv_reduce or reduce whose src is this rank's input multiplies
+  /// it by the call's factor first (dst = other + scale(src), the product rounded), so the
+  /// input needs no separate scale pass where it is first summed.
+  bool scale_src = false;
   // Compressed plans only:
   bool sum_start = false;        ///< decode: the first term of a sum from +0.0f
   std::uint8_t stream = 0;       ///< encode: compression::Phase (worker 0, owner 1) of the RNG stream

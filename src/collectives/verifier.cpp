@@ -219,6 +219,17 @@ struct Sim {
     return Elem{a.mask | b.mask, a.index, combine_hash(a.hash, b.hash), false, std::max(a.quant, b.quant), premul};
   }
 
+  // premul_sum: element x of this rank's input, multiplied by the factor (a scale step, or
+  // a reduction's scale_src operand). Only this rank's own contribution, only once.
+  Elem scaled(RankSim& rs, std::uint32_t i, Elem x, std::uint64_t at) {
+    if (!premul) fail(rs, i, "scales although the call is not a premul_sum");
+    if (x.scaled || x.mask != (1ull << rs.rank))
+      fail(rs, i, "scales element " + std::to_string(at) +
+                      ", which is not this rank's own unscaled input (scaled twice, or after a reduction)");
+    x.scaled = true;
+    return x;
+  }
+
   void finalize(RankSim& rs, std::uint32_t i, const Region& r) {
     if (!avg || !reduces(req.collective)) fail(rs, i, "finalizes although nothing needs a finishing step");
     const auto sp = rs.span(r);
@@ -292,6 +303,8 @@ struct Sim {
           if (overlap(op, d) && !same(op, d)) fail(rs, i, "reduce whose operand overlaps dst without being dst");
         auto a = read(rs, i, s.src);
         auto b = read(rs, i, s.src2);
+        if (s.scale_src)
+          for (std::uint64_t e = 0; e < a.size(); ++e) a[e] = scaled(rs, i, a[e], s.src.offset + e);
         for (std::uint64_t e = 0; e < a.size(); ++e) a[e] = reduce_one(rs, i, a[e], b[e], s.dst.offset + e);
         result.reduced[static_cast<std::size_t>(rs.rank)] += a.size();
         store(rs, i, a);
@@ -301,14 +314,8 @@ struct Sim {
         store(rs, i, read_src(rs, i, "copy"));
         break;
       case StepKind::scale: {
-        if (!premul) fail(rs, i, "scales although the call is not a premul_sum");
         auto data = read_src(rs, i, "scale");
-        for (std::uint64_t e = 0; e < data.size(); ++e) {
-          if (data[e].scaled || data[e].mask != (1ull << rs.rank))
-            fail(rs, i, "scales element " + std::to_string(s.src.offset + e) +
-                            ", which is not this rank's own unscaled input (scaled twice, or after a reduction)");
-          data[e].scaled = true;
-        }
+        for (std::uint64_t e = 0; e < data.size(); ++e) data[e] = scaled(rs, i, data[e], s.src.offset + e);
         store(rs, i, data);
         break;
       }
@@ -393,7 +400,10 @@ struct Sim {
     if (s.kind == StepKind::recv_reduce) {
       const auto a = rs.span(s.src), d = rs.span(s.dst);
       const auto& src = rs.mem[a.phys];
-      for (std::uint64_t e = 0; e < msg.size(); ++e) msg[e] = reduce_one(rs, i, src[a.begin + e], msg[e], s.dst.offset + e);
+      for (std::uint64_t e = 0; e < msg.size(); ++e) {
+        const Elem mine = s.scale_src ? scaled(rs, i, src[a.begin + e], s.src.offset + e) : src[a.begin + e];
+        msg[e] = reduce_one(rs, i, mine, msg[e], s.dst.offset + e);
+      }
       if (!same(a, d)) unlock_read(rs, s.src);
       if (needs_staging(rs, s)) --rs.staging_used;
       result.reduced[static_cast<std::size_t>(rs.rank)] += msg.size();

@@ -215,6 +215,29 @@ void DeviceExec::scale(DataType dtype, void* dst, const void* src, std::size_t n
   enqueue_kernel(rt_, stream_, [=] { kernels::scale(dtype, dst, src, n, factor); });
 }
 
+void DeviceExec::reduce_scaled(DataType dtype, void* dst, const void* a, const void* b, std::size_t n,
+                               double factor) {
+  if (n == 0) return;
+  OnDevice on(*this);
+#if BRAID_HAVE_CUDA
+  if (rt_.backend() == gpu::Backend::cuda) {
+    kernels::cuda::ReduceScaledArgs args;
+    args.dtype = dtype;
+    args.dst = dst;
+    args.a = a;
+    args.b = b;
+    args.n = n;
+    args.factor = factor;
+    gpu::count_launch();
+    const auto st = kernels::cuda::reduce_scaled(args, static_cast<kernels::cuda::Stream>(stream_));
+    BRAID_CHECK(st == 0, Cuda, "device scaled reduce of " << n << " x " << to_string(dtype) << " failed: "
+                                                          << kernels::cuda::status_string(st));
+    return;
+  }
+#endif
+  enqueue_kernel(rt_, stream_, [=] { kernels::reduce_scaled(dtype, dst, a, b, n, factor); });
+}
+
 void DeviceExec::encode(const compression::CodecSpec& spec, std::size_t frame, const float* x, float* residual,
                         std::size_t n, std::uint8_t* out, std::uint64_t step, std::uint64_t offset) {
   if (n == 0) return;

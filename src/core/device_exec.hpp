@@ -57,6 +57,8 @@ class DeviceExec {
   void divide(DataType dtype, void* buf, std::size_t n, int divisor);
   /// dst[i] = src[i] * factor (premul_sum's input), as kernels::scale; dst may equal src.
   void scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor);
+  /// dst[i] = a[i] + scale(b[i]) (premul_sum), as kernels::reduce_scaled.
+  void reduce_scaled(DataType dtype, void* dst, const void* a, const void* b, std::size_t n, double factor);
   /// Compressed plans: the framed codec steps of compression/framed.hpp on the device
   /// (CUDA: src/kernels/cuda, one launch per frame for block codecs, one per payload for
   /// fp16/bf16 and topk; emulated: the host functions on the stream thread). Bit for bit

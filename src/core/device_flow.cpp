@@ -410,10 +410,16 @@ void DeviceFlow::enqueue(const Plan& plan, const FlowCall& call, gpu::Stream cal
           // The kernel reads the message from its pinned slot (mapped, so the device reads it
           // in place): dst = message (op) src, elementwise, so dst may be src.
           rt_.wait_value(s, &raw->words_[i], kSet);
-          d.reduce(call.dtype, call.op, at.ptr(st.dst), raw->slot_[i], at.ptr(st.src), st.dst.count);
+          if (st.scale_src)
+            d.reduce_scaled(call.dtype, at.ptr(st.dst), raw->slot_[i], at.ptr(st.src), st.dst.count, call.scale);
+          else
+            d.reduce(call.dtype, call.op, at.ptr(st.dst), raw->slot_[i], at.ptr(st.src), st.dst.count);
           break;
         case StepKind::reduce:
-          d.reduce(call.dtype, call.op, at.ptr(st.dst), at.ptr(st.src), at.ptr(st.src2), st.dst.count);
+          if (st.scale_src)
+            d.reduce_scaled(call.dtype, at.ptr(st.dst), at.ptr(st.src2), at.ptr(st.src), st.dst.count, call.scale);
+          else
+            d.reduce(call.dtype, call.op, at.ptr(st.dst), at.ptr(st.src), at.ptr(st.src2), st.dst.count);
           break;
         case StepKind::copy: {
           const std::byte* from = at.ptr(st.src);

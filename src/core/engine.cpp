@@ -1062,7 +1062,8 @@ void Engine::finish_step(Exec& ex, std::uint32_t i) {
     const int slot = ex.staging_of[i];
     // Commutative ops: the message either sits in staging or already in dst.
     const std::byte* msg = slot >= 0 ? ex.staging + static_cast<std::size_t>(slot) * ex.stage_stride : dst;
-    kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
+    if (s.scale_src) kernels::reduce_scaled(ex.op.dtype, dst, msg, src, s.dst.count, ex.op.scale);
+    else kernels::reduce(ex.op.dtype, ex.op.op, dst, msg, src, s.dst.count);
     if (slot >= 0) ex.free_staging.push_back(slot);
   }
   if (s.finalize) kernels::divide(ex.op.dtype, ex.ptr(s.dst), s.dst.count, opt_.size);
@@ -1147,7 +1148,10 @@ bool Engine::post_ready(Exec& ex) {
     const Step& s = p.steps[i];
     switch (s.kind) {
       case StepKind::reduce:
-        kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
+        if (s.scale_src)
+          kernels::reduce_scaled(ex.op.dtype, ex.ptr(s.dst), ex.ptr(s.src2), ex.ptr(s.src), s.dst.count, ex.op.scale);
+        else
+          kernels::reduce(ex.op.dtype, ex.op.op, ex.ptr(s.dst), ex.ptr(s.src), ex.ptr(s.src2), s.dst.count);
         break;
       case StepKind::encode: {
         const auto cs = compression::stream_spec(p.request.codec, s.stream_rank, static_cast<compression::Phase>(s.stream));

@@ -547,8 +547,8 @@ TEST(VCollectives, RefuseMissingCountsAndDeterministicMode) {
 
 TEST(VerifierCatches, PremulSumWithoutItsScaleOrScalingTwice) {
   // premul_sum plans scale each rank's input once, before any reduction. The sum plan run
-  // as a premul_sum reduces unscaled contributions; scaling a scaled copy again, or a
-  // partial sum, is caught too.
+  // as a premul_sum reduces unscaled contributions; scaling a partial sum (or a scaled
+  // copy) again is caught too.
   for (Collective c : {Collective::allreduce, Collective::reduce, Collective::reduce_scatter}) {
     auto req = request({c, Algorithm::ring}, 4, 6, 1 << 20, 0, ReduceOp::premul_sum);
     ASSERT_TRUE(verify_plans(req, VerifyOptions{}).ok) << to_string(c);
@@ -559,22 +559,26 @@ TEST(VerifierCatches, PremulSumWithoutItsScaleOrScalingTwice) {
     });
     EXPECT_FALSE(unscaled.ok) << to_string(c);
     EXPECT_NE(unscaled.error.find("not scaled"), std::string::npos) << unscaled.error;
+    // The first reduction that scales its source gets a scaled copy of it instead.
     auto twice = run_broken(req, [](Plan& p) {
-      const Step first = p.steps.front();
-      ASSERT_EQ(first.kind, StepKind::scale);
-      p.add(Step(StepKind::scale, -1, first.dst, first.dst), {0});
-      // Everything else waits for the second scale too.
       Plan q;
       q.request = p.request;
       q.scratch_count = p.scratch_count;
       q.phase_names = p.phase_names;
-      q.add(first);
-      q.add(p.steps.back(), {0});
-      for (std::size_t i = 1; i + 1 < p.steps.size(); ++i) {
-        std::vector<std::uint32_t> deps{1};
-        const Step& s = p.steps[i];
-        for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(p.deps[s.dep_begin + k] + 1);
-        q.add(s, deps);
+      std::vector<std::uint32_t> moved(p.steps.size());
+      bool done = false;
+      for (std::size_t i = 0; i < p.steps.size(); ++i) {
+        Step s = p.steps[i];
+        std::vector<std::uint32_t> deps;
+        for (std::uint32_t k = 0; k < s.dep_count; ++k) deps.push_back(moved[p.deps[s.dep_begin + k]]);
+        if (!done && s.scale_src) {
+          const Region copy{Buffer::scratch, q.scratch_count, s.src.count};
+          q.scratch_count += s.src.count;
+          deps.push_back(q.add(Step(StepKind::scale, -1, s.src, copy)));
+          s.src = copy;
+          done = true;
+        }
+        moved[i] = q.add(s, deps);
       }
       q.seal();
       p = q;

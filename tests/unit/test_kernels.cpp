@@ -501,6 +501,49 @@ TEST(Scale, EveryTypeAgainstAReference) {
   EXPECT_EQ(i64o[1], -7ll * (1ll << 40));
 }
 
+// reduce_scaled(a, b) = a + scale(b): the same bits as scale() into a temporary then
+// reduce(sum), for every type (NaN payloads aside), in place on either operand too.
+TEST(ReduceScaled, EqualsScaleThenSum) {
+  const std::size_t n = 777;
+  std::mt19937 rng(3);
+  for (int ti = 0; ti < kNumDataTypes; ++ti) {
+    const auto dt = static_cast<DataType>(ti);
+    const std::size_t es = dtype_size(dt);
+    const double factor = is_floating(dt) ? 0.3 : -3.0;
+    std::vector<unsigned char> a(n * es), b(n * es), tmp(n * es), want(n * es), got(n * es);
+    for (auto& x : a) x = static_cast<unsigned char>(rng());
+    for (auto& x : b) x = static_cast<unsigned char>(rng());
+    if (dt == DataType::f32 || dt == DataType::f64 || dt == DataType::f16 || dt == DataType::bf16)
+      for (std::size_t i = 0; i < n; ++i) {  // finite values, so that bits must match exactly
+        const float va = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 0.37f;
+        const float vb = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 0.11f;
+        if (dt == DataType::f32) { std::memcpy(&a[i * 4], &va, 4); std::memcpy(&b[i * 4], &vb, 4); }
+        if (dt == DataType::f64) { const double da = va, db = vb; std::memcpy(&a[i * 8], &da, 8); std::memcpy(&b[i * 8], &db, 8); }
+        if (dt == DataType::f16) { const auto ha = float_to_half(va), hb = float_to_half(vb); std::memcpy(&a[i * 2], &ha, 2); std::memcpy(&b[i * 2], &hb, 2); }
+        if (dt == DataType::bf16) { const auto ha = float_to_bf16(va), hb = float_to_bf16(vb); std::memcpy(&a[i * 2], &ha, 2); std::memcpy(&b[i * 2], &hb, 2); }
+      }
+    if (dt == DataType::f8e4m3 || dt == DataType::f8e5m2)
+      for (auto& x : b) x = static_cast<unsigned char>(x & 0xf7);  // some NaN codes out, to compare bits
+    scale(dt, tmp.data(), b.data(), n, factor);
+    reduce(dt, ReduceOp::sum, want.data(), a.data(), tmp.data(), n);
+    reduce_scaled(dt, got.data(), a.data(), b.data(), n, factor);
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool fp8_nan = (dt == DataType::f8e4m3 || dt == DataType::f8e5m2) && (want[i] & 0x7f) == 0x7f;
+      if (fp8_nan) continue;
+      ASSERT_EQ(0, std::memcmp(&want[i * es], &got[i * es], es)) << to_string(dt) << " element " << i;
+    }
+    std::vector<unsigned char> inplace = a;
+    reduce_scaled(dt, inplace.data(), inplace.data(), b.data(), n, factor);
+    std::vector<unsigned char> inplace_b = b;
+    reduce_scaled(dt, inplace_b.data(), a.data(), inplace_b.data(), n, factor);
+    for (std::size_t i = 0; i < n; ++i) {
+      if ((dt == DataType::f8e4m3 || dt == DataType::f8e5m2) && (want[i] & 0x7f) == 0x7f) continue;
+      ASSERT_EQ(0, std::memcmp(&inplace[i * es], &got[i * es], es)) << to_string(dt) << " in place on a, element " << i;
+      ASSERT_EQ(0, std::memcmp(&inplace_b[i * es], &got[i * es], es)) << to_string(dt) << " in place on b, element " << i;
+    }
+  }
+}
+
 TEST(ReduceHalf, PathsAgreeBitwise) {
   const std::size_t n = 65536 + 3;
   std::vector<std::uint16_t> a(n), b(n);

@@ -87,6 +87,19 @@ struct ScaleArgs {
 /// Enqueues the scaling.
 Status scale(const ScaleArgs& args, Stream stream) noexcept;
 
+/// dst[i] = a[i] + scale(b[i]), as kernels::reduce_scaled (premul_sum's first sum of a
+/// rank's own input b). dst may equal a or b.
+struct ReduceScaledArgs {
+  DataType dtype = DataType::f32;  ///< Element type.
+  void* dst = nullptr;             ///< Output.
+  const void* a = nullptr;         ///< Operand added as it is.
+  const void* b = nullptr;         ///< Operand scaled first.
+  std::size_t n = 0;               ///< Elements.
+  double factor = 1.0;             ///< The factor (integral for integer types).
+};
+/// Enqueues the scaled reduction.
+Status reduce_scaled(const ReduceScaledArgs& args, Stream stream) noexcept;
+
 /// A codec as the device kernels see it (compression::CodecSpec minus names and topk).
 struct DeviceCodec {
   /// Family.

@@ -191,6 +191,39 @@ __global__ void scale_int(T* d, const T* x, std::size_t n, std::int64_t k) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     d[i] = static_cast<T>(static_cast<U>(static_cast<U>(x[i]) * w));
 }
+// reduce_scaled: a + scale(b), the product rounded first (kernels::reduce_scaled).
+template <class T>
+__global__ void reduce_scaled_float(T* d, const T* a, const T* b, std::size_t n, T k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = fadd(a[i], fmul(b[i], k));
+}
+template <bool Half>
+__global__ void reduce_scaled_16(std::uint16_t* d, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                                 float k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (Half) d[i] = static_cast<std::uint16_t>(f2h(fadd(h2f(a[i]), h2f(f2h(fmul(h2f(b[i]), k))))));
+    else d[i] = static_cast<std::uint16_t>(f2bf(fadd(bf2f(a[i]), bf2f(f2bf(fmul(bf2f(b[i]), k))))));
+  }
+}
+template <BlockFormat F>
+__global__ void reduce_scaled_fp8(std::uint8_t* d, const std::uint8_t* a, const std::uint8_t* b, std::size_t n,
+                                  float k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = static_cast<std::uint8_t>(
+        Fp8<F>::narrow(fadd(Fp8<F>::decode(a[i]), Fp8<F>::decode(Fp8<F>::narrow(fmul(Fp8<F>::decode(b[i]), k))))));
+}
+template <class T>
+__global__ void reduce_scaled_int(T* d, const T* a, const T* b, std::size_t n, std::int64_t k) {
+  using U = typename Wrap<T>::type;
+  const auto w = static_cast<U>(static_cast<std::uint64_t>(k));
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    d[i] = static_cast<T>(static_cast<U>(static_cast<U>(a[i]) + static_cast<U>(static_cast<U>(b[i]) * w)));
+}
+
 template <class T, class K>
 Status launch_scale(const ScaleArgs& r, Stream s, K k) {
   const unsigned grid = grid_for(r.n, 256);
@@ -276,6 +309,60 @@ Status scale(const ScaleArgs& r, Stream s) noexcept {
     }
   }
   return kInvalidValue;
+}
+
+Status reduce_scaled(const ReduceScaledArgs& r, Stream s) noexcept {
+  if (static_cast<int>(r.dtype) >= kNumDataTypes) return kInvalidValue;
+  if (r.n == 0) return 0;
+  if (!r.dst || !r.a || !r.b) return kInvalidValue;
+  const std::int64_t k = r.factor >= -9.2e18 && r.factor <= 9.2e18 ? static_cast<std::int64_t>(r.factor) : 0;
+  const float kf = static_cast<float>(r.factor);
+  const unsigned grid = grid_for(r.n, 256);
+  auto u16 = [](const void* p) { return static_cast<const std::uint16_t*>(p); };
+  auto u8 = [](const void* p) { return static_cast<const std::uint8_t*>(p); };
+  switch (r.dtype) {
+    case DataType::f32:
+      reduce_scaled_float<float><<<grid, 256, 0, s>>>(static_cast<float*>(r.dst), static_cast<const float*>(r.a),
+                                                       static_cast<const float*>(r.b), r.n, kf);
+      break;
+    case DataType::f64:
+      reduce_scaled_float<double><<<grid, 256, 0, s>>>(static_cast<double*>(r.dst), static_cast<const double*>(r.a),
+                                                        static_cast<const double*>(r.b), r.n, r.factor);
+      break;
+    case DataType::f16:
+      reduce_scaled_16<true><<<grid, 256, 0, s>>>(static_cast<std::uint16_t*>(r.dst), u16(r.a), u16(r.b), r.n, kf);
+      break;
+    case DataType::bf16:
+      reduce_scaled_16<false><<<grid, 256, 0, s>>>(static_cast<std::uint16_t*>(r.dst), u16(r.a), u16(r.b), r.n, kf);
+      break;
+    case DataType::i8:
+      reduce_scaled_int<std::int8_t><<<grid, 256, 0, s>>>(static_cast<std::int8_t*>(r.dst),
+                                                           static_cast<const std::int8_t*>(r.a),
+                                                           static_cast<const std::int8_t*>(r.b), r.n, k);
+      break;
+    case DataType::u8:
+      reduce_scaled_int<std::uint8_t><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b), r.n, k);
+      break;
+    case DataType::i32:
+      reduce_scaled_int<std::int32_t><<<grid, 256, 0, s>>>(static_cast<std::int32_t*>(r.dst),
+                                                            static_cast<const std::int32_t*>(r.a),
+                                                            static_cast<const std::int32_t*>(r.b), r.n, k);
+      break;
+    case DataType::i64:
+      reduce_scaled_int<std::int64_t><<<grid, 256, 0, s>>>(static_cast<std::int64_t*>(r.dst),
+                                                            static_cast<const std::int64_t*>(r.a),
+                                                            static_cast<const std::int64_t*>(r.b), r.n, k);
+      break;
+    case DataType::f8e4m3:
+      reduce_scaled_fp8<BlockFormat::fp8e4m3><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b),
+                                                                    r.n, kf);
+      break;
+    case DataType::f8e5m2:
+      reduce_scaled_fp8<BlockFormat::fp8e5m2><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b),
+                                                                    r.n, kf);
+      break;
+  }
+  return last_status();
 }
 
 }  // namespace braid::kernels::cuda

@@ -543,6 +543,52 @@ void scale_fp8(void* dst, const void* src, std::size_t n, float k) noexcept {
   for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<std::uint8_t>(C::narrow(C::decode(x[i]) * k));
 }
 
+// reduce_scaled: a + scale(b), element by element, with scale()'s rounding of the product
+// before the sum (what a scale pass into a temporary followed by reduce(sum) computes).
+template <class T>
+void reduce_scaled_native(void* dst, const void* a, const void* b, std::size_t n, T k) noexcept {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    const T scaled = y[i] * k;  // rounded here: no FMA is enabled for this file (see the top)
+    d[i] = x[i] + scaled;
+  }
+}
+
+template <class Fmt>
+void reduce_scaled_16(void* dst, const void* a, const void* b, std::size_t n, float k) noexcept {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t scaled = Fmt::round_lo(Fmt::lo(y[i]) * k);
+    d[i] = static_cast<std::uint16_t>(Fmt::round_lo(Fmt::lo(x[i]) + Fmt::lo(scaled)));
+  }
+}
+
+template <BlockFormat F>
+void reduce_scaled_fp8(void* dst, const void* a, const void* b, std::size_t n, float k) noexcept {
+  using C = fp8::Fp8<F>;
+  auto* d = static_cast<std::uint8_t*>(dst);
+  const auto* x = static_cast<const std::uint8_t*>(a);
+  const auto* y = static_cast<const std::uint8_t*>(b);
+  for (std::size_t i = 0; i < n; ++i)
+    d[i] = static_cast<std::uint8_t>(C::narrow(C::decode(x[i]) + C::decode(C::narrow(C::decode(y[i]) * k))));
+}
+
+template <class T>
+void reduce_scaled_int(void* dst, const void* a, const void* b, std::size_t n, double factor) noexcept {
+  const std::int64_t k = factor >= -9.2e18 && factor <= 9.2e18 ? static_cast<std::int64_t>(factor) : 0;
+  using W = WrapT<T>;
+  const auto w = static_cast<W>(static_cast<std::uint64_t>(k));
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i)
+    d[i] = static_cast<T>(static_cast<W>(static_cast<W>(x[i]) + static_cast<W>(static_cast<W>(y[i]) * w)));
+}
+
 template <class T>
 void scale_int(void* dst, const void* src, std::size_t n, double factor) noexcept {
   // The caller checked the factor; an out-of-range one still must not be UB here.
@@ -606,6 +652,22 @@ void scale(DataType dtype, void* dst, const void* src, std::size_t n, double fac
     case DataType::i64: scale_int<std::int64_t>(dst, src, n, factor); return;
     case DataType::f8e4m3: scale_fp8<BlockFormat::fp8e4m3>(dst, src, n, static_cast<float>(factor)); return;
     case DataType::f8e5m2: scale_fp8<BlockFormat::fp8e5m2>(dst, src, n, static_cast<float>(factor)); return;
+  }
+}
+
+void reduce_scaled(DataType dtype, void* dst, const void* a, const void* b, std::size_t n, double factor) noexcept {
+  const auto kf = static_cast<float>(factor);
+  switch (dtype) {
+    case DataType::f32: reduce_scaled_native<float>(dst, a, b, n, kf); return;
+    case DataType::f64: reduce_scaled_native<double>(dst, a, b, n, factor); return;
+    case DataType::f16: reduce_scaled_16<HalfFmt>(dst, a, b, n, kf); return;
+    case DataType::bf16: reduce_scaled_16<Bf16Fmt>(dst, a, b, n, kf); return;
+    case DataType::i8: reduce_scaled_int<std::int8_t>(dst, a, b, n, factor); return;
+    case DataType::u8: reduce_scaled_int<std::uint8_t>(dst, a, b, n, factor); return;
+    case DataType::i32: reduce_scaled_int<std::int32_t>(dst, a, b, n, factor); return;
+    case DataType::i64: reduce_scaled_int<std::int64_t>(dst, a, b, n, factor); return;
+    case DataType::f8e4m3: reduce_scaled_fp8<BlockFormat::fp8e4m3>(dst, a, b, n, kf); return;
+    case DataType::f8e5m2: reduce_scaled_fp8<BlockFormat::fp8e5m2>(dst, a, b, n, kf); return;
   }
 }
 

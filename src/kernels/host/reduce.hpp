@@ -29,6 +29,11 @@ void divide(DataType dtype, void* buf, std::size_t n, int divisor) noexcept;
 /// it is integral and fits the type), wrapping. dst may equal src.
 void scale(DataType dtype, void* dst, const void* src, std::size_t n, double factor) noexcept;
 
+/// dst[i] = a[i] + scale(b[i]): premul_sum's first sum of this rank's own input `b` (the
+/// same bits as scale() into a temporary, then reduce(sum), without the temporary's pass).
+/// dst may alias a or b exactly.
+void reduce_scaled(DataType dtype, void* dst, const void* a, const void* b, std::size_t n, double factor) noexcept;
+
 /// IEEE binary16 bits -> float (exact).
 float half_to_float(std::uint16_t h) noexcept;
 /// float -> IEEE binary16 bits, round to nearest even; overflow -> inf; NaN stays NaN.
