@@ -496,11 +496,12 @@ namespace {
 /// allgather is in place when send == recv + rank*count; reduce_scatter when
 /// recv == send + rank*count. Any other overlap is refused.
 void check_layout(collectives::Collective c, const void* send, void* recv, std::uint64_t in_count,
-                  std::uint64_t out_count, std::size_t es, std::uint64_t own_block_at, bool need_send, bool need_recv,
-                  bool same_layout, const char* what) {
+                  std::uint64_t out_count, std::size_t es, std::uint64_t count, std::uint64_t own_block_at,
+                  bool need_send, bool need_recv, bool same_layout, const char* what) {
   const std::uint64_t limit = (std::numeric_limits<std::size_t>::max() >> 2) / es;
-  BRAID_CHECK(in_count <= limit && out_count <= limit, InvalidUsage,
-              what << ": " << std::max(in_count, out_count) << " " << es
+  // `count` too: count * world may have wrapped around in the buffer sizes.
+  BRAID_CHECK(in_count <= limit && out_count <= limit && count <= limit, InvalidUsage,
+              what << ": " << std::max({in_count, out_count, count}) << " " << es
                    << "-byte elements overflow the address space");
   if (need_send && in_count > 0)
     BRAID_CHECK(send != nullptr, InvalidUsage, what << ": send buffer is null with " << in_count << " elements to send");
@@ -584,8 +585,8 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
       own_block_at = collectives::rank_blocks(req).at[static_cast<std::size_t>(rank)];
     }
   }
-  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, own_block_at, need_send, need_recv,
-               same_layout, what);
+  check_layout(c, call.send, call.recv, counts.input, counts.output, req.elem_size, req.count, own_block_at, need_send,
+               need_recv, same_layout, what);
   Algorithm algo = call.algorithm;
   if (algo == Algorithm::automatic && c == Collective::allreduce && cfg.algo != "auto") algo = *parse_algorithm(cfg.algo);
   // Rings and chains follow hosts, and hierarchical needs them (one store pass, once).

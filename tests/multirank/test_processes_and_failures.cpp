@@ -110,6 +110,23 @@ TEST(Arguments, RejectedBeforeAnythingMoves) {
   EXPECT_EQ(code_of([&] { c.allreduce(a, nullptr, 8, DataType::f32, ReduceOp::sum); }), ErrorCode::InvalidUsage);
   EXPECT_EQ(code_of([&] { c.allreduce(a, a + 1, 4, DataType::f32, ReduceOp::sum); }), ErrorCode::InvalidUsage);
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, SIZE_MAX / 2, DataType::f32, ReduceOp::sum); }), ErrorCode::InvalidUsage);
+  // The v-collectives: one count per rank, sums that fit, blocks that fit the address space,
+  // the in-place conventions, and a rank's own alltoallv block the same both ways.
+  EXPECT_EQ(code_of([&] { c.allgatherv(a, b, {1, 1}, DataType::f32); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.allgatherv(a, b, {SIZE_MAX / 2}, DataType::f32); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.allgatherv(a + 1, a, {4}, DataType::f32); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.reduce_scatter_v(a, a + 1, {4}, DataType::f32, ReduceOp::sum); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.alltoallv(a, {2}, b, {3}, DataType::f32); }), ErrorCode::InvalidUsage);
+  EXPECT_EQ(code_of([&] { c.alltoallv(a, {SIZE_MAX, 1}, b, {1}, DataType::f32); }), ErrorCode::InvalidUsage);
+  ReduceScatterOptions det;
+  det.deterministic = true;
+  EXPECT_EQ(code_of([&] { c.reduce_scatter_v(a, b, {4}, DataType::f32, ReduceOp::sum, det); }), ErrorCode::Unsupported);
+  AllreduceOptions half;
+  half.scale = 0.5;
+  std::int32_t ints[4] = {};
+  EXPECT_EQ(code_of([&] { c.allreduce(ints, ints, 4, DataType::i32, ReduceOp::premul_sum, half); }),
+            ErrorCode::InvalidUsage);
+  EXPECT_NO_THROW(c.allgatherv(a, a, {8}, DataType::f32).wait());  // in place: the one block is the output
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, static_cast<DataType>(42), ReduceOp::sum); }), ErrorCode::InvalidUsage);
   EXPECT_EQ(code_of([&] { c.allreduce(a, b, 8, DataType::f32, static_cast<ReduceOp>(9)); }), ErrorCode::InvalidUsage);
   AllreduceOptions neg;
