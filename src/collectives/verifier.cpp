@@ -661,6 +661,14 @@ struct Sim {
       mine.rank = rs.rank;
       if (req.collective == Collective::alltoallv) mine.counts = alltoallv_view(rs.rank);
       const BlockLayout blocks = rank_blocks(mine), got_from = received_blocks(mine);
+      // alltoallv: where each sender's block for this rank starts in its input.
+      std::vector<std::uint64_t> sent_at(req.collective == Collective::alltoallv ? ranks.size() : 0);
+      for (std::size_t j = 0; j < sent_at.size(); ++j) {
+        PlanRequest sender = req;
+        sender.rank = static_cast<int>(j);
+        sender.counts = alltoallv_view(sender.rank);
+        sent_at[j] = sent_blocks(sender).at[r];
+      }
       for (std::uint64_t e = 0; e < v.size; ++e) {
         switch (req.collective) {
           case Collective::allreduce: {
@@ -688,10 +696,7 @@ struct Sim {
           case Collective::alltoallv: {
             // Block j came from rank j: its block r, which starts at rank j's send offset for r.
             const std::size_t j = block_of(got_from, e);
-            PlanRequest sender = req;
-            sender.rank = static_cast<int>(j);
-            sender.counts = alltoallv_view(sender.rank);
-            check_output(rs, e, out(e), 1ull << j, sent_blocks(sender).at[r] + (e - got_from.at[j]), false, nullptr);
+            check_output(rs, e, out(e), 1ull << j, sent_at[j] + (e - got_from.at[j]), false, nullptr);
             break;
           }
         }

@@ -565,15 +565,14 @@ Work Communicator::Impl::collective(const core::CollectiveCall& call) {
   if (t_posting_program) req.slice_bytes = cfg.device_chunk_bytes;
   req.root = call.root;
   req.deterministic = reduces && (call.deterministic || cfg.deterministic);
-  auto counts = collectives::buffer_counts(req);
+  req.counts = call.counts;  // the v-collectives' block sizes (null for the others)
+  const auto counts = collectives::buffer_counts(req);
   // Broadcast and scatter read send only on the root; reduce and gather write recv only there.
   const bool need_send = !((c == Collective::broadcast || c == Collective::scatter) && rank != call.root);
   const bool need_recv = !((c == Collective::reduce || c == Collective::gather) && rank != call.root);
   std::uint64_t own_block_at = static_cast<std::uint64_t>(rank) * call.count;
   bool same_layout = true;
   if (collectives::is_v(c)) {
-    req.counts = call.counts;
-    counts = collectives::buffer_counts(req);
     // The size that decides inline running, and that names and meters the call: what this
     // rank holds at the larger end (the blocks themselves come from counts).
     req.count = std::max(counts.input, counts.output);
