@@ -125,11 +125,7 @@ void run_scenario(const Scenario& sc) {
     opt.timeout = deadline;
     opt.transport = sc.transport;
     if (two_hosts(sc.op)) opt.host_id = "faults-host-" + std::to_string(r / 2);
-    // ThreadSanitizer starts its background thread in a forked child, and again at the
-    // child's first pthread_create when the parent never made a thread (gcc 12): one
-    // thread made and joined here puts that second one in the baseline, not in braid's count.
-    std::thread([] {}).join();
-    const int fds0 = open_fds(), threads0 = threads();
+    const int threads0 = baseline_threads(), fds0 = open_fds();
     {
       Communicator c(store, r, kRanks, opt);
       Buffers b(std::size_t{2} << 20);  // 8 MiB: tens of milliseconds a call on these ranks

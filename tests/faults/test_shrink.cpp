@@ -71,8 +71,7 @@ void run_case(const Case& cs) {
   const std::uint16_t port = server.port;
   const int first_victim = *victims.begin();
   const auto st = run_processes(n, [&](int r) {
-    std::thread([] {}).join();  // ThreadSanitizer's background thread into the baseline
-    const int fds0 = open_fds(), threads0 = threads();
+    const int threads0 = baseline_threads(), fds0 = open_fds();
     {
       auto store = std::make_shared<TcpStore>("127.0.0.1", port);
       CommOptions opt;
