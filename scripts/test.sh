@@ -70,9 +70,14 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=a
 # ("Tracer caught signal 11: addr=0x520", in ScanRangeForPointers) after every test passed.
 # UCX's dlopen'd modules use dynamic TLS, so the *_ucx_sm tests hit it (CI, 2026-11-28/29).
 # The blocks stay scanned: glibc mallocs them and the thread's DTV points to them.
+# Two of the *_wait_helps reruns (BRAID_WAIT_HELPS=1, off by default) stay out here: the
+# whole all-reduce and collectives grids again took 300 s of the ASan suite's 1,600 s of
+# test time (CI, 2026-11-29). The Release suite runs them for results, scripts/tsan.sh's pass
+# 2 for races, and the helping waiter (Engine::help) still runs under ASan in the compressed
+# and failure suites' reruns.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0:intercept_tls_get_addr=0 \
   UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UBSAN_OPTIONS=print_stacktrace=1 \
-  run_ctest build-asan ctest -j "$jobs" --output-on-failure --timeout 900
+  run_ctest build-asan ctest -j "$jobs" --output-on-failure --timeout 900 -E '^test_(allreduce|collectives)_wait_helps$'
 
 # Every parser of outside bytes under libFuzzer for 20 s per target, so that an input the
 # seeds or a short run reach and that crashes fails CI (docs/reliability.md, "Fuzzing").

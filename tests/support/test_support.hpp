@@ -94,7 +94,8 @@ std::vector<std::string> grid_transports();
 /// lacks is ignored. Use with ::testing::ValuesIn.
 ///
 /// Sizing: CI runs every test twice on 2 cores (Release and ASan), and the shm points once
-/// more with BRAID_WAIT_HELPS=1 (the *_wait_helps tests, tests/CMakeLists.txt). The suites give
+/// more with BRAID_WAIT_HELPS=1 (the *_wait_helps tests, tests/CMakeLists.txt; Release only for
+/// test_allreduce and test_collectives, scripts/test.sh). The suites give
 /// shm, what they ran over before the grids (every pair of one host), every world they had;
 /// tcp, auto and any transport added later get {2, 3, 5, 8}: the smallest pair, an odd
 /// world, a prime one that no ring or halving divides evenly, and the largest (docs/
