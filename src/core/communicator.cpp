@@ -881,11 +881,14 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
   o.p2p = true;
   // Messages carry the user tag (and a p2p marker) so that mismatched pairs are caught.
   o.tag_base = (1ull << 63) | (static_cast<std::uint64_t>(options.tag) << 24);
-  std::ostringstream os;
   o.p2p_seq = next_p2p++;
-  os << what << " #" << o.p2p_seq << " (" << count << " x " << to_string(dtype) << ", tag " << options.tag << ") "
-     << (is_send ? "to" : "from") << " rank " << peer << " on rank " << rank << "/" << size;
-  o.name = os.str();
+  // Appended, as the collectives' names are: an ostringstream's construction (its locale
+  // facets) was a tenth of a 4 KiB send/recv exchange under perf.
+  o.name.reserve(96);
+  o.name.append(what).append(" #").append(std::to_string(o.p2p_seq)).append(" (").append(std::to_string(count));
+  o.name.append(" x ").append(to_string(dtype)).append(", tag ").append(std::to_string(options.tag)).append(") ");
+  o.name.append(is_send ? "to" : "from").append(" rank ").append(std::to_string(peer)).append(" on rank ");
+  o.name.append(std::to_string(rank)).append("/").append(std::to_string(size));
   Work w(o.work);
   engine->submit(std::move(o));
   return w;
