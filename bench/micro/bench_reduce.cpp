@@ -1,5 +1,5 @@
 // Microbenchmark of the host reduction kernel (src/kernels/host/reduce.cpp): sum for f32,
-// f16, bf16 and i32 at 64 KiB (cache), 1 MiB (L2/L3) and 64 MiB (DRAM) per buffer, next to
+// f16, bf16, i32 and f8e4m3 at 64 KiB (cache), 1 MiB (L2/L3) and 64 MiB (DRAM) per buffer, next to
 // memcpy of the same number of bytes.
 //
 // Two rates are reported, and they mean different things:
@@ -11,6 +11,7 @@
 //       that keeps up with memory shows out_B/s of about 2/3 of memcpy's.
 //
 // Run: bench_reduce [--benchmark_filter=sum/f16] [--benchmark_min_time=0.5]
+#include "kernels/host/codec_kernels.hpp"
 #include "kernels/host/reduce.hpp"
 
 #include <benchmark/benchmark.h>
@@ -41,6 +42,7 @@ std::vector<std::uint64_t> filled(DataType dt, std::size_t bytes, bool half_valu
       case DataType::f16: reinterpret_cast<std::uint16_t*>(p)[i] = k::float_to_half(v); break;
       case DataType::bf16: reinterpret_cast<std::uint16_t*>(p)[i] = k::float_to_bf16(v); break;
       case DataType::i32: reinterpret_cast<std::int32_t*>(p)[i] = half_value ? 3 : 1; break;
+      case DataType::f8e4m3: p[i] = k::float_to_fp8(v, k::BlockFormat::fp8e4m3); break;
       default: break;
     }
   }
@@ -123,6 +125,7 @@ int main(int argc, char** argv) {
     with_sizes(benchmark::RegisterBenchmark(("sum/f16" + suffix).c_str(), BM_sum, DataType::f16, portable));
     with_sizes(benchmark::RegisterBenchmark(("sum/bf16" + suffix).c_str(), BM_sum, DataType::bf16, portable));
     with_sizes(benchmark::RegisterBenchmark(("sum/i32" + suffix).c_str(), BM_sum, DataType::i32, portable));
+    with_sizes(benchmark::RegisterBenchmark(("sum/f8e4m3" + suffix).c_str(), BM_sum, DataType::f8e4m3, portable));
   }
   with_sizes(benchmark::RegisterBenchmark("sum_inplace/f32", BM_sum_inplace, DataType::f32));
   benchmark::RunSpecifiedBenchmarks();
