@@ -403,6 +403,7 @@ void Engine::submit(Operation op) {
       const bool run_here = small && helpers_.load(std::memory_order_acquire) == 0 && (p2p || !busy_);
       auto work = op.work;
       queue_.push_back(std::move(op));
+      queued_.store(queue_.size(), std::memory_order_release);
       busy_ = true;
       if (!run_here) {
         poller_->wake();
@@ -469,7 +470,19 @@ void Engine::settle_if_idle() {
 }
 
 bool Engine::admit() {
+  // Nothing queued while something runs: nothing to admit and no idle state to settle. A
+  // submit() racing with this read is seen on the next pass (it wakes the engine thread,
+  // or drives the pass itself).
+  if (!active_.empty() && queued_.load(std::memory_order_acquire) == 0) {
+    shut_gate_deadline_ = Clock::time_point::max();
+    return false;
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  // Every return below leaves queued_ equal to what admission left in queue_.
+  struct Count {
+    Engine& e;
+    ~Count() { e.queued_.store(e.queue_.size(), std::memory_order_release); }
+  } count{*this};
   bool any = false;
   shut_gate_deadline_ = Clock::time_point::max();
   for (;;) {
@@ -1039,6 +1052,7 @@ void Engine::fail_all(const std::string& why, const std::exception_ptr& cause) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     q.swap(queue_);
+    queued_.store(0, std::memory_order_release);
   }
   for (auto& op : q) {
     // Issued here, never started: what this rank was asked to do next.
@@ -1360,6 +1374,7 @@ std::string Engine::watch_close(const Exec& ex, int peer, std::chrono::milliseco
 }
 
 bool Engine::step(bool& unrouted) {
+  step_now_ = Clock::now();
   bool progressed = false;
   Exec* running = nullptr;  // for blame when something throws
   // A failure is handled after its catch block has ended (see fail_current).
@@ -1447,7 +1462,7 @@ bool Engine::step(bool& unrouted) {
       }
       mark_unposted(ex);
       if (ex.routed && !progressed) check_peers(ex);
-      if ((ex.measure ? pass_now_ : Clock::now()) > ex.deadline) {
+      if ((ex.measure ? pass_now_ : step_now_) > ex.deadline) {
         // The dump first: deadline_error() may wait a grace for the peers' records, and a
         // launcher that sees another rank fail meanwhile may kill this one.
         if (!opt_.trace_dir.empty()) write_dump(ex.op.name + " timed out (the dump at the deadline)");
@@ -1586,7 +1601,7 @@ void Engine::help(detail::WorkState& w, Help how, Clock::time_point until) noexc
       bool unrouted = false;
       const bool progressed = step(unrouted);
       if (w.finished.load(std::memory_order_acquire)) break;
-      const auto now = Clock::now();
+      const auto now = step_now_;  // the pass's start: a pass later than the clock now
       if (now >= until || failed_.load()) break;
       if (progressed) {
         last_progress = now;

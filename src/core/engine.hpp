@@ -322,6 +322,10 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   std::deque<Operation> queue_;
+  /// queue_.size(), written under mu_ wherever queue_ changes, read without it by admit():
+  /// a pass with nothing queued and something running skips mu_ (issue 32: the polling
+  /// loop of a small call locked it on every pass).
+  std::atomic<std::size_t> queued_{0};
   bool stop_ = false;
   bool busy_ = false;
   std::string reason_;
@@ -361,6 +365,9 @@ class Engine {
   /// The time of the current pass of step() over an operation (read once, for its deadline;
   /// large operations also time their sends and arrivals with it).
   std::chrono::steady_clock::time_point pass_now_{};
+  /// The clock at the start of the latest step() (its deadline checks; help()'s spin):
+  /// one read per pass instead of one per operation and one more per helper's pass.
+  std::chrono::steady_clock::time_point step_now_{};
   std::atomic<double> model_rate_[2] = {0.0, 0.0};  ///< set_link_model: inside a host, between hosts
   std::chrono::steady_clock::time_point next_report_{};
   /// Counts a large send to `peer` done now (posted at `posted`). Driving thread only.
