@@ -894,6 +894,23 @@ PYBIND11_MODULE(_C, m) {
       .def("revoke", &braid::Communicator::revoke, py::call_guard<py::gil_scoped_release>())
       .def("failed", &braid::Communicator::failed)
       .def("describe_topology", &braid::Communicator::describe_topology, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "link_between_hosts",
+          [](braid::Communicator& c) {
+            braid::Communicator::LinkMeasurement m;
+            {
+              py::gil_scoped_release release;
+              m = c.link_between_hosts();
+            }
+            py::dict d;
+            d["measured"] = m.measured;
+            d["ranks"] = py::make_tuple(m.rank_a, m.rank_b);
+            d["latency_us"] = m.latency_us;
+            d["bandwidth_gbps"] = m.bandwidth_gbps;
+            return d;
+          },
+          "The link between hosts as codec auto measures it (collective on its first call): a dict with "
+          "measured, ranks, latency_us and bandwidth_gbps (GB/s); measured False when every rank is on one host.")
       .def("dump_trace", &braid::Communicator::dump_trace, py::call_guard<py::gil_scoped_release>())
       .def("metrics",
            [](const braid::Communicator& c) {

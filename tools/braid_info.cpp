@@ -29,7 +29,31 @@ int main(int argc, char** argv) {
                "join the job described by the environment (run under braidrun, mpirun, torchrun or srun) and, on "
                "rank 0, print its hosts, ranks, each rank's GPU, rank 0's host's NICs (PCI address, NUMA node, "
                "distance from rank 0's GPU), the transport of every pair and rank 0's host's RDMA devices");
+  bool links = false;
+  app.add_flag("-l,--links", links,
+               "join the job described by the environment and measure the link between hosts as codec auto "
+               "does (rank 0 and the first rank on another host: latency of 8-byte round trips, bandwidth of "
+               "4 MiB messages); rank 0 prints the figures");
   CLI11_PARSE(app, argc, argv);
+  if (links) {
+    try {
+      braid::Communicator comm = braid::Communicator::from_env();
+      const auto m = comm.link_between_hosts();
+      if (comm.rank() == 0) {
+        if (m.measured)
+          std::cout << "link between hosts (rank " << m.rank_a << " <-> rank " << m.rank_b
+                    << ", measured): latency " << m.latency_us << " us, bandwidth " << m.bandwidth_gbps << " GB/s ("
+                    << m.bandwidth_gbps * 8 << " Gbit/s)\n";
+        else
+          std::cout << "link between hosts: none (all " << comm.size() << " ranks on one host)\n";
+      }
+      comm.barrier().wait();
+    } catch (const braid::Error& e) {
+      std::cerr << "braid_info: " << e.what() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   if (topology) {
     try {
       braid::Communicator comm = braid::Communicator::from_env();

@@ -310,6 +310,20 @@ class BRAID_API Communicator {
   /// ranks uses. Waits until every rank has joined (up to the timeout).
   std::string describe_topology() const;
 
+  /// The link between hosts as this communicator measured it, for codec `auto`: rank 0
+  /// and the lowest rank on another host exchange small and 4 MiB messages once (about
+  /// 0.1 s at 1 Gbit/s), and every rank gets rank 0's figures. Collective on its first
+  /// call (every rank calls it, or the first automatic all-reduce across hosts does);
+  /// later calls, and children made after it, return what was measured. Every rank on one
+  /// host: `measured` false and zeros.
+  struct LinkMeasurement {
+    bool measured = false;
+    int rank_a = -1, rank_b = -1;  ///< the pair measured (ranks of the communicator that measured)
+    double latency_us = 0;         ///< one way, half the median round trip of 8 bytes
+    double bandwidth_gbps = 0;     ///< GB/s (1e9 bytes), one way, 4 MiB messages
+  };
+  LinkMeasurement link_between_hosts();
+
   /// The tuner's choice for an all-reduce of this shape and why: one line with the
   /// predicted time of every algorithm, as BRAID_DEBUG=INFO logs it, e.g.
   /// "allreduce 4 KiB x 2 ranks on 1 host: ring 9.4 us, tree 7.1 us, rhd 6.2 us -> rhd".

@@ -68,6 +68,9 @@ class Poster {
   virtual Work post(Posting p) = 0;
   /// Queues a host task (see core::Operation::task) and returns its Work.
   virtual Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive) = 0;
+  /// A send (or receive) of `bytes` host bytes to (from) `peer` with `tag`, as
+  /// Communicator::send/recv post it (the link probe's messages).
+  virtual Work post_p2p(bool is_send, void* buf, std::size_t bytes, int peer, std::uint32_t tag) = 0;
 };
 
 }  // namespace braid::core

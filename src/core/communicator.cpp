@@ -894,6 +894,12 @@ Work Communicator::Impl::p2p(bool is_send, const void* buf, std::size_t count, D
   return w;
 }
 
+Work Communicator::Impl::post_p2p(bool is_send, void* buf, std::size_t bytes, int peer, std::uint32_t tag) {
+  P2POptions o;
+  o.tag = tag;
+  return p2p(is_send, buf, bytes, DataType::u8, peer, o);
+}
+
 namespace {
 /// Bytes of a point-to-point buffer (0 on overflow: the host path refuses the count).
 std::size_t p2p_bytes(std::size_t count, DataType dtype) {
@@ -918,6 +924,17 @@ Work Communicator::recv(void* buf, std::size_t count, DataType dtype, int peer, 
   return impl_->device_or_host(
       "recv", options, nullptr, buf, buffers,
       [&](const void*, void* r) { return impl_->p2p(false, r, count, dtype, peer, options); }, true);
+}
+
+Communicator::LinkMeasurement Communicator::link_between_hosts() {
+  const core::LinkFigures f = impl_->compressor->link_between_hosts();
+  LinkMeasurement m;
+  m.measured = f.a >= 0;
+  m.rank_a = f.a;
+  m.rank_b = f.b;
+  m.latency_us = f.link.alpha_s * 1e6;
+  m.bandwidth_gbps = f.link.Bps / 1e9;
+  return m;
 }
 
 Communicator Communicator::split(int color, int key) { return impl_->split_impl(color, key); }
@@ -986,6 +1003,7 @@ Communicator Communicator::Impl::make_child(const std::string& sub, const std::s
   // `comm = comm.shrink()` destroys the parent, not the job's store.
   c.hosted_server = hosted_server;
   c.hosts_store = hosts_store;
+  c.compressor->inherit_link(*compressor);  // the links between hosts are the parent's
   return child;
 }
 

@@ -150,6 +150,7 @@ struct Communicator::Impl final : core::Poster {
   collectives::PlanRequest request(collectives::Collective c, std::uint64_t count, std::size_t elem_size,
                                    ReduceOp op) const override;
   Work post(core::Posting p) override;
+  Work post_p2p(bool is_send, void* buf, std::size_t bytes, int peer, std::uint32_t tag) override;
   Work post_task(std::function<void()> task, std::string name, std::shared_ptr<void> keepalive) override;
   /// BRAID_CHECK_ARGS: every rank's call agrees with rank 0's, or all fail together.
   void check_same_call(const collectives::Plan& plan, DataType dtype, ReduceOp op, const char* what, bool automatic);

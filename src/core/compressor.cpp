@@ -183,6 +183,69 @@ const std::vector<compression::CodecRates>& Compressor::codec_rates() {
   return rates_;
 }
 
+LinkFigures Compressor::link_between_hosts() {
+  std::lock_guard<std::mutex> lock(link_mu_);
+  if (link_) return *link_;
+  const auto& topo = tuner_.tuner_ref().topology();
+  LinkFigures f;
+  const int partner = probe_partner(topo);
+  if (partner < 0) {  // one host: nothing between hosts to measure
+    link_ = f;
+    return f;
+  }
+  const std::string key = "link_between_hosts";
+  if (member_.rank == 0 || member_.rank == partner) {
+    f.a = 0;
+    f.b = partner;
+    try {
+      f.link = run_link_probe(poster_, member_.rank, member_.rank == 0 ? partner : 0);
+    } catch (const Error& e) {
+      // The others wait for rank 0's figures: tell them why there are none, rather than
+      // leave them to their timeout.
+      if (member_.rank == 0) member_.store->set(key, std::string("failed: ") + e.what());
+      throw;
+    }
+  }
+  // Every rank prices with rank 0's figures (the partner's own differ by the noise).
+  if (member_.rank == 0) {
+    member_.store->set(key, format_link_figures(f));
+  } else {
+    std::string text;
+    try {
+      text = member_.store->get(key, member_.timeout);
+    } catch (const Error& e) {
+      throw Error(e.code(), "rank " + std::to_string(member_.rank) + ": rank 0 did not publish the link between hosts "
+                            "it measures with rank " + std::to_string(partner) + " (codec auto's first call across "
+                            "hosts, or link_between_hosts()): " + e.what());
+    }
+    if (text.rfind("failed: ", 0) == 0)
+      throw Error(ErrorCode::RemoteError, "rank " + std::to_string(member_.rank) +
+                                              ": rank 0 could not measure the link between hosts with rank " +
+                                              std::to_string(partner) + ": " + text.substr(8, 512));
+    std::string why;
+    if (!parse_link_figures(text, member_.size, &f, &why))
+      throw Error(ErrorCode::Network, "rank " + std::to_string(member_.rank) +
+                                          ": rank 0's link figures in the store (key '" + key + "') are malformed: " +
+                                          why + "; is another program using this store?");
+  }
+  BRAID_LOG(info, "link between hosts (rank " << f.a << " <-> rank " << f.b << ", measured): latency "
+                                              << f.link.alpha_s * 1e6 << " us, bandwidth " << f.link.Bps / 1e9
+                                              << " GB/s");
+  link_ = f;
+  return f;
+}
+
+void Compressor::inherit_link(const Compressor& parent) {
+  std::optional<LinkFigures> got;
+  {
+    std::lock_guard<std::mutex> lock(parent.link_mu_);
+    got = parent.link_;
+  }
+  // A pair the child does not have (ranks renumbered) still measured the same links.
+  std::lock_guard<std::mutex> lock(link_mu_);
+  if (got && !link_) link_ = got;
+}
+
 bool parse_codec_rates(const std::string& text, std::vector<compression::CodecRates>* out, std::string* why) {
   std::vector<compression::CodecRates> rates;
   std::istringstream in(text);
@@ -252,7 +315,15 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
     return {};
   }
   const collectives::LinkClass link = topo.inter;
-  const compression::LinkModel lm{1.0 / t.model()[link].beta, t.model()[link].alpha};
+  compression::LinkModel lm{1.0 / t.model()[link].beta, t.model()[link].alpha};
+  bool measured = false;
+  if (cfg_.link_probe) {
+    const LinkFigures f = link_between_hosts();
+    if (f.a >= 0) {
+      lm = f.link;
+      measured = true;
+    }
+  }
   const CodecSpec chosen = compression::choose_auto(codec_rates(), count, member_.size, lm, cfg_.codec_max_error);
   if (base::log_enabled(base::LogLevel::info)) {
     std::lock_guard<std::mutex> lock(rates_mu_);
@@ -260,7 +331,8 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
     if (logged_auto_.insert(bucket).second)
       BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << member_.size << " ranks over "
                                                  << collectives::to_string(link) << " (" << lm.Bps / 1e9 << " GB/s, "
-                                                 << lm.alpha_s * 1e6 << " us in the cost model), error budget "
+                                                 << lm.alpha_s * 1e6 << " us "
+                                                 << (measured ? "measured" : "in the cost model") << "), error budget "
                                                  << cfg_.codec_max_error << " -> " << compression::name(chosen));
   }
   return chosen;

@@ -16,6 +16,7 @@
 #include "compression/error_feedback.hpp"
 #include "core/comm_parts.hpp"
 #include "core/config.hpp"
+#include "core/link_probe.hpp"
 #include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
 
@@ -73,6 +74,16 @@ class Compressor {
   void adopt_feedback(Compressor& parent);
   std::size_t feedback_bytes() const;
 
+  /// The link between hosts that `auto` prices with: measured once (core/link_probe.hpp),
+  /// at the first call that asks, by rank 0 and its partner, and taken from the store by
+  /// the others; every rank must ask at the same point of its call order (the first
+  /// automatic all-reduce across hosts, or Communicator::link_between_hosts). `a` = -1:
+  /// every rank is on one host, nothing measured.
+  LinkFigures link_between_hosts();
+  /// Figures measured by the parent of a child communicator (split, shrink): the child
+  /// takes them instead of measuring again.
+  void inherit_link(const Compressor& parent);
+
  private:
   /// The compressed plan of a checked f32 call: its residuals found (or made) and the
   /// operation posted. `what` names the call.
@@ -115,6 +126,8 @@ class Compressor {
   /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
   std::atomic<int> auto_one_host_{-1};
   std::optional<compression::CodecSpec> configured_;  ///< BRAID_CODEC parsed (empty: it does not parse)
+  mutable std::mutex link_mu_;          ///< guards link_ (held through the probe)
+  std::optional<LinkFigures> link_;     ///< measured (or inherited) once
 };
 
 }  // namespace braid::core

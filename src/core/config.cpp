@@ -68,6 +68,11 @@ std::vector<Setting> make_table() {
        "Error budget of codec auto: only codecs whose worst-case error relative to the block's "
        "largest value is at most this are considered (0.004 admits fp16, bf16 and int8).",
        true, 0.0, 1.0},
+      {"BRAID_LINK_PROBE", SettingType::boolean, "1",
+       "1: codec auto prices the link between hosts by measuring it, once per communicator at its "
+       "first automatic all-reduce across hosts (rank 0 and the first rank on another host exchange "
+       "18 small and 3 messages of 4 MiB; about 0.1 s at 1 Gbit/s), and every rank uses rank 0's "
+       "figures. 0: the cost model's figures (BRAID_COST_MODEL or the built-in constants)."},
       {"BRAID_TRANSPORT", SettingType::choice, "auto", transport_help(), true, 0, 0, transport_choices()},
       {"BRAID_DETERMINISTIC", SettingType::boolean, "0",
        "Reduce in fixed rank order so results are bitwise identical across algorithms and layouts "
@@ -331,6 +336,7 @@ Config Config::parse(const Lookup& lookup) {
   c.tune_measure = s.text("BRAID_TUNE") == "measure";
   c.codec = base::lower(s.text("BRAID_CODEC"));
   c.codec_max_error = s.real("BRAID_CODEC_MAX_ERROR");
+  c.link_probe = s.boolean("BRAID_LINK_PROBE");
   c.transport = s.text("BRAID_TRANSPORT");
   c.chunk_bytes = s.bytes("BRAID_CHUNK_BYTES");
   c.device_chunk_bytes = s.bytes("BRAID_DEVICE_CHUNK_BYTES");

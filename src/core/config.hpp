@@ -44,6 +44,7 @@ struct Config {
   bool tune_measure = false;  ///< BRAID_TUNE=measure (false: model)
   std::string codec;
   double codec_max_error = 0;  ///< BRAID_CODEC_MAX_ERROR
+  bool link_probe = true;      ///< BRAID_LINK_PROBE: codec auto measures the link between hosts
   std::string transport;       ///< "auto" or a registered transport's name
   std::size_t chunk_bytes = 0;
   std::size_t device_chunk_bytes = 0;  ///< BRAID_DEVICE_CHUNK_BYTES: the slice of device-path calls

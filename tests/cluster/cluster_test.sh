@@ -24,6 +24,10 @@
 #             others) with BRAID_TIMEOUT 10 s: a checked all-reduce job completes, correct;
 #             prints its time beside the same job on the normal links. The shaping is
 #             restored on exit (later cases see 1 Gbit/s links again)
+#   links     4 hosts; braid_info --links measures the link between hosts as codec auto does,
+#             at 1 Gbit/s (must read 0.06-0.25 GB/s) and with every link at 10 Gbit/s (at
+#             least 3x that); then a checked codec-auto all-reduce of 4 MiB on the 1 Gbit/s
+#             links, whose choice rank 0 must log as priced with the measured link (int8)
 #   algos_ucx, hier_ucx, linkcut_ucx
 #             the same with BRAID_TRANSPORT=ucx (every pair over UCX, which finds its tcp
 #             transport on eth0 here: no RDMA fabric); skipped when the build or the host
@@ -117,6 +121,17 @@ mpi() {  # mpi HOSTLIST NP args...: mpirun across the emulated hosts, from the s
     --host "$hosts" --map-by slot --bind-to none --mca pml ob1 --mca btl tcp,vader,self \
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
     --mca mpi_yield_when_idle 1 -np "$np" "${extra[@]+"${extra[@]}"}" "${transport_env[@]+"${transport_env[@]}"}" "$@"
+}
+
+rate=$(sed -n 's/^rate=//p' /run/braid-vcluster/state)
+delay=$(sed -n 's/^delay=//p' /run/braid-vcluster/state)
+# Both directions of a host's link: HOST-br (the switch's side, into it) and eth0 inside (out
+# of it), the tbf that scripts/vcluster.sh put there (or its tbf under netem with --delay).
+shape_host() {  # shape_host HOST RATE [BURST]
+  local parent=(root) burst=${3:-256kb}
+  [ -n "$delay" ] && parent=(parent 1:1 handle 10:)
+  on_switch tc qdisc change dev "$1-br" "${parent[@]}" tbf rate "$2" burst "$burst" latency 20ms &&
+    ip netns exec "$1" tc qdisc change dev eth0 "${parent[@]}" tbf rate "$2" burst "$burst" latency 20ms
 }
 
 checked_run() {  # checked_run WHAT HOSTLIST NP bench-args...
@@ -279,16 +294,7 @@ case $case in
     ;;
   slowpeer)
     host=vc3 slow=50mbit
-    rate=$(sed -n 's/^rate=//p' /run/braid-vcluster/state)
-    delay=$(sed -n 's/^delay=//p' /run/braid-vcluster/state)
-    # Both directions of vc3's link: vc3-br (the switch's side, into vc3) and eth0 inside (out of
-    # it), the tbf that scripts/vcluster.sh put there (or its tbf under netem with --delay).
-    shape_link() {  # shape_link RATE
-      local parent=(root)
-      [ -n "$delay" ] && parent=(parent 1:1 handle 10:)
-      on_switch tc qdisc change dev "$host-br" "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms &&
-        ip netns exec "$host" tc qdisc change dev eth0 "${parent[@]}" tbf rate "$1" burst 256kb latency 20ms
-    }
+    shape_link() { shape_host "$host" "$1"; }
     tracedir=$(mktemp -d /tmp/braid-slowpeer-trace.XXXXXX)
     trap 'shape_link "$rate" || echo "slowpeer: could not restore $host to $rate (scripts/vcluster.sh status)"; rm -rf "$tracedir"' EXIT
     h4=vc1:1,vc2:1,vc3:1,vc4:1
@@ -315,6 +321,37 @@ case $case in
     echo "rank 0's table with $host at $slow (time in us per call):"
     grep -E "^# +size|^ +[0-9]" <<<"$last_out"
     echo "checked ring all-reduces 1..8 MiB (BRAID_TIMEOUT 10 s): ${normal} s on $rate links, ${slowed} s with $host at $slow"
+    ;;
+  links)
+    # The link between hosts as codec auto measures it (issue 35 item 3): braid_info --links
+    # on 4 hosts at the fixture's 1 Gbit/s, then with every link at 10 Gbit/s (tbf's burst
+    # at least rate/HZ so that it can reach the rate), then a checked auto all-reduce on the
+    # 1 Gbit/s links whose choice is priced with the measured figures on every rank.
+    h4=vc1:1,vc2:1,vc3:1,vc4:1
+    trap 'for h in vc1 vc2 vc3 vc4; do shape_host $h "$rate" || echo "links: could not restore $h to $rate"; done' EXIT
+    gbps() {  # the bandwidth braid_info --links prints on rank 0
+      local out
+      out=$(mpi "$h4" 4 "$build/tools/braid_info" --links 2>&1)
+      sed -n 's/.*measured): latency [0-9.e+-]* us, bandwidth \([0-9.e+-]*\) GB\/s.*/\1/p' <<<"$out" | head -1
+      grep -q "measured" <<<"$out" || { grep -v setpgid <<<"$out" | tail -5 >&2; }
+    }
+    [ "$rate" = 1gbit ] || skip "the fixture's links are $rate, not 1gbit"
+    slow=$(gbps)
+    [ -n "$slow" ] || fail "braid_info --links printed no measured bandwidth at 1 Gbit/s"
+    for h in vc1 vc2 vc3 vc4; do shape_host $h 10gbit 5mb || fail "cannot reshape $h to 10gbit"; done
+    fast=$(gbps)
+    [ -n "$fast" ] || fail "braid_info --links printed no measured bandwidth at 10 Gbit/s"
+    for h in vc1 vc2 vc3 vc4; do shape_host $h "$rate" || fail "cannot restore $h to $rate"; done
+    echo "measured between hosts: $slow GB/s on 1 Gbit/s links, $fast GB/s on 10 Gbit/s links"
+    awk -v s="$slow" 'BEGIN { exit !(s >= 0.06 && s <= 0.25) }' || fail "1 Gbit/s (0.125 GB/s) measured as $slow GB/s"
+    awk -v s="$slow" -v f="$fast" 'BEGIN { exit !(f >= 3 * s) }' || fail "10 Gbit/s links measured as $fast GB/s, not 3x the 1 Gbit/s figure $slow"
+    # -c 1 with --codec: the relative L2 error against the exact sum, which must be finite.
+    CHECKED_ENV=(-x BRAID_DEBUG=INFO)
+    checked_run "4 hosts x 1, codec auto on measured links" "$h4" 4 -b 4M -e 4M -n 2 -w 1 -c 1 --codec auto
+    CHECKED_ENV=()
+    grep "rank 0\].*codec auto:" <<<"$last_out" | head -1
+    grep -q "rank 0\].*codec auto: .*GB/s, [0-9.e+-]* us measured).* -> int8" <<<"$last_out" ||
+      fail "rank 0 did not price codec auto with the measured link and choose int8 at 4 MiB on 1 Gbit/s links"
     ;;
   *) fail "unknown case '$case'" ;;
 esac

@@ -366,6 +366,54 @@ TEST(Compressed, AutoOnOneHostDoesNotCompress) {
   });
 }
 
+// The link between hosts (issue 35 item 3): measured once by rank 0 and the first rank on
+// the other host, the same figures on every rank, inherited by a child; on one host,
+// nothing to measure. Then codec auto across the hosts runs with them (every rank must
+// agree on its choice, or the plans would not match: the results are identical).
+TEST(Compressed, TheLinkBetweenHostsIsMeasuredOnceAndAgreedByEveryRank) {
+  constexpr int n = 4;
+  Group g(n, {}, 2);  // ranks 0, 1 on one host, 2, 3 on the other
+  std::vector<Communicator::LinkMeasurement> m(n), again(n), child(n);
+  std::vector<std::vector<float>> out(n);
+  run_threads(n, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    m[i] = g[r].link_between_hosts();
+    again[i] = g[r].link_between_hosts();  // no second probe: rank 0 and 2 would wait on each other's
+    Communicator c = g[r].split(0, r);
+    child[i] = c.link_between_hosts();
+    out[i] = gradient(r, 0, 1 << 18);
+    AllreduceOptions o;
+    o.codec = "auto";
+    g[r].allreduce(out[i].data(), out[i].data(), out[i].size(), DataType::f32, ReduceOp::sum, o).wait();
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(m[i].measured);
+    EXPECT_EQ(m[i].rank_a, 0);
+    EXPECT_EQ(m[i].rank_b, 2);
+    EXPECT_GT(m[i].latency_us, 0);
+    EXPECT_GT(m[i].bandwidth_gbps, 0);
+    // Rank 0's figures on every rank, bit for bit; and the same later and in the child.
+    EXPECT_EQ(m[i].latency_us, m[0].latency_us);
+    EXPECT_EQ(m[i].bandwidth_gbps, m[0].bandwidth_gbps);
+    EXPECT_EQ(again[i].bandwidth_gbps, m[0].bandwidth_gbps);
+    EXPECT_EQ(child[i].bandwidth_gbps, m[0].bandwidth_gbps);
+    EXPECT_TRUE(same_bits(out[i], out[0]));
+  }
+  std::printf("[link] 2 emulated hosts (threads, one machine): latency %.1f us, bandwidth %.2f GB/s\n",
+              m[0].latency_us, m[0].bandwidth_gbps);
+
+  Group one(2);
+  std::vector<Communicator::LinkMeasurement> none(2);
+  run_threads(2, [&](int r) { none[static_cast<std::size_t>(r)] = one[r].link_between_hosts(); });
+  for (const auto& x : none) {
+    EXPECT_FALSE(x.measured);
+    EXPECT_EQ(x.rank_a, -1);
+    EXPECT_EQ(x.bandwidth_gbps, 0);
+  }
+}
+
 // Two emulated hosts x two ranks: uncompressed inside a host, compressed between hosts.
 // The result must be identical on every rank and within the codec's error of the exact
 // sum (two quantisations of values up to the host sums' block maxima).

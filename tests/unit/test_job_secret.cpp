@@ -120,4 +120,23 @@ TEST(StoreRecords, ParsersAcceptWhatRanksWriteAndNothingElse) {
     EXPECT_FALSE(braid::core::parse_codec_rates(bad, &rates, &why)) << '"' << bad << '"';
     EXPECT_FALSE(why.empty());
   }
+
+  // Rank 0's link figures (core/link_probe.hpp): written, read back exactly; anything else refused.
+  braid::core::LinkFigures f, back;
+  f.a = 0;
+  f.b = 3;
+  f.link.alpha_s = 37.5e-6;
+  f.link.Bps = 117.3e6;
+  ASSERT_TRUE(braid::core::parse_link_figures(braid::core::format_link_figures(f), 4, &back, &why)) << why;
+  EXPECT_EQ(back.a, 0);
+  EXPECT_EQ(back.b, 3);
+  EXPECT_EQ(back.link.alpha_s, f.link.alpha_s);
+  EXPECT_EQ(back.link.Bps, f.link.Bps);
+  EXPECT_TRUE(braid::core::parse_link_figures("-1 -1 0x0p+0 0x0p+0", 4, &back, &why)) << why;  // one host
+  for (const char* bad : {"", "0 3 1e-5", "0 3 1e-5 1e8 7", "0 4 1e-5 1e8", "-2 3 1e-5 1e8", "0 3 0 1e8",
+                          "0 3 1e-5 -1e8", "0 3 nan 1e8", "0 3 1e-5 inf", "0 3 1e-5x 1e8", "x 3 1e-5 1e8"}) {
+    why.clear();
+    EXPECT_FALSE(braid::core::parse_link_figures(bad, 4, &back, &why)) << '"' << bad << '"';
+    EXPECT_FALSE(why.empty());
+  }
 }
