@@ -449,6 +449,13 @@ class Communicator:
     def describe_topology(self) -> str:
         return self._impl.describe_topology()
 
+    def link_between_hosts(self) -> dict:
+        """The link between hosts as codec auto measures it (docs/codecs.md, "Measured links"):
+        {"measured", "ranks", "latency_us", "bandwidth_gbps"}. Collective on its first call
+        (every rank calls it, or the first auto all-reduce across hosts did); measured is
+        False when every rank is on one host."""
+        return self._impl.link_between_hosts()
+
     def dump_trace(self) -> dict:
         """The flight recorder's dump of this rank (docs/observability.md): the last operations,
         then what is running, with each peer's progress, and what is queued. Also written into

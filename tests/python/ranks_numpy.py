@@ -309,6 +309,9 @@ def tuner(comm):
     whys = comm.allgather(np.frombuffer(after.ljust(400).encode()[:400], dtype=np.uint8).copy())
     assert all(np.array_equal(whys[0], w) for w in whys), "ranks explain different verdicts"
     assert "measured" in after, after
+    # The link between hosts codec auto measures: none here (every rank on one host).
+    link = comm.link_between_hosts()
+    assert link == {"measured": False, "ranks": (-1, -1), "latency_us": 0.0, "bandwidth_gbps": 0.0}, link
     print(f"rank {r}: tuner ok: {after}")
 
 
