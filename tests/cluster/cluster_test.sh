@@ -27,7 +27,7 @@
 #   links     4 hosts; braid_info --links measures the link between hosts as codec auto does,
 #             at 1 Gbit/s (must read 0.06-0.25 GB/s) and with every link at 10 Gbit/s (at
 #             least 3x that); then a checked codec-auto all-reduce of 4 MiB on the 1 Gbit/s
-#             links, whose choice rank 0 must log as priced with the measured link (int8)
+#             links, which rank 0 must log as priced with the measured link, compressed
 #   algos_ucx, hier_ucx, linkcut_ucx
 #             the same with BRAID_TRANSPORT=ucx (every pair over UCX, which finds its tcp
 #             transport on eth0 here: no RDMA fabric); skipped when the build or the host
@@ -350,8 +350,10 @@ case $case in
     checked_run "4 hosts x 1, codec auto on measured links" "$h4" 4 -b 4M -e 4M -n 2 -w 1 -c 1 --codec auto
     CHECKED_ENV=()
     grep "rank 0\].*codec auto:" <<<"$last_out" | head -1
-    grep -q "rank 0\].*codec auto: .*GB/s, [0-9.e+-]* us measured).* -> int8" <<<"$last_out" ||
-      fail "rank 0 did not price codec auto with the measured link and choose int8 at 4 MiB on 1 Gbit/s links"
+    # int8 in Release; the codecs' rates are rank 0's own measurement, lower under a
+    # sanitizer, but no codec rate makes 4 MiB on 1 Gbit/s links cheaper uncompressed.
+    grep -qE "rank 0\].*codec auto: .*GB/s, [0-9.e+-]* us measured\).* -> (int8|bf16|fp16)$" <<<"$last_out" ||
+      fail "rank 0 did not price codec auto with the measured link and compress 4 MiB on 1 Gbit/s links"
     ;;
   *) fail "unknown case '$case'" ;;
 esac
