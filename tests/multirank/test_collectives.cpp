@@ -276,7 +276,9 @@ TEST_P(Collectives, UnevenBlocksInAllgathervReduceScatterVAndAlltoallv) {
 }
 
 // alltoallv's counts disagree (rank 0 sends 5 elements, rank 1 expects 4): the receiver's
-// call fails naming the peer and the mismatch, nothing is written past the block.
+// call fails naming the peer and the mismatch, nothing is written past the block. The
+// sender's call completes if the receiver's own send reached it before the receiver failed,
+// else it fails naming the receiver (a race: CI once saw the second, "closed by peer").
 TEST(UnevenBlocks, AlltoallvCountsThatDisagreeFailNamingThePeer) {
   Group g(2);
   run_threads(2, [&](int r) {
@@ -287,10 +289,15 @@ TEST(UnevenBlocks, AlltoallvCountsThatDisagreeFailNamingThePeer) {
       g[r].alltoallv(s.data(), sc, d.data(), rc, DataType::f32).wait();
       EXPECT_EQ(r, 0) << "rank 1 received 5 elements where it expected 4";
     } catch (const Error& e) {
-      EXPECT_EQ(r, 1);
-      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("16 bytes, got tag"), std::string::npos) << e.what();
-      EXPECT_EQ(d[5], 0.0f);
+      const std::string what = e.what();
+      EXPECT_NE(dynamic_cast<const RemoteError*>(&e), nullptr) << what;
+      if (r == 1) {
+        EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+        EXPECT_NE(what.find("16 bytes, got tag"), std::string::npos) << what;
+        EXPECT_EQ(d[5], 0.0f);
+      } else {
+        EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+      }
     }
   });
 }
