@@ -75,7 +75,13 @@ def test_a_rank_that_is_consistently_late_is_named(run_ranks, tmp_path):
     assert len(late) == 1 and late[0].startswith("=> late rank: rank 1's first data"), r.stdout + r.stderr
     j = json.loads(braid_trace(tmp_path, "--json").stdout)
     kinds = [v["kind"] for v in j[0]["verdicts"]]
-    assert kinds == ["late_rank"], j  # nothing else: no rank behind, no slow link
+    # Nothing else: no rank behind, and no slow link between punctual ranks. A link of the
+    # late rank itself may read slow when the machine is loaded (rank 1 -> rank 2 at 0.25x
+    # the median, under two busy loops and in a CI run), and the late-rank verdict then says
+    # "its links are slow too".
+    slow = [v for v in j[0]["verdicts"] if v["kind"] == "slow_link"]
+    assert all(1 in (v["from"], v["to"]) for v in slow), r.stdout
+    assert [k for k in kinds if k != "slow_link"] == ["late_rank"], r.stdout
     # --live reads the directory again every period until interrupted.
     exe = Path(sys.executable).parent / "braid_trace"
     cmd = [str(exe)] if exe.exists() else [sys.executable, str(TOOL)]
