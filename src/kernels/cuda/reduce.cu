@@ -224,6 +224,23 @@ __global__ void reduce_scaled_int(T* d, const T* a, const T* b, std::size_t n, s
     d[i] = static_cast<T>(static_cast<U>(static_cast<U>(a[i]) + static_cast<U>(static_cast<U>(b[i]) * w)));
 }
 
+// An integral factor as the integer kernels take it (the caller checked it; an
+// out-of-range one still must not be UB here).
+std::int64_t integral_factor(double f) { return f >= -9.2e18 && f <= 9.2e18 ? static_cast<std::int64_t>(f) : 0; }
+
+template <class T, class K>
+Status launch_reduce_scaled(const ReduceScaledArgs& r, Stream s, K k) {
+  const unsigned grid = grid_for(r.n, 256);
+  auto* d = static_cast<T*>(r.dst);
+  const auto* a = static_cast<const T*>(r.a);
+  const auto* b = static_cast<const T*>(r.b);
+  if constexpr (std::is_integral_v<T>)
+    reduce_scaled_int<T><<<grid, 256, 0, s>>>(d, a, b, r.n, k);
+  else
+    reduce_scaled_float<T><<<grid, 256, 0, s>>>(d, a, b, r.n, k);
+  return last_status();
+}
+
 template <class T, class K>
 Status launch_scale(const ScaleArgs& r, Stream s, K k) {
   const unsigned grid = grid_for(r.n, 256);
@@ -282,7 +299,7 @@ Status scale(const ScaleArgs& r, Stream s) noexcept {
   if (static_cast<int>(r.dtype) >= kNumDataTypes) return kInvalidValue;
   if (r.n == 0) return 0;
   if (!r.dst || !r.src) return kInvalidValue;
-  const std::int64_t k = r.factor >= -9.2e18 && r.factor <= 9.2e18 ? static_cast<std::int64_t>(r.factor) : 0;
+  const std::int64_t k = integral_factor(r.factor);
   const float kf = static_cast<float>(r.factor);
   switch (r.dtype) {
     case DataType::f32: return launch_scale<float>(r, s, kf);
@@ -315,54 +332,37 @@ Status reduce_scaled(const ReduceScaledArgs& r, Stream s) noexcept {
   if (static_cast<int>(r.dtype) >= kNumDataTypes) return kInvalidValue;
   if (r.n == 0) return 0;
   if (!r.dst || !r.a || !r.b) return kInvalidValue;
-  const std::int64_t k = r.factor >= -9.2e18 && r.factor <= 9.2e18 ? static_cast<std::int64_t>(r.factor) : 0;
+  const std::int64_t k = integral_factor(r.factor);
   const float kf = static_cast<float>(r.factor);
-  const unsigned grid = grid_for(r.n, 256);
-  auto u16 = [](const void* p) { return static_cast<const std::uint16_t*>(p); };
-  auto u8 = [](const void* p) { return static_cast<const std::uint8_t*>(p); };
   switch (r.dtype) {
-    case DataType::f32:
-      reduce_scaled_float<float><<<grid, 256, 0, s>>>(static_cast<float*>(r.dst), static_cast<const float*>(r.a),
-                                                       static_cast<const float*>(r.b), r.n, kf);
-      break;
-    case DataType::f64:
-      reduce_scaled_float<double><<<grid, 256, 0, s>>>(static_cast<double*>(r.dst), static_cast<const double*>(r.a),
-                                                        static_cast<const double*>(r.b), r.n, r.factor);
-      break;
+    case DataType::f32: return launch_reduce_scaled<float>(r, s, kf);
+    case DataType::f64: return launch_reduce_scaled<double>(r, s, r.factor);
     case DataType::f16:
-      reduce_scaled_16<true><<<grid, 256, 0, s>>>(static_cast<std::uint16_t*>(r.dst), u16(r.a), u16(r.b), r.n, kf);
-      break;
-    case DataType::bf16:
-      reduce_scaled_16<false><<<grid, 256, 0, s>>>(static_cast<std::uint16_t*>(r.dst), u16(r.a), u16(r.b), r.n, kf);
-      break;
-    case DataType::i8:
-      reduce_scaled_int<std::int8_t><<<grid, 256, 0, s>>>(static_cast<std::int8_t*>(r.dst),
-                                                           static_cast<const std::int8_t*>(r.a),
-                                                           static_cast<const std::int8_t*>(r.b), r.n, k);
-      break;
-    case DataType::u8:
-      reduce_scaled_int<std::uint8_t><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b), r.n, k);
-      break;
-    case DataType::i32:
-      reduce_scaled_int<std::int32_t><<<grid, 256, 0, s>>>(static_cast<std::int32_t*>(r.dst),
-                                                            static_cast<const std::int32_t*>(r.a),
-                                                            static_cast<const std::int32_t*>(r.b), r.n, k);
-      break;
-    case DataType::i64:
-      reduce_scaled_int<std::int64_t><<<grid, 256, 0, s>>>(static_cast<std::int64_t*>(r.dst),
-                                                            static_cast<const std::int64_t*>(r.a),
-                                                            static_cast<const std::int64_t*>(r.b), r.n, k);
-      break;
+    case DataType::bf16: {
+      auto* d = static_cast<std::uint16_t*>(r.dst);
+      const auto* a = static_cast<const std::uint16_t*>(r.a);
+      const auto* b = static_cast<const std::uint16_t*>(r.b);
+      if (r.dtype == DataType::f16) reduce_scaled_16<true><<<grid_for(r.n, 256), 256, 0, s>>>(d, a, b, r.n, kf);
+      else reduce_scaled_16<false><<<grid_for(r.n, 256), 256, 0, s>>>(d, a, b, r.n, kf);
+      return last_status();
+    }
+    case DataType::i8: return launch_reduce_scaled<std::int8_t>(r, s, k);
+    case DataType::u8: return launch_reduce_scaled<std::uint8_t>(r, s, k);
+    case DataType::i32: return launch_reduce_scaled<std::int32_t>(r, s, k);
+    case DataType::i64: return launch_reduce_scaled<std::int64_t>(r, s, k);
     case DataType::f8e4m3:
-      reduce_scaled_fp8<BlockFormat::fp8e4m3><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b),
-                                                                    r.n, kf);
-      break;
-    case DataType::f8e5m2:
-      reduce_scaled_fp8<BlockFormat::fp8e5m2><<<grid, 256, 0, s>>>(static_cast<std::uint8_t*>(r.dst), u8(r.a), u8(r.b),
-                                                                    r.n, kf);
-      break;
+    case DataType::f8e5m2: {
+      auto* d = static_cast<std::uint8_t*>(r.dst);
+      const auto* a = static_cast<const std::uint8_t*>(r.a);
+      const auto* b = static_cast<const std::uint8_t*>(r.b);
+      if (r.dtype == DataType::f8e4m3)
+        reduce_scaled_fp8<BlockFormat::fp8e4m3><<<grid_for(r.n, 256), 256, 0, s>>>(d, a, b, r.n, kf);
+      else
+        reduce_scaled_fp8<BlockFormat::fp8e5m2><<<grid_for(r.n, 256), 256, 0, s>>>(d, a, b, r.n, kf);
+      return last_status();
+    }
   }
-  return last_status();
+  return kInvalidValue;
 }
 
 }  // namespace braid::kernels::cuda

@@ -188,19 +188,25 @@ struct Bf16Fmt {
   static BRAID_INLINE std::uint32_t round_hi(float f) noexcept { return f2bf_hi(f); }
 };
 
-// Two 16-bit floats per 32-bit word, each lane widened to f32, reduced and rounded back.
-// Lanes are independent, so byte order does not matter.
-template <class Op, class Fmt>
-struct PairK {
-  using Elem = std::uint16_t;
+// Narrow elements packed into 32-bit words: loads and stores of whole words (memcpy, any
+// alignment), for the kernels that convert lane by lane inside a word.
+template <class E>
+struct PackedWords {
+  using Elem = E;
   using Word = std::uint32_t;
-  static constexpr std::size_t kPerWord = 2;
+  static constexpr std::size_t kPerWord = sizeof(Word) / sizeof(E);
   static BRAID_INLINE Word get(const Elem* p) noexcept {
     Word w;
     std::memcpy(&w, p, sizeof w);
     return w;
   }
   static BRAID_INLINE void put(Elem* p, Word w) noexcept { std::memcpy(p, &w, sizeof w); }
+};
+
+// Two 16-bit floats per 32-bit word, each lane widened to f32, reduced and rounded back.
+// Lanes are independent, so byte order does not matter.
+template <class Op, class Fmt>
+struct PairK : PackedWords<std::uint16_t> {
   static BRAID_INLINE Word apply(Word x, Word y) noexcept {
     return Fmt::round_lo(Op::apply(Fmt::lo(x), Fmt::lo(y))) | Fmt::round_hi(Op::apply(Fmt::hi(x), Fmt::hi(y)));
   }
@@ -213,16 +219,7 @@ struct PairK {
 // (bench_reduce sum/f8e4m3; bf16 14.6), with four 1.6 GB/s; the SSE2 copy stays at 0.62,
 // where the conversions' instruction count, not the loads, is the limit.
 template <class Op, BlockFormat F>
-struct Fp8K {
-  using Elem = std::uint8_t;
-  using Word = std::uint32_t;
-  static constexpr std::size_t kPerWord = 4;
-  static BRAID_INLINE Word get(const Elem* p) noexcept {
-    Word w;
-    std::memcpy(&w, p, sizeof w);
-    return w;
-  }
-  static BRAID_INLINE void put(Elem* p, Word w) noexcept { std::memcpy(p, &w, sizeof w); }
+struct Fp8K : PackedWords<std::uint8_t> {
   static BRAID_INLINE Word lane(Word x, Word y, int k) noexcept {
     using C = fp8::Fp8<F>;
     return C::narrow(Op::apply(C::decode((x >> (8 * k)) & 0xffu), C::decode((y >> (8 * k)) & 0xffu))) << (8 * k);
@@ -589,11 +586,18 @@ void reduce_scaled_fp8(void* dst, const void* a, const void* b, std::size_t n, f
     d[i] = static_cast<std::uint8_t>(C::narrow(C::decode(x[i]) + C::decode(C::narrow(C::decode(y[i]) * k))));
 }
 
+// An integral factor as a multiplier in T's wrapping type. The caller checked the factor;
+// an out-of-range one still must not be UB here.
+template <class T>
+WrapT<T> wrap_factor(double factor) noexcept {
+  const std::int64_t k = factor >= -9.2e18 && factor <= 9.2e18 ? static_cast<std::int64_t>(factor) : 0;
+  return static_cast<WrapT<T>>(static_cast<std::uint64_t>(k));
+}
+
 template <class T>
 void reduce_scaled_int(void* dst, const void* a, const void* b, std::size_t n, double factor) noexcept {
-  const std::int64_t k = factor >= -9.2e18 && factor <= 9.2e18 ? static_cast<std::int64_t>(factor) : 0;
   using W = WrapT<T>;
-  const auto w = static_cast<W>(static_cast<std::uint64_t>(k));
+  const W w = wrap_factor<T>(factor);
   T* d = static_cast<T*>(dst);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
@@ -603,9 +607,7 @@ void reduce_scaled_int(void* dst, const void* a, const void* b, std::size_t n, d
 
 template <class T>
 void scale_int(void* dst, const void* src, std::size_t n, double factor) noexcept {
-  // The caller checked the factor; an out-of-range one still must not be UB here.
-  const std::int64_t k = factor >= -9.2e18 && factor <= 9.2e18 ? static_cast<std::int64_t>(factor) : 0;
-  const auto w = static_cast<WrapT<T>>(static_cast<std::uint64_t>(k));
+  const auto w = wrap_factor<T>(factor);
   T* d = static_cast<T*>(dst);
   const T* x = static_cast<const T*>(src);
   for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<WrapT<T>>(static_cast<WrapT<T>>(x[i]) * w));
