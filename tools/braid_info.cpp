@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -17,6 +18,20 @@ std::string indent(const std::string& lines) {
     at = end;
   }
   return out;
+}
+// Joins the job the environment describes, runs `body` on every rank, and waits for every
+// rank before leaving (rank 0 prints; the others must not tear the job down under it).
+// The exit status: 0, or 1 with braid's error on stderr.
+int in_job(const std::function<void(braid::Communicator&)>& body) {
+  try {
+    braid::Communicator comm = braid::Communicator::from_env();
+    body(comm);
+    comm.barrier().wait();
+  } catch (const braid::Error& e) {
+    std::cerr << "braid_info: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
 }
 }  // namespace
 
@@ -36,36 +51,23 @@ int main(int argc, char** argv) {
                "4 MiB messages); rank 0 prints the figures");
   CLI11_PARSE(app, argc, argv);
   if (links) {
-    try {
-      braid::Communicator comm = braid::Communicator::from_env();
+    return in_job([](braid::Communicator& comm) {
       const auto m = comm.link_between_hosts();
-      if (comm.rank() == 0) {
-        if (m.measured)
-          std::cout << "link between hosts (rank " << m.rank_a << " <-> rank " << m.rank_b
-                    << ", measured): latency " << m.latency_us << " us, bandwidth " << m.bandwidth_gbps << " GB/s ("
-                    << m.bandwidth_gbps * 8 << " Gbit/s)\n";
-        else
-          std::cout << "link between hosts: none (all " << comm.size() << " ranks on one host)\n";
-      }
-      comm.barrier().wait();
-    } catch (const braid::Error& e) {
-      std::cerr << "braid_info: " << e.what() << "\n";
-      return 1;
-    }
-    return 0;
+      if (comm.rank() != 0) return;
+      if (m.measured)
+        std::cout << "link between hosts (rank " << m.rank_a << " <-> rank " << m.rank_b << ", measured): latency "
+                  << m.latency_us << " us, bandwidth " << m.bandwidth_gbps << " GB/s (" << m.bandwidth_gbps * 8
+                  << " Gbit/s)\n";
+      else
+        std::cout << "link between hosts: none (all " << comm.size() << " ranks on one host)\n";
+    });
   }
   if (topology) {
-    try {
-      braid::Communicator comm = braid::Communicator::from_env();
+    return in_job([](braid::Communicator& comm) {
       const std::string text = comm.describe_topology();
       // The detail behind describe_topology()'s one line, for rank 0's host.
       if (comm.rank() == 0) std::cout << text << "RDMA devices (rank 0's host):\n" << indent(braid::rdma_devices());
-      comm.barrier().wait();
-    } catch (const braid::Error& e) {
-      std::cerr << "braid_info: " << e.what() << "\n";
-      return 1;
-    }
-    return 0;
+    });
   }
   if (markdown) {
     std::cout << braid::config_markdown();

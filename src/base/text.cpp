@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 
@@ -86,6 +87,13 @@ bool parse_int64(const std::string& s, std::int64_t* out) {
   const char* end = s.data() + s.size();
   auto r = std::from_chars(s.data(), end, *out);
   return r.ec == std::errc() && r.ptr == end;
+}
+
+bool parse_double(const std::string& s, double* out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
 }
 
 std::string lower(std::string_view s) {

@@ -42,4 +42,8 @@ std::vector<std::string> split(const std::string& s, char sep);
 /// on anything else.
 bool parse_int64(const std::string& s, std::int64_t* out);
 
+/// Strict real (strtod's syntax: decimal, hexfloat, inf, nan): the whole string, nothing
+/// before or after. False (and *out unspecified) on anything else, "" included.
+bool parse_double(const std::string& s, double* out);
+
 }  // namespace braid::base

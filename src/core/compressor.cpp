@@ -258,13 +258,8 @@ bool parse_codec_rates(const std::string& text, std::vector<compression::CodecRa
       *why = "codec " + base::quote(codec.substr(0, 64)) + ": " + e.what();
       return false;
     }
-    char* end = nullptr;
-    r.encode_Bps = std::strtod(enc.c_str(), &end);
-    const bool enc_ok = end == enc.c_str() + enc.size();
-    r.decode_Bps = std::strtod(dec.c_str(), &end);
-    const bool dec_ok = end == dec.c_str() + dec.size();
     // A rate is a positive finite number of bytes per second.
-    if (!enc_ok || !dec_ok || !(r.encode_Bps > 0) || !(r.decode_Bps > 0) || !std::isfinite(r.encode_Bps) ||
+    if (!base::parse_double(enc, &r.encode_Bps) || !base::parse_double(dec, &r.decode_Bps) || !(r.encode_Bps > 0) || !(r.decode_Bps > 0) || !std::isfinite(r.encode_Bps) ||
         !std::isfinite(r.decode_Bps)) {
       *why = "the rates of " + base::quote(codec.substr(0, 64)) + " are not positive finite numbers";
       return false;

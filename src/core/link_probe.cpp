@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -78,13 +77,10 @@ bool parse_link_figures(const std::string& text, int world, LinkFigures* out, st
     *why = "the ranks are not in [-1, " + std::to_string(world) + ")";
     return false;
   }
-  char* end = nullptr;
-  const double al = std::strtod(alpha.c_str(), &end);
-  const bool al_ok = end == alpha.c_str() + alpha.size();
-  const double bw = std::strtod(bps.c_str(), &end);
-  const bool bw_ok = end == bps.c_str() + bps.size();
+  double al = 0, bw = 0;
+  const bool read = base::parse_double(alpha, &al) && base::parse_double(bps, &bw);
   const bool one_host = ra == -1 && rb == -1 && al == 0 && bw == 0;
-  if (!al_ok || !bw_ok || !std::isfinite(al) || !std::isfinite(bw) || (!one_host && (!(al > 0) || !(bw > 0)))) {
+  if (!read || !std::isfinite(al) || !std::isfinite(bw) || (!one_host && (!(al > 0) || !(bw > 0)))) {
     *why = "the latency and bandwidth are not positive finite numbers";
     return false;
   }

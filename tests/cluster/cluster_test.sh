@@ -328,7 +328,8 @@ case $case in
     # at least rate/HZ so that it can reach the rate), then a checked auto all-reduce on the
     # 1 Gbit/s links whose choice is priced with the measured figures on every rank.
     h4=vc1:1,vc2:1,vc3:1,vc4:1
-    trap 'for h in vc1 vc2 vc3 vc4; do shape_host $h "$rate" || echo "links: could not restore $h to $rate"; done' EXIT
+    shape_all() { local h; for h in vc1 vc2 vc3 vc4; do shape_host $h "$@" || return 1; done; }
+    trap 'shape_all "$rate" || echo "links: could not restore the links to $rate"' EXIT
     gbps() {  # the bandwidth braid_info --links prints on rank 0
       local out
       out=$(mpi "$h4" 4 "$build/tools/braid_info" --links 2>&1)
@@ -338,10 +339,10 @@ case $case in
     [ "$rate" = 1gbit ] || skip "the fixture's links are $rate, not 1gbit"
     slow=$(gbps)
     [ -n "$slow" ] || fail "braid_info --links printed no measured bandwidth at 1 Gbit/s"
-    for h in vc1 vc2 vc3 vc4; do shape_host $h 10gbit 5mb || fail "cannot reshape $h to 10gbit"; done
+    shape_all 10gbit 5mb || fail "cannot reshape the links to 10gbit"
     fast=$(gbps)
     [ -n "$fast" ] || fail "braid_info --links printed no measured bandwidth at 10 Gbit/s"
-    for h in vc1 vc2 vc3 vc4; do shape_host $h "$rate" || fail "cannot restore $h to $rate"; done
+    shape_all "$rate" || fail "cannot restore the links to $rate"
     echo "measured between hosts: $slow GB/s on 1 Gbit/s links, $fast GB/s on 10 Gbit/s links"
     awk -v s="$slow" 'BEGIN { exit !(s >= 0.06 && s <= 0.25) }' || fail "1 Gbit/s (0.125 GB/s) measured as $slow GB/s"
     awk -v s="$slow" -v f="$fast" 'BEGIN { exit !(f >= 3 * s) }' || fail "10 Gbit/s links measured as $fast GB/s, not 3x the 1 Gbit/s figure $slow"
