@@ -75,12 +75,10 @@ def test_a_rank_that_is_consistently_late_is_named(run_ranks, tmp_path):
     assert len(late) == 1 and late[0].startswith("=> late rank: rank 1's first data"), r.stdout + r.stderr
     j = json.loads(braid_trace(tmp_path, "--json").stdout)
     kinds = [v["kind"] for v in j[0]["verdicts"]]
-    # Nothing else: no rank behind, and no slow link between punctual ranks. A link of the
-    # late rank itself may read slow when the machine is loaded (rank 1 -> rank 2 at 0.25x
-    # the median, under two busy loops and in a CI run), and the late-rank verdict then says
-    # "its links are slow too".
-    slow = [v for v in j[0]["verdicts"] if v["kind"] == "slow_link"]
-    assert all(1 in (v["from"], v["to"]) for v in slow), r.stdout
+    # Nothing else: no rank behind. Slow-link verdicts are not judged here: 4 ranks share 2
+    # cores, and on a loaded machine one shm link's throughput reads a quarter of the others'
+    # now and then (rank 1 -> rank 2, rank 2 -> rank 3: 0.22-0.25x in CI runs), whichever
+    # ranks it joins. Naming a slow link is tested where one is made slow (cluster_slowpeer).
     assert [k for k in kinds if k != "slow_link"] == ["late_rank"], r.stdout
     # --live reads the directory again every period until interrupted.
     exe = Path(sys.executable).parent / "braid_trace"
