@@ -40,26 +40,39 @@ std::vector<CodecRates> measure_codec_rates(std::size_t count, int reps) {
   return out;
 }
 
-double predicted_seconds_uncompressed(std::size_t count, int world, const LinkModel& link) {
+double predicted_seconds_uncompressed(std::size_t count, int world, const LinkModel& link, std::size_t elem_bytes) {
   if (world <= 1) return 0.0;
-  return 2.0 * (world - 1) * link.alpha_s + 2.0 * (world - 1) / world * 4.0 * static_cast<double>(count) / link.Bps;
+  return 2.0 * (world - 1) * link.alpha_s +
+         2.0 * (world - 1) / world * static_cast<double>(elem_bytes) * static_cast<double>(count) / link.Bps;
 }
 
-double predicted_seconds(const CodecRates& r, std::size_t count, int world, const LinkModel& link) {
+double predicted_seconds(const CodecRates& r, std::size_t count, int world, const LinkModel& link,
+                         const CodecRates* widen) {
   const double n = static_cast<double>(count);
   const double wire = static_cast<double>(wire_bytes_per_rank(r.spec, count, world, 0));
-  return 2.0 * (world - 1) * link.alpha_s + wire / link.Bps + (n + n / world) * 4.0 / r.encode_Bps +
-         2.0 * n * 4.0 / r.decode_Bps;
+  double t = 2.0 * (world - 1) * link.alpha_s + wire / link.Bps + (n + n / world) * 4.0 / r.encode_Bps +
+             2.0 * n * 4.0 / r.decode_Bps;
+  // 16-bit input: widened to f32 before, rounded back after (the bf16 codec's own passes).
+  if (widen != nullptr) t += n * 4.0 / widen->decode_Bps + n * 4.0 / widen->encode_Bps;
+  return t;
 }
 
 CodecSpec choose_auto(const std::vector<CodecRates>& rates, std::size_t count, int world, const LinkModel& link,
-                      double error_budget, double margin) {
+                      double error_budget, double margin, std::size_t elem_bytes) {
   CodecSpec best;  // none
   if (world <= 1 || count == 0) return best;
-  double best_t = predicted_seconds_uncompressed(count, world, link) * (1.0 - margin);
+  const CodecRates* widen = nullptr;
+  if (elem_bytes < 4) {
+    // The conversions are priced as the bf16 codec's passes (f32 -> 16 bits and back); a
+    // rates table without bf16 prices them as each candidate's own, erring towards none.
+    const auto bf16 = std::find_if(rates.begin(), rates.end(),
+                                   [](const CodecRates& r) { return r.spec.kind == CodecKind::bf16; });
+    if (bf16 != rates.end()) widen = &*bf16;
+  }
+  double best_t = predicted_seconds_uncompressed(count, world, link, elem_bytes) * (1.0 - margin);
   for (const CodecRates& r : rates) {
     if (requires_error_feedback(r.spec) || error_bound(r.spec) > error_budget) continue;
-    const double t = predicted_seconds(r, count, world, link);
+    const double t = predicted_seconds(r, count, world, link, elem_bytes < 4 ? (widen ? widen : &r) : nullptr);
     if (t < best_t) {
       best_t = t;
       best = r.spec;

@@ -13,6 +13,13 @@
 // the caller's budget, and only if it beats t0 by the margin (default 10%); else none.
 // Compression cannot shorten the latency term, so latency-bound sizes stay uncompressed.
 // Candidates never include codecs that need error feedback (sign1, topk).
+//
+// bf16/f16 buffers (elem_bytes 2): uncompressed moves 2 bytes per value, not 4, and a
+// codec runs on an f32 copy (widened before, rounded back after; docs/codecs.md), so
+//   t0 = 2(W-1)·α + 2(W-1)/W * 2n / B
+//   tc = the codec's time above + n*4 / widen_rate + n*4 / narrow_rate
+// with the conversions priced as the bf16 codec's decode and encode passes. The 16-bit
+// codecs then never win (same bytes as uncompressed, more passes); int8 halves the bytes.
 #pragma once
 
 #include "compression/codec.hpp"
@@ -43,16 +50,19 @@ struct LinkModel {
   double alpha_s = 0;  ///< Latency per message, seconds (α).
 };
 
-/// Predicted seconds of the compressed all-reduce with `rates.spec` (see the model above).
-double predicted_seconds(const CodecRates& rates, std::size_t count, int world, const LinkModel& link);
+/// Predicted seconds of the compressed all-reduce with `rates.spec` (see the model above);
+/// for 16-bit input, `widen` holds the rates its conversions to f32 and back are priced at.
+double predicted_seconds(const CodecRates& rates, std::size_t count, int world, const LinkModel& link,
+                         const CodecRates* widen = nullptr);
 
-/// Predicted seconds of the uncompressed all-reduce.
-double predicted_seconds_uncompressed(std::size_t count, int world, const LinkModel& link);
+/// Predicted seconds of the uncompressed all-reduce of `count` values of `elem_bytes` each.
+double predicted_seconds_uncompressed(std::size_t count, int world, const LinkModel& link,
+                                      std::size_t elem_bytes = 4);
 
 /// The codec for `auto`: the fastest candidate in `rates` with error_bound <= error_budget
 /// that beats uncompressed by `margin` (0.10 = 10%); CodecKind::none otherwise, and for
-/// world <= 1 or count 0.
+/// world <= 1 or count 0. `elem_bytes`: 4 for f32 buffers, 2 for bf16/f16 (see above).
 CodecSpec choose_auto(const std::vector<CodecRates>& rates, std::size_t count, int world, const LinkModel& link,
-                      double error_budget, double margin = 0.10);
+                      double error_budget, double margin = 0.10, std::size_t elem_bytes = 4);
 
 }  // namespace braid::compression

@@ -294,12 +294,13 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
                              << to_string(dtype) << "; pass codec \"none\" for " << to_string(dtype));
     return spec;
   }
-  // auto compresses only what it can (f32 sum/avg across ranks), and only between
-  // hosts: inside a host the "link" is memory (shared memory or loopback copies), and
-  // the host codec passes cost more memory traffic than the bytes they save. Across
+  // auto compresses only what it can (f32, bf16 and f16 sum/avg across ranks), and only
+  // between hosts: inside a host the "link" is memory (shared memory or loopback copies),
+  // and the host codec passes cost more memory traffic than the bytes they save. Across
   // hosts, the model of docs/codecs.md: the slowest link's latency and bandwidth against
-  // the codecs' measured rates.
-  if (dtype != DataType::f32 || (op != ReduceOp::sum && op != ReduceOp::avg) || member_.size == 1 || count == 0) return {};
+  // the codecs' measured rates (16-bit buffers priced with their conversions to f32).
+  const bool codec_input = dtype == DataType::f32 || dtype == DataType::bf16 || dtype == DataType::f16;
+  if (!codec_input || (op != ReduceOp::sum && op != ReduceOp::avg) || member_.size == 1 || count == 0) return {};
   if (auto_one_host_.load(std::memory_order_relaxed) == 1) return {};
   collectives::Tuner& t = tuner_.tuner_ref();
   const auto& topo = t.topology();
@@ -319,12 +320,15 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
       measured = true;
     }
   }
-  const CodecSpec chosen = compression::choose_auto(codec_rates(), count, member_.size, lm, cfg_.codec_max_error);
+  const std::size_t elem = dtype_size(dtype);
+  const CodecSpec chosen =
+      compression::choose_auto(codec_rates(), count, member_.size, lm, cfg_.codec_max_error, 0.10, elem);
   if (base::log_enabled(base::LogLevel::info)) {
     std::lock_guard<std::mutex> lock(rates_mu_);
-    const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4);
+    // One line per size class and element type.
+    const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4) * 8 + elem;
     if (logged_auto_.insert(bucket).second)
-      BRAID_LOG(info, "codec auto: allreduce of " << count << " x f32 on " << member_.size << " ranks over "
+      BRAID_LOG(info, "codec auto: allreduce of " << count << " x " << to_string(dtype) << " on " << member_.size << " ranks over "
                                                  << collectives::to_string(link) << " (" << lm.Bps / 1e9 << " GB/s, "
                                                  << lm.alpha_s * 1e6 << " us "
                                                  << (measured ? "measured" : "in the cost model") << "), error budget "

@@ -375,6 +375,7 @@ TEST(Compressed, TheLinkBetweenHostsIsMeasuredOnceAndAgreedByEveryRank) {
   Group g(n, {}, 2);  // ranks 0, 1 on one host, 2, 3 on the other
   std::vector<Communicator::LinkMeasurement> m(n), again(n), child(n);
   std::vector<std::vector<float>> out(n);
+  std::vector<std::vector<std::uint16_t>> half(n);
   run_threads(n, [&](int r) {
     const auto i = static_cast<std::size_t>(r);
     m[i] = g[r].link_between_hosts();
@@ -385,10 +386,15 @@ TEST(Compressed, TheLinkBetweenHostsIsMeasuredOnceAndAgreedByEveryRank) {
     AllreduceOptions o;
     o.codec = "auto";
     g[r].allreduce(out[i].data(), out[i].data(), out[i].size(), DataType::f32, ReduceOp::sum, o).wait();
+    // bf16 buffers too (priced with their conversions): whatever auto picks, every rank
+    // picks it, so the bits agree.
+    for (float x : gradient(r, 1, 1 << 18)) half[i].push_back(kernels::float_to_bf16(x));
+    g[r].allreduce(half[i].data(), half[i].data(), half[i].size(), DataType::bf16, ReduceOp::avg, o).wait();
   });
   for (int r = 0; r < n; ++r) {
     const auto i = static_cast<std::size_t>(r);
     SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(half[i], half[0]);
     EXPECT_TRUE(m[i].measured);
     EXPECT_EQ(m[i].rank_a, 0);
     EXPECT_EQ(m[i].rank_b, 2);

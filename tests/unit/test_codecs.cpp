@@ -1075,6 +1075,21 @@ TEST(CodecAuto, CompressesOnlyWhenFasterAndWithinBudget) {
   const double t0 = predicted_seconds_uncompressed(n, 4, gbit);
   const double t8 = predicted_seconds(rates[3], n, 4, gbit);
   EXPECT_LT(t8, 0.3 * t0);
+  // bf16/f16 buffers: uncompressed moves half the bytes, and a codec pays the widening
+  // and the rounding back. The 16-bit codecs never win (same bytes, more passes); int8
+  // still does on 1 Gbit/s, at half the gain.
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 1.0 / 254, 0.10, 2).kind, CodecKind::int8);
+  EXPECT_EQ(choose_auto(rates, n, 4, gbit, 1e-3, 0.10, 2).kind, CodecKind::none);
+  const double h0 = predicted_seconds_uncompressed(n, 4, gbit, 2);
+  EXPECT_NEAR(h0 - 6 * gbit.alpha_s, (t0 - 6 * gbit.alpha_s) / 2, 1e-9);
+  const double h8 = predicted_seconds(rates[3], n, 4, gbit, &rates[0]);
+  EXPECT_GT(h8, t8);
+  EXPECT_LT(h8, 0.7 * h0);  // about half the bytes, plus the passes
+  // A link where int8 pays for f32 but not for 16-bit input (its passes cost the same,
+  // the bytes it saves are half): about 10 GB/s against these kernel rates.
+  const LinkModel mid{2.5e9, 1e-6};
+  EXPECT_EQ(choose_auto(rates, n, 4, mid, 1.0 / 254).kind, CodecKind::int8);
+  EXPECT_EQ(choose_auto(rates, n, 4, mid, 1.0 / 254, 0.10, 2).kind, CodecKind::none);
   // Measured rates are positive and finite.
   for (const auto& r : measure_codec_rates(1 << 16, 1)) {
     EXPECT_GT(r.encode_Bps, 0) << name(r.spec);
