@@ -218,7 +218,7 @@ double time_round(braid::Communicator& comm, const void* send, void* recv, std::
 
 // --codec a,b,...: every size runs each codec `rounds` times, interleaved in a fresh
 // random order each round (the same on every rank), out of place on gradient-like f32
-// inputs, with error feedback (keyed per codec and size) unless --no-ef. The table has a
+// (or, with -d, bf16/f16) inputs, with error feedback (keyed per codec and size) unless --no-ef. The table has a
 // row per codec: the median over rounds, its ratio to the median of `none` (when
 // listed), the effective busbw of the median, and the relative L2 error of one fresh
 // step (residuals reset) against the exact all-reduce. With --device (`dsend` set), the
@@ -226,15 +226,30 @@ double time_round(braid::Communicator& comm, const void* send, void* recv, std::
 // `stream`; inputs and the error check go through host copies.
 int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>& codecs, std::size_t lo,
                        std::size_t hi, double factor, int iters, int warmup, int rounds, int check, bool blocking,
-                       bool no_ef, ReduceOp op, const std::string& oname, const std::string& csv,
+                       bool no_ef, DataType dtype, ReduceOp op, const std::string& oname, const std::string& csv,
                        void* dsend = nullptr, void* drecv = nullptr, void* stream = nullptr) {
   const int rank = comm.rank(), world = comm.size();
   const std::size_t nc = codecs.size();
+  const std::size_t es = braid::dtype_size(dtype);
+  const perf::Type pt = to_perf(dtype);
+  // An input value as the buffer holds it (rounded to bf16/f16), and an element read back.
+  const auto rounded = [&](int r, std::size_t i) {
+    const float v = gradient_value(r, i);
+    return dtype == DataType::bf16 ? perf::from_bf16(perf::to_bf16(v))
+                                   : dtype == DataType::f16 ? perf::from_half(perf::to_half(v)) : v;
+  };
+  const auto load_value = [&](const std::byte* buf, std::size_t i) -> double {
+    if (dtype == DataType::f32) return reinterpret_cast<const float*>(buf)[i];
+    std::uint16_t h;
+    std::memcpy(&h, buf + 2 * i, 2);
+    return dtype == DataType::bf16 ? perf::from_bf16(h) : perf::from_half(h);
+  };
   std::ofstream csvf;
   if (rank == 0) {
-    std::printf("# braid %s allreduce_bench codecs side by side: %d ranks, float, op %s, iters %d, warmup %d, "
+    std::printf("# braid %s allreduce_bench codecs side by side: %d ranks, %s, op %s, iters %d, warmup %d, "
                 "rounds %d%s, %s\n",
-                braid::version().c_str(), world, oname.c_str(), iters, warmup, rounds, blocking ? ", blocking" : "",
+                braid::version().c_str(), world, nccl_type_name(dtype), oname.c_str(), iters, warmup, rounds,
+                blocking ? ", blocking" : "",
                 no_ef ? "no error feedback" : "error feedback");
     std::printf("# out-of-place; time (us) = median over rounds of the slowest rank's mean per iteration; codecs "
                 "interleaved, in a fresh random order each round; busbw effective (uncompressed bytes / time)\n");
@@ -244,15 +259,15 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
     std::printf("#%12s %12s %12s %8s %8s %10s\n", "size(B)", "codec", "time(us)", "vs none", "busbw", "rel.L2 err");
     open_csv(csvf, csv, "size,count,codec,round,time_us");
   }
-  std::vector<float> send(hi / 4 + 16), recv(hi / 4 + 16);
-  float* const in = dsend ? static_cast<float*>(dsend) : send.data();
-  float* const out = dsend ? static_cast<float*>(drecv) : recv.data();
+  std::vector<std::byte> send(hi + 64), recv(hi + 64);
+  void* const in = dsend ? dsend : send.data();
+  void* const out = dsend ? drecv : recv.data();
   long long total_wrong = 0;
   for (double size_d = static_cast<double>(lo);; size_d *= factor) {
     const std::size_t size = std::min(hi, static_cast<std::size_t>(size_d));
-    const std::size_t count = size / 4;
-    for (std::size_t i = 0; i < count; ++i) send[i] = gradient_value(rank, i);
-    if (dsend) braid::device::copy(dsend, send.data(), count * 4);
+    const std::size_t count = size / es;
+    for (std::size_t i = 0; i < count; ++i) perf::store_value(pt, send.data(), i, gradient_value(rank, i));
+    if (dsend) braid::device::copy(dsend, send.data(), count * es);
     std::vector<braid::AllreduceOptions> opts(nc);
     for (std::size_t c = 0; c < nc; ++c) {
       if (dsend) {
@@ -267,9 +282,9 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
     const auto orders = round_orders(nc, rounds, static_cast<unsigned>(count));
     for (int round = 0; round < rounds; ++round) {
       for (const std::size_t c : orders[static_cast<std::size_t>(round)]) {
-        times[c].push_back(time_round(comm, in, out, count, DataType::f32, op, opts[c],
+        times[c].push_back(time_round(comm, in, out, count, dtype, op, opts[c],
                                       round == 0 ? warmup : 1, iters, blocking));
-        if (csvf) csvf << count * 4 << ',' << count << ',' << codecs[c] << ',' << round << ',' << times[c].back() << '\n';
+        if (csvf) csvf << count * es << ',' << count << ',' << codecs[c] << ',' << round << ',' << times[c].back() << '\n';
       }
     }
     std::size_t none = nc;
@@ -280,14 +295,14 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
       double relerr = -1;
       if (check) {
         if (!opts[c].ef_key.empty()) comm.reset_error_feedback(opts[c].ef_key);
-        comm.allreduce(in, out, count, DataType::f32, op, opts[c]).wait();
-        if (dsend) braid::device::copy(recv.data(), drecv, count * 4);
+        comm.allreduce(in, out, count, dtype, op, opts[c]).wait();
+        if (dsend) braid::device::copy(recv.data(), drecv, count * es);
         double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
         for (std::size_t i = 0; i < count; ++i) {
           double exact = 0;
-          for (int k = 0; k < world; ++k) exact += gradient_value(k, i);
+          for (int k = 0; k < world; ++k) exact += rounded(k, i);
           if (op == ReduceOp::avg) exact /= world;
-          const double d = recv[i] - exact;
+          const double d = load_value(recv.data(), i) - exact;
           sq[0] += d * d;
           sq[1] += exact * exact;
         }
@@ -297,11 +312,11 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
       }
       if (rank == 0) {
         const double med = median(times[c]);
-        const double busbw = static_cast<double>(count * 4) / (med * 1e3) * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
+        const double busbw = static_cast<double>(count * es) / (med * 1e3) * (world > 1 ? 2.0 * (world - 1) / world : 1.0);
         char ratio[16] = "-", err[16] = "-";
         if (none_med > 0) std::snprintf(ratio, sizeof ratio, "%.3f", med / none_med);
         if (relerr >= 0) std::snprintf(err, sizeof err, "%.1e", relerr);
-        std::printf(" %12zu %12s %12.1f %8s %8.3f %10s\n", count * 4, codecs[c].c_str(), med, ratio, busbw, err);
+        std::printf(" %12zu %12s %12.1f %8s %8.3f %10s\n", count * es, codecs[c].c_str(), med, ratio, busbw, err);
       }
     }
     if (rank == 0) std::fflush(stdout);
@@ -759,13 +774,14 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                           blocking, *dtype, *op, oname, csv);
     }
     if (codec.find(',') != std::string::npos) {
-      if (algos.size() > 1 || idle_seconds > 0 || *dtype != DataType::f32 ||
+      if (algos.size() > 1 || idle_seconds > 0 ||
+          (*dtype != DataType::f32 && *dtype != DataType::bf16 && *dtype != DataType::f16) ||
           (*op != ReduceOp::sum && *op != ReduceOp::avg))
         throw braid::Error(braid::ErrorCode::InvalidUsage,
-                           "a list of --codec runs f32 sum/avg sweeps with one --algo; drop --idle-seconds, -d or the "
-                           "--algo list");
+                           "a list of --codec runs float/bfloat16/half sum/avg sweeps with one --algo; drop "
+                           "--idle-seconds, the other -d or the --algo list");
       return codec_side_by_side(comm, split_commas(codec), lo, hi, sweep.factor, sweep.iters, sweep.warmup, rounds,
-                                sweep.check, blocking, no_ef, *op, oname, csv, device ? ds.send : nullptr,
+                                sweep.check, blocking, no_ef, *dtype, *op, oname, csv, device ? ds.send : nullptr,
                                 device ? ds.recv : nullptr, device ? ds.stream : nullptr);
     }
     if (compressed) {
