@@ -37,7 +37,27 @@ CODECS = [  # (label, codec, error feedback)
     ("sign1+EF", "sign1", True),
     ("topk+EF", "topk:0.01", True),
     ("powersgd", "powersgd", True),  # low-rank (rank 2) over plain braid all-reduces
+    # More codecs, for the training-quality table of docs/codecs.md (--codecs all):
+    ("bf16", "bf16", False),
+    ("fp16+EF", "fp16", True),
+    ("int8+EF", "int8", True),
+    ("int4+EF", "int4", True),
+    ("fp8+EF", "fp8e4m3", True),
+    ("mxfp8+EF", "mxfp8", True),
+    ("mxfp4+EF", "mxfp4", True),
 ]
+DEFAULT_CODECS = "none,fp16,int8,sign1+EF,topk+EF,powersgd"
+
+
+def make_model(kind: str, torch):
+    """The MLP (64-128-10, 9,610 parameters) or a small convnet on the 8x8 images (two 3x3
+    convolutions, 16 and 32 channels, a 2x2 max-pool, 512-64-10: 38,282 parameters)."""
+    nn = torch.nn
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
 def tcp_bytes_sent() -> int:
@@ -67,8 +87,10 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16, help="per-rank batch size")
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--codecs", default=",".join(c[0] for c in CODECS),
-                    help="comma-separated subset of: " + ", ".join(c[0] for c in CODECS))
+    ap.add_argument("--codecs", default=DEFAULT_CODECS,
+                    help="comma-separated subset of: " + ", ".join(c[0] for c in CODECS) + "; or 'all'")
+    ap.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                    help="mlp: 64-128-10; cnn: two convolutions and two linear layers (38,282 parameters)")
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
                     help="DDP bucket_cap_mb (25, DDP's default: one bucket for this model); 0.004 gives the "
                          "model's 9610 gradients one bucket in the first iteration and two after DDP rebuilds "
@@ -109,7 +131,7 @@ def main() -> int:
     def train_once(codec, ef, seed):
         """One training run: (test accuracy, loss curve, bytes this rank sent, seconds)."""
         torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        model = make_model(args.model, torch)
         ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
         if codec == "powersgd":
             ddp.register_comm_hook(*bt.powersgd_hook(rank=2, start_iter=2 * steps))
@@ -138,7 +160,11 @@ def main() -> int:
             acc = (model(x_te).argmax(1) == y_te).float().mean().item()
         return acc, curve, sent, seconds
 
-    wanted = [c for c in CODECS if c[0] in args.codecs.split(",")]
+    labels = [c[0] for c in CODECS] if args.codecs == "all" else args.codecs.split(",")
+    unknown = [x for x in labels if x not in [c[0] for c in CODECS]]
+    if unknown:
+        ap.error(f"unknown codec label(s) {unknown}; choose from {[c[0] for c in CODECS]}")
+    wanted = [c for c in CODECS if c[0] in labels]
     results = []
     for label, codec, ef in wanted:
         try:  # every rank gets the same answer: the library checks the codec before sending
@@ -154,7 +180,7 @@ def main() -> int:
                         sum(r[3] for r in runs) / len(runs), curve, None))
 
     if rank == 0:
-        print(f"\ntorch {torch.__version__}, {world} ranks, {args.epochs} epochs, {args.seeds} seed(s), "
+        print(f"\ntorch {torch.__version__}, {args.model}, {world} ranks, {args.epochs} epochs, {args.seeds} seed(s), "
               f"BRAID_TRANSPORT={os.environ.get('BRAID_TRANSPORT', 'auto')}")
         print(f"{'codec':<10} {'test acc':>9} {'loss':>8} {'bytes sent/rank':>16} {'vs none':>8} {'time s':>7}")
         base = next((r[3] for r in results if r[0] == "none" and r[3]), None)
@@ -175,7 +201,7 @@ def main() -> int:
             ax.set_xlabel("epoch")
             ax.set_ylabel("training loss (mean over ranks)")
             ax.set_yscale("log")
-            ax.set_title(f"digits MLP, {world} ranks, braid backend")
+            ax.set_title(f"digits {args.model.upper()}, {world} ranks, braid backend")
             ax.legend()
             fig.tight_layout()
             fig.savefig(args.plot, dpi=120)
