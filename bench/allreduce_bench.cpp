@@ -113,6 +113,25 @@ float gradient_value(int rank, std::size_t i) {
   return static_cast<float>((u - 0.5) * (1.0 + static_cast<double>(i % 7)));
 }
 
+// --codec buffers hold f32, bf16 or f16 (what the codecs take).
+bool codec_dtype(DataType t) { return t == DataType::f32 || t == DataType::bf16 || t == DataType::f16; }
+
+// Rank r's --codec input i as a buffer of `t` holds it (rounded to bf16/f16).
+double codec_input(DataType t, int r, std::size_t i) {
+  const float v = gradient_value(r, i);
+  if (t == DataType::bf16) return perf::from_bf16(perf::to_bf16(v));
+  if (t == DataType::f16) return perf::from_half(perf::to_half(v));
+  return v;
+}
+
+// Element i of a --codec buffer of `t`.
+double codec_load(DataType t, const void* buf, std::size_t i) {
+  if (t == DataType::f32) return static_cast<const float*>(buf)[i];
+  std::uint16_t h;
+  std::memcpy(&h, static_cast<const std::byte*>(buf) + 2 * i, 2);
+  return t == DataType::bf16 ? perf::from_bf16(h) : perf::from_half(h);
+}
+
 // MPI for the bootstrap only: initialized under mpirun, finalized after the
 // communicator is gone, and only on success (after a failure some ranks never reach
 // MPI_Finalize, whose fence would then hang the others).
@@ -232,18 +251,6 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
   const std::size_t nc = codecs.size();
   const std::size_t es = braid::dtype_size(dtype);
   const perf::Type pt = to_perf(dtype);
-  // An input value as the buffer holds it (rounded to bf16/f16), and an element read back.
-  const auto rounded = [&](int r, std::size_t i) {
-    const float v = gradient_value(r, i);
-    return dtype == DataType::bf16 ? perf::from_bf16(perf::to_bf16(v))
-                                   : dtype == DataType::f16 ? perf::from_half(perf::to_half(v)) : v;
-  };
-  const auto load_value = [&](const std::byte* buf, std::size_t i) -> double {
-    if (dtype == DataType::f32) return reinterpret_cast<const float*>(buf)[i];
-    std::uint16_t h;
-    std::memcpy(&h, buf + 2 * i, 2);
-    return dtype == DataType::bf16 ? perf::from_bf16(h) : perf::from_half(h);
-  };
   std::ofstream csvf;
   if (rank == 0) {
     std::printf("# braid %s allreduce_bench codecs side by side: %d ranks, %s, op %s, iters %d, warmup %d, "
@@ -300,9 +307,9 @@ int codec_side_by_side(braid::Communicator& comm, const std::vector<std::string>
         double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
         for (std::size_t i = 0; i < count; ++i) {
           double exact = 0;
-          for (int k = 0; k < world; ++k) exact += rounded(k, i);
+          for (int k = 0; k < world; ++k) exact += codec_input(dtype, k, i);
           if (op == ReduceOp::avg) exact /= world;
-          const double d = load_value(recv.data(), i) - exact;
+          const double d = codec_load(dtype, recv.data(), i) - exact;
           sq[0] += d * d;
           sq[1] += exact * exact;
         }
@@ -774,8 +781,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                           blocking, *dtype, *op, oname, csv);
     }
     if (codec.find(',') != std::string::npos) {
-      if (algos.size() > 1 || idle_seconds > 0 ||
-          (*dtype != DataType::f32 && *dtype != DataType::bf16 && *dtype != DataType::f16) ||
+      if (algos.size() > 1 || idle_seconds > 0 || !codec_dtype(*dtype) ||
           (*op != ReduceOp::sum && *op != ReduceOp::avg))
         throw braid::Error(braid::ErrorCode::InvalidUsage,
                            "a list of --codec runs float/bfloat16/half sum/avg sweeps with one --algo; drop "
@@ -785,6 +791,12 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
                                 device ? ds.recv : nullptr, device ? ds.stream : nullptr);
     }
     if (compressed) {
+      // Its inputs are gradient-like floats (fill, below): refused here, before any byte
+      // moves, rather than written as floats into a buffer of another type.
+      if (!codec_dtype(*dtype))
+        throw braid::Error(braid::ErrorCode::InvalidUsage,
+                           "--codec takes -d float, bfloat16 or half (what the codecs compress), got " +
+                               std::string(nccl_type_name(*dtype)));
       opts.codec = codec;
       if (no_ef) opts.allow_biased = true;
     }
@@ -856,7 +868,7 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
         const void* hout = recv.data();
         auto fill = [&] {
           if (compressed) {  // gradient-like values: codecs are exact on small integers
-            for (std::size_t i = 0; i < count; ++i) static_cast<float*>(hin)[i] = gradient_value(rank, i);
+            for (std::size_t i = 0; i < count; ++i) store_value(*dtype, hin, i, gradient_value(rank, i));
           } else {
             for (std::size_t i = 0; i < count; ++i) store_value(*dtype, hin, i, input_value(*op, rank, i, *dtype));
           }
@@ -926,9 +938,9 @@ int run(int argc, char** argv, const MpiBootstrap& mpi) {
           double sq[2] = {0, 0};  // |out - exact|^2, |exact|^2
           for (std::size_t i = 0; i < count; ++i) {
             double exact = 0;
-            for (int k = 0; k < world; ++k) exact += gradient_value(k, i);
+            for (int k = 0; k < world; ++k) exact += codec_input(*dtype, k, i);
             if (*op == ReduceOp::avg) exact /= world;
-            const double d = static_cast<const float*>(hout)[i] - exact;
+            const double d = codec_load(*dtype, hout, i) - exact;
             sq[0] += d * d;
             sq[1] += exact * exact;
           }

@@ -342,6 +342,14 @@ case $case in
     shape_all 10gbit 5mb || fail "cannot reshape the links to 10gbit"
     fast=$(gbps)
     [ -n "$fast" ] || fail "braid_info --links printed no measured bandwidth at 10 Gbit/s"
+    # bf16 buffers: uncompressed moves 2 bytes a value and a codec pays the conversions, so
+    # at 10 Gbit/s auto keeps them uncompressed, and at 1 Gbit/s (below) it compresses them.
+    CHECKED_ENV=(-x BRAID_DEBUG=INFO)
+    checked_run "4 hosts x 1, bf16, codec auto on 10 Gbit/s links" "$h4" 4 -b 16M -e 16M -n 1 -w 1 -c 1 -d bfloat16 --codec auto
+    grep "rank 0\].*codec auto:" <<<"$last_out" | head -1
+    grep -qE "rank 0\].*codec auto: .* x bf16 .* measured\).* -> none$" <<<"$last_out" ||
+      fail "codec auto compressed a bf16 all-reduce on 10 Gbit/s links"
+    CHECKED_ENV=()
     shape_all "$rate" || fail "cannot restore the links to $rate"
     echo "measured between hosts: $slow GB/s on 1 Gbit/s links, $fast GB/s on 10 Gbit/s links"
     awk -v s="$slow" 'BEGIN { exit !(s >= 0.06 && s <= 0.25) }' || fail "1 Gbit/s (0.125 GB/s) measured as $slow GB/s"
@@ -355,6 +363,12 @@ case $case in
     # sanitizer, but no codec rate makes 4 MiB on 1 Gbit/s links cheaper uncompressed.
     grep -qE "rank 0\].*codec auto: .*GB/s, [0-9.e+-]* us measured\).* -> (int8|bf16|fp16)$" <<<"$last_out" ||
       fail "rank 0 did not price codec auto with the measured link and compress 4 MiB on 1 Gbit/s links"
+    CHECKED_ENV=(-x BRAID_DEBUG=INFO)
+    checked_run "4 hosts x 1, bf16, codec auto on 1 Gbit/s links" "$h4" 4 -b 16M -e 16M -n 1 -w 1 -c 1 -d bfloat16 --codec auto
+    CHECKED_ENV=()
+    grep "rank 0\].*codec auto:" <<<"$last_out" | head -1
+    grep -qE "rank 0\].*codec auto: .* x bf16 .* measured\).* -> (int8|fp8e4m3)$" <<<"$last_out" ||
+      fail "codec auto did not compress a bf16 all-reduce of 16 MiB on 1 Gbit/s links"
     ;;
   *) fail "unknown case '$case'" ;;
 esac
