@@ -353,16 +353,13 @@ class BraidProcessGroup(dist.ProcessGroup):
     def _buf(self, t: torch.Tensor, what: str, cuda: bool = False):
         return _braid._buffer(_check(t, what, cuda), what, writable=True)
 
-    def _allreduce_future(self, t: torch.Tensor, op=_C.ReduceOp.sum, codec: str = "", ef_key: str = "",
-                          divide: int = 1) -> Future:
-        """One all-reduce of `t` in place; the future yields `t` (divided by `divide` if > 1)."""
+    def _allreduce_future(self, t: torch.Tensor, op=_C.ReduceOp.sum, codec: str = "", ef_key: str = "") -> Future:
+        """One all-reduce of `t` in place; the future yields `t`."""
         b = self._buf(t, "allreduce tensor", cuda=True)
         w = self._c.allreduce(b.ptr, b.ptr, b.count, b.dtype, op, self._timeout, _C.Algorithm.auto, codec,
                               ef_key, False, b.stream)
 
         def finish():
-            if divide > 1:
-                t.div_(divide)
             return t
 
         device = _cuda_device([t], "allreduce")

@@ -40,6 +40,9 @@ Compressor::~Compressor() {
 }
 
 namespace {
+
+/// What the codecs take: f32, and bf16/f16 through an f32 copy (docs/codecs.md).
+bool codec_takes(DataType t) noexcept { return t == DataType::f32 || t == DataType::bf16 || t == DataType::f16; }
 bool under(const std::string& key, const std::string& prefix) { return key.compare(0, prefix.size(), prefix) == 0; }
 }  // namespace
 
@@ -259,7 +262,8 @@ bool parse_codec_rates(const std::string& text, std::vector<compression::CodecRa
       return false;
     }
     // A rate is a positive finite number of bytes per second.
-    if (!base::parse_double(enc, &r.encode_Bps) || !base::parse_double(dec, &r.decode_Bps) || !(r.encode_Bps > 0) || !(r.decode_Bps > 0) || !std::isfinite(r.encode_Bps) ||
+    const bool read = base::parse_double(enc, &r.encode_Bps) && base::parse_double(dec, &r.decode_Bps);
+    if (!read || !(r.encode_Bps > 0) || !(r.decode_Bps > 0) || !std::isfinite(r.encode_Bps) ||
         !std::isfinite(r.decode_Bps)) {
       *why = "the rates of " + base::quote(codec.substr(0, 64)) + " are not positive finite numbers";
       return false;
@@ -287,9 +291,7 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
     // Checked here, when the call is made, so that a device call on the staged path (whose
     // Compressor::allreduce runs once the stream has staged the input) is refused too
     // before any byte moves.
-    BRAID_CHECK(spec.kind == CodecKind::none || dtype == DataType::f32 || dtype == DataType::bf16 ||
-                    dtype == DataType::f16,
-                InvalidUsage,
+    BRAID_CHECK(spec.kind == CodecKind::none || codec_takes(dtype), InvalidUsage,
                 "allreduce[" << compression::name(spec) << "]: compressed all-reduce takes f32, bf16 or f16 buffers, got "
                              << to_string(dtype) << "; pass codec \"none\" for " << to_string(dtype));
     return spec;
@@ -299,8 +301,7 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
   // and the host codec passes cost more memory traffic than the bytes they save. Across
   // hosts, the model of docs/codecs.md: the slowest link's latency and bandwidth against
   // the codecs' measured rates (16-bit buffers priced with their conversions to f32).
-  const bool codec_input = dtype == DataType::f32 || dtype == DataType::bf16 || dtype == DataType::f16;
-  if (!codec_input || (op != ReduceOp::sum && op != ReduceOp::avg) || member_.size == 1 || count == 0) return {};
+  if (!codec_takes(dtype) || (op != ReduceOp::sum && op != ReduceOp::avg) || member_.size == 1 || count == 0) return {};
   if (auto_one_host_.load(std::memory_order_relaxed) == 1) return {};
   collectives::Tuner& t = tuner_.tuner_ref();
   const auto& topo = t.topology();
@@ -326,7 +327,7 @@ CodecSpec Compressor::resolve_codec(const AllreduceOptions& options, std::size_t
   if (base::log_enabled(base::LogLevel::info)) {
     std::lock_guard<std::mutex> lock(rates_mu_);
     // One line per size class and element type.
-    const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count) * 4) * 8 + elem;
+    const auto bucket = collectives::Tuner::size_bucket(static_cast<double>(count * elem)) * 8 + elem;
     if (logged_auto_.insert(bucket).second)
       BRAID_LOG(info, "codec auto: allreduce of " << count << " x " << to_string(dtype) << " on " << member_.size << " ranks over "
                                                  << collectives::to_string(link) << " (" << lm.Bps / 1e9 << " GB/s, "
@@ -343,7 +344,7 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
   const std::string what = "allreduce[" + codec + "]";
   // Everything but the dtype (resolve_codec) is checked here, before any byte moves.
   const bool half = dtype == DataType::bf16 || dtype == DataType::f16;
-  BRAID_CHECK(dtype == DataType::f32 || half, Internal,
+  BRAID_CHECK(codec_takes(dtype), Internal,
               what << ": " << to_string(dtype) << " buffers reached the compressor (resolve_codec refuses them)");
   // bf16/f16 device buffers with a codec are staged by the communicator (they are widened
   // to f32 by host tasks): they never reach here with a device.
