@@ -236,6 +236,9 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
                 "CommOptions::device " << device << " does not exist: the device runtime is " << rt.describe());
     // Before the ranks meet: at any rank's first device call, all of this process's count.
     seat = std::make_unique<core::DeviceSeat>(device);
+    // Also before the ranks meet: braid's kernels are loaded into the device's context now,
+    // when nothing of this process's braid work is in flight (Runtime::load_kernels).
+    rt.load_kernels(device);
   }
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   check_config(cfg);

@@ -132,6 +132,13 @@ std::vector<Setting> make_table() {
        "round trip (5-10 us), so that a path that leans on callbacks is slow in CI too. 0: none. "
        "Read once per process.",
        true, 0, 1'000'000},
+      {"BRAID_EMU_LAZY_LOADING", SettingType::boolean, "1",
+       "Emulated device runtime only (tests): the first launch of each kernel on an emulated device "
+       "waits until every stream of the device is idle, as CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, "
+       "the default since CUDA 12.2) loads a kernel at its first launch; communicator creation loads "
+       "braid's kernels up front (Runtime::load_kernels). 0: kernels are loaded from the start. Read "
+       "once per process.",
+       true},
       {"CUDA_DEVICE_MAX_CONNECTIONS", SettingType::integer, "8",
        "CUDA: hardware queues per GPU that the driver maps streams onto (it reads the variable "
        "itself). braid reads it to know whether ranks that are threads of one process on one GPU can "
@@ -360,6 +367,7 @@ Config Config::parse(const Lookup& lookup) {
   c.gpu_backend = s.text("BRAID_GPU_BACKEND");
   c.gpu_options.emulation.hw_queues = static_cast<int>(*s.integer("BRAID_EMU_HW_QUEUES"));
   c.gpu_options.emulation.hostfn_us = static_cast<int>(*s.integer("BRAID_EMU_HOSTFN_US"));
+  c.gpu_options.emulation.lazy_loading = s.boolean("BRAID_EMU_LAZY_LOADING");
   // The driver's variable, which braid only reads: a value outside 1-32 is the driver's
   // business, not an error of braid's configuration; braid then assumes the default 8.
   try {

@@ -22,6 +22,7 @@
 #include "gpu/runtime.hpp"
 
 #include "base/check.hpp"
+#include "base/logging.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -33,7 +34,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace braid::gpu {
 
@@ -62,6 +65,9 @@ __global__ void write_word_kernel(volatile std::uint32_t* word, std::uint32_t va
   *word = value;
 }
 
+/// This module's kernels load with the others' (Runtime::load_kernels).
+const bool registered = (register_kernel_module(reinterpret_cast<const void*>(&wait_word_kernel)), true);
+
 /// cuStreamWaitValue32 and cuStreamWriteValue32 have this one signature.
 using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -69,9 +75,11 @@ using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 #define COUNT_API() ::braid::gpu::detail::count_api()
 
 /// A driver entry point as of CUDA 12.0's ABI (the version the runtime's own calls use),
-/// or null where this driver lacks it. Never throws.
+/// or of `version` for one that is newer than 12.0 (asked for at 12.0, the driver answers
+/// that it has no such symbol: seen on the H200 for CUDA 12.4's cuFuncLoad), or null where
+/// this driver lacks it. Never throws.
 template <typename Fn>
-Fn driver_entry_point(const char* name) {
+Fn driver_entry_point(const char* name, int version = 12000) {
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   void* fn = nullptr;
   // The ABI of 12.0 for every entry point, as the PFN_*_v<version> types above assume.
@@ -79,9 +87,10 @@ Fn driver_entry_point(const char* name) {
   // unversioned query, which returns the driver's default (12.x ABI there too), as NCCL's
   // cudawrap chooses by CUDART_VERSION.
 #if CUDART_VERSION >= 12050
-  const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+  const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) == cudaSuccess &&
                   q == cudaDriverEntryPointSuccess;
 #else
+  (void)version;
   const bool ok = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &q) == cudaSuccess &&
                   q == cudaDriverEntryPointSuccess;
 #endif
@@ -275,6 +284,30 @@ class Cuda final : public Runtime {
     throw Error(ErrorCode::Internal,
                 "launch_emulated_kernel on the CUDA backend: host functions are the emulated runtime's stand-in "
                 "for kernels; on a GPU launch braid's CUDA kernels (src/kernels/cuda)");
+  }
+  void load_kernels(int device) override {
+    COUNT_API();
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (device < 0 || device >= devices_ || loaded_.count(device)) return;
+    const int before = device_now();
+    make_current(device);
+    std::string why;
+    std::size_t loaded = 0;
+    for (const void* k : kernel_modules()) {
+      try {
+        loaded += load_module_of(k);
+      } catch (const Error& e) {
+        if (why.empty()) why = e.what();
+      }
+    }
+    make_current(before);
+    loaded_.insert(device);
+    if (!why.empty())
+      BRAID_LOG(warn, "CUDA device " << device << ": braid's kernels could not all be loaded up front (" << why
+                                    << "); each loads at its first launch, which waits for the whole device "
+                                       "and can deadlock behind a stream wait: set CUDA_MODULE_LOADING=EAGER");
+    else
+      BRAID_LOG(info, "CUDA device " << device << ": " << loaded << " kernels loaded");
   }
   void synchronize(Stream s) override {
     COUNT_API();
@@ -497,6 +530,38 @@ class Cuda final : public Runtime {
     return d;
   }
   void make_current(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+  /// Loads every function of the module that holds `kernel` into the current context
+  /// (cuFuncLoad, CUDA 12.4's driver); returns how many. An older driver loads only
+  /// `kernel` itself (cudaFuncGetAttributes loads what it inspects) and throws to say so.
+  std::size_t load_module_of(const void* kernel) {
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
+#if CUDART_VERSION >= 12040
+    cudaFunction_t fn = nullptr;
+    check(cudaGetFuncBySymbol(&fn, kernel), "cudaGetFuncBySymbol");
+    static const auto get_module = driver_entry_point<PFN_cuFuncGetModule_v11000>("cuFuncGetModule");
+    static const auto count =
+        driver_entry_point<PFN_cuModuleGetFunctionCount_v12040>("cuModuleGetFunctionCount", 12040);
+    static const auto list =
+        driver_entry_point<PFN_cuModuleEnumerateFunctions_v12040>("cuModuleEnumerateFunctions", 12040);
+    static const auto load = driver_entry_point<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
+    BRAID_CHECK(get_module && count && list && load, Unsupported,
+                "this CUDA driver has no cuModuleEnumerateFunctions/cuFuncLoad (CUDA 12.4)");
+    CUmodule mod = nullptr;
+    unsigned n = 0;
+    BRAID_CHECK(get_module(&mod, reinterpret_cast<CUfunction>(fn)) == CUDA_SUCCESS &&
+                    count(&n, mod) == CUDA_SUCCESS,
+                Cuda, "cuFuncGetModule/cuModuleGetFunctionCount failed");
+    std::vector<CUfunction> fns(n);
+    BRAID_CHECK(n == 0 || list(fns.data(), n, mod) == CUDA_SUCCESS, Cuda, "cuModuleEnumerateFunctions failed");
+    for (CUfunction f : fns) BRAID_CHECK(load(f) == CUDA_SUCCESS, Cuda, "cuFuncLoad failed");
+    return n;
+#else
+    BRAID_CHECK(false, Unsupported, "built with CUDA " << CUDART_VERSION / 1000 << "." << CUDART_VERSION % 1000 / 10
+                                                       << ", before cuModuleEnumerateFunctions/cuFuncLoad (12.4)");
+    return 0;
+#endif
+  }
   /// The address the device uses for a stream memory operation on `word`: the mapped
   /// pointer of pinned host memory, or the word itself where it is device memory (this
   /// GPU's, or a peer's mapped by CUDA IPC), which has no host mapping to look up.
@@ -530,6 +595,8 @@ class Cuda final : public Runtime {
   int driver_ = 0;
   std::string name_ = "unknown";
   std::atomic<StreamValue32> wait_value_{nullptr};
+  std::mutex load_mu_;
+  std::set<int> loaded_;  ///< devices whose context has braid's kernels loaded
   std::atomic<StreamValue32> write_value_{nullptr};
   RdmaEntryPoints rdma_;  ///< set once by the constructor
   std::atomic<std::uint64_t> flushes_{0};

@@ -41,6 +41,10 @@
 //   stream does not go on before it returns).
 // * launch_emulated_kernel: fn(arg) on the executor, in stream order; an exception out of
 //   it is a sticky error of its device, as a kernel fault is.
+// * lazy loading (EmulationOptions::lazy_loading, BRAID_EMU_LAZY_LOADING): the first launch
+//   of each fn on a device quiesces the device (below) before it is enqueued, as CUDA's
+//   lazy loading (the default since 12.2) loads a kernel at its first launch and waits for
+//   the device to do so; load_kernels(device) loads everything at once (quiescing then).
 // * the driver lock: free_device quiesces as cudaFree does: it waits until every executor
 //   of the allocation's device is idle, holding a lock that every other runtime call of
 //   the runtime, on any thread, must pass (the Gate). So a thread freeing device memory
@@ -372,7 +376,9 @@ class Emulated final : public Runtime, public EmulationHooks {
  public:
   explicit Emulated(const EmulationOptions& options)
       // At least one queue: 0 queues would run nothing (the configuration refuses 0).
-      : queues_(std::max(1, options.hw_queues)), hostfn_us_(std::max(0, options.hostfn_us)) {
+      : queues_(std::max(1, options.hw_queues)),
+        hostfn_us_(std::max(0, options.hostfn_us)),
+        lazy_loading_(options.lazy_loading) {
     for (auto& flag : *sticky_) flag.store(false);
     for (auto& per_device : executors_) per_device.resize(static_cast<std::size_t>(queues_));
   }
@@ -616,7 +622,25 @@ class Emulated final : public Runtime, public EmulationHooks {
     Call call(*this);
     count_launch();
     EmuStream& st = stream_for(s, "launch_emulated_kernel");
+    if (lazy_loading_) {
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(load_mu_);
+        first = !all_loaded_[static_cast<std::size_t>(st.device)] && loaded_.emplace(st.device, fn).second;
+      }
+      if (first) quiesce(st.device);  // the lazy load of a kernel waits for the device
+    }
     push(st, [=] { fn(arg); });
+  }
+  void load_kernels(int device) override {
+    Call call(*this);
+    if (device < 0 || device >= kDevices) return;
+    {
+      std::lock_guard<std::mutex> lock(load_mu_);
+      if (all_loaded_[static_cast<std::size_t>(device)]) return;
+      all_loaded_[static_cast<std::size_t>(device)] = true;
+    }
+    if (lazy_loading_) quiesce(device);  // loading waits for the device, as any load does
   }
   void synchronize(Stream s) override {
     EmuStream* st = nullptr;
@@ -1057,6 +1081,15 @@ class Emulated final : public Runtime, public EmulationHooks {
     if (!ex) ex = std::make_unique<Executor>(device, sticky_);
     return *ex;
   }
+  /// What a driver call that waits for the whole device does (cudaFree, a module load):
+  /// holding the driver lock, so that other threads' runtime calls block at the gate, it
+  /// waits until every executor of `device` is idle. A stream waiting for a thread blocked
+  /// at the gate, or for the caller itself, never is: the deadlock of a GPU.
+  void quiesce(int device) {
+    gate_.begin_quiesce();
+    for (Executor* ex : executors_of(device)) ex->wait_idle();
+    gate_.end_quiesce();
+  }
   std::vector<Executor*> executors_of(int device) {
     std::lock_guard<std::mutex> lock(mu_);
     forget_parent_locked();
@@ -1070,6 +1103,7 @@ class Emulated final : public Runtime, public EmulationHooks {
   static thread_local int current_;
   const int queues_;     ///< executors per device
   const int hostfn_us_;  ///< latency before each host function
+  const bool lazy_loading_;  ///< a kernel's first launch on a device quiesces it (CUDA's lazy loading)
   std::shared_ptr<StickyFlags> sticky_ = std::make_shared<StickyFlags>();
   Gate gate_;
   std::mutex mu_;  ///< guards what follows, up to captures_
@@ -1089,6 +1123,9 @@ class Emulated final : public Runtime, public EmulationHooks {
   std::atomic<std::uint64_t> contexts_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> flushes_{0};
+  std::mutex load_mu_;
+  std::array<bool, kDevices> all_loaded_{};           ///< load_kernels() ran for the device
+  std::set<std::pair<int, void (*)(void*)>> loaded_;  ///< kernels loaded by a first launch
 };
 
 thread_local int Emulated::current_ = 0;

@@ -117,6 +117,7 @@ class NoDevice final : public Runtime {
   void wait_event(Stream, Event) override { refuse("events"); }
   int hw_queues() const noexcept override { return 0; }
   void launch_emulated_kernel(Stream, void (*)(void*), void*) override { refuse("kernels"); }
+  void load_kernels(int) override {}
   void synchronize(Stream) override {
     detail::count_api();
     detail::count(detail::Kind::sync);
@@ -160,6 +161,32 @@ std::unique_ptr<Runtime> make_cuda(std::string* why, bool*, int) {
 #endif
 
 std::unique_ptr<Runtime> make_none(std::string why) { return std::make_unique<NoDevice>(std::move(why)); }
+
+namespace {
+struct KernelModules {
+  std::mutex mu;
+  std::vector<const void*> kernels;
+};
+KernelModules& kernel_registry() {
+  static KernelModules* r = new KernelModules;  // never destroyed: registered from static initializers
+  return *r;
+}
+}  // namespace
+
+void register_kernel_module(const void* kernel) noexcept {
+  KernelModules& r = kernel_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  try {
+    r.kernels.push_back(kernel);
+  } catch (...) {  // out of memory at load time: that module then loads lazily
+  }
+}
+
+std::vector<const void*> kernel_modules() {
+  KernelModules& r = kernel_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.kernels;
+}
 
 Runtime& runtime(const std::string& choice, const RuntimeOptions& options) {
   static std::once_flag once;

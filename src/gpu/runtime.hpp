@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace braid::gpu {
 
@@ -95,6 +96,9 @@ void count(Kind k) noexcept;
 struct EmulationOptions {
   int hw_queues = 8;  ///< executors (hardware queues) per device, as CUDA_DEVICE_MAX_CONNECTIONS; >= 1
   int hostfn_us = 5;  ///< latency before each host function, microseconds (0: none)
+  /// CUDA's lazy loading: the first launch of each kernel on a device that load_kernels()
+  /// has not loaded waits until every stream of the device is idle (BRAID_EMU_LAZY_LOADING).
+  bool lazy_loading = true;
 };
 
 /// What the process's runtime is made with (runtime(); core::gpu_runtime() fills it from
@@ -227,6 +231,16 @@ class Runtime {
   /// (braid's host kernels); the CUDA backend refuses it (kernels are launched through
   /// src/kernels/cuda). fn must not call the runtime.
   virtual void launch_emulated_kernel(Stream s, void (*fn)(void*), void* arg) = 0;
+  /// Loads every kernel of braid's kernel modules (register_kernel_module) into `device`'s
+  /// context now, once per device per process; later calls return at once. CUDA loads a
+  /// kernel lazily at its first launch (CUDA_MODULE_LOADING=LAZY, the default since 12.2),
+  /// and a load waits for the whole device: a first launch behind a stream that waits for
+  /// something the host does only after the call returns (the caller's own gate, a peer
+  /// rank's thread in the same process, a recv ahead on the stream) never returns. The
+  /// communicator calls it before its ranks meet, when nothing of braid is in flight on the
+  /// device, as NCCL loads its kernels at init. The emulation models the lazy load
+  /// (BRAID_EMU_LAZY_LOADING).
+  virtual void load_kernels(int device) = 0;
   /// Blocks until everything enqueued on `s` has run.
   virtual void synchronize(Stream s) = 0;
   /// Synchronous copy of `bytes` bytes, any direction: complete when it returns, so work
@@ -310,6 +324,13 @@ class ScopedDevice {
 /// backend (the first call's count). Throws InvalidUsage for "cuda" without a usable CUDA
 /// device, naming the reason.
 Runtime& runtime(const std::string& choice, const RuntimeOptions& options = {});
+
+/// Registers a CUDA kernel (its host stub's address) of one of braid's kernel modules, one
+/// per translation unit, from a static initializer: Runtime::load_kernels loads every
+/// kernel of each registered module. Never throws.
+void register_kernel_module(const void* kernel) noexcept;
+/// The registered kernels, in registration order.
+std::vector<const void*> kernel_modules();
 
 /// A PCI address as sysfs names the device ("0000:1b:00.0"): lower case, the domain with
 /// at least 4 digits (CUDA and NVML write 8: "00000000:1B:00.0"; a domain beyond 16 bits,

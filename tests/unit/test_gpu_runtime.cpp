@@ -730,6 +730,41 @@ TEST(EmulatedQueues, TwoQueuesKeepTwoStreamsApart) {
   for (gpu::Stream s : {waiting, other, third}) rt->destroy_stream(s);
 }
 
+// CUDA's lazy loading (the default since 12.2): a kernel's first launch loads it, and the
+// load waits for the whole device. With a stream waiting on a word that the host sets only
+// after the launch returns, the first launch blocks (on a GPU, for ever); a device whose
+// kernels load_kernels() loaded takes the launch at once. Seen on the H200 (docs/gpu.md,
+// "Lazy loading"); the communicator calls load_kernels at creation.
+void nothing(void*) {}
+
+TEST(EmulatedLazyLoading, AFirstLaunchWaitsForTheDeviceUnlessItsKernelsWereLoaded) {
+  for (bool loaded : {false, true}) {
+    SCOPED_TRACE(loaded ? "loaded at creation" : "lazy");
+    auto rt = gpu::make_emulated(queues(8));
+    if (loaded) rt->load_kernels(0);
+    Word word(rt);
+    gpu::Stream waiting = rt->create_stream(), s = rt->create_stream();
+    rt->wait_value(waiting, word.p, 1);  // e.g. the caller's own work, held by a gate
+    auto launch = std::async(std::launch::async, [&] { rt->launch_emulated_kernel(s, nothing, nullptr); });
+    if (loaded) {
+      EXPECT_TRUE(done_within(launch, kMust)) << "a loaded kernel's launch must not wait for the device";
+    } else {
+      EXPECT_FALSE(done_within(launch, kMustNot)) << "a first launch must wait for the device, as CUDA's lazy load does";
+    }
+    rt->signal(word.p, 1);
+    ASSERT_TRUE(done_within(launch, kMust));
+    // Loaded now: the second launch of the same kernel does not wait, even behind a wait.
+    rt->wait_value(waiting, word.p, 2);
+    auto again = std::async(std::launch::async, [&] { rt->launch_emulated_kernel(s, nothing, nullptr); });
+    EXPECT_TRUE(done_within(again, kMust));
+    rt->signal(word.p, 2);
+    rt->synchronize(s);
+    rt->synchronize(waiting);
+    rt->destroy_stream(waiting);
+    rt->destroy_stream(s);
+  }
+}
+
 TEST(EmulatedStreamMemops, WriteValueReleasesAWaitOnAnotherStream) {
   auto rt = gpu::make_emulated(queues(2));
   Word word(rt);

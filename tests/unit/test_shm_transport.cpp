@@ -733,6 +733,7 @@ class GatedGpu final : public braid::gpu::Runtime {
   void launch_emulated_kernel(braid::gpu::Stream s, void (*fn)(void*), void* arg) override {
     rt_.launch_emulated_kernel(s, fn, arg);
   }
+  void load_kernels(int device) override { rt_.load_kernels(device); }
   void synchronize(braid::gpu::Stream s) override { rt_.synchronize(s); }
   void copy(void* dst, const void* src, std::size_t n) override { rt_.copy(dst, src, n); }
   void begin_capture(braid::gpu::Stream s) override { rt_.begin_capture(s); }

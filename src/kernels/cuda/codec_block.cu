@@ -13,6 +13,7 @@
 #include "kernels/cuda/codec_device.cuh"
 
 namespace braid::kernels::cuda::detail {
+BRAID_KERNEL_MODULE()
 namespace {
 
 constexpr int kWarps = 8;

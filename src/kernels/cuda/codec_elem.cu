@@ -7,6 +7,7 @@
 #include "kernels/cuda/codec_device.cuh"
 
 namespace braid::kernels::cuda {
+BRAID_KERNEL_MODULE()
 namespace detail {
 namespace {
 

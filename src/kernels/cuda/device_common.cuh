@@ -3,6 +3,7 @@
 // loads/stores and launch geometry. Included only by .cu files.
 #pragma once
 
+#include "gpu/runtime.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -17,6 +18,17 @@ namespace braid::kernels::cuda::detail {
 // check them against the host kernels on a machine without a GPU; on the host the _rn
 // operations are plain IEEE operations (x86-64 without FMA).
 #define BRAID_DEV __host__ __device__ __forceinline__
+
+// Once in each .cu file of kernels, at namespace scope: registers the file's module, so
+// that Runtime::load_kernels loads all its kernels when a communicator is created instead
+// of each at its first launch (which waits for the whole device: docs/gpu.md, "Lazy
+// loading").
+#define BRAID_KERNEL_MODULE()                                                              \
+  namespace {                                                                              \
+  __global__ void braid_module_anchor() {}                                                 \
+  [[maybe_unused]] const bool braid_module_registered =                                    \
+      (::braid::gpu::register_kernel_module(reinterpret_cast<const void*>(&braid_module_anchor)), true); \
+  }
 
 BRAID_DEV std::uint32_t f2u(float f) {
 #ifdef __CUDA_ARCH__

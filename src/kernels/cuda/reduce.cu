@@ -11,6 +11,7 @@
 #include "kernels/cuda/device_common.cuh"
 
 namespace braid::kernels::cuda {
+BRAID_KERNEL_MODULE()
 namespace {
 using namespace detail;
 

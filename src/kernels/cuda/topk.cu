@@ -14,6 +14,7 @@
 #include <climits>
 
 namespace braid::kernels::cuda {
+BRAID_KERNEL_MODULE()
 namespace {
 using namespace detail;
 
