@@ -70,8 +70,9 @@ std::string build_features() {
   };
   for (const auto* e : transport::registry()) line(e->name, 1, e->summary);  // the transports of this build
   line("cuda", BRAID_HAVE_CUDA,
-       "CUDA device runtime and kernels; device buffers in every collective, staged through pinned host "
-       "memory, or run on the device with BRAID_DEVICE_PATH=direct (docs/gpu.md)");
+       "CUDA device runtime and kernels; device buffers in every collective, the whole call enqueued on "
+       "the device at call time (BRAID_DEVICE_PATH=stream) or staged through pinned host memory (staged; "
+       "docs/gpu.md)");
   line("nvml", 1,
        ("NVML, loaded at run time (which GPUs of this host NVLink joins): " +
         gpu::summarize_nvlink(gpu::query_nvlink(core::Config::global().nvml_library)))
