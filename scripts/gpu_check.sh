@@ -23,6 +23,10 @@
 #   device_exec            tests/unit test_device_exec, BRAID_GPU_BACKEND=cuda: the device
 #                          path's codec steps (CUDA kernels, frame by frame) against the
 #                          host's framed functions bit for bit, and a malformed topk payload
+#   torch_cuda             where python3 has torch with CUDA and pybind11: the extension is
+#                          built too, and tests/python/ranks_torch_cuda.py runs under braidrun
+#                          -n 2 on CUDA tensors (collectives against gloo and braid on CPU
+#                          tensors, stream semantics, DDP with the hooks, overlap and timings)
 #   memcheck_kernels       compute-sanitizer memcheck (leak check) on test_cuda_kernels
 #   memcheck_allreduce     braidrun -n 2 -- compute-sanitizer memcheck allreduce_bench --device
 #   racecheck, synccheck   on test_cuda_kernels' encode/decode/reduce kernels
@@ -208,15 +212,23 @@ if [ "$build" = 1 ]; then
     cmake_args+=(-DOPENSSL_ROOT_DIR="$deps/openssl")
     export LD_LIBRARY_PATH="$deps/openssl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
-  [ -n "$deps" ] && [ -d "$deps/benchmark" ] && export CMAKE_PREFIX_PATH="$deps/benchmark${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  if [ -n "$deps" ] && [ -d "$deps/benchmark" ]; then
+    export CMAKE_PREFIX_PATH="$deps/benchmark${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+    # Debian's libbenchmark is a shared library: the benches load it from there too.
+    export LD_LIBRARY_PATH="$deps/benchmark/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   cat >"$probe/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(probe CXX)
 find_package(GTest QUIET)
 find_package(CLI11 CONFIG QUIET)
 find_package(benchmark CONFIG QUIET)
+find_package(Python 3.9 QUIET COMPONENTS Interpreter Development.Module)
+if(Python_FOUND)
+  find_package(pybind11 CONFIG QUIET)
+endif()
 set(found "")
-foreach(p GTest CLI11 benchmark)
+foreach(p GTest CLI11 benchmark pybind11)
   if(${p}_FOUND)
     string(APPEND found " ${p}=yes")
   else()
@@ -225,7 +237,10 @@ foreach(p GTest CLI11 benchmark)
 endforeach()
 message(STATUS "PROBE${found}")
 EOF
-  probe_out=$(cmake -S "$probe" -B "$probe/b" "${cmake_args[@]}" 2>&1 | grep PROBE)
+  # The Python extension (the torch_cuda step), where python3 has pybind11 and torch sees a GPU.
+  py_args=()
+  pyb=$(python3 -m pybind11 --cmakedir 2>/dev/null) && py_args=(-Dpybind11_DIR="$pyb" -DPython_EXECUTABLE="$(command -v python3)")
+  probe_out=$(cmake -S "$probe" -B "$probe/b" "${cmake_args[@]}" "${py_args[@]}" 2>&1 | grep PROBE)
   echo "$probe_out" >>"$out/env.log"
   gsrc=""
   if ! echo "$probe_out" | grep -q "GTest=yes"; then
@@ -247,6 +262,11 @@ EOF
   targets="braid braid_info braidrun allreduce_bench braid_nccl"
   [ "$have_tests" = 1 ] && targets="$targets test_cuda_kernels test_cuda_recipes test_device_collectives test_device_hazards test_gpu_runtime test_device_exec nccl_device_test"
   echo "$probe_out" | grep -q "benchmark=yes" && targets="$targets bench_cuda_kernels bench_gpu_runtime"
+  if [ "$gpu" = 1 ] && echo "$probe_out" | grep -q "pybind11=yes" &&
+     python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    cmake_args+=(-DBRAID_BUILD_PYTHON=ON "${py_args[@]}")
+    targets="$targets _C"
+  fi
   fg_step build 330 "cmake -S '$root' -B '$bd' ${cmake_args[*]} && cmake --build '$bd' -j $jobs --target $targets"
 else
   skip build "--no-build: using $bd as it is"
@@ -273,6 +293,17 @@ if [ "$have_tests" = 1 ]; then
   bg_step device_hazards 200 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_hazards'"
   bg_step gpu_runtime 60 "$require '$bd/tests/test_gpu_runtime'"
   bg_step device_exec 60 "BRAID_GPU_BACKEND=$backend '$bd/tests/test_device_exec'"
+  # torch CUDA tensors through the braid backend (tests/python/ranks_torch_cuda.py): the
+  # package from the source tree with the extension just built, two ranks on the one GPU.
+  so=$(ls "$bd"/bindings/_C*.so 2>/dev/null | head -1)
+  if [ -n "$so" ]; then
+    mkdir -p "$bd/pypkg/braid"
+    cp "$root"/python/braid/*.py "$root"/python/braid/py.typed "$so" "$bd/pypkg/braid/"
+    bg_step torch_cuda 200 "PYTHONPATH='$bd/pypkg' PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 BRAID_GPU_BACKEND=cuda '$run' -n 2 --timeout 190 -- \
+      python3 '$root/tests/python/ranks_torch_cuda.py'"
+  else
+    skip torch_cuda "no torch with CUDA or no pybind11 for python3: the extension was not built"
+  fi
 else
   skip ctest_gpu "tests not built (no GoogleTest)"
   skip device_collectives "tests not built (no GoogleTest)"
