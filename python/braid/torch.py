@@ -68,8 +68,8 @@ def _scale(opts) -> float:
 
 
 #: What takes CUDA tensors in the braid backend (the rest: CPU tensors).
-_CUDA_CALLS = ("allreduce, allreduce_coalesced, broadcast, all_gather_into_tensor, reduce_scatter_tensor "
-               "and the DDP hooks")
+_CUDA_CALLS = ("allreduce, allreduce_coalesced, broadcast, all_gather (equal sizes), all_gather_into_tensor, "
+               "reduce_scatter_tensor and the DDP hooks")
 
 
 def _check(t: torch.Tensor, what: str, cuda: bool = False) -> torch.Tensor:
@@ -541,10 +541,13 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """Output j gets rank j's input. Outputs of different sizes (rank j's input has
-        output j's size, as with NCCL) go through braid's allgatherv."""
+        output j's size, as with NCCL) go through braid's allgatherv (CPU tensors only).
+        CUDA tensors of equal sizes (what DDP's construction gathers) are gathered on the
+        current stream into a staging tensor on their device, then copied out there."""
         works, finishers = [], []
+        device = _cuda_device([t for outs in output_tensors for t in outs] + list(input_tensors), "allgather")
         for k, (outs, inp) in enumerate(zip(output_tensors, input_tensors)):
-            i = self._buf(inp, f"allgather input {k}")
+            i = self._buf(inp, f"allgather input {k}", cuda=True)
             if len(outs) != self.size():
                 raise _braid._usage(f"allgather: {len(outs)} output tensors for a group of {self.size()}")
             counts = [o.numel() for o in outs]
@@ -554,10 +557,13 @@ class BraidProcessGroup(dist.ProcessGroup):
             if counts[self.rank()] != inp.numel():
                 raise _braid._usage(f"allgather: output {self.rank()} (this rank's) has {counts[self.rank()]} "
                                     f"elements, the input {inp.numel()}; they must match")
-            flat = torch.empty(sum(counts), dtype=inp.dtype)
-            f = self._buf(flat, "allgather staging")
+            flat = torch.empty(sum(counts), dtype=inp.dtype, device=inp.device)
+            f = self._buf(flat, "allgather staging", cuda=True)
             if len(set(counts)) == 1:
-                works.append(self._c.allgather(i.ptr, f.ptr, i.count, i.dtype, self._timeout))
+                works.append(self._c.allgather(i.ptr, f.ptr, i.count, i.dtype, self._timeout, f.stream))
+            elif device is not None:
+                raise _braid._unsupported(f"allgather of CUDA tensors of different sizes ({counts}); pad them to one "
+                                          "size, or gather CPU tensors")
             else:
                 works.append(self._c.allgatherv(i.ptr, f.ptr, counts, i.dtype, self._timeout))
             finishers.append((outs, flat))
@@ -567,7 +573,7 @@ class BraidProcessGroup(dist.ProcessGroup):
                 _unflatten(flat, outs)
             return output_tensors
 
-        return self._work(works, finish)
+        return self._work(works, finish, device)
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op = _red(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
