@@ -238,7 +238,10 @@ Communicator::Impl::Impl(std::shared_ptr<Store> base, int r, int n, const CommOp
     seat = std::make_unique<core::DeviceSeat>(device);
     // Also before the ranks meet: braid's kernels are loaded into the device's context now,
     // when nothing of this process's braid work is in flight (Runtime::load_kernels).
-    rt.load_kernels(device);
+    {
+      gpu::RelaxedCapture relaxed(rt);
+      rt.load_kernels(device);
+    }
   }
   timeout = clamp_timeout(options.timeout.count() > 0 ? options.timeout : cfg.timeout);
   check_config(cfg);

@@ -70,6 +70,7 @@ float* Compressor::device_residual(const std::string& key, ResidualRole role, st
     from = zero.data();
   }
   gpu::Runtime& rt = gpu_runtime();
+  gpu::RelaxedCapture relaxed(rt);  // braid's own allocation: never breaks an application's capture
   const std::size_t bytes = count * sizeof(float);
   auto* p = static_cast<float*>(rt.alloc_device(bytes, device));
   try {
@@ -86,7 +87,9 @@ float* Compressor::device_residual(const std::string& key, ResidualRole role, st
 }
 
 void Compressor::free_device_residuals(const std::string& key) {
-  gpu::Runtime* rt = device_residuals_.empty() ? nullptr : &gpu_runtime();
+  if (device_residuals_.empty()) return;
+  gpu::Runtime* rt = &gpu_runtime();
+  gpu::RelaxedCapture relaxed(*rt);
   for (auto it = device_residuals_.begin(); it != device_residuals_.end();) {
     if (!key.empty() && it->first.first != key) {
       ++it;
@@ -102,6 +105,7 @@ void Compressor::download_device_residuals(const std::string& prefix, std::vecto
     if (!under(k.first, prefix)) continue;
     if (keys->empty() || keys->back() != k.first) keys->push_back(k.first);
     float* host = error_feedback_.residual(k.first, k.second, r.count);
+    gpu::RelaxedCapture relaxed(gpu_runtime());
     gpu_runtime().copy(host, r.p, r.count * sizeof(float));
   }
 }

@@ -91,9 +91,14 @@ void check_launch(kc::Status st, const char* what, std::size_t n) {
 
 // The engine's thread keeps the device once set: restoring "its" device would make it
 // current, and on CUDA 12 setting a device creates its context (GPU 0's, for every rank).
+/// The device current, and the thread in relaxed capture mode (braid's own allocations
+/// and waits never invalidate an application's capture on another thread).
 class DeviceExec::OnDevice : public gpu::ScopedDevice {
  public:
-  explicit OnDevice(DeviceExec& d) : ScopedDevice(d.rt_, d.device_, true) {}
+  explicit OnDevice(DeviceExec& d) : ScopedDevice(d.rt_, d.device_, true), relaxed_(d.rt_) {}
+
+ private:
+  gpu::RelaxedCapture relaxed_;
 };
 
 DeviceExec::DeviceExec(gpu::Runtime& runtime, int device) : rt_(runtime), device_(device) {
@@ -104,6 +109,7 @@ DeviceExec::DeviceExec(gpu::Runtime& runtime, int device) : rt_(runtime), device
 }
 
 DeviceExec::~DeviceExec() {
+  gpu::RelaxedCapture relaxed(rt_);
   try {
     OnDevice on(*this);
     rt_.synchronize(stream_);
@@ -318,6 +324,7 @@ void DeviceExec::decode_framed(const compression::CodecSpec& spec, std::size_t f
       // Two pinned, mapped ints: each decode's status, and the sticky verdict failure()
       // reads once the program has run (no host function per decode).
       if (!topk_status_) {
+        gpu::RelaxedCapture relaxed(rt_);
         auto* words = static_cast<int*>(rt_.alloc_pinned(2 * sizeof(int)));
         words[0] = words[1] = 0;
         std::lock_guard<std::mutex> lock(failure_mu_);  // failure() reads it on another thread

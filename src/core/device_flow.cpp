@@ -235,6 +235,7 @@ DeviceFlow::~DeviceFlow() {
     rt_.destroy_event(finished_);
   } catch (...) {
   }
+  gpu::RelaxedCapture relaxed(rt_);  // braid's frees never break an application's capture
   for (const Block& b : all_pinned_) rt_.free_pinned(b.p);
   for (const Block& b : all_device_) rt_.free_device(b.p);
 }
@@ -318,6 +319,7 @@ DeviceFlow::Block DeviceFlow::take_locked(std::vector<Block>& pool, std::size_t 
     return b;
   }
   bytes = round_up(bytes, 64 * 1024);
+  gpu::RelaxedCapture relaxed(rt_);  // nor its allocations, on the caller's thread
   Block b{static_cast<std::byte*>(pinned ? rt_.alloc_pinned(bytes) : rt_.alloc_device(bytes, device_)), bytes};
   (pinned ? all_pinned_ : all_device_).push_back(b);
   if (pinned) {

@@ -51,6 +51,7 @@ DeviceStaging::~DeviceStaging() {
                             "work?); their pinned memory is left allocated");
     return;  // a stream may still copy from or to it
   }
+  gpu::RelaxedCapture relaxed(rt_);  // braid's frees never break an application's capture
   for (auto& [bytes, p] : all_) rt_.free_pinned(p);
   for (auto* w : word_blocks_) rt_.free_pinned(w);
 }
@@ -116,6 +117,7 @@ std::byte* DeviceStaging::take(std::size_t bytes) {
       return p;
     }
   }
+  gpu::RelaxedCapture relaxed(rt_);
   auto* p = static_cast<std::byte*>(rt_.alloc_pinned(bytes));
   std::lock_guard<std::mutex> lock(mu_);
   all_.emplace_back(bytes, p);
@@ -140,6 +142,7 @@ std::uint32_t* DeviceStaging::take_word() {
       return w;
     }
   }
+  gpu::RelaxedCapture relaxed(rt_);
   auto* block = static_cast<std::uint32_t*>(rt_.alloc_pinned(kWordsPerBlock * sizeof(std::uint32_t)));
   for (int i = 0; i < kWordsPerBlock; ++i) block[i] = 0;
   std::lock_guard<std::mutex> lock(mu_);

@@ -329,6 +329,14 @@ class Cuda final : public Runtime {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (synchronous copy)");
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize (synchronous copy)");
   }
+  int exchange_capture_mode(int mode) noexcept override {
+    auto m = static_cast<cudaStreamCaptureMode>(mode);
+    if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) {
+      cudaGetLastError();
+      return mode;
+    }
+    return static_cast<int>(m);
+  }
   void begin_capture(Stream s) override {
     COUNT_API();
     check(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeRelaxed),

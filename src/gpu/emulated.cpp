@@ -59,7 +59,8 @@
 //   context); EmulationHooks::contexts_made() counts them.
 // * capture: begin_capture/end_capture set a flag per stream (relaxed mode). A global-mode
 //   capture (EmulationHooks::begin_global_capture) makes alloc_device, alloc_pinned,
-//   free_device, free_pinned, synchronize and copy on any thread invalidate it: the
+//   free_device, free_pinned, synchronize and copy on any thread in global capture mode
+//   (the default; exchange_capture_mode keeps a mode per thread) invalidate it: the
 //   call throws Error(Cuda) naming the capture (free_* cannot throw: they leave the memory
 //   allocated, as cudaFree returns the error without freeing), and end_global_capture
 //   throws cudaErrorStreamCaptureInvalidated.
@@ -95,6 +96,7 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace braid::gpu {
@@ -678,6 +680,7 @@ class Emulated final : public Runtime, public EmulationHooks {
     ex->wait_for(st, target);
     BRAID_CHECK(!sticky(st->device), Cuda, sticky_text("copy", st->device));
   }
+  int exchange_capture_mode(int mode) noexcept override { return std::exchange(capture_mode_, mode); }
   void begin_capture(Stream s) override {
     Call call(*this);
     stream_for(s, "begin_capture").capturing = true;
@@ -984,7 +987,11 @@ class Emulated final : public Runtime, public EmulationHooks {
   /// True, and the capture invalidated, when a stream is being captured in global mode.
   /// Any thread's call counts, the capturing thread's too: CUDA forbids unsafe calls on
   /// every thread while a global-mode capture is under way.
+  /// True (and the capture invalidated) when a global-mode capture is under way and the
+  /// calling thread is in global capture mode; a thread in relaxed or thread-local mode
+  /// is not held to another thread's global capture (cudaStreamCaptureMode).
   bool invalidates_global_capture(Stream* captured = nullptr) {
+    if (capture_mode_ != kCaptureGlobal) return false;
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& c : captures_) {
       c.invalidated = true;
@@ -1101,6 +1108,7 @@ class Emulated final : public Runtime, public EmulationHooks {
   void push(EmuStream& st, std::function<void()> fn) { executor(st.device, st.queue).push(&st, std::move(fn)); }
 
   static thread_local int current_;
+  static thread_local int capture_mode_;  ///< this thread's stream-capture mode
   const int queues_;     ///< executors per device
   const int hostfn_us_;  ///< latency before each host function
   const bool lazy_loading_;  ///< a kernel's first launch on a device quiesces it (CUDA's lazy loading)
@@ -1129,6 +1137,7 @@ class Emulated final : public Runtime, public EmulationHooks {
 };
 
 thread_local int Emulated::current_ = 0;
+thread_local int Emulated::capture_mode_ = kCaptureGlobal;
 
 }  // namespace
 

@@ -123,6 +123,7 @@ class NoDevice final : public Runtime {
     detail::count(detail::Kind::sync);
   }
   void copy(void*, const void*, std::size_t) override { refuse("copies"); }
+  int exchange_capture_mode(int mode) noexcept override { return mode; }
   void begin_capture(Stream) override { refuse("stream capture"); }
   void end_capture(Stream) override { refuse("stream capture"); }
   std::string dmabuf_support(int) override { return counted("no device runtime: " + why_); }

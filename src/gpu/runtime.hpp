@@ -246,6 +246,14 @@ class Runtime {
   /// Synchronous copy of `bytes` bytes, any direction: complete when it returns, so work
   /// enqueued afterwards on any stream sees it.
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  /// Sets the calling thread's stream-capture mode (cudaThreadExchangeStreamCaptureMode;
+  /// kCaptureGlobal, kCaptureThreadLocal or kCaptureRelaxed) and returns the one it had.
+  /// A thread in global mode (the default) may not allocate, free or synchronise while any
+  /// thread captures a stream in global mode: the call fails and invalidates that capture.
+  /// braid makes its own such calls relaxed (RelaxedCapture), as NCCL does, so that they
+  /// never break a capture that the application runs on another thread. Not counted as a
+  /// runtime call: it changes only the thread's own state.
+  virtual int exchange_capture_mode(int mode) noexcept = 0;
   /// Stream capture, for tests of the refusal (cudaStreamBeginCapture / EndCapture).
   virtual void begin_capture(Stream s) = 0;
   virtual void end_capture(Stream s) = 0;
@@ -324,6 +332,23 @@ class ScopedDevice {
 /// backend (the first call's count). Throws InvalidUsage for "cuda" without a usable CUDA
 /// device, naming the reason.
 Runtime& runtime(const std::string& choice, const RuntimeOptions& options = {});
+
+/// cudaStreamCaptureMode's values (Runtime::exchange_capture_mode).
+constexpr int kCaptureGlobal = 0, kCaptureThreadLocal = 1, kCaptureRelaxed = 2;
+
+/// The calling thread in relaxed capture mode for the scope's life (Runtime::
+/// exchange_capture_mode): wrap braid's own allocations, frees and synchronisations.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(Runtime& rt) noexcept : rt_(rt), before_(rt.exchange_capture_mode(kCaptureRelaxed)) {}
+  ~RelaxedCapture() { rt_.exchange_capture_mode(before_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  Runtime& rt_;
+  int before_;
+};
 
 /// Registers a CUDA kernel (its host stub's address) of one of braid's kernel modules, one
 /// per translation unit, from a static initializer: Runtime::load_kernels loads every

@@ -255,6 +255,47 @@ TEST(DeviceHazards, NoHostWaitInsideACall) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "rank " << r;
 }
 
+TEST(DeviceHazards, BraidsOwnCallsLeaveAnotherThreadsGlobalCaptureIntact) {
+  // Issue 34 item 5: an application capturing a CUDA graph in global mode forbids every
+  // thread in global mode from allocating, freeing or synchronising; such a call fails
+  // and invalidates the capture. braid makes its own such calls (pinned blocks, device
+  // scratch, error-feedback residuals, the kernels' load) in relaxed mode, as NCCL does,
+  // so a capture under way while a communicator is made and runs device calls survives.
+  emulate(8);
+  if (std::getenv("BRAID_GPU_BACKEND") != nullptr && std::string(std::getenv("BRAID_GPU_BACKEND")) == "cuda")
+    GTEST_SKIP() << "global-mode capture is driven through the emulation's hooks";
+  const std::string path = test::shared_value("HAZARD_PATH5", test::temp_path("hazard5"));
+  const int n = 2;
+  const auto st = test::run_spawned(n, [&](int r) {
+    gpu::EmulationHooks* hooks = gpu::emulation_hooks(rt());
+    ASSERT_NE(hooks, nullptr);
+    DeviceBuffer buf(50000);  // the test's own allocation, before the capture
+    buf.set(std::vector<float>(50000, static_cast<float>(r + 1)));
+    const gpu::Stream s = rt().create_stream(), graph = rt().create_stream();
+    hooks->begin_global_capture(graph);  // the application's capture, on another stream
+    {
+      auto store = std::make_shared<FileStore>(path);
+      CommOptions opt;
+      opt.timeout = 30s;
+      Communicator c(store, r, n, opt);
+      AllreduceOptions o;
+      o.stream = s;
+      c.allreduce(buf.p, buf.p, 50000, DataType::f32, ReduceOp::sum, o).wait();
+      o.codec = "int8";
+      o.ef_key = "bucket";  // residuals in device memory, made at this call
+      c.allreduce(buf.p, buf.p, 50000, DataType::f32, ReduceOp::sum, o).wait();
+    }  // the communicator's frees, still within the capture
+    EXPECT_NO_THROW(hooks->end_global_capture(graph)) << "braid's calls invalidated the application's capture";
+    rt().synchronize(s);
+    const auto got = buf.get();
+    EXPECT_NEAR(got[0], 6.f, 0.1f);
+    EXPECT_NEAR(got[49999], 6.f, 0.1f);
+    rt().destroy_stream(s);
+    rt().destroy_stream(graph);
+  }, std::chrono::seconds(120));
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0) << "rank " << r;
+}
+
 TEST(DeviceHazards, AKilledRankReleasesEverySurvivorsStreamWithOneQueue) {
   emulate(1);
   const std::string path = test::shared_value("HAZARD_PATH3", test::temp_path("hazard3"));

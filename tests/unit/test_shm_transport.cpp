@@ -736,6 +736,7 @@ class GatedGpu final : public braid::gpu::Runtime {
   void load_kernels(int device) override { rt_.load_kernels(device); }
   void synchronize(braid::gpu::Stream s) override { rt_.synchronize(s); }
   void copy(void* dst, const void* src, std::size_t n) override { rt_.copy(dst, src, n); }
+  int exchange_capture_mode(int mode) noexcept override { return rt_.exchange_capture_mode(mode); }
   void begin_capture(braid::gpu::Stream s) override { rt_.begin_capture(s); }
   void end_capture(braid::gpu::Stream s) override { rt_.end_capture(s); }
   std::string dmabuf_support(int d) override { return rt_.dmabuf_support(d); }
