@@ -45,7 +45,8 @@
 #   bench_gpu_runtime      bench/micro/bench_gpu_runtime on CUDA: host-function round trip,
 #                          stream-wait release latency, CPU cost of copy/flag/event/launch (CSV)
 #   bench_cuda_kernels     kernel bandwidth vs the device copy (CSV)
-# The correctness steps run side by side; the timed benches run alone, one after another.
+# The timed benches run first, alone, one after another; then the correctness steps, side
+# by side (a hang there costs only its own timeout, not the figures).
 #
 # Without a GPU (here, CI) it runs what can run — the build, the arch check, ctest -L gpu
 # (device tests skip), the device tests and a device bench on the emulated runtime
@@ -129,6 +130,8 @@ deadline=$((t_start + budget))
 order=()
 
 # --- steps ------------------------------------------------------------------------------
+linebuf=""
+command -v stdbuf >/dev/null && linebuf="stdbuf -oL -eL"
 # step NAME TIMEOUT CMD: runs CMD (a bash command line) with OUTDIR/NAME.log as its output,
 # under min(TIMEOUT, what is left of the budget), and records the result.
 record() {  # NAME STATUS RC SECONDS NOTE
@@ -145,7 +148,9 @@ step() {
   local t0 rc status
   t0=$(date +%s)
   { echo "# $cmd"; echo "# timeout ${limit}s, started $(date -u +%FT%TZ)"; } >"$out/$name.log"
-  timeout -k 15 "$limit" bash -c "$cmd" >>"$out/$name.log" 2>&1 </dev/null
+  # Line-buffered (stdbuf's preload reaches the step's programs), so that a step killed
+  # at its timeout still leaves what it printed, GoogleTest's [ RUN ] lines included.
+  timeout -k 15 "$limit" $linebuf bash -c "$cmd" >>"$out/$name.log" 2>&1 </dev/null
   rc=$?
   status=ok
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=TIMEOUT; elif [ "$rc" != 0 ]; then status=FAILED; fi
@@ -274,7 +279,7 @@ else
 fi
 "$bd/tools/braid_info" >>"$out/env.log" 2>&1 || echo "no braid_info in $bd" >>"$out/env.log"
 
-# --- correctness, side by side -------------------------------------------------------------
+# --- what the runs share -----------------------------------------------------------------
 tk=$bd/tests/test_cuda_kernels
 run=$bd/tools/braidrun
 ab=$bd/bench/allreduce_bench
@@ -285,6 +290,67 @@ else
   backend=emulated
   require=""
 fi
+
+# The timed benches run first, alone on the GPU, so that their figures come back even where a
+# correctness step below hangs until its timeout (as two did on the H200, 2026-11-29).
+# --- timings, one at a time -----------------------------------------------------------------
+if [ "$gpu" = 1 ]; then
+  for n in 1 2 4; do
+    for tr in shm tcp; do
+      [ "$n" = 1 ] && [ "$tr" = tcp ] && continue  # one rank moves nothing between ranks
+      name=bench_${n}r_$tr
+      [ "$n" = 1 ] && name=bench_1r
+      fg_step "$name" 75 "NCCL_DEBUG=WARN BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 70 -- '$ab' --device \
+        --backend nccl --nccl-library '$nccl_lib' -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
+      require_device "$name"
+    done
+  done
+  # Whole-buffer staging beside the device path's rows above (same sizes, braid only).
+  for cfg in "2 shm" "4 tcp"; do
+    n=${cfg% *} tr=${cfg#* }
+    name=bench_${n}r_${tr}_staged
+    fg_step "$name" 60 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 55 -- '$ab' \
+      --device -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
+    require_device "$name"
+  done
+  # Compressed all-reduce on device buffers (device path: codecs as kernels, only encoded
+  # bytes leave the GPU), the codecs side by side over tcp.
+  fg_step bench_2r_tcp_codecs_direct 60 "BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=tcp '$run' -n 2 \
+    --timeout 55 -- '$ab' --device -b 64M -e 64M -n 5 -w 1 --rounds 5 --codec none,fp16,int8,sign1 \
+    --csv '$out/bench_2r_tcp_codecs_direct.csv'"
+  require_device bench_2r_tcp_codecs_direct
+  # The device path's work per call per algorithm and codec on CUDA (the table of docs/gpu.md
+  # "Budgets" was made on the emulation).
+  fg_step device_budgets 120 "BRAID_GPU_BACKEND=cuda '$root/scripts/device_budgets.sh' '$bd' > '$out/device_budgets.md'"
+  require_device device_budgets
+  if [ -x "$bd/bench/bench_gpu_runtime" ]; then
+    # The runtime calls the device path is made of (docs/gpu.md "Calibration"): host-function
+    # round trip, stream-wait release after a host write, CPU cost of a copy, flag write,
+    # event record and launch. Their figures are to set the emulation's defaults.
+    fg_step bench_gpu_runtime 60 "BRAID_GPU_BACKEND=cuda '$bd/bench/bench_gpu_runtime' --benchmark_min_time=0.2s \
+      --benchmark_out='$out/bench_gpu_runtime.csv' --benchmark_out_format=csv"
+    require_device bench_gpu_runtime
+  else
+    skip bench_gpu_runtime "not built (Google Benchmark not found)"
+  fi
+  if [ -x "$bd/bench/bench_cuda_kernels" ]; then
+    fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
+      --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
+    require_device bench_cuda_kernels
+  else
+    skip bench_cuda_kernels "not built (Google Benchmark not found)"
+  fi
+else
+  # The plumbing of the device bench on the emulated runtime; NCCL says why it cannot run.
+  fg_step bench_device_emulated 90 "BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- '$ab' --device --backend nccl \
+    -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated.csv'"
+  fg_step bench_device_emulated_staged 90 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
+    '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_staged.csv'"
+  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_staged bench_4r_tcp_staged \
+    bench_2r_tcp_codecs_direct device_budgets bench_gpu_runtime bench_cuda_kernels; do skip $s "no GPU"; done
+fi
+
+# --- correctness, side by side -------------------------------------------------------------
 bg_step arch_check 60 "'$root/tests/check_cuda_arch.sh' \"\$(command -v cuobjdump || ls '$root'/build-py/cuda-tools/nvidia/*/bin/cuobjdump 2>/dev/null | head -1)\" '$bd/src/libbraid.so' \
   \$(sed -n 's/^#define BRAID_HAVE_CUDA //p' '$bd/include/braid/config.hpp' 2>/dev/null || echo 0)"
 if [ "$have_tests" = 1 ]; then
@@ -361,63 +427,6 @@ if [ "$gpu" = 1 ] && [ -n "${NCCL_TESTS_SRC:-}" ] && [ -f "$NCCL_TESTS_SRC/src/M
     '$out/nccl-tests-build/all_reduce_perf' -b 8 -e 64M -f 4 -g 1 -t 2 -c 1"
 else
   skip nccl_tests "needs a GPU and NCCL_TESTS_SRC (a checkout of nccl-tests' source)"
-fi
-
-# --- timings, one at a time -----------------------------------------------------------------
-if [ "$gpu" = 1 ]; then
-  for n in 1 2 4; do
-    for tr in shm tcp; do
-      [ "$n" = 1 ] && [ "$tr" = tcp ] && continue  # one rank moves nothing between ranks
-      name=bench_${n}r_$tr
-      [ "$n" = 1 ] && name=bench_1r
-      fg_step "$name" 75 "NCCL_DEBUG=WARN BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 70 -- '$ab' --device \
-        --backend nccl --nccl-library '$nccl_lib' -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
-      require_device "$name"
-    done
-  done
-  # Whole-buffer staging beside the device path's rows above (same sizes, braid only).
-  for cfg in "2 shm" "4 tcp"; do
-    n=${cfg% *} tr=${cfg#* }
-    name=bench_${n}r_${tr}_staged
-    fg_step "$name" 60 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=$tr '$run' -n $n --timeout 55 -- '$ab' \
-      --device -b 1K -e 64M -f 4 -n 10 -w 2 -c 1 --csv '$out/$name.csv'"
-    require_device "$name"
-  done
-  # Compressed all-reduce on device buffers (device path: codecs as kernels, only encoded
-  # bytes leave the GPU), the codecs side by side over tcp.
-  fg_step bench_2r_tcp_codecs_direct 60 "BRAID_GPU_BACKEND=cuda BRAID_TRANSPORT=tcp '$run' -n 2 \
-    --timeout 55 -- '$ab' --device -b 64M -e 64M -n 5 -w 1 --rounds 5 --codec none,fp16,int8,sign1 \
-    --csv '$out/bench_2r_tcp_codecs_direct.csv'"
-  require_device bench_2r_tcp_codecs_direct
-  # The device path's work per call per algorithm and codec on CUDA (the table of docs/gpu.md
-  # "Budgets" was made on the emulation).
-  fg_step device_budgets 120 "BRAID_GPU_BACKEND=cuda '$root/scripts/device_budgets.sh' '$bd' > '$out/device_budgets.md'"
-  require_device device_budgets
-  if [ -x "$bd/bench/bench_gpu_runtime" ]; then
-    # The runtime calls the device path is made of (docs/gpu.md "Calibration"): host-function
-    # round trip, stream-wait release after a host write, CPU cost of a copy, flag write,
-    # event record and launch. Their figures are to set the emulation's defaults.
-    fg_step bench_gpu_runtime 60 "BRAID_GPU_BACKEND=cuda '$bd/bench/bench_gpu_runtime' --benchmark_min_time=0.2s \
-      --benchmark_out='$out/bench_gpu_runtime.csv' --benchmark_out_format=csv"
-    require_device bench_gpu_runtime
-  else
-    skip bench_gpu_runtime "not built (Google Benchmark not found)"
-  fi
-  if [ -x "$bd/bench/bench_cuda_kernels" ]; then
-    fg_step bench_cuda_kernels 90 "'$bd/bench/bench_cuda_kernels' --benchmark_min_time=0.1 \
-      --benchmark_out='$out/bench_cuda_kernels.csv' --benchmark_out_format=csv"
-    require_device bench_cuda_kernels
-  else
-    skip bench_cuda_kernels "not built (Google Benchmark not found)"
-  fi
-else
-  # The plumbing of the device bench on the emulated runtime; NCCL says why it cannot run.
-  fg_step bench_device_emulated 90 "BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- '$ab' --device --backend nccl \
-    -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated.csv'"
-  fg_step bench_device_emulated_staged 90 "BRAID_DEVICE_PATH=staged BRAID_GPU_BACKEND=emulated '$run' -n 2 --timeout 80 -- \
-    '$ab' --device -b 1K -e 1M -f 8 -n 2 -w 1 -c 1 --csv '$out/bench_device_emulated_staged.csv'"
-  for s in bench_1r bench_2r_shm bench_2r_tcp bench_4r_shm bench_4r_tcp bench_2r_shm_staged bench_4r_tcp_staged \
-    bench_2r_tcp_codecs_direct device_budgets bench_gpu_runtime bench_cuda_kernels; do skip $s "no GPU"; done
 fi
 
 # --- summary --------------------------------------------------------------------------------
