@@ -290,7 +290,7 @@ class Cuda final : public Runtime {
     std::lock_guard<std::mutex> lock(load_mu_);
     if (device < 0 || device >= devices_ || loaded_.count(device)) return;
     const int before = device_now();
-    make_current(device);
+    if (before != device) make_current(device);  // no switch (and no context) when it is current
     std::string why;
     std::size_t loaded = 0;
     for (const void* k : kernel_modules()) {
@@ -300,7 +300,7 @@ class Cuda final : public Runtime {
         if (why.empty()) why = e.what();
       }
     }
-    make_current(before);
+    if (before != device) make_current(before);
     loaded_.insert(device);
     if (!why.empty())
       BRAID_LOG(warn, "CUDA device " << device << ": braid's kernels could not all be loaded up front (" << why
