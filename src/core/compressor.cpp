@@ -380,21 +380,19 @@ Work Compressor::allreduce(const void* send, void* recv, std::size_t count, Data
     // result rounded to the caller's type (nearest even) into recv. Widening and narrowing
     // are host tasks in issue order, so that on the staged device path they run once the
     // stream has staged the input, and after the all-reduce.
-    // The f32 buffer comes from a pool and goes back once the narrowing task is done:
-    // a fresh zeroed vector per call cost more than the codec (docs/codecs.md).
     const auto fmt = dtype == DataType::bf16 ? kernels::HalfFormat::bf16 : kernels::HalfFormat::fp16;
-    auto wide = std::make_shared<ScratchPool::Lease>(wide_pool_->take(count * sizeof(float)));
-    float* const w = reinterpret_cast<float*>(wide->data());
+    auto wide = std::make_shared<std::vector<float>>(count);
     const std::string type = std::string(to_string(dtype));
     poster_.post_task(
-        [w, send, count, fmt] {
-          if (count > 0) kernels::half_decode(fmt, static_cast<const std::uint8_t*>(send), count, w, false);
+        [wide, send, count, fmt] {
+          if (count > 0) kernels::half_decode(fmt, static_cast<const std::uint8_t*>(send), count, wide->data(), false);
         },
         what + " (" + type + " to f32)", wide);
-    post(w, w, count, op, spec, options, device, what);
+    post(wide->data(), wide->data(), count, op, spec, options, device, what);
     return poster_.post_task(
-        [w, recv, count, fmt] {
-          if (count > 0) kernels::half_narrow(fmt, w, nullptr, count, static_cast<std::uint8_t*>(recv), nullptr);
+        [wide, recv, count, fmt] {
+          if (count > 0)
+            kernels::half_narrow(fmt, wide->data(), nullptr, count, static_cast<std::uint8_t*>(recv), nullptr);
         },
         what + " (f32 to " + type + ")", wide);
   }

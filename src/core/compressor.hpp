@@ -19,7 +19,6 @@
 #include "core/link_probe.hpp"
 #include "core/measured_tuner.hpp"
 #include "core/plan_cache.hpp"
-#include "core/scratch_pool.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -127,8 +126,6 @@ class Compressor {
   /// -1 until the first automatic call looks (so later calls skip the tuner and locks).
   std::atomic<int> auto_one_host_{-1};
   std::optional<compression::CodecSpec> configured_;  ///< BRAID_CODEC parsed (empty: it does not parse)
-  /// The f32 copies of bf16/f16 calls, reused across calls.
-  std::shared_ptr<ScratchPool> wide_pool_ = std::make_shared<ScratchPool>();
   mutable std::mutex link_mu_;          ///< guards link_ (held through the probe)
   std::optional<LinkFigures> link_;     ///< measured (or inherited) once
 };
