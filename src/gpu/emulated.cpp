@@ -461,20 +461,16 @@ class Emulated final : public Runtime, public EmulationHooks {
     // cudaFree returns an error (which nobody can see here) and frees nothing when the
     // device has a sticky error or a global capture forbids it.
     if (sticky(device) || invalidates_global_capture()) return;
-    // The quiesce: with the driver lock held, every stream of the device drains. A stream
-    // that waits for a thread blocked at the gate never does: the deadlock of a GPU.
-    gate_.begin_quiesce();
-    for (Executor* ex : executors_of(device)) ex->wait_idle();
+    // The range is taken out while the device is quiesced, as cudaFree frees it.
     Range r;
-    {
+    quiesce(device, [&] {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
       if (it != ranges_.end()) {
         r = it->second;
         ranges_.erase(it);
       }
-    }
-    gate_.end_quiesce();
+    });
     if (r.start == 0) return;  // freed by another thread meanwhile
     ::munmap(p, r.mapped);
     ::close(r.fd);
@@ -1091,10 +1087,12 @@ class Emulated final : public Runtime, public EmulationHooks {
   /// What a driver call that waits for the whole device does (cudaFree, a module load):
   /// holding the driver lock, so that other threads' runtime calls block at the gate, it
   /// waits until every executor of `device` is idle. A stream waiting for a thread blocked
-  /// at the gate, or for the caller itself, never is: the deadlock of a GPU.
-  void quiesce(int device) {
+  /// at the gate, or for the caller itself, never is: the deadlock of a GPU. `then` runs
+  /// while the device is still quiesced.
+  void quiesce(int device, const std::function<void()>& then = {}) {
     gate_.begin_quiesce();
     for (Executor* ex : executors_of(device)) ex->wait_idle();
+    if (then) then();
     gate_.end_quiesce();
   }
   std::vector<Executor*> executors_of(int device) {

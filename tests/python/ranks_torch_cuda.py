@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import braid
 import braid.torch as bt
+from ranks_torch import data  # the CPU suite's inputs (this script's folder is on sys.path)
 
 failed = []
 
@@ -37,13 +38,6 @@ def check(name):
                 traceback.print_exc()
         return run
     return wrap
-
-
-def data(shape, dtype, rank, salt=0):
-    g = torch.Generator().manual_seed(100 * rank + salt)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-3, 4, shape, generator=g).to(dtype)
 
 
 def close(a, b, what, exact=False):
