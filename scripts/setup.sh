@@ -14,13 +14,15 @@ set -euo pipefail
 # mpirun or srun --mpi=pmix; Open MPI's packages bring the library).
 # libssl-dev: OpenSSL's libcrypto (HMAC-SHA-256 of the store's and transports' handshakes).
 # clang/libclang-rt-dev: libFuzzer and the sanitizer runtimes for scripts/fuzz.sh.
+# curl/xz-utils: scripts/cuda12_check.sh fetches and reads Debian's package index.
 need=(cmake g++ make libssl-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev iproute2 procps
       openmpi-bin libopenmpi-dev
       libgloo-dev python3-matplotlib iperf3
       libucx-dev ucx-utils
       libibverbs-dev ibverbs-providers
       libpmix-dev
-      clang libclang-rt-dev)
+      clang libclang-rt-dev
+      curl xz-utils)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,7 +4,9 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/ and runs the suite again
 # there, then builds with ThreadSanitizer into build-tsan/ and runs its default selection
 # (scripts/tsan.sh: the engine, stores, transports, multirank tests and part of the fault matrix), then runs every fuzz target for a short while
-# (scripts/fuzz.sh, build-fuzz/). Exits non-zero on any failure.
+# (scripts/fuzz.sh, build-fuzz/). Where nvcc is installed, it also compiles the CUDA
+# sources with a CUDA 12 toolkit (scripts/cuda12_check.sh, build-cuda12/). Exits non-zero on
+# any failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -78,6 +80,12 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRAID_SANITIZE=a
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0:intercept_tls_get_addr=0 \
   UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest build-asan ctest -j "$jobs" --output-on-failure --timeout 900 -E '^test_(allreduce|collectives)_wait_helps$'
+
+# The CUDA sources with a CUDA 12 toolkit too (12.4, and 12.0's runtime headers), assembled
+# from Debian and PyPI packages into build-cuda12/ (docs/gpu.md, "Toolkits and drivers").
+if [ ${#cuda_flags[@]} -gt 0 ]; then
+  scripts/cuda12_check.sh build-cuda12
+fi
 
 # Every parser of outside bytes under libFuzzer for 20 s per target, so that an input the
 # seeds or a short run reach and that crashes fails CI (docs/reliability.md, "Fuzzing").

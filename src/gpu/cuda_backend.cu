@@ -80,23 +80,39 @@ using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 /// this driver lacks it. Never throws.
 template <typename Fn>
 Fn driver_entry_point(const char* name, int version = 12000) {
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   void* fn = nullptr;
-  // The ABI of 12.0 for every entry point, as the PFN_*_v<version> types above assume.
-  // cudaGetDriverEntryPointByVersion is CUDA 12.5's; older 12.x toolkits have only the
-  // unversioned query, which returns the driver's default (12.x ABI there too), as NCCL's
-  // cudawrap chooses by CUDART_VERSION.
 #if CUDART_VERSION >= 12050
+  // cudaGetDriverEntryPointByVersion is CUDA 12.5's.
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q) == cudaSuccess &&
                   q == cudaDriverEntryPointSuccess;
-#else
-  (void)version;
-  const bool ok = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &q) == cudaSuccess &&
-                  q == cudaDriverEntryPointSuccess;
-#endif
   cudaGetLastError();
+#else
+  // Before 12.5 the runtime's query asks at the runtime's own version (CUDART_VERSION), so a
+  // 12.0-12.3 build would find no 12.4 symbol even on a newer driver. The driver's
+  // cuGetProcAddress (12.0's form), which the runtime hands out, takes the version, as
+  // NCCL's cudawrap calls it (scripts/cuda12_check.sh compiles this branch).
+  static const PFN_cuGetProcAddress_v12000 get_proc = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+    const bool got = cudaGetDriverEntryPoint("cuGetProcAddress", &p, cudaEnableDefault, &r) == cudaSuccess &&
+                     r == cudaDriverEntryPointSuccess;
+    cudaGetLastError();
+    return got ? reinterpret_cast<PFN_cuGetProcAddress_v12000>(p) : nullptr;
+  }();
+  CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  const bool ok = get_proc != nullptr && get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&
+                  q == CU_GET_PROC_ADDRESS_SUCCESS;
+#endif
   return ok ? reinterpret_cast<Fn>(fn) : nullptr;
 }
+
+/// CUDA 12.4's module entry points, typed here so that a build with an older toolkit (whose
+/// cudaTypedefs.h lacks PFN_*_v12040) still loads kernels where the driver has them.
+using FuncGetModule = CUresult (*)(CUmodule*, CUfunction);
+using ModuleGetFunctionCount = CUresult (*)(unsigned int*, CUmodule);
+using ModuleEnumerateFunctions = CUresult (*)(CUfunction*, unsigned int, CUmodule);
+using FuncLoad = CUresult (*)(CUfunction);
 
 /// The driver entry points of GPUDirect RDMA (null: absent from this driver).
 struct RdmaEntryPoints {
@@ -544,15 +560,12 @@ class Cuda final : public Runtime {
   std::size_t load_module_of(const void* kernel) {
     cudaFuncAttributes attr{};
     check(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes");
-#if CUDART_VERSION >= 12040
     cudaFunction_t fn = nullptr;
     check(cudaGetFuncBySymbol(&fn, kernel), "cudaGetFuncBySymbol");
-    static const auto get_module = driver_entry_point<PFN_cuFuncGetModule_v11000>("cuFuncGetModule");
-    static const auto count =
-        driver_entry_point<PFN_cuModuleGetFunctionCount_v12040>("cuModuleGetFunctionCount", 12040);
-    static const auto list =
-        driver_entry_point<PFN_cuModuleEnumerateFunctions_v12040>("cuModuleEnumerateFunctions", 12040);
-    static const auto load = driver_entry_point<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
+    static const auto get_module = driver_entry_point<FuncGetModule>("cuFuncGetModule");
+    static const auto count = driver_entry_point<ModuleGetFunctionCount>("cuModuleGetFunctionCount", 12040);
+    static const auto list = driver_entry_point<ModuleEnumerateFunctions>("cuModuleEnumerateFunctions", 12040);
+    static const auto load = driver_entry_point<FuncLoad>("cuFuncLoad", 12040);
     BRAID_CHECK(get_module && count && list && load, Unsupported,
                 "this CUDA driver has no cuModuleEnumerateFunctions/cuFuncLoad (CUDA 12.4)");
     CUmodule mod = nullptr;
@@ -564,11 +577,6 @@ class Cuda final : public Runtime {
     BRAID_CHECK(n == 0 || list(fns.data(), n, mod) == CUDA_SUCCESS, Cuda, "cuModuleEnumerateFunctions failed");
     for (CUfunction f : fns) BRAID_CHECK(load(f) == CUDA_SUCCESS, Cuda, "cuFuncLoad failed");
     return n;
-#else
-    BRAID_CHECK(false, Unsupported, "built with CUDA " << CUDART_VERSION / 1000 << "." << CUDART_VERSION % 1000 / 10
-                                                       << ", before cuModuleEnumerateFunctions/cuFuncLoad (12.4)");
-    return 0;
-#endif
   }
   /// The address the device uses for a stream memory operation on `word`: the mapped
   /// pointer of pinned host memory, or the word itself where it is device memory (this
