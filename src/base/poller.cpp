@@ -62,6 +62,9 @@ struct Poller::Impl {
   std::vector<Entry> entries;  // indexed by fd
   std::mutex pending_mu;                // guards `pending` only
   std::vector<epoll_event> pending;     // fetched by collect(), not yet dispatched
+  // pending is not empty (set under pending_mu): dispatch() runs on every pass of the
+  // engine, and most passes find nothing, so they read this instead of taking the lock.
+  std::atomic<bool> has_pending{false};
   std::vector<epoll_event> batch;       // dispatch()'s working copy
 };
 
@@ -183,6 +186,7 @@ int Poller::collect_counting(int timeout_ms, int* wakes) {
         }
         impl_->pending.push_back(events[i]);
       }
+      if (!impl_->pending.empty()) impl_->has_pending.store(true, std::memory_order_release);
     }
     if (!early_timer_alone) return fetched;
     // Not a wake-up: wait on for what is left of the timeout.
@@ -196,8 +200,10 @@ int Poller::collect_counting(int timeout_ms, int* wakes) {
 }
 
 int Poller::dispatch() {
+  if (!impl_->has_pending.load(std::memory_order_acquire)) return 0;
   {
     std::lock_guard<std::mutex> lock(impl_->pending_mu);
+    impl_->has_pending.store(false, std::memory_order_relaxed);
     if (impl_->pending.empty()) return 0;
     impl_->batch.swap(impl_->pending);
   }

@@ -226,6 +226,33 @@ struct Engine::Exec {
   Exec(const Exec&) = delete;
   Exec& operator=(const Exec&) = delete;
 
+  /// Takes the vectors of a finished Exec, emptied, so that the next admission allocates
+  /// none of them (a small call paid a dozen malloc/free pairs for them; issue 32). A new
+  /// vector member belongs here too; one left out is only allocated afresh.
+  void reuse_storage(Exec& from) noexcept {
+    const auto take = [](auto& mine, auto& theirs) {
+      mine.swap(theirs);
+      mine.clear();
+    };
+    take(state, from.state);
+    take(req, from.req);
+    take(staging_of, from.staging_of);
+    take(free_staging, from.free_staging);
+    take(send_head, from.send_head);
+    take(recv_head, from.recv_head);
+    take(conns, from.conns);
+    take(localq, from.localq);
+    take(inflight, from.inflight);
+    take(posted_at, from.posted_at);
+    take(heard, from.heard);
+    // The per-peer queues keep their slots (admission resizes them to the plan's peers)
+    // and each its capacity.
+    sendq.swap(from.sendq);
+    recvq.swap(from.recvq);
+    for (auto& q : sendq) q.clear();
+    for (auto& q : recvq) q.clear();
+  }
+
   std::byte* ptr(const Region& r) const {
     return region_address(r, op.input, op.output, scratch_base, packed, op.feedback, elem, frame, frame_bytes);
   }
@@ -542,7 +569,7 @@ bool Engine::admit() {
       if (at != std::string::npos)
         front.name.replace(at, 7, "(auto: " + std::string(front.plan->name()) + ", ");
     }
-    auto ex = std::make_unique<Exec>();
+    std::unique_ptr<Exec> ex = spare_exec_ ? std::move(spare_exec_) : std::make_unique<Exec>();
     ex->op = std::move(queue_.front());
     queue_.pop_front();
     ex->plan = ex->op.plan.get();
@@ -1410,6 +1437,7 @@ bool Engine::step(bool& unrouted) {
     }
     ++order_gen_;  // no connection is held back yet in this pass
     awaiting_stream_ = false;
+    bool posted = false;  // a step was handed to a transport in this pass
     for (std::size_t k = 0; k < active_.size();) {
       Exec& ex = *active_[k];
       running = &ex;
@@ -1427,7 +1455,7 @@ bool Engine::step(bool& unrouted) {
       if (!ex.routed && !route(ex)) unrouted = true;
       if (ex.routed) {
         progressed |= reap(ex);
-        progressed |= post_ready(ex);
+        if (post_ready(ex)) progressed = posted = true;
       }
       bool finished = ex.done == ex.plan->steps.size();
       if (finished && ex.flow) {
@@ -1443,7 +1471,16 @@ bool Engine::step(bool& unrouted) {
         TraceEntry* rec = record_done(ex);
         MetricSeries* series = series_of(ex);
         const std::uint64_t bytes = ex.plan->request.count * ex.elem, wire = ex.sent_bytes;
-        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+        {
+          // Ended here as before (its lease, plan and keepalive go now); its vectors stay
+          // for the next admission.
+          std::unique_ptr<Exec> ended = std::move(active_[k]);
+          active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(k));
+          auto next = std::make_unique<Exec>();
+          next->reuse_storage(*ended);
+          ended.reset();
+          spare_exec_ = std::move(next);
+        }
         // Idle before the caller hears of it: its next small call then runs inline
         // (submit) instead of finding the engine busy and handing itself to this thread,
         // which would hand the one after it over too (a 2-rank 4 KiB all-reduce then
@@ -1474,6 +1511,11 @@ bool Engine::step(bool& unrouted) {
       }
       ++k;
     }
+    // Transports move what was posted when they progress: now rather than at the next
+    // pass, which a small call's every hop waited for (two hops of a 2-rank all-reduce;
+    // issue 32).
+    if (posted && !failed_.load())
+      for (auto& t : transports_) t->progress();
     return progressed;
   } catch (const Error& e) {
     failure = std::current_exception();

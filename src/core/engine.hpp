@@ -334,6 +334,8 @@ class Engine {
 
   std::deque<std::unique_ptr<Exec>> active_;  ///< running, in admission order: one collective or
                                               ///< task, or point-to-point operations
+  /// An empty Exec holding a finished one's vectors for the next admission (drive_mu_).
+  std::unique_ptr<Exec> spare_exec_;
   /// Per peer (2r: sends, 2r+1: receives): equal to order_gen_ when an operation
   /// earlier in active_ still has messages of that direction to post to that peer in the
   /// current pass, so later operations must not post there yet.
