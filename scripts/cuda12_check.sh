@@ -6,7 +6,7 @@
 #   1. CUDA 12.4: braid_gpu_cuda and braid_kernels_cuda, as CMake builds them (sm_90);
 #   2. CUDA 12.0's runtime headers (CUDART_VERSION 12000, the oldest 12.x): the backend again.
 # No CUDA 12 toolkit is installed for this: it is assembled in DIR/toolkit (default
-# build-cuda12/toolkit, about 150 MB, kept for the next run) from packages, unpacked, not
+# build-cuda12/toolkit, 161 MB, kept for the next run) from packages, unpacked, not
 # installed: nvcc, cicc, ptxas and the rest from Debian trixie's non-free
 # nvidia-cuda-toolkit (12.4), the headers from PyPI's nvidia-cuda-runtime-cu12 (12.4 and
 # 12.0), nvidia-cuda-nvcc-cu12 (crt/) and nvidia-cuda-cccl-cu12 (CUB) wheels, each checked
@@ -22,14 +22,11 @@ tk=$dir/toolkit
 dl=$dir/downloads
 debian=${BRAID_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
-# The wheels, pinned with PyPI's SHA-256 (pip refuses a file that does not match).
-wheels() {
-  cat <<'EOF'
-nvidia-cuda-runtime-cu12==12.4.127 --hash=sha256:64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5
+# The wheels, pinned with PyPI's SHA-256 (pip refuses a file that does not match); two
+# requirement sets, since pip downloads one version of a package per run.
+wheels='nvidia-cuda-runtime-cu12==12.4.127 --hash=sha256:64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5
 nvidia-cuda-nvcc-cu12==12.4.131 --hash=sha256:e4c9a35435c3b0e36c6397c5696334c9ea6650e524736cbd1c5d345ea099bb04
-nvidia-cuda-cccl-cu12==12.4.127.post1 --hash=sha256:2027fa5fc75fbee703bf24e8275a40a605cf94a3e8fef8a7187897d49b34facb
-EOF
-}
+nvidia-cuda-cccl-cu12==12.4.127.post1 --hash=sha256:2027fa5fc75fbee703bf24e8275a40a605cf94a3e8fef8a7187897d49b34facb'
 old_runtime='nvidia-cuda-runtime-cu12==12.0.146 --hash=sha256:18c038592af387684812fa712642aa9a26c12da80acb488b6709f7cced147f71'
 
 assemble() {
@@ -48,7 +45,7 @@ assemble() {
   echo "$sum  $dl/toolkit.deb" | sha256sum -c --quiet
   dpkg -x "$dl/toolkit.deb" "$dl/deb"
   local pip=(python3 -m pip download --no-deps --disable-pip-version-check -q --only-binary=:all:)
-  wheels >"$dl/wheels.txt"
+  echo "$wheels" >"$dl/wheels.txt"
   "${pip[@]}" --require-hashes -r "$dl/wheels.txt" -d "$dl/whl"
   echo "$old_runtime" >"$dl/wheels120.txt"
   "${pip[@]}" --require-hashes -r "$dl/wheels120.txt" -d "$dl/whl120"
